@@ -1,0 +1,52 @@
+//! Lowercase hexadecimal, the only text form of hashes in fencepost.
+
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends the lowercase hex of `bytes` to `out`.
+pub(crate) fn push_lower_hex(out: &mut String, bytes: &[u8]) {
+    out.reserve(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+}
+
+/// Decodes exactly `N` bytes from `text`, which must be `2 * N` lowercase hex digits.
+pub(crate) fn decode_lower_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let digits = text.as_bytes();
+    if digits.len() != N * 2 {
+        return None;
+    }
+    let value = |digit: u8| match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        _ => None,
+    };
+    let mut bytes = [0u8; N];
+    for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = (value(pair[0])? << 4) | value(pair[1])?;
+    }
+    Some(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_refuses_malformed_text() {
+        let mut text = String::new();
+        push_lower_hex(&mut text, &[0x00, 0x9f, 0xff]);
+        assert_eq!(text, "009fff");
+        assert_eq!(decode_lower_hex::<3>(&text), Some([0x00, 0x9f, 0xff]));
+        assert_eq!(
+            decode_lower_hex::<3>("009FFF"),
+            None,
+            "uppercase is not canonical"
+        );
+        assert_eq!(decode_lower_hex::<3>("009ff"), None);
+        assert_eq!(decode_lower_hex::<3>("009fffaa"), None);
+        assert_eq!(decode_lower_hex::<1>("zz"), None);
+        assert_eq!(decode_lower_hex::<1>("é"), None);
+    }
+}

@@ -1,0 +1,94 @@
+//! # fencepost
+//!
+//! A program that runs on several sites at once (an agent runtime on a laptop, a phone and a
+//! server; the same cron job on three hosts) must perform each side effect **once**, even when
+//! sites pause, partition, fail over and come back. fencepost separates two mechanisms:
+//!
+//! * **The lease is for liveness**: a linearizable compare-and-swap register per agent whose every
+//!   grant mints a new, never-reused *epoch* (the fencing token).
+//! * **The fence is for safety**: every site appends execution *intents* to its own hash-chained op
+//!   log; logs travel through an eventually consistent *relay*; every site folds them into the same
+//!   state, and right before a side effect the dispatch fence asks "did this run already commit?"
+//!   and "am I still the holder at epoch N?".
+//!
+//! This release provides the foundation those stand on: the clock, deterministic run ids, the op
+//! log and the relays. The lease coordinator, the fold and the dispatch fence build on them.
+//!
+//! ## A tour
+//!
+//! Every site that sees the same occurrence of a job names it the same way, without talking to the
+//! others ([`run_id`]):
+//!
+//! ```
+//! use fencepost::run_id::deterministic_run_id;
+//! let run = deterministic_run_id("milo", "send weekly report", "2026-11-29T09:00Z")?;
+//! assert_eq!(run, "run-b0f6813d1bc0cbcf46511caf94b51e91");
+//! # Ok::<(), fencepost::run_id::RunIdError>(())
+//! ```
+//!
+//! Each site writes its own op log ([`oplog`]). Time is injected: the core never reads the OS clock,
+//! so tests and the simulator drive a [`clock::ManualClock`] and programs pass
+//! [`clock::system_clock`]:
+//!
+//! ```
+//! use fencepost::clock::ManualClock;
+//! use fencepost::oplog::{verify_log, DeviceLog, Surface};
+//! use serde_json::json;
+//!
+//! let clock = ManualClock::new(1_764_400_000_000);
+//! let mut laptop = DeviceLog::new("laptop", clock.wall_clock())?;
+//! let pending = laptop.append(
+//!     Surface::Intent,
+//!     json!({"id": "run-b0f6813d1bc0cbcf46511caf94b51e91", "agent_id": "milo", "epoch": 1, "status": "pending"}),
+//! );
+//! let committed = laptop.append(
+//!     Surface::Intent,
+//!     json!({"id": "run-b0f6813d1bc0cbcf46511caf94b51e91", "agent_id": "milo", "epoch": 1, "status": "committed"}),
+//! );
+//! assert_eq!(committed.prev, Some(pending.op_id)); // hash-chained
+//! verify_log(&[pending, committed])?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Logs travel through a [`relay`]: a folder (possibly a synced one) or, in tests, memory. A site
+//! pushes its own records and pulls what it lacks, tracked by a [`relay::Frontier`]:
+//!
+//! ```
+//! use fencepost::clock::ManualClock;
+//! use fencepost::oplog::{DeviceLog, Surface};
+//! use fencepost::relay::{Frontier, FsRelay, Relay};
+//! use serde_json::json;
+//!
+//! let folder = tempfile::tempdir()?;
+//! let clock = ManualClock::new(1_000);
+//! let mut laptop = DeviceLog::new("laptop", clock.wall_clock())?;
+//! let mut phone = DeviceLog::new("phone", clock.wall_clock())?;
+//!
+//! // Each site pushes its own log (the same folder, as a synced folder would deliver it).
+//! let mine = laptop.append(Surface::log("note"), json!({"text": "from the laptop"}));
+//! FsRelay::open(folder.path())?.push(&[mine.clone()])?;
+//! FsRelay::open(folder.path())?.push(&[phone.append(Surface::log("note"), json!({"text": "from the phone"}))])?;
+//!
+//! // The laptop has its own record and pulls what it lacks: the phone's.
+//! let mut seen = Frontier::new();
+//! seen.observe(&mine);
+//! let batch = FsRelay::open(folder.path())?.pull(&seen)?;
+//! assert_eq!(batch.ops.len(), 1);
+//! assert_eq!(&*batch.ops[0].device_id, "phone");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Principles
+//!
+//! * The core does no I/O and never reads the clock or a random source; only [`relay::FsRelay`]
+//!   (and, later, the database backends and the CLI) touch the outside world.
+//! * Bad input gets a clear error, never a panic: ids are checked by [`id::validate_id`] (rule L8),
+//!   records by [`oplog::verify_log`], relay files line by line.
+#![warn(missing_docs)]
+
+pub mod clock;
+mod hex;
+pub mod id;
+pub mod oplog;
+pub mod relay;
+pub mod run_id;

@@ -1,0 +1,713 @@
+//! The hash-chained, per-device op log (rule O1).
+//!
+//! Each site (a *device*) appends [`OpRecord`]s to its own log with a [`DeviceLog`]. A record's
+//! `op_id` is the SHA-256 of every other field, so changing any field of a record is detected; its
+//! `seq` counts from 0 without gaps and its `prev` names the previous record's `op_id`, so a log
+//! cannot be reordered, truncated in the middle or forked without [`verify_log`] noticing.
+//!
+//! # Wire form
+//!
+//! A record travels as one JSON object (one line in a relay file). The form is stable:
+//!
+//! ```json
+//! {"op_id":"<64 lowercase hex>",
+//!  "hlc":{"wall_ms":1764400000000,"counter":0,"device_id":"laptop"},
+//!  "device_id":"laptop",
+//!  "seq":0,
+//!  "prev":null,
+//!  "surface":"intent",
+//!  "payload":{"agent_id":"milo","epoch":1,"id":"run-…","status":"pending"}}
+//! ```
+//!
+//! * `prev` is `null` for `seq` 0, else the previous record's `op_id`.
+//! * `surface` is `"intent"`, `{"log":{"kind":"…"}}` or `{"registry":{"kind":"…"}}`.
+//! * Unknown fields are refused.
+//!
+//! # How `op_id` is computed
+//!
+//! SHA-256 over, in order: the bytes `fencepost/op/v1` and a 0 byte; `hlc.wall_ms` (8 bytes,
+//! big-endian); `hlc.counter` (4 bytes, big-endian); `hlc.device_id` and then `device_id`, each as an
+//! 8-byte big-endian length followed by its UTF-8; `seq` (8 bytes, big-endian); `prev` as a 0 byte,
+//! or a 1 byte followed by its 32 bytes; the surface as a tag byte (0 intent, 1 log, 2 registry)
+//! followed, for log and registry, by the kind as length and UTF-8; and last the payload's
+//! *canonical JSON*: no white space, object keys sorted by their UTF-8 bytes, strings and numbers as
+//! `serde_json` writes them.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use crate::clock::{ClockError, Hlc, HlcClock, HlcConfig, WallClock};
+use crate::id::{validate_id, IdError, IdKind};
+
+/// The content-derived identity of an [`OpRecord`]: a SHA-256 digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub [u8; 32]);
+
+impl OpId {
+    /// The digest's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for OpId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut text = String::with_capacity(64);
+        crate::hex::push_lower_hex(&mut text, &self.0);
+        formatter.write_str(&text)
+    }
+}
+
+impl fmt::Debug for OpId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "OpId({self})")
+    }
+}
+
+/// An op id's text was not 64 lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("an op id is 64 lowercase hex digits; got {0:?}")]
+pub struct ParseOpIdError(String);
+
+impl FromStr for OpId {
+    type Err = ParseOpIdError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        crate::hex::decode_lower_hex::<32>(text)
+            .map(OpId)
+            .ok_or_else(|| ParseOpIdError(text.chars().take(80).collect()))
+    }
+}
+
+impl Serialize for OpId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for OpId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = Cow::<'de, str>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// How the records of a surface combine when logs are folded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FoldTier {
+    /// Every record is kept: the union of all records, by their stable id.
+    GrowOnly,
+    /// Per key, the record with the greatest HLC wins (last writer wins).
+    Registry,
+    /// Execution intents, folded under the fencing rules F4–F7.
+    Leased,
+}
+
+/// What a record is about; decides how it folds ([`Surface::fold_tier`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Surface {
+    /// An execution intent (`pending`, `committed`, `failed`), folded under the fencing rules.
+    Intent,
+    /// A grow-only log of records of one `kind` (for example `"note"`).
+    Log {
+        /// Which log.
+        kind: Arc<str>,
+    },
+    /// A last-writer-wins registry of one `kind` (for example `"setting"`).
+    Registry {
+        /// Which registry.
+        kind: Arc<str>,
+    },
+}
+
+impl Surface {
+    /// A grow-only log surface.
+    pub fn log(kind: impl Into<Arc<str>>) -> Self {
+        Surface::Log { kind: kind.into() }
+    }
+
+    /// A last-writer-wins registry surface.
+    pub fn registry(kind: impl Into<Arc<str>>) -> Self {
+        Surface::Registry { kind: kind.into() }
+    }
+
+    /// How records of this surface fold.
+    pub fn fold_tier(&self) -> FoldTier {
+        match self {
+            Surface::Intent => FoldTier::Leased,
+            Surface::Log { .. } => FoldTier::GrowOnly,
+            Surface::Registry { .. } => FoldTier::Registry,
+        }
+    }
+}
+
+/// The JSON content of a record.
+///
+/// Kept behind its own type so that its in-memory form can be made compact without changing the
+/// API; read it with [`Payload::value`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Payload {
+    value: Value,
+}
+
+impl Payload {
+    /// Wraps a JSON value.
+    pub fn new(value: Value) -> Self {
+        Self { value }
+    }
+
+    /// The JSON value.
+    pub fn value(&self) -> Cow<'_, Value> {
+        Cow::Borrowed(&self.value)
+    }
+
+    /// Consumes the payload, returning its JSON value.
+    pub fn into_value(self) -> Value {
+        self.value
+    }
+
+    /// Appends the canonical JSON of this payload (the form hashed into `op_id`) to `out`.
+    pub fn write_canonical_json(&self, out: &mut Vec<u8>) {
+        write_canonical_json(&self.value, out);
+    }
+}
+
+impl From<Value> for Payload {
+    fn from(value: Value) -> Self {
+        Self::new(value)
+    }
+}
+
+impl Serialize for Payload {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(Payload::new)
+    }
+}
+
+/// Writes `value` as canonical JSON: compact, object keys in byte order.
+fn write_canonical_json(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            out.push(b'{');
+            // serde_json keeps keys sorted unless its `preserve_order` feature is on; stay canonical
+            // either way, without sorting (or allocating) in the usual case.
+            if map.keys().is_sorted() {
+                write_canonical_entries(map.iter(), out);
+            } else {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                write_canonical_entries(entries.into_iter(), out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                write_canonical_json(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => write_serde_json(scalar, out),
+    }
+}
+
+fn write_canonical_entries<'a>(entries: impl Iterator<Item = (&'a String, &'a Value)>, out: &mut Vec<u8>) {
+    for (index, (key, item)) in entries.enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_serde_json(key.as_str(), out);
+        out.push(b':');
+        write_canonical_json(item, out);
+    }
+}
+
+/// Writes a string or a scalar with serde_json's own escaping and number formatting.
+fn write_serde_json<T: Serialize + ?Sized>(item: &T, out: &mut Vec<u8>) {
+    let written = serde_json::to_writer(&mut *out, item);
+    // Writing a string or a scalar JSON value into a Vec cannot fail: no I/O, no map keys.
+    debug_assert!(written.is_ok());
+}
+
+/// One entry of a device's op log.
+///
+/// Fields are public so that tools can inspect them; a record whose fields were changed after it
+/// was made no longer has a matching [`OpRecord::content_id`], and every verifier refuses it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpRecord {
+    /// SHA-256 of every other field (see the module docs).
+    pub op_id: OpId,
+    /// When the device recorded it, as a hybrid logical clock stamp.
+    pub hlc: Hlc,
+    /// The device whose log this record belongs to.
+    pub device_id: Arc<str>,
+    /// Position in the device's log, from 0, without gaps.
+    pub seq: u64,
+    /// The `op_id` of the record at `seq - 1`; `None` for `seq` 0.
+    pub prev: Option<OpId>,
+    /// What the record is about.
+    pub surface: Surface,
+    /// Its content.
+    pub payload: Payload,
+}
+
+impl OpRecord {
+    /// The `op_id` this record's other fields hash to.
+    pub fn content_id(&self) -> OpId {
+        let mut hasher = Sha256::new();
+        hasher.update(b"fencepost/op/v1\0");
+        hasher.update(self.hlc.wall_ms.to_be_bytes());
+        hasher.update(self.hlc.counter.to_be_bytes());
+        hash_text(&mut hasher, &self.hlc.device_id);
+        hash_text(&mut hasher, &self.device_id);
+        hasher.update(self.seq.to_be_bytes());
+        match &self.prev {
+            None => hasher.update([0]),
+            Some(prev) => {
+                hasher.update([1]);
+                hasher.update(prev.0);
+            }
+        }
+        match &self.surface {
+            Surface::Intent => hasher.update([0]),
+            Surface::Log { kind } => {
+                hasher.update([1]);
+                hash_text(&mut hasher, kind);
+            }
+            Surface::Registry { kind } => {
+                hasher.update([2]);
+                hash_text(&mut hasher, kind);
+            }
+        }
+        let mut canonical = Vec::with_capacity(128);
+        self.payload.write_canonical_json(&mut canonical);
+        hasher.update(&canonical);
+        OpId(hasher.finalize().into())
+    }
+
+    /// Whether `op_id` matches the content.
+    pub fn has_valid_id(&self) -> bool {
+        self.op_id == self.content_id()
+    }
+
+    /// Appends the wire form (see the module docs) and a newline to `out`.
+    pub fn write_json_line(&self, out: &mut Vec<u8>) {
+        let written = serde_json::to_writer(&mut *out, self);
+        // Serializing a record cannot fail: every field is a string, a number or a JSON value.
+        debug_assert!(written.is_ok());
+        out.push(b'\n');
+    }
+
+    /// Decodes the wire form. Checks the shape and the ids' syntax (L8); does *not* check that
+    /// `op_id` matches the content: [`LogHead`] and [`verify_log`] do that.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let record: OpRecord =
+            serde_json::from_slice(bytes).map_err(|error| DecodeError::Json(error.to_string()))?;
+        validate_id(IdKind::Device, &record.device_id)?;
+        validate_id(IdKind::Device, &record.hlc.device_id)?;
+        Ok(record)
+    }
+}
+
+fn hash_text(hasher: &mut Sha256, text: &str) {
+    hasher.update((text.len() as u64).to_be_bytes());
+    hasher.update(text.as_bytes());
+}
+
+/// A record's wire form could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DecodeError {
+    /// Not JSON, or not the shape of a record.
+    #[error("not a valid op record: {0}")]
+    Json(String),
+    /// A device id in the record breaks rule L8.
+    #[error("op record has an invalid device id: {0}")]
+    Id(#[from] IdError),
+}
+
+/// A defect found while checking a device's log (rule O1).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// The record's `op_id` does not match its content: it was altered, or damaged.
+    #[error("device {device_id:?} seq {seq}: op_id {found} does not match the record's content (which hashes to {expected})")]
+    BadId {
+        /// The device.
+        device_id: String,
+        /// The record's seq.
+        seq: u64,
+        /// The op_id the record carries.
+        found: OpId,
+        /// The op_id its content hashes to.
+        expected: OpId,
+    },
+    /// The record's seq skips ahead of the next expected one.
+    #[error("device {device_id:?}: expected seq {expected}, found seq {found} (a gap)")]
+    SeqGap {
+        /// The device.
+        device_id: String,
+        /// The next seq the log expected.
+        expected: u64,
+        /// The seq found.
+        found: u64,
+    },
+    /// The record's seq is behind the next expected one (its predecessor is not at hand to tell a
+    /// duplicate from a fork).
+    #[error("device {device_id:?}: expected seq {expected}, found seq {found} again")]
+    SeqRepeated {
+        /// The device.
+        device_id: String,
+        /// The next seq the log expected.
+        expected: u64,
+        /// The seq found.
+        found: u64,
+    },
+    /// Two different records claim the same seq of one device.
+    #[error("device {device_id:?} seq {seq}: two different records ({existing} and {conflicting}); the log has forked")]
+    Fork {
+        /// The device.
+        device_id: String,
+        /// The contested seq.
+        seq: u64,
+        /// The record already in the log.
+        existing: OpId,
+        /// The other one.
+        conflicting: OpId,
+    },
+    /// The same record appears twice.
+    #[error("device {device_id:?} seq {seq}: the record {op_id} appears twice")]
+    Duplicate {
+        /// The device.
+        device_id: String,
+        /// Its seq.
+        seq: u64,
+        /// Its op_id.
+        op_id: OpId,
+    },
+    /// `prev` does not name the previous record.
+    #[error("device {device_id:?} seq {seq}: prev is {found:?}, but the previous record is {expected:?}")]
+    PrevMismatch {
+        /// The device.
+        device_id: String,
+        /// The record's seq.
+        seq: u64,
+        /// The previous record's op_id (`None` before seq 0).
+        expected: Option<OpId>,
+        /// The prev the record carries.
+        found: Option<OpId>,
+    },
+    /// A record of another device, or whose HLC stamp names another device.
+    #[error("seq {seq}: expected device {expected:?}, found {found:?}")]
+    DeviceMismatch {
+        /// The record's seq.
+        seq: u64,
+        /// The log's device.
+        expected: String,
+        /// The device found (in `device_id` or in `hlc.device_id`).
+        found: String,
+    },
+    /// The record's HLC stamp is not after the previous record's.
+    #[error(
+        "device {device_id:?} seq {seq}: HLC stamp {found:?} is not after the previous record's {previous:?}"
+    )]
+    NonIncreasingHlc {
+        /// The device.
+        device_id: String,
+        /// The record's seq.
+        seq: u64,
+        /// The previous record's stamp.
+        previous: Hlc,
+        /// This record's stamp.
+        found: Hlc,
+    },
+    /// The device id breaks rule L8.
+    #[error(transparent)]
+    InvalidDeviceId(#[from] IdError),
+}
+
+/// The end of a verified log prefix of one device: what the next record must continue.
+///
+/// Used to check records one at a time (relays, [`verify_log`], [`DeviceLog`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogHead {
+    device_id: Arc<str>,
+    next_seq: u64,
+    last_op_id: Option<OpId>,
+    last_hlc: Option<Hlc>,
+}
+
+impl LogHead {
+    /// The head of an empty log of `device_id`.
+    pub fn new(device_id: impl Into<Arc<str>>) -> Self {
+        Self {
+            device_id: device_id.into(),
+            next_seq: 0,
+            last_op_id: None,
+            last_hlc: None,
+        }
+    }
+
+    /// The device.
+    pub fn device_id(&self) -> &Arc<str> {
+        &self.device_id
+    }
+
+    /// The seq the next record must have (the number of records so far).
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The `op_id` of the last record, if any.
+    pub fn last_op_id(&self) -> Option<OpId> {
+        self.last_op_id
+    }
+
+    /// The HLC stamp of the last record, if any.
+    pub fn last_hlc(&self) -> Option<&Hlc> {
+        self.last_hlc.as_ref()
+    }
+
+    /// Checks that `op` belongs to this device and that its `op_id` matches its content, whatever
+    /// its seq.
+    pub fn check_identity(&self, op: &OpRecord) -> Result<(), LogError> {
+        for found in [&op.device_id, &op.hlc.device_id] {
+            if **found != *self.device_id {
+                return Err(LogError::DeviceMismatch {
+                    seq: op.seq,
+                    expected: self.device_id.to_string(),
+                    found: found.to_string(),
+                });
+            }
+        }
+        let expected = op.content_id();
+        if expected != op.op_id {
+            return Err(LogError::BadId {
+                device_id: self.device_id.to_string(),
+                seq: op.seq,
+                found: op.op_id,
+                expected,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `op` is a valid next record: right device, matching `op_id`, the next seq, a
+    /// `prev` naming the last record, and an HLC stamp after the last one.
+    pub fn check_next(&self, op: &OpRecord) -> Result<(), LogError> {
+        self.check_identity(op)?;
+        let device_id = || self.device_id.to_string();
+        if op.seq > self.next_seq {
+            return Err(LogError::SeqGap {
+                device_id: device_id(),
+                expected: self.next_seq,
+                found: op.seq,
+            });
+        }
+        if op.seq < self.next_seq {
+            return Err(LogError::SeqRepeated {
+                device_id: device_id(),
+                expected: self.next_seq,
+                found: op.seq,
+            });
+        }
+        if op.prev != self.last_op_id {
+            return Err(LogError::PrevMismatch {
+                device_id: device_id(),
+                seq: op.seq,
+                expected: self.last_op_id,
+                found: op.prev,
+            });
+        }
+        if let Some(previous) = &self.last_hlc {
+            if op.hlc <= *previous {
+                return Err(LogError::NonIncreasingHlc {
+                    device_id: device_id(),
+                    seq: op.seq,
+                    previous: previous.clone(),
+                    found: op.hlc.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `op` with [`check_next`](Self::check_next) and, if it passes, moves past it.
+    pub fn accept(&mut self, op: &OpRecord) -> Result<(), LogError> {
+        self.check_next(op)?;
+        self.advance_unchecked(op);
+        Ok(())
+    }
+
+    /// Moves past `op` without checking it; for records this process has just made or checked.
+    pub(crate) fn advance_unchecked(&mut self, op: &OpRecord) {
+        self.next_seq = op.seq + 1;
+        self.last_op_id = Some(op.op_id);
+        self.last_hlc = Some(op.hlc.clone());
+    }
+}
+
+/// Checks a whole device log, from seq 0, in order (rule O1): one device, matching op ids,
+/// contiguous seqs, an unbroken `prev` chain and strictly increasing HLC stamps. Returns the first
+/// defect found. An empty log is valid.
+///
+/// ```
+/// use fencepost::clock::ManualClock;
+/// use fencepost::oplog::{verify_log, DeviceLog, LogError, Surface};
+/// use serde_json::json;
+///
+/// let mut log = DeviceLog::new("laptop", ManualClock::new(1).wall_clock()).unwrap();
+/// let mut ops = vec![
+///     log.append(Surface::log("note"), json!({"text": "a"})),
+///     log.append(Surface::log("note"), json!({"text": "b"})),
+/// ];
+/// assert!(verify_log(&ops).is_ok());
+/// ops.remove(0);
+/// assert!(matches!(verify_log(&ops), Err(LogError::SeqGap { .. })));
+/// ```
+pub fn verify_log(ops: &[OpRecord]) -> Result<(), LogError> {
+    let Some(first) = ops.first() else {
+        return Ok(());
+    };
+    validate_id(IdKind::Device, &first.device_id)?;
+    let mut head = LogHead::new(Arc::clone(&first.device_id));
+    for op in ops {
+        head.check_identity(op)?;
+        if op.seq < head.next_seq() {
+            // Ops before `op` were accepted in order from seq 0, so index == seq.
+            let existing = &ops[op.seq as usize];
+            return Err(if existing.op_id == op.op_id {
+                LogError::Duplicate {
+                    device_id: head.device_id().to_string(),
+                    seq: op.seq,
+                    op_id: op.op_id,
+                }
+            } else {
+                LogError::Fork {
+                    device_id: head.device_id().to_string(),
+                    seq: op.seq,
+                    existing: existing.op_id,
+                    conflicting: op.op_id,
+                }
+            });
+        }
+        head.accept(op)?;
+    }
+    Ok(())
+}
+
+/// The writer of one device's log: stamps, numbers and chains each new record.
+///
+/// ```
+/// use fencepost::clock::ManualClock;
+/// use fencepost::oplog::{DeviceLog, Surface};
+/// use serde_json::json;
+///
+/// let mut log = DeviceLog::new("laptop", ManualClock::new(1_000).wall_clock()).unwrap();
+/// let first = log.append(Surface::log("note"), json!({"text": "hello"}));
+/// let second = log.append(Surface::registry("setting"), json!({"key": "tz", "value": "UTC"}));
+/// assert_eq!((first.seq, second.seq), (0, 1));
+/// assert_eq!(second.prev, Some(first.op_id));
+/// assert!(second.hlc > first.hlc);
+/// ```
+#[derive(Debug)]
+pub struct DeviceLog {
+    clock: HlcClock,
+    head: LogHead,
+}
+
+impl DeviceLog {
+    /// A new, empty log for `device_id`, stamping with `wall_clock` and the default
+    /// [`HlcConfig`]. Fails if the id breaks rule L8.
+    pub fn new(device_id: &str, wall_clock: WallClock) -> Result<Self, IdError> {
+        Self::with_config(device_id, wall_clock, HlcConfig::default())
+    }
+
+    /// A new, empty log with an explicit clock configuration.
+    pub fn with_config(device_id: &str, wall_clock: WallClock, config: HlcConfig) -> Result<Self, IdError> {
+        validate_id(IdKind::Device, device_id)?;
+        let device_id: Arc<str> = Arc::from(device_id);
+        Ok(Self {
+            clock: HlcClock::new(Arc::clone(&device_id), wall_clock, config),
+            head: LogHead::new(device_id),
+        })
+    }
+
+    /// Continues the log `ops` of `device_id` (for example after a restart), after checking it
+    /// with [`verify_log`]. The next record follows the last one in seq, chain and HLC.
+    pub fn resume(
+        device_id: &str,
+        wall_clock: WallClock,
+        config: HlcConfig,
+        ops: &[OpRecord],
+    ) -> Result<Self, LogError> {
+        validate_id(IdKind::Device, device_id)?;
+        let device_id: Arc<str> = Arc::from(device_id);
+        let mut head = LogHead::new(Arc::clone(&device_id));
+        if let Some(first) = ops.first() {
+            head.check_identity(first)?;
+        }
+        verify_log(ops)?;
+        let clock = match ops.last() {
+            Some(last) => {
+                head.advance_unchecked(last);
+                HlcClock::resume(device_id, wall_clock, config, &last.hlc)
+            }
+            None => HlcClock::new(device_id, wall_clock, config),
+        };
+        Ok(Self { clock, head })
+    }
+
+    /// Appends a record and returns it; the caller stores and relays it.
+    ///
+    /// # Panics
+    /// Only if the HLC is exhausted (see [`HlcClock::tick`]).
+    pub fn append(&mut self, surface: Surface, payload: Value) -> OpRecord {
+        let mut op = OpRecord {
+            op_id: OpId([0; 32]),
+            hlc: self.clock.tick(),
+            device_id: Arc::clone(self.head.device_id()),
+            seq: self.head.next_seq(),
+            prev: self.head.last_op_id(),
+            surface,
+            payload: Payload::new(payload),
+        };
+        op.op_id = op.content_id();
+        debug_assert_eq!(self.head.check_next(&op), Ok(()));
+        self.head.advance_unchecked(&op);
+        op
+    }
+
+    /// Merges a peer's HLC stamp so that this log's next records are stamped after it (see
+    /// [`HlcClock::observe`]).
+    pub fn observe(&mut self, remote: &Hlc) -> Result<(), ClockError> {
+        self.clock.observe(remote)
+    }
+
+    /// The device.
+    pub fn device_id(&self) -> &str {
+        self.head.device_id()
+    }
+
+    /// The end of the log so far.
+    pub fn head(&self) -> &LogHead {
+        &self.head
+    }
+}

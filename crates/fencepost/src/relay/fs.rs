@@ -1,0 +1,572 @@
+//! [`FsRelay`]: a relay in a folder, which may be a synced folder (rule R1).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::{
+    group_by_device, plan_device_push, DevicePlan, Frontier, PullBatch, PushReport, Relay, RelayError,
+    RelayProblem,
+};
+use crate::oplog::{LogHead, OpId, OpRecord};
+
+/// The folder, inside the relay folder, that holds one file per device.
+const DEVICES_DIR: &str = "devices";
+/// The extension of a device's log file.
+const LOG_EXTENSION: &str = ".jsonl";
+/// Encoded names longer than this are shortened to a prefix and a hash.
+const MAX_PLAIN_STEM_BYTES: usize = 160;
+/// The length of the readable prefix kept in a shortened name.
+const SHORTENED_PREFIX_BYTES: usize = 96;
+
+/// Settings of an [`FsRelay`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsRelayConfig {
+    /// How long a push waits for another process's lock on a device file before giving up.
+    pub lock_timeout_ms: u64,
+    /// The longest line (one encoded record) written or read; longer lines are refused on push and
+    /// reported as damage on pull.
+    pub max_line_bytes: usize,
+}
+
+impl Default for FsRelayConfig {
+    fn default() -> Self {
+        Self {
+            lock_timeout_ms: 30_000,
+            max_line_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// A relay kept in a folder: one append-only JSON-lines file per device under `devices/`.
+///
+/// * **One writer per file.** A device's records go to its own file, so a synced folder (Syncthing,
+///   Dropbox, a network share) never sees two hosts writing one file. Several processes on one
+///   host may push the same device: an advisory file lock orders them.
+/// * **Durable.** Every push is fsynced before it returns (and the folder, when a file is created).
+/// * **O(new records) per call.** The relay remembers, per device, where each record starts and how
+///   far it has read; a call reads only what was appended since, plus the records the caller lacks.
+///   Nothing is ever rewritten.
+/// * **Torn lines.** A last line without its newline (a write in progress, a crash, a sync still
+///   copying) is ignored until it is complete. When a push finds one left by a crashed writer of
+///   the same device, it cuts it off before appending.
+/// * **Damage is isolated.** A line that is not a valid next record of its device (garbage, a bad
+///   `op_id`, a gap) stops that device at that line and is reported in [`PullBatch::problems`];
+///   the other devices keep syncing, and pushes to the damaged device are refused.
+/// * **Safe names.** Device ids are mapped to file names by [`device_file_name`]: no path
+///   separators, no `..`, distinct ids never share a name (also on case-insensitive file systems).
+#[derive(Debug)]
+pub struct FsRelay {
+    devices_dir: PathBuf,
+    config: FsRelayConfig,
+    files: Mutex<BTreeMap<String, DeviceFile>>,
+}
+
+/// What this process knows of one device file.
+#[derive(Debug)]
+struct DeviceFile {
+    path: PathBuf,
+    /// The byte offset where each record (seq = index) starts.
+    offsets: Vec<u64>,
+    /// The end of the last verified record; reading resumes here.
+    verified_to: u64,
+    /// The end of the verified log; `None` until a record has been read or written.
+    head: Option<LogHead>,
+    /// The damage found at `verified_to`, if the line there is not a valid next record.
+    damage: Option<RelayProblem>,
+}
+
+/// The result of reading what was appended to a device file.
+struct Refresh {
+    /// The new records, in seq order.
+    fresh: Vec<OpRecord>,
+    /// Whether bytes of an incomplete last line follow the verified records.
+    torn_tail: bool,
+}
+
+/// The file name (in the relay's `devices/` folder) of `device_id`'s log.
+///
+/// Bytes `a`–`z`, `0`–`9`, `-` and `_` are kept; every other byte becomes `%` and two uppercase hex
+/// digits. The mapping is injective even on a case-insensitive file system, no name contains a
+/// path separator or starts with a dot, a Windows device name (`con`, `nul`, …) has its first letter
+/// escaped, and a name that would be too long is cut and completed with `~` and a hash of the id.
+///
+/// ```
+/// use fencepost::relay::device_file_name;
+/// assert_eq!(device_file_name("laptop-1"), "laptop-1.jsonl");
+/// assert_eq!(device_file_name("../../etc"), "%2E%2E%2F%2E%2E%2Fetc.jsonl");
+/// assert_ne!(device_file_name("Phone"), device_file_name("phone"));
+/// ```
+pub fn device_file_name(device_id: &str) -> String {
+    let mut stem = String::with_capacity(device_id.len() + 8);
+    for byte in device_id.bytes() {
+        match byte {
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => stem.push(char::from(byte)),
+            _ => push_escape(&mut stem, byte),
+        }
+    }
+    if is_windows_device_name(&stem) {
+        let first = stem.remove(0);
+        let mut escaped = String::with_capacity(stem.len() + 3);
+        push_escape(&mut escaped, first as u8);
+        escaped.push_str(&stem);
+        stem = escaped;
+    }
+    if stem.len() > MAX_PLAIN_STEM_BYTES {
+        let digest = Sha256::digest(device_id.as_bytes());
+        stem.truncate(SHORTENED_PREFIX_BYTES);
+        stem.push('~');
+        crate::hex::push_lower_hex(&mut stem, &digest[..16]);
+    }
+    stem.push_str(LOG_EXTENSION);
+    stem
+}
+
+fn push_escape(out: &mut String, byte: u8) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+    out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+}
+
+fn is_windows_device_name(stem: &str) -> bool {
+    matches!(stem, "con" | "prn" | "aux" | "nul")
+        || (stem.len() == 4
+            && (stem.starts_with("com") || stem.starts_with("lpt"))
+            && stem.as_bytes()[3].is_ascii_digit())
+}
+
+/// Whether `name` could have been made by [`device_file_name`].
+fn is_device_file_name(name: &str) -> bool {
+    name.strip_suffix(LOG_EXTENSION).is_some_and(|stem| {
+        !stem.is_empty()
+            && stem
+                .bytes()
+                .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'%' | b'A'..=b'F' | b'~'))
+    })
+}
+
+fn io_error<'a>(operation: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RelayError + 'a {
+    move |source| RelayError::Io {
+        operation,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl FsRelay {
+    /// Opens the relay in folder `root`, creating the folder (and `root/devices`) if needed.
+    pub fn open(root: impl AsRef<Path>) -> Result<Self, RelayError> {
+        Self::open_with(root, FsRelayConfig::default())
+    }
+
+    /// [`open`](Self::open) with explicit settings.
+    pub fn open_with(root: impl AsRef<Path>, config: FsRelayConfig) -> Result<Self, RelayError> {
+        let devices_dir = root.as_ref().join(DEVICES_DIR);
+        std::fs::create_dir_all(&devices_dir).map_err(io_error("create folder", &devices_dir))?;
+        Ok(Self {
+            devices_dir,
+            config,
+            files: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The folder holding the device files.
+    pub fn devices_dir(&self) -> &Path {
+        &self.devices_dir
+    }
+
+    /// The path of `device_id`'s log file.
+    pub fn device_path(&self, device_id: &str) -> PathBuf {
+        self.devices_dir.join(device_file_name(device_id))
+    }
+
+    fn lock_files(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, DeviceFile>> {
+        // The index is updated only after each write succeeded, so a panic cannot corrupt it.
+        self.files.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the exclusive advisory lock of an open device file, waiting at most the configured time.
+    fn lock_exclusive(&self, file: &File, path: &Path) -> Result<(), RelayError> {
+        let started = Instant::now();
+        let limit = Duration::from_millis(self.config.lock_timeout_ms);
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(()),
+                Err(TryLockError::WouldBlock) if started.elapsed() < limit => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err(RelayError::LockTimeout {
+                        path: path.to_path_buf(),
+                        waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    })
+                }
+                Err(TryLockError::Error(source)) => return Err(io_error("lock", path)(source)),
+            }
+        }
+    }
+
+    /// Reads what was appended to `entry`'s file since the last call, verifying each record.
+    fn refresh(&self, name: &str, entry: &mut DeviceFile) -> Result<Refresh, RelayError> {
+        let mut refresh = Refresh {
+            fresh: Vec::new(),
+            torn_tail: false,
+        };
+        let file = match File::open(&entry.path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(refresh),
+            Err(error) => return Err(io_error("open", &entry.path)(error)),
+        };
+        let length = file
+            .metadata()
+            .map_err(io_error("read metadata of", &entry.path))?
+            .len();
+        entry.damage = None;
+        if length < entry.verified_to {
+            entry.damage = Some(self.problem(entry, None, format!(
+                "the file shrank from {} to {length} bytes; relay files are append-only (was it replaced or truncated?)",
+                entry.verified_to
+            )));
+            return Ok(refresh);
+        }
+        if length == entry.verified_to {
+            return Ok(refresh);
+        }
+        let mut reader = BufReader::new(file);
+        reader
+            .seek(SeekFrom::Start(entry.verified_to))
+            .map_err(io_error("seek in", &entry.path))?;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let limit = self.config.max_line_bytes as u64 + 1;
+            let read = (&mut reader)
+                .take(limit)
+                .read_until(b'\n', &mut line)
+                .map_err(io_error("read", &entry.path))?;
+            if read == 0 {
+                break;
+            }
+            let line_number = entry.offsets.len() as u64 + 1;
+            if line.last() != Some(&b'\n') {
+                if line.len() > self.config.max_line_bytes {
+                    entry.damage = Some(self.problem(
+                        entry,
+                        Some(line_number),
+                        format!("a line longer than {} bytes", self.config.max_line_bytes),
+                    ));
+                } else {
+                    refresh.torn_tail = true;
+                }
+                break;
+            }
+            match self.decode_next(name, entry, &line[..line.len() - 1]) {
+                Ok(op) => {
+                    entry.offsets.push(entry.verified_to);
+                    entry.verified_to += line.len() as u64;
+                    refresh.fresh.push(op);
+                }
+                Err(detail) => {
+                    entry.damage = Some(self.problem(entry, Some(line_number), detail));
+                    break;
+                }
+            }
+        }
+        Ok(refresh)
+    }
+
+    /// Decodes one line of `name` and checks that it continues the file's log.
+    fn decode_next(&self, name: &str, entry: &mut DeviceFile, line: &[u8]) -> Result<OpRecord, String> {
+        let mut op = OpRecord::from_json(line).map_err(|error| error.to_string())?;
+        let head = match &mut entry.head {
+            Some(head) => head,
+            None => {
+                if device_file_name(&op.device_id) != name {
+                    return Err(format!(
+                        "the file holds records of device {:?}, whose file is {:?}",
+                        op.device_id,
+                        device_file_name(&op.device_id)
+                    ));
+                }
+                entry.head.insert(LogHead::new(Arc::clone(&op.device_id)))
+            }
+        };
+        head.accept(&op).map_err(|error| error.to_string())?;
+        // Share one allocation of the device id among the device's records.
+        op.device_id = Arc::clone(head.device_id());
+        op.hlc.device_id = Arc::clone(head.device_id());
+        Ok(op)
+    }
+
+    fn problem(&self, entry: &DeviceFile, line_number: Option<u64>, detail: String) -> RelayProblem {
+        RelayProblem {
+            device_id: entry.head.as_ref().map(|head| head.device_id().to_string()),
+            file: Some(entry.path.clone()),
+            line_number,
+            detail,
+        }
+    }
+
+    /// Reads the stored records `from..to` of `entry` (already verified once), checking them again.
+    fn read_range(&self, entry: &DeviceFile, from: u64, to: u64) -> Result<Vec<OpRecord>, String> {
+        let mut reader =
+            open_at(&entry.path, entry.offsets[from as usize]).map_err(|error| error.to_string())?;
+        let mut ops = Vec::with_capacity((to - from) as usize);
+        let mut line = Vec::new();
+        let mut expected_prev = None;
+        for seq in from..to {
+            line.clear();
+            (&mut reader)
+                .take(self.config.max_line_bytes as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .map_err(|error| error.to_string())?;
+            let text = line.strip_suffix(b"\n").unwrap_or(&line);
+            let op = OpRecord::from_json(text).map_err(|error| format!("line {}: {error}", seq + 1))?;
+            let chained = seq == from || op.prev == expected_prev;
+            if op.seq != seq || !chained || !op.has_valid_id() {
+                return Err(format!(
+                    "line {} changed after it was verified; relay files are append-only",
+                    seq + 1
+                ));
+            }
+            expected_prev = Some(op.op_id);
+            ops.push(op);
+        }
+        Ok(ops)
+    }
+
+    fn entry<'a>(
+        files: &'a mut BTreeMap<String, DeviceFile>,
+        devices_dir: &Path,
+        name: &str,
+    ) -> &'a mut DeviceFile {
+        files.entry(name.to_owned()).or_insert_with(|| DeviceFile {
+            path: devices_dir.join(name),
+            offsets: Vec::new(),
+            verified_to: 0,
+            head: None,
+            damage: None,
+        })
+    }
+}
+
+fn open_at(path: &Path, offset: u64) -> std::io::Result<BufReader<File>> {
+    let mut reader = BufReader::new(File::open(path)?);
+    reader.seek(SeekFrom::Start(offset))?;
+    Ok(reader)
+}
+
+/// A device file locked for appending, with what will be written to it.
+struct PendingAppend {
+    name: String,
+    file: File,
+    path: PathBuf,
+    lines: Vec<u8>,
+    line_lengths: Vec<u64>,
+    head: LogHead,
+    created: bool,
+}
+
+impl Relay for FsRelay {
+    fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
+        let groups = group_by_device(ops)?;
+        // Lock the files in name order, so that concurrent pushes of several devices cannot deadlock.
+        let mut by_name: BTreeMap<String, (&str, Vec<&OpRecord>)> = BTreeMap::new();
+        for (device_id, device_ops) in groups {
+            by_name.insert(device_file_name(device_id), (device_id, device_ops));
+        }
+        let mut files = self.lock_files();
+        let mut report = PushReport::default();
+        let mut pending: Vec<PendingAppend> = Vec::new();
+        for (name, (device_id, device_ops)) in by_name {
+            let entry = Self::entry(&mut files, &self.devices_dir, &name);
+            let path = entry.path.clone();
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .open(&path)
+                .map_err(io_error("open", &path))?;
+            self.lock_exclusive(&file, &path)?;
+            let refresh = self.refresh(&name, entry)?;
+            if let Some(problem) = &entry.damage {
+                return Err(RelayError::DeviceDamaged {
+                    device_id: device_id.to_owned(),
+                    problem: problem.clone(),
+                });
+            }
+            if refresh.torn_tail {
+                // We hold the device's lock and the tail is no complete record: a crashed writer's.
+                tracing::warn!(file = %path.display(), offset = entry.verified_to, "cutting off an incomplete last line left by an interrupted write");
+                file.set_len(entry.verified_to)
+                    .map_err(io_error("truncate", &path))?;
+            }
+            let stored = entry.head.clone().unwrap_or_else(|| LogHead::new(device_id));
+            let offsets = &entry.offsets;
+            let mut reader: Option<(BufReader<File>, u64)> = None;
+            let plan: DevicePlan<'_> = plan_device_push(
+                &stored,
+                |seq| {
+                    self.stored_op_id(&path, offsets, seq, &mut reader)
+                        .map_err(|detail| RelayError::DeviceDamaged {
+                            device_id: device_id.to_owned(),
+                            problem: RelayProblem {
+                                device_id: Some(device_id.to_owned()),
+                                file: Some(path.clone()),
+                                line_number: Some(seq + 1),
+                                detail,
+                            },
+                        })
+                },
+                device_ops,
+            )?;
+            report.already_present += plan.already_present;
+            if plan.fresh.is_empty() {
+                continue;
+            }
+            let mut lines = Vec::new();
+            let mut line_lengths = Vec::with_capacity(plan.fresh.len());
+            for op in &plan.fresh {
+                let start = lines.len();
+                op.write_json_line(&mut lines);
+                let length_bytes = lines.len() - start;
+                if length_bytes > self.config.max_line_bytes {
+                    return Err(RelayError::OpTooLarge {
+                        device_id: device_id.to_owned(),
+                        seq: op.seq,
+                        length_bytes,
+                        max_bytes: self.config.max_line_bytes,
+                    });
+                }
+                line_lengths.push(length_bytes as u64);
+            }
+            pending.push(PendingAppend {
+                name,
+                file,
+                path,
+                lines,
+                line_lengths,
+                head: plan.head,
+                created: entry.verified_to == 0,
+            });
+        }
+        // Every device's records were checked: now write them.
+        for mut append in pending {
+            append
+                .file
+                .write_all(&append.lines)
+                .map_err(io_error("append to", &append.path))?;
+            append.file.sync_data().map_err(io_error("sync", &append.path))?;
+            if append.created {
+                sync_dir(&self.devices_dir)?;
+            }
+            let entry = Self::entry(&mut files, &self.devices_dir, &append.name);
+            for length in append.line_lengths {
+                entry.offsets.push(entry.verified_to);
+                entry.verified_to += length;
+                report.appended += 1;
+            }
+            debug_assert_eq!(entry.offsets.len() as u64, append.head.next_seq());
+            entry.head = Some(append.head);
+        }
+        Ok(report)
+    }
+
+    fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError> {
+        let mut batch = PullBatch::default();
+        let mut names = Vec::new();
+        let listing = std::fs::read_dir(&self.devices_dir).map_err(io_error("list", &self.devices_dir))?;
+        for item in listing {
+            let item = item.map_err(io_error("list", &self.devices_dir))?;
+            let name = item.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue; // a sync tool's temporary file
+            }
+            if !is_device_file_name(&name) {
+                batch.problems.push(RelayProblem {
+                    device_id: None,
+                    file: Some(item.path()),
+                    line_number: None,
+                    detail: "not a device log file name; ignored (a sync conflict copy?)".to_owned(),
+                });
+                continue;
+            }
+            names.push(name);
+        }
+        names.sort();
+        let mut files = self.lock_files();
+        for name in names {
+            let entry = Self::entry(&mut files, &self.devices_dir, &name);
+            let fresh = match self.refresh(&name, entry) {
+                Ok(refresh) => refresh.fresh,
+                Err(error) => {
+                    batch.problems.push(self.problem(entry, None, error.to_string()));
+                    continue;
+                }
+            };
+            if let Some(problem) = &entry.damage {
+                batch.problems.push(problem.clone());
+            }
+            let Some(head) = &entry.head else { continue };
+            let from = since.next_seq(head.device_id());
+            let first_fresh = head.next_seq() - fresh.len() as u64;
+            if from < first_fresh {
+                match self.read_range(entry, from, first_fresh) {
+                    Ok(older) => batch.ops.extend(older),
+                    Err(detail) => {
+                        batch.problems.push(self.problem(entry, None, detail));
+                        continue;
+                    }
+                }
+            }
+            let skip = usize::try_from(from.saturating_sub(first_fresh)).unwrap_or(usize::MAX);
+            batch.ops.extend(fresh.into_iter().skip(skip));
+        }
+        Ok(batch)
+    }
+}
+
+impl FsRelay {
+    /// The `op_id` of stored record `seq`, reading sequentially when the requests are consecutive.
+    fn stored_op_id(
+        &self,
+        path: &Path,
+        offsets: &[u64],
+        seq: u64,
+        reader: &mut Option<(BufReader<File>, u64)>,
+    ) -> Result<OpId, String> {
+        let offset = offsets[seq as usize];
+        let (file, position) = match reader {
+            Some((file, position)) if *position == offset => (file, position),
+            _ => {
+                let file = open_at(path, offset).map_err(|error| error.to_string())?;
+                let (file, position) = reader.insert((file, offset));
+                (file, position)
+            }
+        };
+        let mut line = Vec::new();
+        (&mut *file)
+            .take(self.config.max_line_bytes as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|error| error.to_string())?;
+        *position += line.len() as u64;
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        OpRecord::from_json(text)
+            .map(|op| op.op_id)
+            .map_err(|error| format!("changed after it was verified: {error}"))
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), RelayError> {
+    File::open(dir)
+        .and_then(|handle| handle.sync_all())
+        .map_err(io_error("sync folder", dir))
+}

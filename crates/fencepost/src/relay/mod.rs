@@ -1,0 +1,250 @@
+//! Relays: the eventually consistent transport of op logs between sites (rule R1).
+//!
+//! A [`Relay`] stores every device's log and hands each site what it lacks. It is *not* a lease:
+//! it has no consensus, so two sites could each append "I take it"; leases live in a coordinator.
+//!
+//! * [`Relay::push`] is idempotent and verifies chains: records already stored are skipped, new
+//!   ones must continue their device's chain ([`LogHead::check_next`]), and a record that conflicts
+//!   with a stored one is refused as a fork. A push that is refused stores nothing.
+//! * [`Relay::pull`] returns, per device, the records from the caller's [`Frontier`] on, in seq
+//!   order, plus the [`RelayProblem`]s found (a damaged file is reported, not fatal: the other
+//!   devices keep syncing).
+//!
+//! Implementations: [`InMemoryRelay`] (tests, the simulator, one process) and [`FsRelay`] (a folder,
+//! possibly a synced one).
+
+mod fs;
+mod memory;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::id::IdError;
+use crate::oplog::{LogError, LogHead, OpId, OpRecord};
+
+pub use fs::{device_file_name, FsRelay, FsRelayConfig};
+pub use memory::InMemoryRelay;
+
+/// An eventually consistent store of device op logs (rule R1).
+pub trait Relay: Send + Sync {
+    /// Stores `ops`, which may belong to several devices and may repeat stored records.
+    ///
+    /// * `Ok` — every new record now continues its device's chain in the relay; records that were
+    ///   already there were skipped (counted in [`PushReport::already_present`]).
+    /// * `Err(RelayError::Log)` — a record is invalid (bad `op_id`, a gap, a fork, …); nothing of
+    ///   this push was stored.
+    /// * `Err` of another kind — a storage failure; records of some devices may have been stored.
+    ///   Pushing the same records again is always safe.
+    fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError>;
+
+    /// The records the caller lacks: for every device, those with `seq >= since.next_seq(device)`,
+    /// grouped by device and in seq order. Problems with one device's stored log are reported in
+    /// [`PullBatch::problems`] and do not stop the others.
+    fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError>;
+}
+
+/// What a push did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PushReport {
+    /// Records newly stored.
+    pub appended: usize,
+    /// Records that were already stored and were skipped.
+    pub already_present: usize,
+}
+
+/// What a pull returned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PullBatch {
+    /// The records the caller lacked, grouped by device, each device's in seq order.
+    pub ops: Vec<OpRecord>,
+    /// Devices (or files) that could not be read completely, and why.
+    pub problems: Vec<RelayProblem>,
+}
+
+/// A problem with part of a relay's store, reported by a pull without stopping it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayProblem {
+    /// The device concerned, when known.
+    pub device_id: Option<String>,
+    /// The file concerned, for file-backed relays.
+    pub file: Option<PathBuf>,
+    /// The 1-based line of the file, when the problem is one line.
+    pub line_number: Option<u64>,
+    /// What is wrong.
+    pub detail: String,
+}
+
+impl fmt::Display for RelayProblem {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(formatter, "{}", file.display())?;
+            if let Some(line) = self.line_number {
+                write!(formatter, ":{line}")?;
+            }
+            formatter.write_str(": ")?;
+        }
+        if let Some(device_id) = &self.device_id {
+            write!(formatter, "device {device_id:?}: ")?;
+        }
+        formatter.write_str(&self.detail)
+    }
+}
+
+/// Per device, how many records of its log a site has: the next seq it lacks.
+///
+/// ```
+/// use fencepost::relay::Frontier;
+/// let frontier = Frontier::new();
+/// assert_eq!(frontier.next_seq("laptop"), 0);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Frontier {
+    next_seq: BTreeMap<Arc<str>, u64>,
+}
+
+impl Frontier {
+    /// A frontier that has nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The first seq of `device_id` not yet had (0 for an unknown device).
+    pub fn next_seq(&self, device_id: &str) -> u64 {
+        self.next_seq.get(device_id).copied().unwrap_or(0)
+    }
+
+    /// Records that `op` is had (and so are all earlier records of its device).
+    pub fn observe(&mut self, op: &OpRecord) {
+        let next = self.next_seq.entry(Arc::clone(&op.device_id)).or_insert(0);
+        *next = (*next).max(op.seq + 1);
+    }
+
+    /// [`observe`](Self::observe) for each record.
+    pub fn observe_all<'a>(&mut self, ops: impl IntoIterator<Item = &'a OpRecord>) {
+        ops.into_iter().for_each(|op| self.observe(op));
+    }
+
+    /// The devices known, with their next seq, in device order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.next_seq.iter().map(|(device, next)| (&**device, *next))
+    }
+}
+
+/// Why a relay operation failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// A pushed record is invalid or conflicts with the stored log; nothing of the push was stored.
+    #[error("refused a pushed op: {0}")]
+    Log(#[from] LogError),
+    /// A pushed record names an invalid device id (rule L8).
+    #[error("refused a pushed op: {0}")]
+    InvalidDeviceId(#[from] IdError),
+    /// A pushed record is larger than one relay line may be.
+    #[error("op seq {seq} of device {device_id:?} encodes to {length_bytes} bytes; a relay line holds at most {max_bytes} (make the payload smaller)")]
+    OpTooLarge {
+        /// The device.
+        device_id: String,
+        /// The record's seq.
+        seq: u64,
+        /// Its encoded size.
+        length_bytes: usize,
+        /// The limit.
+        max_bytes: usize,
+    },
+    /// The device's stored log is damaged, so nothing can be appended to it until it is repaired.
+    #[error("cannot append to device {device_id:?}: its stored log is damaged ({problem})")]
+    DeviceDamaged {
+        /// The device.
+        device_id: String,
+        /// What is wrong.
+        problem: RelayProblem,
+    },
+    /// Another process held a device file's lock for longer than the configured wait.
+    #[error("waited {waited_ms} ms for the lock on {path}; another process holds it (raise lock_timeout_ms, or look for a stuck process)")]
+    LockTimeout {
+        /// The file.
+        path: PathBuf,
+        /// How long this call waited.
+        waited_ms: u64,
+    },
+    /// A file-system operation failed.
+    #[error("{operation} {path}: {source}")]
+    Io {
+        /// What was being done (`"open"`, `"append to"`, …).
+        operation: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// The error from the operating system.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The result of checking one device's pushed records against its stored log.
+pub(crate) struct DevicePlan<'a> {
+    /// The records to append, in seq order.
+    pub fresh: Vec<&'a OpRecord>,
+    /// Records that were already stored.
+    pub already_present: usize,
+    /// The head after appending `fresh`.
+    pub head: LogHead,
+}
+
+/// Checks `ops` (one device's pushed records, any order) against the stored log ending at `stored`.
+/// `stored_id_at(seq)` returns the `op_id` of a stored record, to tell a duplicate from a fork.
+pub(crate) fn plan_device_push<'a>(
+    stored: &LogHead,
+    mut stored_id_at: impl FnMut(u64) -> Result<OpId, RelayError>,
+    mut ops: Vec<&'a OpRecord>,
+) -> Result<DevicePlan<'a>, RelayError> {
+    ops.sort_by_key(|op| op.seq);
+    let mut head = stored.clone();
+    let mut fresh: Vec<&OpRecord> = Vec::new();
+    let mut already_present = 0;
+    for op in ops {
+        head.check_identity(op)?;
+        if op.seq < head.next_seq() {
+            let existing = match op.seq.checked_sub(stored.next_seq()) {
+                Some(index) => fresh[index as usize].op_id,
+                None => stored_id_at(op.seq)?,
+            };
+            if existing != op.op_id {
+                return Err(LogError::Fork {
+                    device_id: head.device_id().to_string(),
+                    seq: op.seq,
+                    existing,
+                    conflicting: op.op_id,
+                }
+                .into());
+            }
+            already_present += 1;
+        } else {
+            head.accept(op)?;
+            fresh.push(op);
+        }
+    }
+    Ok(DevicePlan {
+        fresh,
+        already_present,
+        head,
+    })
+}
+
+/// Groups `ops` by device id (in device order), keeping their order within a device.
+pub(crate) fn group_by_device(ops: &[OpRecord]) -> Result<BTreeMap<&str, Vec<&OpRecord>>, IdError> {
+    let mut groups: BTreeMap<&str, Vec<&OpRecord>> = BTreeMap::new();
+    for op in ops {
+        if !groups.contains_key(&*op.device_id) {
+            crate::id::validate_id(crate::id::IdKind::Device, &op.device_id)?;
+        }
+        groups.entry(&op.device_id).or_default().push(op);
+    }
+    Ok(groups)
+}

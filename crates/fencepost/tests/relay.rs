@@ -1,0 +1,428 @@
+//! Rule R1: relays. The first tests run against every relay; the rest are about `FsRelay`'s files.
+
+use std::collections::BTreeSet;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+
+use fencepost::clock::{HlcConfig, ManualClock};
+use fencepost::oplog::{verify_log, DeviceLog, LogError, OpRecord, Surface};
+use fencepost::relay::{device_file_name, Frontier, FsRelay, InMemoryRelay, Relay, RelayError};
+use serde_json::json;
+
+fn ops_of(device: &str, count: usize) -> Vec<OpRecord> {
+    let clock = ManualClock::new(10_000);
+    let mut log = DeviceLog::new(device, clock.wall_clock()).unwrap();
+    (0..count)
+        .map(|n| log.append(Surface::log("note"), json!({"n": n, "device": device})))
+        .collect()
+}
+
+fn ids(ops: &[OpRecord]) -> Vec<String> {
+    ops.iter().map(|op| op.op_id.to_string()).collect()
+}
+
+/// Runs `check` against an in-memory relay and a fresh folder relay.
+fn for_each_relay(check: impl Fn(&dyn Relay)) {
+    check(&InMemoryRelay::new());
+    let dir = tempfile::tempdir().unwrap();
+    check(&FsRelay::open(dir.path()).unwrap());
+}
+
+#[test]
+fn r1_pushing_the_same_ops_twice_adds_nothing() {
+    for_each_relay(|relay| {
+        let ops = ops_of("laptop", 20);
+        let first = relay.push(&ops).unwrap();
+        assert_eq!((first.appended, first.already_present), (20, 0));
+        let second = relay.push(&ops).unwrap();
+        assert_eq!((second.appended, second.already_present), (0, 20));
+        // Overlapping batches: the known part is skipped, the rest appended.
+        let more = ops_of("laptop", 30);
+        let third = relay.push(&more[10..]).unwrap();
+        assert_eq!((third.appended, third.already_present), (10, 10));
+        let all = relay.pull(&Frontier::new()).unwrap();
+        assert_eq!(ids(&all.ops), ids(&more));
+        assert!(all.problems.is_empty());
+    });
+}
+
+#[test]
+fn r1_pull_returns_exactly_the_missing_ops() {
+    for_each_relay(|relay| {
+        let laptop = ops_of("laptop", 10);
+        let phone = ops_of("phone", 5);
+        relay.push(&laptop).unwrap();
+        relay.push(&phone).unwrap();
+        let mut frontier = Frontier::new();
+        frontier.observe_all(&laptop[..4]);
+        frontier.observe_all(&phone);
+        let batch = relay.pull(&frontier).unwrap();
+        assert_eq!(ids(&batch.ops), ids(&laptop[4..]));
+        frontier.observe_all(&batch.ops);
+        assert!(relay.pull(&frontier).unwrap().ops.is_empty());
+        // A frontier ahead of the relay (ops not pushed yet) gets nothing, not an error.
+        let mut ahead = Frontier::new();
+        ahead.observe(&ops_of("laptop", 50)[49]);
+        let rest = relay.pull(&ahead).unwrap();
+        assert_eq!(ids(&rest.ops), ids(&phone));
+    });
+}
+
+#[test]
+fn r1_push_accepts_several_devices_in_any_order() {
+    for_each_relay(|relay| {
+        let mut mixed: Vec<OpRecord> = ops_of("laptop", 5)
+            .into_iter()
+            .chain(ops_of("phone", 5))
+            .collect();
+        mixed.reverse();
+        assert_eq!(relay.push(&mixed).unwrap().appended, 10);
+        let pulled = relay.pull(&Frontier::new()).unwrap().ops;
+        for device in ["laptop", "phone"] {
+            let log: Vec<OpRecord> = pulled
+                .iter()
+                .filter(|op| &*op.device_id == device)
+                .cloned()
+                .collect();
+            assert_eq!(log.len(), 5);
+            assert_eq!(verify_log(&log), Ok(()), "{device} comes back in seq order");
+        }
+    });
+}
+
+#[test]
+fn r1_push_verifies_chains_and_a_refused_push_stores_nothing() {
+    for_each_relay(|relay| {
+        let laptop = ops_of("laptop", 6);
+        relay.push(&laptop[..2]).unwrap();
+        let phone = ops_of("phone", 3);
+
+        // A gap (seq 3 without seq 2), together with a valid device: nothing is stored.
+        let mut batch = phone.clone();
+        batch.push(laptop[3].clone());
+        assert!(matches!(
+            relay.push(&batch),
+            Err(RelayError::Log(LogError::SeqGap {
+                expected: 2,
+                found: 3,
+                ..
+            }))
+        ));
+        assert_eq!(
+            relay.pull(&Frontier::new()).unwrap().ops.len(),
+            2,
+            "the phone's valid ops were not stored either"
+        );
+
+        // A tampered record.
+        let mut tampered = laptop[2].clone();
+        tampered.payload = json!({"n": "changed"}).into();
+        assert!(matches!(
+            relay.push(&[tampered]),
+            Err(RelayError::Log(LogError::BadId { .. }))
+        ));
+
+        // A fork: another record at a stored seq.
+        let clock = ManualClock::new(99_999);
+        let mut other =
+            DeviceLog::resume("laptop", clock.wall_clock(), HlcConfig::default(), &laptop[..1]).unwrap();
+        let fork = other.append(Surface::log("note"), json!({"fork": true}));
+        assert!(matches!(
+            relay.push(&[fork]),
+            Err(RelayError::Log(LogError::Fork { seq: 1, .. }))
+        ));
+
+        // An invalid device id.
+        let mut invalid = laptop[2].clone();
+        invalid.device_id = "".into();
+        assert!(matches!(
+            relay.push(&[invalid]),
+            Err(RelayError::InvalidDeviceId(_))
+        ));
+
+        assert_eq!(ids(&relay.pull(&Frontier::new()).unwrap().ops), ids(&laptop[..2]));
+        relay.push(&laptop).unwrap();
+        assert_eq!(ids(&relay.pull(&Frontier::new()).unwrap().ops), ids(&laptop));
+    });
+}
+
+fn device_file(root: &Path, device: &str) -> std::path::PathBuf {
+    root.join("devices").join(device_file_name(device))
+}
+
+fn line_of(op: &OpRecord) -> Vec<u8> {
+    let mut line = Vec::new();
+    op.write_json_line(&mut line);
+    line
+}
+
+#[test]
+fn r1_fs_a_torn_last_line_is_ignored_then_picked_up_once_completed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = ops_of("laptop", 3);
+    FsRelay::open(dir.path()).unwrap().push(&ops[..2]).unwrap();
+    let reader = FsRelay::open(dir.path()).unwrap();
+    assert_eq!(reader.pull(&Frontier::new()).unwrap().ops.len(), 2);
+
+    // A sync tool (or a writer) has delivered half of the third line.
+    let line = line_of(&ops[2]);
+    let path = device_file(dir.path(), "laptop");
+    let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+    file.write_all(&line[..line.len() / 2]).unwrap();
+    let mut frontier = Frontier::new();
+    let batch = reader.pull(&frontier).unwrap();
+    assert_eq!(ids(&batch.ops), ids(&ops[..2]));
+    assert!(
+        batch.problems.is_empty(),
+        "a torn tail is not damage: {:?}",
+        batch.problems
+    );
+    frontier.observe_all(&batch.ops);
+
+    // The rest arrives.
+    file.write_all(&line[line.len() / 2..]).unwrap();
+    let batch = reader.pull(&frontier).unwrap();
+    assert_eq!(ids(&batch.ops), ids(&ops[2..]));
+    assert!(batch.problems.is_empty());
+    // A fresh reader reads all three.
+    assert_eq!(
+        ids(&FsRelay::open(dir.path())
+            .unwrap()
+            .pull(&Frontier::new())
+            .unwrap()
+            .ops),
+        ids(&ops)
+    );
+}
+
+#[test]
+fn r1_fs_a_writer_cuts_off_the_torn_line_of_a_crashed_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = ops_of("laptop", 4);
+    FsRelay::open(dir.path()).unwrap().push(&ops[..2]).unwrap();
+    // A writer crashed half-way through appending ops[2].
+    let line = line_of(&ops[2]);
+    let path = device_file(dir.path(), "laptop");
+    OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(&line[..10])
+        .unwrap();
+
+    let restarted = FsRelay::open(dir.path()).unwrap();
+    let report = restarted.push(&ops).unwrap();
+    assert_eq!((report.appended, report.already_present), (2, 2));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count(), 4);
+    let pulled = FsRelay::open(dir.path()).unwrap().pull(&Frontier::new()).unwrap();
+    assert_eq!(ids(&pulled.ops), ids(&ops));
+    assert!(pulled.problems.is_empty());
+}
+
+#[test]
+fn r1_fs_a_corrupt_middle_line_is_reported_and_isolated_to_its_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = FsRelay::open(dir.path()).unwrap();
+    let laptop = ops_of("laptop", 5);
+    let phone = ops_of("phone", 5);
+    relay.push(&laptop).unwrap();
+    relay.push(&phone).unwrap();
+
+    // Damage line 3 of the laptop's file in place (same length, so later offsets are unchanged).
+    let path = device_file(dir.path(), "laptop");
+    let mut text = std::fs::read(&path).unwrap();
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(
+            text.iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'\n')
+                .map(|(i, _)| i + 1),
+        )
+        .collect();
+    text[starts[2] + 5] = b'#';
+    std::fs::write(&path, &text).unwrap();
+
+    let reader = FsRelay::open(dir.path()).unwrap();
+    let batch = reader.pull(&Frontier::new()).unwrap();
+    let pulled_laptop: Vec<_> = batch
+        .ops
+        .iter()
+        .filter(|op| &*op.device_id == "laptop")
+        .cloned()
+        .collect();
+    let pulled_phone: Vec<_> = batch
+        .ops
+        .iter()
+        .filter(|op| &*op.device_id == "phone")
+        .cloned()
+        .collect();
+    assert_eq!(
+        ids(&pulled_laptop),
+        ids(&laptop[..2]),
+        "the laptop stops before the damage"
+    );
+    assert_eq!(ids(&pulled_phone), ids(&phone), "the phone keeps syncing");
+    assert_eq!(batch.problems.len(), 1);
+    let problem = &batch.problems[0];
+    assert_eq!(problem.line_number, Some(3));
+    assert_eq!(problem.device_id.as_deref(), Some("laptop"));
+    assert!(problem.to_string().contains(":3: "), "{problem}");
+
+    // Nothing can be appended to the damaged device; the others still take pushes.
+    let more_laptop = ops_of("laptop", 6);
+    assert!(matches!(
+        reader.push(&more_laptop[5..]),
+        Err(RelayError::DeviceDamaged { .. })
+    ));
+    assert_eq!(reader.push(&ops_of("phone", 6)[5..]).unwrap().appended, 1);
+    // The damage is still reported on the next pull, and the file was not rewritten.
+    assert_eq!(reader.pull(&Frontier::new()).unwrap().problems.len(), 1);
+    assert_eq!(std::fs::read(&path).unwrap(), text);
+}
+
+#[test]
+fn r1_fs_a_file_under_another_devices_name_or_an_unknown_file_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = FsRelay::open(dir.path()).unwrap();
+    relay.push(&ops_of("laptop", 2)).unwrap();
+    std::fs::copy(
+        device_file(dir.path(), "laptop"),
+        device_file(dir.path(), "phone"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("devices").join("laptop (conflicted copy).jsonl"),
+        b"x",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("devices").join(".syncthing.tmp"), b"x").unwrap();
+    let batch = FsRelay::open(dir.path()).unwrap().pull(&Frontier::new()).unwrap();
+    assert_eq!(batch.ops.len(), 2);
+    let details: Vec<String> = batch.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(details.len(), 2, "{details:?}");
+    assert!(details
+        .iter()
+        .any(|d| d.contains("conflicted copy") && d.contains("not a device log file")));
+    assert!(details
+        .iter()
+        .any(|d| d.contains("phone.jsonl") && d.contains("laptop")));
+}
+
+#[test]
+fn r1_fs_device_ids_stay_inside_the_relay_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("relay");
+    let relay = FsRelay::open(&root).unwrap();
+    let hostile = [
+        "../../etc",
+        "..",
+        ".",
+        "a/b",
+        "a\\b",
+        "/abs",
+        "CON",
+        "nul",
+        "~x",
+        "%2E",
+    ];
+    for device in hostile {
+        relay.push(&ops_of(device, 2)).unwrap();
+        let path = relay.device_path(device);
+        assert_eq!(path.parent(), Some(relay.devices_dir()), "{device:?}");
+        assert!(path.is_file(), "{device:?}");
+    }
+    // Nothing was written outside `devices/`.
+    let mut outside = Vec::new();
+    for entry in walk(dir.path()) {
+        if !entry.starts_with(root.join("devices")) {
+            outside.push(entry);
+        }
+    }
+    assert_eq!(outside, Vec::<std::path::PathBuf>::new());
+    let pulled = relay.pull(&Frontier::new()).unwrap();
+    assert_eq!(pulled.ops.len(), hostile.len() * 2);
+    assert!(pulled.problems.is_empty(), "{:?}", pulled.problems);
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[test]
+fn r1_fs_distinct_device_ids_get_distinct_file_names_even_ignoring_case() {
+    let long_a = "a".repeat(256);
+    let mut long_b = "a".repeat(255);
+    long_b.push('b');
+    let ids = [
+        "phone",
+        "Phone",
+        "PHONE",
+        "ph%6Fne",
+        "ph%6fne",
+        "a.b",
+        "a%2Eb",
+        "a%2eb",
+        "con",
+        "%63on",
+        "Con",
+        "com1",
+        "COM1",
+        "é",
+        "e\u{301}",
+        "x~y",
+        "-",
+        "_",
+        long_a.as_str(),
+        long_b.as_str(),
+    ];
+    let mut names = BTreeSet::new();
+    for id in ids {
+        let name = device_file_name(id).to_lowercase();
+        assert!(name.len() <= 255, "{id:?}");
+        assert!(
+            !name.contains('/') && !name.contains('\\') && !name.starts_with('.'),
+            "{name}"
+        );
+        assert!(names.insert(name.clone()), "{id:?} collides as {name}");
+    }
+}
+
+#[test]
+fn r1_fs_state_survives_reopening_and_duplicates_are_found_in_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = ops_of("laptop", 100);
+    FsRelay::open(dir.path()).unwrap().push(&ops[..60]).unwrap();
+    let reopened = FsRelay::open(dir.path()).unwrap();
+    let report = reopened.push(&ops).unwrap();
+    assert_eq!((report.appended, report.already_present), (40, 60));
+    let mut frontier = Frontier::new();
+    frontier.observe(&ops[24]);
+    assert_eq!(ids(&reopened.pull(&frontier).unwrap().ops), ids(&ops[25..]));
+}
+
+#[test]
+fn r1_fs_an_over_long_op_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = fencepost::relay::FsRelayConfig {
+        max_line_bytes: 1_000,
+        ..Default::default()
+    };
+    let relay = FsRelay::open_with(dir.path(), config).unwrap();
+    let mut log = DeviceLog::new("laptop", ManualClock::new(1).wall_clock()).unwrap();
+    let big = log.append(Surface::log("blob"), json!({"data": "x".repeat(2_000)}));
+    let error = relay.push(&[big]).unwrap_err();
+    assert!(matches!(error, RelayError::OpTooLarge { max_bytes: 1_000, .. }));
+    assert!(error.to_string().contains("make the payload smaller"));
+    assert!(relay.pull(&Frontier::new()).unwrap().ops.is_empty());
+}
