@@ -87,8 +87,11 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod fence;
+pub mod fold;
 mod hex;
 pub mod id;
+pub mod lease;
 pub mod oplog;
 pub mod relay;
 pub mod run_id;

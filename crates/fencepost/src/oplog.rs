@@ -38,13 +38,18 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use compact_str::CompactString;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::Value;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use crate::clock::{ClockError, Hlc, HlcClock, HlcConfig, WallClock};
 use crate::id::{validate_id, IdError, IdKind};
+use crate::lease::{
+    Intent, IntentStatus, INTENT_FIELD_AGENT, INTENT_FIELD_EPOCH, INTENT_FIELD_ID, INTENT_FIELD_STATUS,
+};
+use crate::run_id::{RunKey, RUN_ID_PREFIX};
 
 /// The content-derived identity of an [`OpRecord`]: a SHA-256 digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -151,32 +156,135 @@ impl Surface {
 
 /// The JSON content of a record.
 ///
-/// Kept behind its own type so that its in-memory form can be made compact without changing the
-/// API; read it with [`Payload::value`].
+/// Read it with [`Payload::value`]. In memory, a well-formed intent payload (exactly the four
+/// intent fields, see [`Intent::from_payload`]) is kept in a compact typed form, parsed once; every
+/// other payload is kept as its JSON value. Both forms have the same canonical JSON, wire form and
+/// `op_id`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Payload {
-    value: Value,
+    repr: PayloadRepr,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum PayloadRepr {
+    Intent(CompactIntent),
+    Json(Value),
+}
+
+/// A well-formed intent payload, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CompactIntent {
+    pub(crate) run: RunKey,
+    pub(crate) agent: CompactString,
+    pub(crate) epoch: u64,
+    pub(crate) status: IntentStatus,
+}
+
+impl CompactIntent {
+    /// The compact form of `value`, if it is an object of exactly the four intent fields.
+    fn from_value(value: &Value) -> Option<Self> {
+        let object = value.as_object()?;
+        if object.len() != 4 {
+            return None;
+        }
+        let intent = Intent::from_payload(value)?;
+        Some(Self::from(&intent))
+    }
+}
+
+impl From<&Intent> for CompactIntent {
+    fn from(intent: &Intent) -> Self {
+        Self {
+            run: RunKey::new(&intent.run_id),
+            agent: CompactString::from(intent.agent_id.as_str()),
+            epoch: intent.epoch,
+            status: intent.status,
+        }
+    }
 }
 
 impl Payload {
     /// Wraps a JSON value.
     pub fn new(value: Value) -> Self {
-        Self { value }
+        let repr = match CompactIntent::from_value(&value) {
+            Some(intent) => PayloadRepr::Intent(intent),
+            None => PayloadRepr::Json(value),
+        };
+        Self { repr }
     }
 
-    /// The JSON value.
+    /// The JSON value (built on the fly for the compact intent form).
     pub fn value(&self) -> Cow<'_, Value> {
-        Cow::Borrowed(&self.value)
+        match &self.repr {
+            PayloadRepr::Json(value) => Cow::Borrowed(value),
+            PayloadRepr::Intent(intent) => Cow::Owned(json!({
+                INTENT_FIELD_AGENT: intent.agent.as_str(),
+                INTENT_FIELD_EPOCH: intent.epoch,
+                INTENT_FIELD_ID: intent.run.to_string(),
+                INTENT_FIELD_STATUS: intent.status.as_str(),
+            })),
+        }
     }
 
     /// Consumes the payload, returning its JSON value.
     pub fn into_value(self) -> Value {
-        self.value
+        match self.repr {
+            PayloadRepr::Json(value) => value,
+            PayloadRepr::Intent(_) => self.value().into_owned(),
+        }
+    }
+
+    /// The intent in this payload, if it is a well-formed one ([`Intent::from_payload`]).
+    pub fn intent(&self) -> Option<Intent> {
+        match &self.repr {
+            PayloadRepr::Intent(intent) => Some(Intent::new(
+                intent.run.to_string(),
+                intent.agent.as_str(),
+                intent.epoch,
+                intent.status,
+            )),
+            PayloadRepr::Json(value) => Intent::from_payload(value),
+        }
+    }
+
+    /// The intent in compact form, without allocating when the payload is already compact.
+    #[inline]
+    pub(crate) fn compact_intent(&self) -> Option<Cow<'_, CompactIntent>> {
+        match &self.repr {
+            PayloadRepr::Intent(intent) => Some(Cow::Borrowed(intent)),
+            PayloadRepr::Json(value) => {
+                Intent::from_payload(value).map(|intent| Cow::Owned((&intent).into()))
+            }
+        }
     }
 
     /// Appends the canonical JSON of this payload (the form hashed into `op_id`) to `out`.
     pub fn write_canonical_json(&self, out: &mut Vec<u8>) {
-        write_canonical_json(&self.value, out);
+        match &self.repr {
+            PayloadRepr::Json(value) => write_canonical_json(value, out),
+            PayloadRepr::Intent(intent) => {
+                // The keys in byte order: agent_id < epoch < id < status.
+                out.extend_from_slice(b"{\"agent_id\":");
+                write_serde_json(intent.agent.as_str(), out);
+                out.extend_from_slice(b",\"epoch\":");
+                write_serde_json(&intent.epoch, out);
+                out.extend_from_slice(b",\"id\":");
+                match &intent.run {
+                    RunKey::Hashed(bytes) => {
+                        let mut text = String::with_capacity(38);
+                        text.push('"');
+                        text.push_str(RUN_ID_PREFIX);
+                        crate::hex::push_lower_hex(&mut text, bytes);
+                        text.push('"');
+                        out.extend_from_slice(text.as_bytes());
+                    }
+                    RunKey::Text(text) => write_serde_json(&**text, out),
+                }
+                out.extend_from_slice(b",\"status\":\"");
+                out.extend_from_slice(intent.status.as_str().as_bytes());
+                out.extend_from_slice(b"\"}");
+            }
+        }
     }
 }
 
@@ -188,7 +296,18 @@ impl From<Value> for Payload {
 
 impl Serialize for Payload {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.value.serialize(serializer)
+        match &self.repr {
+            PayloadRepr::Json(value) => value.serialize(serializer),
+            PayloadRepr::Intent(intent) => {
+                use serde::ser::SerializeMap;
+                let mut map = serializer.serialize_map(Some(4))?;
+                map.serialize_entry(INTENT_FIELD_AGENT, intent.agent.as_str())?;
+                map.serialize_entry(INTENT_FIELD_EPOCH, &intent.epoch)?;
+                map.serialize_entry(INTENT_FIELD_ID, &format_args!("{}", intent.run))?;
+                map.serialize_entry(INTENT_FIELD_STATUS, intent.status.as_str())?;
+                map.end()
+            }
+        }
     }
 }
 
@@ -709,5 +828,53 @@ impl DeviceLog {
     /// The end of the log so far.
     pub fn head(&self) -> &LogHead {
         &self.head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+        /// O1, F1: a well-formed intent kept in compact form has exactly the canonical JSON, wire
+        /// form and value of the same payload kept as JSON.
+        #[test]
+        fn o1_compact_intents_encode_exactly_like_their_json(
+            run in prop_oneof!["run-[0-9a-f]{32}", "run-[0-9a-fA-F]{30,34}", "\\PC{1,20}"],
+            agent in "\\PC{1,20}",
+            epoch in any::<u64>(),
+            status in 0..3usize,
+        ) {
+            let status = ["pending", "committed", "failed"][status];
+            let value = json!({"id": run, "agent_id": agent, "epoch": epoch, "status": status});
+            let compact = Payload::new(value.clone());
+            prop_assert!(matches!(compact.repr, PayloadRepr::Intent(_)));
+            let plain = Payload { repr: PayloadRepr::Json(value.clone()) };
+            let (mut compact_bytes, mut plain_bytes) = (Vec::new(), Vec::new());
+            compact.write_canonical_json(&mut compact_bytes);
+            plain.write_canonical_json(&mut plain_bytes);
+            prop_assert_eq!(&compact_bytes, &plain_bytes);
+            prop_assert_eq!(serde_json::to_vec(&compact).unwrap(), serde_json::to_vec(&plain).unwrap());
+            prop_assert_eq!(compact.value().into_owned(), value);
+        }
+    }
+
+    #[test]
+    fn o1_payloads_that_are_not_exactly_an_intent_stay_json() {
+        for value in [
+            json!({"id": "run-1", "agent_id": "milo", "epoch": 1, "status": "pending", "extra": 1}),
+            json!({"id": "run-1", "agent_id": "milo", "epoch": 1.0, "status": "pending"}),
+            json!({"id": "run-1", "agent_id": "milo", "epoch": 1, "status": "other"}),
+            json!({"id": "", "agent_id": "milo", "epoch": 1, "status": "pending"}),
+            json!([1]),
+        ] {
+            assert!(
+                matches!(Payload::new(value.clone()).repr, PayloadRepr::Json(_)),
+                "{value}"
+            );
+        }
     }
 }

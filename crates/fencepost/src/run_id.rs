@@ -79,6 +79,73 @@ pub fn deterministic_run_id(agent_id: &str, intent: &str, salt: &str) -> Result<
     Ok(id)
 }
 
+/// A run id as the fold keeps it: a deterministic id (`run-` + 32 lowercase hex digits) as its 16
+/// bytes, any other id as text. Ordered as the text form is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum RunKey {
+    /// `run-` followed by the lowercase hex of these bytes.
+    Hashed([u8; 16]),
+    /// Any other run id.
+    Text(Box<str>),
+}
+
+impl RunKey {
+    /// The key of `run_id`.
+    pub(crate) fn new(run_id: &str) -> Self {
+        run_id
+            .strip_prefix(RUN_ID_PREFIX)
+            .and_then(crate::hex::decode_lower_hex::<16>)
+            .map_or_else(|| RunKey::Text(run_id.into()), RunKey::Hashed)
+    }
+
+    /// Writes the text form into `buffer` (for hashed ids) and returns it.
+    fn as_bytes<'a>(&'a self, buffer: &'a mut [u8; 36]) -> &'a [u8] {
+        match self {
+            RunKey::Hashed(bytes) => {
+                let mut text = String::with_capacity(36);
+                text.push_str(RUN_ID_PREFIX);
+                crate::hex::push_lower_hex(&mut text, bytes);
+                buffer.copy_from_slice(text.as_bytes());
+                &buffer[..]
+            }
+            RunKey::Text(text) => text.as_bytes(),
+        }
+    }
+}
+
+impl std::fmt::Display for RunKey {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunKey::Hashed(bytes) => {
+                let mut text = String::with_capacity(36);
+                text.push_str(RUN_ID_PREFIX);
+                crate::hex::push_lower_hex(&mut text, bytes);
+                formatter.write_str(&text)
+            }
+            RunKey::Text(text) => formatter.write_str(text),
+        }
+    }
+}
+
+impl Ord for RunKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        match (self, other) {
+            (RunKey::Hashed(a), RunKey::Hashed(b)) => a.cmp(b),
+            (RunKey::Text(a), RunKey::Text(b)) => a.cmp(b),
+            _ => {
+                let (mut left, mut right) = ([0u8; 36], [0u8; 36]);
+                self.as_bytes(&mut left).cmp(other.as_bytes(&mut right))
+            }
+        }
+    }
+}
+
+impl PartialOrd for RunKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +202,32 @@ mod tests {
         assert!(base[4..]
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    }
+
+    #[test]
+    fn run_keys_keep_the_text_and_order_of_run_ids() {
+        let hashed = deterministic_run_id("a", "b", "c").unwrap();
+        let ids = [
+            hashed.as_str(),
+            "run-",
+            "run-ABCDEF",
+            "run-zzz",
+            "a",
+            "run-00",
+            "s",
+            &hashed[..35],
+            "run-ffffffffffffffffffffffffffffffff0",
+        ];
+        for id in ids {
+            assert_eq!(RunKey::new(id).to_string(), id);
+        }
+        assert!(matches!(RunKey::new(&hashed), RunKey::Hashed(_)));
+        assert!(matches!(RunKey::new(&hashed.to_uppercase()), RunKey::Text(_)));
+        for a in ids {
+            for b in ids {
+                assert_eq!(RunKey::new(a).cmp(&RunKey::new(b)), a.cmp(b), "{a} vs {b}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,89 @@
+//! The dispatch fence (rule D1): the last check before a side effect.
+//!
+//! [`check_dispatch`] first asks the ledger's oracle whether the run already committed (on any site,
+//! at any epoch), and only then asks the coordinator whether the caller still holds the agent's
+//! lease at the epoch it claims. Only [`FenceDecision::Proceed`] authorizes the effect.
+//!
+//! The fence narrows the window in which a stale holder can act; it cannot close it. Between a
+//! `Proceed` and the effect landing, the holder can pause and lose the lease. Pass the epoch to the
+//! resource as a fencing token (and the run id as an idempotency key) where the resource can check
+//! them; where the effect lives in the coordinator's own database, use its transactional fence.
+
+use crate::fold::SyncState;
+use crate::lease::{LeaseCoordinator, LeaseError};
+use crate::oplog::OpId;
+
+/// The verdict of [`check_dispatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceDecision {
+    /// The run has not committed and the caller holds the lease at its epoch: go ahead.
+    Proceed,
+    /// The run already committed (the ledger's oracle); do not act again.
+    AlreadyCommitted {
+        /// The committing record.
+        committed_op_id: OpId,
+    },
+    /// Nobody holds the lease (it was released, or never acquired).
+    NotHeld {
+        /// The epoch the caller claimed.
+        claimed_epoch: u64,
+    },
+    /// Another holder, or another epoch, holds the lease: the caller is a zombie.
+    StaleEpoch {
+        /// The epoch the caller claimed.
+        claimed_epoch: u64,
+        /// The lease's current epoch.
+        current_epoch: u64,
+        /// Its current holder.
+        current_holder: String,
+    },
+}
+
+impl FenceDecision {
+    /// Whether this decision authorizes the side effect (only [`FenceDecision::Proceed`] does).
+    pub fn may_dispatch(&self) -> bool {
+        matches!(self, FenceDecision::Proceed)
+    }
+}
+
+/// Decides whether `device_id`, claiming `epoch`, may perform run `run_id` of `agent_id` (rule D1).
+///
+/// Reads the oracle in `state` first, then the coordinator's [`current`](LeaseCoordinator::current).
+/// A coordinator failure is returned as the error; it is never a `Proceed`.
+///
+/// ```
+/// use fencepost::clock::ManualClock;
+/// use fencepost::fence::{check_dispatch, FenceDecision};
+/// use fencepost::fold::SyncState;
+/// use fencepost::lease::{InMemoryLeaseCoordinator, LeaseCoordinator};
+///
+/// let coordinator = InMemoryLeaseCoordinator::new(ManualClock::new(0).wall_clock());
+/// let lease = coordinator.acquire("milo", "laptop", 30_000)?;
+/// let state = SyncState::new();
+/// let decision = check_dispatch(&coordinator, &state, "milo", "run-1", "laptop", lease.epoch)?;
+/// assert_eq!(decision, FenceDecision::Proceed);
+/// # Ok::<(), fencepost::lease::LeaseError>(())
+/// ```
+pub fn check_dispatch(
+    coordinator: &dyn LeaseCoordinator,
+    state: &SyncState,
+    agent_id: &str,
+    run_id: &str,
+    device_id: &str,
+    epoch: u64,
+) -> Result<FenceDecision, LeaseError> {
+    if let Some(committed) = state.committed_run(agent_id, run_id) {
+        return Ok(FenceDecision::AlreadyCommitted {
+            committed_op_id: committed.op_id,
+        });
+    }
+    Ok(match coordinator.current(agent_id)? {
+        None => FenceDecision::NotHeld { claimed_epoch: epoch },
+        Some(lease) if lease.holder == device_id && lease.epoch == epoch => FenceDecision::Proceed,
+        Some(lease) => FenceDecision::StaleEpoch {
+            claimed_epoch: epoch,
+            current_epoch: lease.epoch,
+            current_holder: lease.holder,
+        },
+    })
+}

@@ -1,0 +1,500 @@
+//! Execution leases with fencing tokens, and the execution intents of the ledger.
+//!
+//! # The lease is for liveness; only the fence is for safety
+//!
+//! A [`LeaseCoordinator`] is a linearizable compare-and-swap register per agent:
+//! `{agent_id, holder, epoch, expires_at_ms}`. Every successful [`acquire`](LeaseCoordinator::acquire)
+//! mints a new **epoch**, strictly greater than every epoch the agent had before: the fencing token.
+//!
+//! Holding a lease does **not** make an effect safe. A holder can pause (a GC, a laptop lid, a
+//! network partition) past its TTL, lose the lease to another site, wake up and act anyway. What
+//! makes execution safe is the *fence*: each site records [`Intent`]s in its op log at its epoch,
+//! the fold fences intents of stale epochs and remembers every commit, and
+//! [`check_dispatch`](crate::fence::check_dispatch) runs right before the effect.
+//!
+//! What this module does **not** deliver: exactly-once against a resource that ignores the token. A
+//! holder can pass the fence and pause before its write lands; only a resource that checks the
+//! fencing token (or an idempotency key) closes that window.
+//!
+//! # Intents
+//!
+//! An intent is the payload of a [`Surface::Intent`](crate::oplog::Surface::Intent) record (rule F1):
+//! `{"id": run_id, "agent_id": …, "epoch": …, "status": "pending" | "committed" | "failed"}`.
+//! The keys are frozen ([`INTENT_FIELD_ID`], …). The readers [`intent_agent`], [`intent_epoch`],
+//! [`intent_status_rank`] and [`intent_is_committed`] are total (rule F2): they never fail and never
+//! panic, whatever the payload.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use crate::clock::WallClock;
+use crate::id::{validate_id, IdError, IdKind};
+
+/// The payload key of the run id (frozen).
+pub const INTENT_FIELD_ID: &str = "id";
+/// The payload key of the agent id (frozen).
+pub const INTENT_FIELD_AGENT: &str = "agent_id";
+/// The payload key of the epoch (frozen).
+pub const INTENT_FIELD_EPOCH: &str = "epoch";
+/// The payload key of the status (frozen).
+pub const INTENT_FIELD_STATUS: &str = "status";
+
+/// The longest TTL accepted: ten years. Longer ones are refused rather than saturated, so that every
+/// backend can store `expires_at_ms` as a signed 64-bit number.
+pub const MAX_TTL_MS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
+
+/// The highest epoch floor accepted (epochs fit a signed 64-bit column in every backend).
+pub const MAX_EPOCH_FLOOR: u64 = i64::MAX as u64 - 1;
+
+/// The state of an execution intent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IntentStatus {
+    /// Written before the effect: this site is about to act at its epoch.
+    Pending,
+    /// The effect happened. Kept forever: the idempotency oracle.
+    Committed,
+    /// The effect was attempted and failed. Terminal, but not a commit.
+    Failed,
+}
+
+impl IntentStatus {
+    /// The wire form: `"pending"`, `"committed"` or `"failed"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IntentStatus::Pending => "pending",
+            IntentStatus::Committed => "committed",
+            IntentStatus::Failed => "failed",
+        }
+    }
+
+    /// Parses the wire form; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "pending" => Some(IntentStatus::Pending),
+            "committed" => Some(IntentStatus::Committed),
+            "failed" => Some(IntentStatus::Failed),
+            _ => None,
+        }
+    }
+
+    /// The rank used by the fold (rule F2): 0 for pending, 1 for the terminal states.
+    pub fn rank(self) -> u8 {
+        match self {
+            IntentStatus::Pending => 0,
+            IntentStatus::Committed | IntentStatus::Failed => 1,
+        }
+    }
+
+    /// Whether this is a terminal state (committed or failed).
+    pub fn is_terminal(self) -> bool {
+        self.rank() == 1
+    }
+}
+
+impl std::fmt::Display for IntentStatus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// An execution intent: the ledger's record that `agent_id` at `epoch` is about to perform, has
+/// performed, or failed to perform run `run_id` (rule F1).
+///
+/// ```
+/// use fencepost::lease::{Intent, IntentStatus};
+/// let intent = Intent::new("run-1", "milo", 3, IntentStatus::Pending);
+/// assert_eq!(Intent::from_payload(&intent.payload()), Some(intent));
+/// assert_eq!(Intent::from_payload(&serde_json::json!({"id": "run-1"})), None);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Intent {
+    /// The run (see [`crate::run_id::deterministic_run_id`]).
+    pub run_id: String,
+    /// The agent whose lease fences it.
+    pub agent_id: String,
+    /// The epoch of the lease it was written under.
+    pub epoch: u64,
+    /// Its state.
+    pub status: IntentStatus,
+}
+
+impl Intent {
+    /// An intent.
+    pub fn new(
+        run_id: impl Into<String>,
+        agent_id: impl Into<String>,
+        epoch: u64,
+        status: IntentStatus,
+    ) -> Self {
+        Self {
+            run_id: run_id.into(),
+            agent_id: agent_id.into(),
+            epoch,
+            status,
+        }
+    }
+
+    /// The record payload: `{"id", "agent_id", "epoch", "status"}`.
+    pub fn payload(&self) -> Value {
+        json!({
+            INTENT_FIELD_ID: self.run_id,
+            INTENT_FIELD_AGENT: self.agent_id,
+            INTENT_FIELD_EPOCH: self.epoch,
+            INTENT_FIELD_STATUS: self.status.as_str(),
+        })
+    }
+
+    /// Reads a payload; `None` if any of the four fields is missing, empty, of the wrong type, or
+    /// the status is unknown. Other keys are ignored.
+    pub fn from_payload(payload: &Value) -> Option<Self> {
+        let run_id = payload
+            .get(INTENT_FIELD_ID)?
+            .as_str()
+            .filter(|id| !id.is_empty())?;
+        let agent_id = payload
+            .get(INTENT_FIELD_AGENT)?
+            .as_str()
+            .filter(|id| !id.is_empty())?;
+        let epoch = payload.get(INTENT_FIELD_EPOCH)?.as_u64()?;
+        let status = IntentStatus::parse(payload.get(INTENT_FIELD_STATUS)?.as_str()?)?;
+        Some(Self::new(run_id, agent_id, epoch, status))
+    }
+}
+
+/// The payload's agent id; `""` when missing or not a string (rule F2).
+pub fn intent_agent(payload: &Value) -> &str {
+    payload
+        .get(INTENT_FIELD_AGENT)
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// The payload's epoch; 0 when missing or not a non-negative integer (rule F2).
+pub fn intent_epoch(payload: &Value) -> u64 {
+    payload
+        .get(INTENT_FIELD_EPOCH)
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
+/// The payload's status rank: 1 for `"committed"` and `"failed"`, 0 for anything else, including a
+/// missing or unknown status (rule F2).
+pub fn intent_status_rank(payload: &Value) -> u8 {
+    payload
+        .get(INTENT_FIELD_STATUS)
+        .and_then(Value::as_str)
+        .and_then(IntentStatus::parse)
+        .map_or(0, IntentStatus::rank)
+}
+
+/// Whether the payload's status is exactly `"committed"` (rule F2).
+pub fn intent_is_committed(payload: &Value) -> bool {
+    payload.get(INTENT_FIELD_STATUS).and_then(Value::as_str) == Some("committed")
+}
+
+/// A granted lease: `holder` may act for `agent_id` at `epoch` until `expires_at_ms` (by the
+/// coordinator's clock), and should renew well before then.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// The agent.
+    pub agent_id: String,
+    /// The device holding it.
+    pub holder: String,
+    /// The fencing token minted by the grant.
+    pub epoch: u64,
+    /// When it expires, in milliseconds since the Unix epoch, by the coordinator's clock.
+    pub expires_at_ms: u64,
+}
+
+/// A failure of the coordinator's storage (rule L7): not a verdict on the lease.
+///
+/// `may_have_applied` says whether the operation might have taken effect anyway (for example a
+/// connection lost after the compare-and-swap was sent). When it is `true`, call
+/// [`LeaseCoordinator::current`] to find out before acting.
+#[derive(Debug, Error)]
+#[error("{backend} coordinator failed: {message} ({})", if *.may_have_applied {
+    "the operation may have taken effect; read current() to find out"
+} else {
+    "the operation did not take effect"
+})]
+pub struct BackendError {
+    /// Which backend (`"sqlite"`, `"postgres"`, …).
+    pub backend: &'static str,
+    /// What went wrong.
+    pub message: String,
+    /// Whether the operation may have taken effect.
+    pub may_have_applied: bool,
+    /// The underlying error, if any.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// Why a lease operation did not succeed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// A still-valid lease exists (held by anyone, the caller included) (rule L1).
+    #[error("agent {agent_id:?} is held by {holder:?} at epoch {epoch} until {expires_at_ms} ms")]
+    Held {
+        /// The agent.
+        agent_id: String,
+        /// Who holds it.
+        holder: String,
+        /// At which epoch.
+        epoch: u64,
+        /// Until when.
+        expires_at_ms: u64,
+    },
+    /// The caller does not hold the lease at the epoch it claims (rules L2, L3).
+    #[error("the lease of agent {agent_id:?} at epoch {claimed_epoch} is lost; the current epoch is {current_epoch}")]
+    Lost {
+        /// The agent.
+        agent_id: String,
+        /// The epoch the caller claimed.
+        claimed_epoch: u64,
+        /// The agent's current (latest) epoch; 0 when it was never held.
+        current_epoch: u64,
+    },
+    /// An agent or device id breaks rule L8.
+    #[error(transparent)]
+    InvalidId(#[from] IdError),
+    /// A TTL of 0 or above [`MAX_TTL_MS`] (rule L8).
+    #[error("ttl_ms {ttl_ms} is not allowed; it must be between 1 and {max_ttl_ms}")]
+    InvalidTtl {
+        /// The TTL given.
+        ttl_ms: u64,
+        /// The largest accepted.
+        max_ttl_ms: u64,
+    },
+    /// An epoch floor above [`MAX_EPOCH_FLOOR`].
+    #[error("epoch floor {floor} is above the largest allowed, {max_floor}")]
+    InvalidEpochFloor {
+        /// The floor given.
+        floor: u64,
+        /// The largest accepted.
+        max_floor: u64,
+    },
+    /// The coordinator's storage failed (rule L7); see [`BackendError::may_have_applied`].
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// A linearizable compare-and-swap register of leases, one per agent.
+///
+/// Every method is linearizable: it takes effect atomically at one instant between its call and its
+/// return. Time is the **coordinator's** clock. Methods take `&self`; the trait is object safe.
+///
+/// Errors common to all methods: [`LeaseError::InvalidId`] (and [`LeaseError::InvalidTtl`] where a
+/// TTL is taken) for bad input, before anything is read or written; [`LeaseError::Backend`] for a
+/// storage failure, which says whether the operation may have taken effect (rule L7).
+pub trait LeaseCoordinator: Send + Sync {
+    /// Grants the lease to `device_id` for `ttl_ms` (rule L1).
+    ///
+    /// * `Ok(lease)` — the agent had no holder, or its lease had expired (`now ≥ expires_at_ms`).
+    ///   `lease.epoch` is one more than the agent's previous epoch (or than the epoch floor, if
+    ///   higher); `lease.expires_at_ms = now + ttl_ms`.
+    /// * `Err(Held)` — a still-valid lease exists, whoever holds it (the caller too). Nothing changed.
+    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError>;
+
+    /// Extends the caller's lease to `now + ttl_ms` (rule L2), keeping its epoch.
+    ///
+    /// * `Ok(lease)` — `device_id` holds the agent at `epoch`, expired or not (nobody took it).
+    /// * `Err(Lost)` — another holder, another epoch, or no holder. Nothing changed.
+    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError>;
+
+    /// Gives the lease up (rule L3): the holder is cleared and the epoch kept, so the next acquire
+    /// succeeds at once with the next epoch.
+    ///
+    /// * `Ok(())` — `device_id` held the agent at `epoch`.
+    /// * `Err(Lost)` — it did not. Nothing changed.
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError>;
+
+    /// The agent's current lease (rule L4): `Some` while a holder is set, expired or not; `None` if
+    /// the agent was never held or was released.
+    fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError>;
+
+    /// Makes every later grant of the agent mint an epoch of at least `floor + 1` (rule L5).
+    /// Monotone and idempotent: a lower floor than the current one changes nothing. Callers seed it
+    /// from the ledger (the folded fencing epoch) after coordinator state may have been lost.
+    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError>;
+}
+
+/// Checks a TTL (rule L8).
+pub fn validate_ttl(ttl_ms: u64) -> Result<(), LeaseError> {
+    if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
+        return Err(LeaseError::InvalidTtl {
+            ttl_ms,
+            max_ttl_ms: MAX_TTL_MS,
+        });
+    }
+    Ok(())
+}
+
+/// Checks an epoch floor.
+pub fn validate_epoch_floor(floor: u64) -> Result<(), LeaseError> {
+    if floor > MAX_EPOCH_FLOOR {
+        return Err(LeaseError::InvalidEpochFloor {
+            floor,
+            max_floor: MAX_EPOCH_FLOOR,
+        });
+    }
+    Ok(())
+}
+
+/// One agent's register.
+#[derive(Debug, Clone, Default)]
+struct Register {
+    holder: Option<String>,
+    /// The last epoch minted (kept across release).
+    epoch: u64,
+    expires_at_ms: u64,
+    /// The epoch floor (rule L5).
+    floor: u64,
+}
+
+/// The reference coordinator: a map of registers behind a mutex, with an injected clock.
+///
+/// Linearizable within one process (every operation holds the mutex). Its epochs live as long as
+/// the process: for durability use a database backend, or seed the floor from the ledger after a
+/// restart (rule L5). `Clone` shares one set of registers.
+///
+/// ```
+/// use fencepost::clock::ManualClock;
+/// use fencepost::lease::{InMemoryLeaseCoordinator, LeaseCoordinator, LeaseError};
+///
+/// let clock = ManualClock::new(0);
+/// let coordinator = InMemoryLeaseCoordinator::new(clock.wall_clock());
+/// let lease = coordinator.acquire("milo", "laptop", 10_000)?;
+/// assert_eq!(lease.epoch, 1);
+/// assert!(matches!(coordinator.acquire("milo", "phone", 10_000), Err(LeaseError::Held { .. })));
+/// clock.advance(10_000); // the laptop paused past its TTL
+/// let stolen = coordinator.acquire("milo", "phone", 10_000)?;
+/// assert_eq!(stolen.epoch, 2);
+/// assert!(matches!(coordinator.renew("milo", "laptop", 1, 10_000), Err(LeaseError::Lost { .. })));
+/// # Ok::<(), LeaseError>(())
+/// ```
+#[derive(Clone)]
+pub struct InMemoryLeaseCoordinator {
+    clock: WallClock,
+    registers: Arc<Mutex<BTreeMap<String, Register>>>,
+}
+
+impl std::fmt::Debug for InMemoryLeaseCoordinator {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("InMemoryLeaseCoordinator")
+            .finish_non_exhaustive()
+    }
+}
+
+impl InMemoryLeaseCoordinator {
+    /// A coordinator with no leases, reading time from `clock`.
+    pub fn new(clock: WallClock) -> Self {
+        Self {
+            clock,
+            registers: Arc::new(Mutex::new(BTreeMap::new())),
+        }
+    }
+
+    fn registers(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Register>> {
+        // Every operation checks before it writes, and writes one register in one assignment, so a
+        // panic elsewhere cannot leave a register half-changed.
+        self.registers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn lease_of(agent_id: &str, register: &Register) -> Option<Lease> {
+    register.holder.as_ref().map(|holder| Lease {
+        agent_id: agent_id.to_owned(),
+        holder: holder.clone(),
+        epoch: register.epoch,
+        expires_at_ms: register.expires_at_ms,
+    })
+}
+
+fn lost(agent_id: &str, claimed_epoch: u64, register: Option<&Register>) -> LeaseError {
+    LeaseError::Lost {
+        agent_id: agent_id.to_owned(),
+        claimed_epoch,
+        current_epoch: register.map_or(0, |register| register.epoch),
+    }
+}
+
+impl LeaseCoordinator for InMemoryLeaseCoordinator {
+    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let mut registers = self.registers();
+        let now_ms = (self.clock)();
+        let register = registers.entry(agent_id.to_owned()).or_default();
+        if let Some(holder) = &register.holder {
+            if now_ms < register.expires_at_ms {
+                return Err(LeaseError::Held {
+                    agent_id: agent_id.to_owned(),
+                    holder: holder.clone(),
+                    epoch: register.epoch,
+                    expires_at_ms: register.expires_at_ms,
+                });
+            }
+        }
+        // The floor is at most MAX_EPOCH_FLOOR and epochs grow by one per grant, so this cannot
+        // overflow before 2^63 grants of one agent.
+        let epoch = register.epoch.max(register.floor) + 1;
+        *register = Register {
+            holder: Some(device_id.to_owned()),
+            epoch,
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            floor: register.floor,
+        };
+        Ok(lease_of(agent_id, register).expect("the holder was just set"))
+    }
+
+    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let mut registers = self.registers();
+        let now_ms = (self.clock)();
+        match registers.get_mut(agent_id) {
+            Some(register) if register.holder.as_deref() == Some(device_id) && register.epoch == epoch => {
+                register.expires_at_ms = now_ms.saturating_add(ttl_ms);
+                Ok(lease_of(agent_id, register).expect("the holder is set"))
+            }
+            other => Err(lost(agent_id, epoch, other.as_deref())),
+        }
+    }
+
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        let mut registers = self.registers();
+        match registers.get_mut(agent_id) {
+            Some(register) if register.holder.as_deref() == Some(device_id) && register.epoch == epoch => {
+                register.holder = None;
+                Ok(())
+            }
+            other => Err(lost(agent_id, epoch, other.as_deref())),
+        }
+    }
+
+    fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        let registers = self.registers();
+        Ok(registers
+            .get(agent_id)
+            .and_then(|register| lease_of(agent_id, register)))
+    }
+
+    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_epoch_floor(floor)?;
+        let mut registers = self.registers();
+        let register = registers.entry(agent_id.to_owned()).or_default();
+        register.floor = register.floor.max(floor);
+        Ok(())
+    }
+}
