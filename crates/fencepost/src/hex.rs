@@ -11,22 +11,34 @@ pub(crate) fn push_lower_hex(out: &mut String, bytes: &[u8]) {
     }
 }
 
+/// The value of each lowercase hex digit; 0xff for every other byte.
+const DIGIT_VALUES: [u8; 256] = {
+    let mut values = [0xff; 256];
+    let mut digit = 0;
+    while digit < 16 {
+        values[DIGITS[digit] as usize] = digit as u8;
+        digit += 1;
+    }
+    values
+};
+
 /// Decodes exactly `N` bytes from `text`, which must be `2 * N` lowercase hex digits.
 pub(crate) fn decode_lower_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
     let digits = text.as_bytes();
     if digits.len() != N * 2 {
         return None;
     }
-    let value = |digit: u8| match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        _ => None,
-    };
     let mut bytes = [0u8; N];
+    let mut invalid = 0u8;
     for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
-        *byte = (value(pair[0])? << 4) | value(pair[1])?;
+        let (high, low) = (
+            DIGIT_VALUES[usize::from(pair[0])],
+            DIGIT_VALUES[usize::from(pair[1])],
+        );
+        invalid |= (high | low) & 0xf0;
+        *byte = (high << 4) | (low & 0x0f);
     }
-    Some(bytes)
+    (invalid == 0).then_some(bytes)
 }
 
 #[cfg(test)]

@@ -150,17 +150,34 @@ impl Intent {
     /// Reads a payload; `None` if any of the four fields is missing, empty, of the wrong type, or
     /// the status is unknown. Other keys are ignored.
     pub fn from_payload(payload: &Value) -> Option<Self> {
-        let run_id = payload
-            .get(INTENT_FIELD_ID)?
-            .as_str()
-            .filter(|id| !id.is_empty())?;
-        let agent_id = payload
-            .get(INTENT_FIELD_AGENT)?
-            .as_str()
-            .filter(|id| !id.is_empty())?;
-        let epoch = payload.get(INTENT_FIELD_EPOCH)?.as_u64()?;
-        let status = IntentStatus::parse(payload.get(INTENT_FIELD_STATUS)?.as_str()?)?;
-        Some(Self::new(run_id, agent_id, epoch, status))
+        let fields = IntentFields::read(payload)?;
+        Some(Self::new(
+            fields.run_id,
+            fields.agent_id,
+            fields.epoch,
+            fields.status,
+        ))
+    }
+}
+
+/// The four fields of a well-formed intent payload, borrowed from it: the one definition of
+/// "well-formed" (rule F1) shared by [`Intent::from_payload`] and the op log's compact form.
+pub(crate) struct IntentFields<'a> {
+    pub(crate) run_id: &'a str,
+    pub(crate) agent_id: &'a str,
+    pub(crate) epoch: u64,
+    pub(crate) status: IntentStatus,
+}
+
+impl<'a> IntentFields<'a> {
+    pub(crate) fn read(payload: &'a Value) -> Option<Self> {
+        let non_empty_text = |key: &str| payload.get(key)?.as_str().filter(|text| !text.is_empty());
+        Some(Self {
+            run_id: non_empty_text(INTENT_FIELD_ID)?,
+            agent_id: non_empty_text(INTENT_FIELD_AGENT)?,
+            epoch: payload.get(INTENT_FIELD_EPOCH)?.as_u64()?,
+            status: IntentStatus::parse(payload.get(INTENT_FIELD_STATUS)?.as_str()?)?,
+        })
     }
 }
 

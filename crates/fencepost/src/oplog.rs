@@ -47,7 +47,8 @@ use thiserror::Error;
 use crate::clock::{ClockError, Hlc, HlcClock, HlcConfig, WallClock};
 use crate::id::{validate_id, IdError, IdKind};
 use crate::lease::{
-    Intent, IntentStatus, INTENT_FIELD_AGENT, INTENT_FIELD_EPOCH, INTENT_FIELD_ID, INTENT_FIELD_STATUS,
+    Intent, IntentFields, IntentStatus, INTENT_FIELD_AGENT, INTENT_FIELD_EPOCH, INTENT_FIELD_ID,
+    INTENT_FIELD_STATUS,
 };
 use crate::run_id::{RunKey, RUN_ID_PREFIX};
 
@@ -187,19 +188,18 @@ impl CompactIntent {
         if object.len() != 4 {
             return None;
         }
-        let intent = Intent::from_payload(value)?;
-        Some(Self::from(&intent))
+        Self::from_fields(value)
     }
-}
 
-impl From<&Intent> for CompactIntent {
-    fn from(intent: &Intent) -> Self {
-        Self {
-            run: RunKey::new(&intent.run_id),
-            agent: CompactString::from(intent.agent_id.as_str()),
-            epoch: intent.epoch,
-            status: intent.status,
-        }
+    /// The compact form of any well-formed intent payload (other keys ignored).
+    fn from_fields(value: &Value) -> Option<Self> {
+        let fields = IntentFields::read(value)?;
+        Some(Self {
+            run: RunKey::new(fields.run_id),
+            agent: CompactString::from(fields.agent_id),
+            epoch: fields.epoch,
+            status: fields.status,
+        })
     }
 }
 
@@ -252,9 +252,7 @@ impl Payload {
     pub(crate) fn compact_intent(&self) -> Option<Cow<'_, CompactIntent>> {
         match &self.repr {
             PayloadRepr::Intent(intent) => Some(Cow::Borrowed(intent)),
-            PayloadRepr::Json(value) => {
-                Intent::from_payload(value).map(|intent| Cow::Owned((&intent).into()))
-            }
+            PayloadRepr::Json(value) => CompactIntent::from_fields(value).map(Cow::Owned),
         }
     }
 
