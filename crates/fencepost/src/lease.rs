@@ -49,6 +49,15 @@ pub const MAX_TTL_MS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
 /// The highest epoch floor accepted (epochs fit a signed 64-bit column in every backend).
 pub const MAX_EPOCH_FLOOR: u64 = i64::MAX as u64 - 1;
 
+/// The latest expiry any coordinator records: `now + ttl_ms` saturates here, so that every backend
+/// stores the same value in a signed 64-bit column (rule L1).
+pub const MAX_EXPIRES_AT_MS: u64 = i64::MAX as u64;
+
+/// `now_ms + ttl_ms`, saturating at [`MAX_EXPIRES_AT_MS`] (rule L1).
+pub fn expiry_after(now_ms: u64, ttl_ms: u64) -> u64 {
+    now_ms.saturating_add(ttl_ms).min(MAX_EXPIRES_AT_MS)
+}
+
 /// The state of an execution intent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum IntentStatus {
@@ -312,7 +321,7 @@ pub trait LeaseCoordinator: Send + Sync {
     ///
     /// * `Ok(lease)` — the agent had no holder, or its lease had expired (`now ≥ expires_at_ms`).
     ///   `lease.epoch` is one more than the agent's previous epoch (or than the epoch floor, if
-    ///   higher); `lease.expires_at_ms = now + ttl_ms`.
+    ///   higher); `lease.expires_at_ms = now + ttl_ms`, saturating at [`MAX_EXPIRES_AT_MS`].
     /// * `Err(Held)` — a still-valid lease exists, whoever holds it (the caller too). Nothing changed.
     fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError>;
 
@@ -337,6 +346,25 @@ pub trait LeaseCoordinator: Send + Sync {
     /// Monotone and idempotent: a lower floor than the current one changes nothing. Callers seed it
     /// from the ledger (the folded fencing epoch) after coordinator state may have been lost.
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError>;
+}
+
+/// A shared coordinator is a coordinator (so `Arc<dyn LeaseCoordinator>` can be handed around).
+impl<T: LeaseCoordinator + ?Sized> LeaseCoordinator for Arc<T> {
+    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        (**self).acquire(agent_id, device_id, ttl_ms)
+    }
+    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        (**self).renew(agent_id, device_id, epoch, ttl_ms)
+    }
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        (**self).release(agent_id, device_id, epoch)
+    }
+    fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
+        (**self).current(agent_id)
+    }
+    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
+        (**self).raise_epoch_floor(agent_id, floor)
+    }
 }
 
 /// Checks a TTL (rule L8).
@@ -464,7 +492,7 @@ impl LeaseCoordinator for InMemoryLeaseCoordinator {
         *register = Register {
             holder: Some(device_id.to_owned()),
             epoch,
-            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            expires_at_ms: expiry_after(now_ms, ttl_ms),
             floor: register.floor,
         };
         Ok(lease_of(agent_id, register).expect("the holder was just set"))
@@ -478,7 +506,7 @@ impl LeaseCoordinator for InMemoryLeaseCoordinator {
         let now_ms = (self.clock)();
         match registers.get_mut(agent_id) {
             Some(register) if register.holder.as_deref() == Some(device_id) && register.epoch == epoch => {
-                register.expires_at_ms = now_ms.saturating_add(ttl_ms);
+                register.expires_at_ms = expiry_after(now_ms, ttl_ms);
                 Ok(lease_of(agent_id, register).expect("the holder is set"))
             }
             other => Err(lost(agent_id, epoch, other.as_deref())),

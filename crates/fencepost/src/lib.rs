@@ -11,8 +11,8 @@
 //!   state, and right before a side effect the dispatch fence asks "did this run already commit?"
 //!   and "am I still the holder at epoch N?".
 //!
-//! This release provides the foundation those stand on: the clock, deterministic run ids, the op
-//! log and the relays. The lease coordinator, the fold and the dispatch fence build on them.
+//! Modules: [`clock`], [`run_id`], [`oplog`] and [`relay`] carry records between sites; [`lease`]
+//! (the coordinator and the intent vocabulary), [`fold`] and [`fence`] decide what may run.
 //!
 //! ## A tour
 //!
@@ -78,6 +78,37 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! A steal fences the zombie; the oracle stops a second execution:
+//!
+//! ```
+//! use fencepost::clock::ManualClock;
+//! use fencepost::fence::{check_dispatch, FenceDecision};
+//! use fencepost::fold::fold;
+//! use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
+//! use fencepost::oplog::{DeviceLog, Surface};
+//!
+//! let clock = ManualClock::new(0);
+//! let coordinator = InMemoryLeaseCoordinator::new(clock.wall_clock());
+//! let mut laptop = DeviceLog::new("laptop", clock.wall_clock())?;
+//! let mut phone = DeviceLog::new("phone", clock.wall_clock())?;
+//! let run = "run-b0f6813d1bc0cbcf46511caf94b51e91";
+//!
+//! // The laptop holds epoch 1, writes its pending intent, then pauses past its TTL.
+//! let first = coordinator.acquire("milo", "laptop", 10_000)?;
+//! let mut ledger = vec![laptop.append(Surface::Intent, Intent::new(run, "milo", first.epoch, IntentStatus::Pending).payload())];
+//! clock.advance(10_000);
+//!
+//! // The phone takes over at epoch 2, passes the fence, acts, and commits.
+//! let second = coordinator.acquire("milo", "phone", 10_000)?;
+//! assert_eq!(check_dispatch(&coordinator, &fold(&ledger), "milo", run, "phone", second.epoch)?, FenceDecision::Proceed);
+//! ledger.push(phone.append(Surface::Intent, Intent::new(run, "milo", second.epoch, IntentStatus::Committed).payload()));
+//!
+//! // The laptop wakes up: the fence refuses it, whatever it believes.
+//! let decision = check_dispatch(&coordinator, &fold(&ledger), "milo", run, "laptop", first.epoch)?;
+//! assert!(matches!(decision, FenceDecision::AlreadyCommitted { .. }));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! ## Principles
 //!
 //! * The core does no I/O and never reads the clock or a random source; only [`relay::FsRelay`]
@@ -86,7 +117,10 @@
 //!   records by [`oplog::verify_log`], relay files line by line.
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod clock;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod fence;
 pub mod fold;
 mod hex;

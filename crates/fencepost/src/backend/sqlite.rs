@@ -1,0 +1,421 @@
+//! [`SqliteLeaseCoordinator`]: the embedded, durable coordinator (feature `sqlite`).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+
+use crate::clock::WallClock;
+use crate::id::{validate_id, IdKind};
+use crate::lease::{
+    expiry_after, validate_epoch_floor, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError,
+};
+
+/// The SQLite `application_id` of a fencepost database ("FPST").
+pub const SQLITE_APPLICATION_ID: i32 = 0x4650_5354;
+
+/// The table that holds the registers.
+const TABLE: &str = "fencepost_leases";
+
+/// Settings of a [`SqliteLeaseCoordinator`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SqliteConfig {
+    /// How long an operation waits for another process's write transaction before failing with a
+    /// (not applied) backend error.
+    pub busy_timeout_ms: u64,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        Self {
+            busy_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// A lease coordinator in a SQLite database file: durable, and safe for many processes **on one
+/// host**.
+///
+/// * One table, `fencepost_leases`, one row per agent: holder, epoch, expiry, epoch floor.
+/// * Write-ahead log, `synchronous = FULL`: a granted epoch is on disk before `acquire` returns,
+///   so a crash (of the process or of the machine) never lets an epoch be granted twice.
+/// * `acquire` and `release` are `BEGIN IMMEDIATE` compare-and-swap transactions; `renew` is one
+///   `UPDATE … RETURNING` statement. Writers in other processes wait up to
+///   [`SqliteConfig::busy_timeout_ms`].
+/// * The coordinator clock is the injected [`WallClock`]: every process that shares the file must
+///   use the same clock (the system clock of the one host).
+///
+/// **Not across hosts.** SQLite's locking needs one kernel. A database file on a synced folder
+/// (Dropbox, Syncthing) or a network file system gives no mutual exclusion at all: two hosts can
+/// each be granted the same epoch. Use the PostgreSQL coordinator for several hosts, and keep
+/// synced folders for the ledger (the relay), which is built for them.
+///
+/// Opening refuses a file that is not a SQLite database, or that belongs to another application
+/// (another `application_id`, or tables of its own): an existing database is never overwritten.
+///
+/// ```
+/// use fencepost::backend::sqlite::SqliteLeaseCoordinator;
+/// use fencepost::clock::system_clock;
+/// use fencepost::lease::LeaseCoordinator;
+///
+/// let folder = tempfile::tempdir()?;
+/// let coordinator = SqliteLeaseCoordinator::open(folder.path().join("leases.db"), system_clock())?;
+/// let lease = coordinator.acquire("milo", "laptop", 30_000)?;
+/// assert_eq!(lease.epoch, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct SqliteLeaseCoordinator {
+    path: PathBuf,
+    clock: WallClock,
+    connection: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for SqliteLeaseCoordinator {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SqliteLeaseCoordinator")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn failure(
+    message: impl Into<String>,
+    may_have_applied: bool,
+    source: Option<rusqlite::Error>,
+) -> LeaseError {
+    LeaseError::Backend(BackendError {
+        backend: "sqlite",
+        message: message.into(),
+        may_have_applied,
+        source: source.map(|error| Box::new(error) as Box<dyn std::error::Error + Send + Sync>),
+    })
+}
+
+/// A failure of a statement or transaction. `writing` says whether the failed step could have
+/// committed (an I/O error while committing leaves the outcome unknown).
+fn sqlite_failure(context: &str, error: rusqlite::Error, writing: bool) -> LeaseError {
+    let code = error.sqlite_error_code();
+    let may_have_applied = writing
+        && matches!(
+            code,
+            Some(ErrorCode::SystemIoFailure | ErrorCode::DiskFull | ErrorCode::Unknown)
+        );
+    let hint = match code {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            " (another process held the database longer than the busy timeout)"
+        }
+        Some(ErrorCode::ReadOnly) => " (the database or its folder is read-only)",
+        Some(ErrorCode::NotADatabase) => " (the file is not a SQLite database)",
+        _ => "",
+    };
+    failure(format!("{context}: {error}{hint}"), may_have_applied, Some(error))
+}
+
+/// Converts a stored integer that must be non-negative.
+fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
+    u64::try_from(value).map_err(|_| failure(format!("corrupt row: {column} is {value}"), false, None))
+}
+
+/// Converts a value to store; values are bounded by the lease module's limits.
+fn storable(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A register row: holder, epoch, expiry, floor.
+type Row = (Option<String>, i64, i64, i64);
+
+impl SqliteLeaseCoordinator {
+    /// Opens (or creates) the database at `path` with the default settings.
+    pub fn open(path: impl AsRef<Path>, clock: WallClock) -> Result<Self, LeaseError> {
+        Self::open_with(path, clock, SqliteConfig::default())
+    }
+
+    /// Opens (or creates) the database at `path`.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        clock: WallClock,
+        config: SqliteConfig,
+    ) -> Result<Self, LeaseError> {
+        let path = path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        if path.is_dir() {
+            return Err(failure(
+                format!("{shown} is a folder; give the path of a database file"),
+                false,
+                None,
+            ));
+        }
+        let connection = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|error| sqlite_failure(&format!("cannot open {shown}"), error, false))?;
+        connection
+            .busy_timeout(Duration::from_millis(config.busy_timeout_ms))
+            .map_err(|error| sqlite_failure(&format!("cannot configure {shown}"), error, false))?;
+        let application_id: i32 = connection
+            .pragma_query_value(None, "application_id", |row| row.get(0))
+            .map_err(|error| sqlite_failure(&format!("cannot read {shown}"), error, false))?;
+        if application_id != 0 && application_id != SQLITE_APPLICATION_ID {
+            return Err(failure(
+                format!("{shown} is the database of another application (application_id {application_id:#x}); fencepost will not write into it"),
+                false,
+                None,
+            ));
+        }
+        if application_id == 0 {
+            let foreign: i64 = connection
+                .query_row(
+                    "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' AND name <> ?1",
+                    [TABLE],
+                    |row| row.get(0),
+                )
+                .map_err(|error| sqlite_failure(&format!("cannot read {shown}"), error, false))?;
+            if foreign > 0 {
+                return Err(failure(
+                    format!("{shown} already holds tables of another application; fencepost will not write into it (give it a file of its own)"),
+                    false,
+                    None,
+                ));
+            }
+        }
+        connection
+            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
+            .map_err(|error| {
+                sqlite_failure(
+                    &format!("cannot switch {shown} to write-ahead logging"),
+                    error,
+                    false,
+                )
+            })?;
+        connection
+            .pragma_update(None, "synchronous", "FULL")
+            .map_err(|error| sqlite_failure(&format!("cannot configure {shown}"), error, false))?;
+        connection
+            .execute_batch(&format!(
+                "BEGIN IMMEDIATE;
+                 CREATE TABLE IF NOT EXISTS {TABLE} (
+                     agent_id TEXT PRIMARY KEY NOT NULL,
+                     holder TEXT,
+                     epoch INTEGER NOT NULL CHECK (epoch >= 0),
+                     expires_at_ms INTEGER NOT NULL CHECK (expires_at_ms >= 0),
+                     floor INTEGER NOT NULL CHECK (floor >= 0)
+                 ) STRICT, WITHOUT ROWID;
+                 PRAGMA application_id = {SQLITE_APPLICATION_ID};
+                 COMMIT;"
+            ))
+            .map_err(|error| {
+                sqlite_failure(&format!("cannot create the lease table in {shown}"), error, true)
+            })?;
+        // A table of the same name but another shape is refused here, before any operation.
+        connection
+            .prepare(&format!(
+                "SELECT holder, epoch, expires_at_ms, floor FROM {TABLE} WHERE agent_id = ?1"
+            ))
+            .map_err(|error| {
+                sqlite_failure(
+                    &format!("{shown} has an incompatible {TABLE} table"),
+                    error,
+                    false,
+                )
+            })?;
+        Ok(Self {
+            path,
+            clock,
+            connection: Mutex::new(connection),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `work` on this coordinator's connection (for example a benchmark's own statements, or
+    /// the caller's tables in the same file). Do not write the `fencepost_leases` table.
+    pub fn with_connection<R>(&self, work: impl FnOnce(&Connection) -> R) -> R {
+        work(&self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while the lock was held rolled back any open transaction (rusqlite rolls back on
+        // drop), so the connection is usable.
+        self.connection.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn read_row(connection: &Connection, agent_id: &str) -> Result<Option<Row>, rusqlite::Error> {
+        connection
+            .prepare_cached(&format!(
+                "SELECT holder, epoch, expires_at_ms, floor FROM {TABLE} WHERE agent_id = ?1"
+            ))?
+            .query_row([agent_id], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
+            .optional()
+    }
+}
+
+impl LeaseCoordinator for SqliteLeaseCoordinator {
+    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let mut connection = self.lock();
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|error| sqlite_failure("acquire: cannot begin", error, false))?;
+        let now_ms = (self.clock)();
+        let row = Self::read_row(&transaction, agent_id)
+            .map_err(|error| sqlite_failure("acquire", error, false))?;
+        let (last_epoch, floor) = match &row {
+            Some((holder, epoch, expires_at_ms, floor)) => {
+                let expires_at_ms = stored(*expires_at_ms, "expires_at_ms")?;
+                if let Some(holder) = holder {
+                    if now_ms < expires_at_ms {
+                        return Err(LeaseError::Held {
+                            agent_id: agent_id.to_owned(),
+                            holder: holder.clone(),
+                            epoch: stored(*epoch, "epoch")?,
+                            expires_at_ms,
+                        });
+                    }
+                }
+                (stored(*epoch, "epoch")?, stored(*floor, "floor")?)
+            }
+            None => (0, 0),
+        };
+        let epoch = last_epoch.max(floor) + 1;
+        let expires_at_ms = expiry_after(now_ms, ttl_ms);
+        transaction
+            .prepare_cached(&format!(
+                "INSERT INTO {TABLE} (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, ?2, ?3, ?4, 0)
+                 ON CONFLICT (agent_id) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch,
+                     expires_at_ms = excluded.expires_at_ms"
+            ))
+            .and_then(|mut statement| {
+                statement.execute(params![agent_id, device_id, storable(epoch), storable(expires_at_ms)])
+            })
+            .map_err(|error| sqlite_failure("acquire", error, false))?;
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("acquire: commit failed", error, true))?;
+        Ok(Lease {
+            agent_id: agent_id.to_owned(),
+            holder: device_id.to_owned(),
+            epoch,
+            expires_at_ms,
+        })
+    }
+
+    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let connection = self.lock();
+        let expires_at_ms = expiry_after((self.clock)(), ttl_ms);
+        // One statement: extends the expiry only for the holder at its epoch, and returns the row
+        // either way, so that a Lost verdict reports the epoch of the same instant.
+        let row: Option<(Option<String>, i64, i64)> = connection
+            .prepare_cached(&format!(
+                "UPDATE {TABLE} SET expires_at_ms = CASE WHEN holder = ?2 AND epoch = ?3 THEN ?4 ELSE expires_at_ms END
+                 WHERE agent_id = ?1 RETURNING holder, epoch, expires_at_ms"
+            ))
+            .and_then(|mut statement| {
+                statement
+                    .query_row(params![agent_id, device_id, storable(epoch), storable(expires_at_ms)], |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    })
+                    .optional()
+            })
+            .map_err(|error| sqlite_failure("renew", error, true))?;
+        match row {
+            Some((Some(holder), current, stored_expiry))
+                if holder == device_id && stored(current, "epoch")? == epoch =>
+            {
+                Ok(Lease {
+                    agent_id: agent_id.to_owned(),
+                    holder,
+                    epoch,
+                    expires_at_ms: stored(stored_expiry, "expires_at_ms")?,
+                })
+            }
+            Some((_, current, _)) => Err(LeaseError::Lost {
+                agent_id: agent_id.to_owned(),
+                claimed_epoch: epoch,
+                current_epoch: stored(current, "epoch")?,
+            }),
+            None => Err(LeaseError::Lost {
+                agent_id: agent_id.to_owned(),
+                claimed_epoch: epoch,
+                current_epoch: 0,
+            }),
+        }
+    }
+
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        let mut connection = self.lock();
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|error| sqlite_failure("release: cannot begin", error, false))?;
+        let row = Self::read_row(&transaction, agent_id)
+            .map_err(|error| sqlite_failure("release", error, false))?;
+        let current_epoch = match &row {
+            Some((_, current, _, _)) => stored(*current, "epoch")?,
+            None => 0,
+        };
+        let holds =
+            matches!(&row, Some((Some(holder), _, _, _)) if holder == device_id) && current_epoch == epoch;
+        if !holds {
+            return Err(LeaseError::Lost {
+                agent_id: agent_id.to_owned(),
+                claimed_epoch: epoch,
+                current_epoch,
+            });
+        }
+        transaction
+            .execute(
+                &format!("UPDATE {TABLE} SET holder = NULL WHERE agent_id = ?1"),
+                [agent_id],
+            )
+            .map_err(|error| sqlite_failure("release", error, false))?;
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("release: commit failed", error, true))
+    }
+
+    fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        let connection = self.lock();
+        let row =
+            Self::read_row(&connection, agent_id).map_err(|error| sqlite_failure("current", error, false))?;
+        match row {
+            Some((Some(holder), epoch, expires_at_ms, _)) => Ok(Some(Lease {
+                agent_id: agent_id.to_owned(),
+                holder,
+                epoch: stored(epoch, "epoch")?,
+                expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_epoch_floor(floor)?;
+        let connection = self.lock();
+        connection
+            .prepare_cached(&format!(
+                "INSERT INTO {TABLE} (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, NULL, 0, 0, ?2)
+                 ON CONFLICT (agent_id) DO UPDATE SET floor = max(floor, excluded.floor)"
+            ))
+            .and_then(|mut statement| statement.execute(params![agent_id, storable(floor)]))
+            .map(drop)
+            .map_err(|error| sqlite_failure("raise_epoch_floor", error, true))
+    }
+}

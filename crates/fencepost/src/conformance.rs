@@ -1,0 +1,1184 @@
+//! The conformance suite: the contract (rules L1–L8, D1) that every [`LeaseCoordinator`] must pass.
+//!
+//! Enabled by the `conformance` feature. A backend's test file implements [`Harness`] (how to make a
+//! fresh store and how to move its clock) and calls every rule function; each panics, with a message
+//! naming the rule, when the coordinator breaks it.
+//!
+//! ```
+//! use fencepost::clock::ManualClock;
+//! use fencepost::conformance::{self, Harness, Opener};
+//! use fencepost::lease::{InMemoryLeaseCoordinator, LeaseCoordinator};
+//!
+//! struct Memory(ManualClock);
+//! impl Harness for Memory {
+//!     fn fresh_store(&self) -> Opener {
+//!         let coordinator = InMemoryLeaseCoordinator::new(self.0.wall_clock());
+//!         Box::new(move || Box::new(coordinator.clone()) as Box<dyn LeaseCoordinator>)
+//!     }
+//!     fn advance(&self, ms: u64) { self.0.advance(ms) }
+//!     fn now_ms(&self) -> Option<u64> { Some(self.0.now_ms()) }
+//!     fn durable(&self) -> bool { false }
+//! }
+//! conformance::run_all(&Memory(ManualClock::new(1_000)));
+//! ```
+//!
+//! Rule L6 is checked twice: directly (concurrent acquires have one winner) and by recording real
+//! concurrent histories and checking them against the sequential model of a lease register with
+//! `todc-utils`' implementation of the Wing–Gong–Lowe linearizability checker
+//! ([`check_history`]). Rule L7 needs a coordinator whose storage fails, which only the backend can
+//! build: [`l7_a_backend_failure_is_an_error_not_a_verdict`].
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::sync::{Barrier, Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+use todc_utils::linearizability::history::{Action, History};
+use todc_utils::linearizability::WGLChecker;
+use todc_utils::specifications::Specification;
+
+use crate::fence::{check_dispatch, FenceDecision};
+use crate::fold::{fold, SyncState};
+use crate::id::MAX_ID_BYTES;
+use crate::lease::{
+    expiry_after, Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH_FLOOR, MAX_TTL_MS,
+};
+use crate::oplog::{DeviceLog, Surface};
+
+/// Opens a coordinator on one store; every call gives another handle (connection) on the same store.
+pub type Opener = Box<dyn Fn() -> Box<dyn LeaseCoordinator> + Send + Sync>;
+
+/// What the suite needs from a backend.
+pub trait Harness: Sync {
+    /// A new, empty store, and the way to open coordinators on it.
+    fn fresh_store(&self) -> Opener;
+    /// Moves the coordinator's clock forward by `ms`.
+    fn advance(&self, ms: u64);
+    /// The coordinator clock's reading, when the harness knows it exactly (to check
+    /// `expires_at_ms = now + ttl_ms`).
+    fn now_ms(&self) -> Option<u64>;
+    /// Whether the store keeps its leases when every handle is dropped (durable backends).
+    fn durable(&self) -> bool;
+    /// The TTL the suite gives leases; every wait is expressed in fractions and multiples of it.
+    fn ttl_ms(&self) -> u64 {
+        10_000
+    }
+}
+
+/// Runs every rule function that applies to any backend (all but L7).
+pub fn run_all(harness: &dyn Harness) {
+    l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease(harness);
+    l2_renew_extends_the_holders_lease_until_stolen(harness);
+    l3_release_clears_the_holder_and_keeps_the_epoch(harness);
+    l4_current_reports_the_holder_expired_or_not(harness);
+    l5_epochs_never_repeat_or_regress(harness);
+    l6_concurrent_acquires_have_exactly_one_winner(harness);
+    l6_recorded_histories_are_linearizable(harness, &HistoryConfig::default());
+    l8_bad_input_is_a_clear_error_and_changes_nothing(harness);
+    d1_the_fence_reads_the_oracle_then_the_coordinator(harness);
+}
+
+fn open_one(harness: &dyn Harness) -> Box<dyn LeaseCoordinator> {
+    (harness.fresh_store())()
+}
+
+fn expect_held(result: Result<Lease, LeaseError>, rule: &str) -> (String, u64, u64) {
+    match result {
+        Err(LeaseError::Held {
+            holder,
+            epoch,
+            expires_at_ms,
+            ..
+        }) => (holder, epoch, expires_at_ms),
+        other => panic!("{rule}: expected Held, got {other:?}"),
+    }
+}
+
+fn expect_lost(result: Result<impl std::fmt::Debug, LeaseError>, rule: &str) -> (u64, u64) {
+    match result {
+        Err(LeaseError::Lost {
+            claimed_epoch,
+            current_epoch,
+            ..
+        }) => (claimed_epoch, current_epoch),
+        other => panic!("{rule}: expected Lost, got {other:?}"),
+    }
+}
+
+/// L1: a free agent is granted with epoch 1 and expiry `now + ttl`; a still-valid lease (the
+/// caller's own included) is `Held` with the holder's details; an expired one is granted again with
+/// the next epoch; expiry saturates.
+pub fn l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    let lease = coordinator
+        .acquire("l1", "laptop", ttl)
+        .expect("L1: a free agent is granted");
+    assert_eq!(
+        (lease.agent_id.as_str(), lease.holder.as_str(), lease.epoch),
+        ("l1", "laptop", 1),
+        "L1"
+    );
+    if let Some(now) = harness.now_ms() {
+        assert_eq!(lease.expires_at_ms, now + ttl, "L1: expires_at_ms = now + ttl_ms");
+    }
+    for device in ["laptop", "phone"] {
+        let (holder, epoch, expires_at_ms) = expect_held(coordinator.acquire("l1", device, ttl), "L1");
+        assert_eq!(
+            (holder.as_str(), epoch, expires_at_ms),
+            ("laptop", 1, lease.expires_at_ms),
+            "L1"
+        );
+    }
+    harness.advance(ttl / 2);
+    expect_held(
+        coordinator.acquire("l1", "phone", ttl),
+        "L1: still valid half-way",
+    );
+    harness.advance(ttl);
+    let stolen = coordinator
+        .acquire("l1", "phone", ttl)
+        .expect("L1: an expired lease is granted again");
+    assert_eq!(
+        (stolen.holder.as_str(), stolen.epoch),
+        ("phone", 2),
+        "L1: the next epoch"
+    );
+    let long = coordinator
+        .acquire("l1-long", "laptop", MAX_TTL_MS)
+        .expect("L1: the longest TTL");
+    if let Some(now) = harness.now_ms() {
+        assert_eq!(
+            long.expires_at_ms,
+            expiry_after(now, MAX_TTL_MS),
+            "L1: saturating expiry"
+        );
+    }
+}
+
+/// L2: renew succeeds for the holder at its epoch, even past expiry while nobody took the lease,
+/// extends the expiry and never bumps the epoch; any other caller, epoch, or a stolen, released or
+/// never-held lease is `Lost` (with `current_epoch` 0 when never held), and changes nothing.
+pub fn l2_renew_extends_the_holders_lease_until_stolen(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    assert_eq!(
+        expect_lost(coordinator.renew("l2", "laptop", 1, ttl), "L2: never held"),
+        (1, 0)
+    );
+    let lease = coordinator.acquire("l2", "laptop", ttl).expect("L2 setup");
+    expect_lost(
+        coordinator.renew("l2", "phone", lease.epoch, ttl),
+        "L2: another device",
+    );
+    assert_eq!(
+        expect_lost(
+            coordinator.renew("l2", "laptop", lease.epoch + 1, ttl),
+            "L2: another epoch"
+        ),
+        (lease.epoch + 1, lease.epoch)
+    );
+    assert_eq!(
+        coordinator.current("l2").expect("L2"),
+        Some(lease.clone()),
+        "L2: a failed renew changes nothing"
+    );
+    harness.advance(ttl * 2); // expired, but nobody took it
+    let renewed = coordinator
+        .renew("l2", "laptop", lease.epoch, ttl)
+        .expect("L2: renew past expiry");
+    assert_eq!(renewed.epoch, lease.epoch, "L2: renew never bumps the epoch");
+    assert!(
+        renewed.expires_at_ms > lease.expires_at_ms,
+        "L2: renew extends the expiry"
+    );
+    if let Some(now) = harness.now_ms() {
+        assert_eq!(
+            renewed.expires_at_ms,
+            now + ttl,
+            "L2: expires_at_ms = now + ttl_ms"
+        );
+    }
+    harness.advance(ttl / 2);
+    expect_held(
+        coordinator.acquire("l2", "phone", ttl),
+        "L2: the renewed lease is valid",
+    );
+    harness.advance(ttl);
+    let stolen = coordinator.acquire("l2", "phone", ttl).expect("L2 setup: steal");
+    assert_eq!(
+        expect_lost(coordinator.renew("l2", "laptop", lease.epoch, ttl), "L2: stolen"),
+        (lease.epoch, stolen.epoch)
+    );
+}
+
+/// L3: release by the holder at its epoch clears the holder and keeps the epoch, so the next
+/// acquire succeeds at once with the next epoch; any other release is `Lost` and changes nothing.
+pub fn l3_release_clears_the_holder_and_keeps_the_epoch(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    expect_lost(coordinator.release("l3", "laptop", 1), "L3: never held");
+    let lease = coordinator.acquire("l3", "laptop", ttl).expect("L3 setup");
+    expect_lost(
+        coordinator.release("l3", "phone", lease.epoch),
+        "L3: another device",
+    );
+    expect_lost(
+        coordinator.release("l3", "laptop", lease.epoch + 1),
+        "L3: another epoch",
+    );
+    assert_eq!(
+        coordinator.current("l3").expect("L3"),
+        Some(lease.clone()),
+        "L3: nothing changed"
+    );
+    coordinator
+        .release("l3", "laptop", lease.epoch)
+        .expect("L3: the holder releases");
+    assert_eq!(
+        coordinator.current("l3").expect("L3"),
+        None,
+        "L3: no holder after release"
+    );
+    assert_eq!(
+        expect_lost(
+            coordinator.release("l3", "laptop", lease.epoch),
+            "L3: released twice"
+        ),
+        (lease.epoch, lease.epoch),
+        "L3: the epoch is kept"
+    );
+    let next = coordinator
+        .acquire("l3", "phone", ttl)
+        .expect("L3: acquire right after release");
+    assert_eq!(
+        next.epoch,
+        lease.epoch + 1,
+        "L3: the next epoch, without waiting out the TTL"
+    );
+}
+
+/// L4: `current` is `None` for an agent never held or released, and `Some(lease)` while a holder
+/// is set, expired or not.
+pub fn l4_current_reports_the_holder_expired_or_not(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    assert_eq!(coordinator.current("l4").expect("L4"), None, "L4: never held");
+    let lease = coordinator.acquire("l4", "laptop", ttl).expect("L4 setup");
+    assert_eq!(
+        coordinator.current("l4").expect("L4"),
+        Some(lease.clone()),
+        "L4: the holder"
+    );
+    harness.advance(ttl * 2);
+    assert_eq!(
+        coordinator.current("l4").expect("L4"),
+        Some(lease.clone()),
+        "L4: expired but not taken"
+    );
+    coordinator
+        .release("l4", "laptop", lease.epoch)
+        .expect("L4 setup");
+    assert_eq!(coordinator.current("l4").expect("L4"), None, "L4: released");
+}
+
+/// L5: epochs are dense and never repeat across steals and releases; agents are independent; the
+/// epoch floor is monotone and idempotent and makes the next grant `floor + 1`; for durable
+/// backends, epochs and floors survive reopening the store.
+pub fn l5_epochs_never_repeat_or_regress(harness: &dyn Harness) {
+    let open = harness.fresh_store();
+    let ttl = harness.ttl_ms();
+    let coordinator = open();
+    let mut epochs = Vec::new();
+    for round in 0..8u64 {
+        let device = if round % 2 == 0 { "laptop" } else { "phone" };
+        let lease = coordinator.acquire("l5", device, ttl).expect("L5");
+        epochs.push(lease.epoch);
+        if round % 3 == 0 {
+            coordinator.release("l5", device, lease.epoch).expect("L5");
+        } else {
+            harness.advance(ttl + 1);
+        }
+    }
+    assert_eq!(epochs, (1..=8).collect::<Vec<_>>(), "L5: dense, never repeated");
+    assert_eq!(
+        coordinator.acquire("l5-other", "laptop", ttl).expect("L5").epoch,
+        1,
+        "L5: agents are independent"
+    );
+
+    coordinator.raise_epoch_floor("l5-floor", 41).expect("L5");
+    coordinator
+        .raise_epoch_floor("l5-floor", 41)
+        .expect("L5: idempotent");
+    coordinator
+        .raise_epoch_floor("l5-floor", 3)
+        .expect("L5: a lower floor is accepted");
+    let first = coordinator.acquire("l5-floor", "laptop", ttl).expect("L5");
+    assert_eq!(first.epoch, 42, "L5: the next grant is floor + 1");
+    coordinator.raise_epoch_floor("l5-floor", 10).expect("L5");
+    harness.advance(ttl + 1);
+    assert_eq!(
+        coordinator.acquire("l5-floor", "phone", ttl).expect("L5").epoch,
+        43,
+        "L5: never lowered"
+    );
+    coordinator.raise_epoch_floor("l5-floor", 100).expect("L5");
+    assert_eq!(
+        coordinator.current("l5-floor").expect("L5").map(|l| l.epoch),
+        Some(43),
+        "L5: the holder keeps its lease"
+    );
+    assert!(
+        matches!(
+            coordinator.raise_epoch_floor("l5-floor", MAX_EPOCH_FLOOR + 1),
+            Err(LeaseError::InvalidEpochFloor { .. })
+        ),
+        "L5: a floor above MAX_EPOCH_FLOOR is refused"
+    );
+
+    if harness.durable() {
+        drop(coordinator);
+        let reopened = open();
+        harness.advance(ttl + 1);
+        assert_eq!(
+            reopened.acquire("l5", "laptop", ttl).expect("L5").epoch,
+            9,
+            "L5: durable epochs"
+        );
+        assert_eq!(
+            reopened.acquire("l5-floor", "laptop", ttl).expect("L5").epoch,
+            101,
+            "L5: durable floor"
+        );
+    }
+}
+
+/// L6: of concurrent acquires on a free agent (each thread with its own handle), exactly one wins;
+/// and sixteen threads contending in rounds never see two holders and get dense, unique epochs.
+pub fn l6_concurrent_acquires_have_exactly_one_winner(harness: &dyn Harness) {
+    let open = harness.fresh_store();
+    let ttl = harness.ttl_ms();
+    for round in 0..10 {
+        let agent = format!("l6-{round}");
+        let barrier = Barrier::new(8);
+        let winners = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|thread| {
+                    let coordinator = open();
+                    let (barrier, agent) = (&barrier, &agent);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        coordinator.acquire(agent, &format!("d{thread}"), ttl).is_ok()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("L6 thread"))
+                .filter(|won| *won)
+                .count()
+        });
+        assert_eq!(
+            winners, 1,
+            "L6: exactly one of 8 concurrent acquires wins (round {round})"
+        );
+    }
+
+    const THREADS: usize = 16;
+    const ROUNDS: usize = 25;
+    let granted: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    let barrier = Barrier::new(THREADS);
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let coordinator = open();
+            let (granted, barrier) = (&granted, &barrier);
+            scope.spawn(move || {
+                let device = format!("device-{thread}");
+                for _ in 0..ROUNDS {
+                    barrier.wait();
+                    if let Ok(lease) = coordinator.acquire("l6-contended", &device, ttl) {
+                        let current = coordinator.current("l6-contended").expect("L6");
+                        assert_eq!(
+                            current.map(|l| l.holder),
+                            Some(device.clone()),
+                            "L6: two holders at once"
+                        );
+                        granted
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(lease.epoch);
+                        coordinator
+                            .release("l6-contended", &device, lease.epoch)
+                            .expect("L6");
+                    }
+                    barrier.wait();
+                }
+            });
+        }
+    });
+    let granted = granted.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let unique: BTreeSet<u64> = granted.iter().copied().collect();
+    assert_eq!(unique.len(), granted.len(), "L6: an epoch was granted twice");
+    assert_eq!(
+        unique,
+        (1..=granted.len() as u64).collect(),
+        "L6: epochs are dense"
+    );
+    assert!(granted.len() >= ROUNDS, "L6: at least one grant per round");
+}
+
+/// L7: on a coordinator whose storage fails, every operation returns [`LeaseError::Backend`] (never
+/// a verdict: not `Held`, not `Lost`, not a lease), with a message that says what failed and whether
+/// the operation may have taken effect.
+pub fn l7_a_backend_failure_is_an_error_not_a_verdict(failing: &dyn LeaseCoordinator) {
+    let results: Vec<(&str, Result<String, LeaseError>)> = vec![
+        (
+            "acquire",
+            failing.acquire("l7", "laptop", 1_000).map(|l| format!("{l:?}")),
+        ),
+        (
+            "renew",
+            failing.renew("l7", "laptop", 1, 1_000).map(|l| format!("{l:?}")),
+        ),
+        (
+            "release",
+            failing.release("l7", "laptop", 1).map(|()| "released".to_owned()),
+        ),
+        ("current", failing.current("l7").map(|l| format!("{l:?}"))),
+        (
+            "raise_epoch_floor",
+            failing.raise_epoch_floor("l7", 5).map(|()| "raised".to_owned()),
+        ),
+    ];
+    for (operation, result) in results {
+        match result {
+            Err(LeaseError::Backend(error)) => {
+                let message = error.to_string();
+                assert!(
+                    !error.message.is_empty(),
+                    "L7: {operation}: the error says what failed"
+                );
+                assert!(
+                    message.contains("effect"),
+                    "L7: {operation}: the error says whether it may have applied: {message}"
+                );
+            }
+            other => panic!("L7: {operation} on failing storage must be a Backend error, got {other:?}"),
+        }
+    }
+}
+
+/// L8: empty, over-long or control-character ids, and TTLs of 0 or above [`MAX_TTL_MS`], are clear
+/// errors on every method, and change nothing.
+pub fn l8_bad_input_is_a_clear_error_and_changes_nothing(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    let long = "x".repeat(MAX_ID_BYTES + 1);
+    for bad in ["", "tab\t", "line\n", "nul\0", long.as_str()] {
+        let invalid = |result: Result<(), LeaseError>, what: &str| {
+            assert!(
+                matches!(result, Err(LeaseError::InvalidId(_))),
+                "L8: {what} with {bad:?} must be InvalidId, got {result:?}"
+            );
+        };
+        invalid(coordinator.acquire(bad, "laptop", ttl).map(drop), "acquire agent");
+        invalid(coordinator.acquire("l8", bad, ttl).map(drop), "acquire device");
+        invalid(coordinator.renew(bad, "laptop", 1, ttl).map(drop), "renew agent");
+        invalid(coordinator.renew("l8", bad, 1, ttl).map(drop), "renew device");
+        invalid(coordinator.release(bad, "laptop", 1), "release agent");
+        invalid(coordinator.release("l8", bad, 1), "release device");
+        invalid(coordinator.current(bad).map(drop), "current");
+        invalid(coordinator.raise_epoch_floor(bad, 1), "raise_epoch_floor");
+    }
+    for bad_ttl in [0, MAX_TTL_MS + 1, u64::MAX] {
+        let error = coordinator
+            .acquire("l8", "laptop", bad_ttl)
+            .expect_err("L8: bad TTL");
+        assert!(
+            matches!(error, LeaseError::InvalidTtl { .. }),
+            "L8: TTL {bad_ttl}: {error:?}"
+        );
+        assert!(
+            error.to_string().contains("ttl_ms"),
+            "L8: the error names the TTL"
+        );
+    }
+    assert_eq!(
+        coordinator.current("l8").expect("L8"),
+        None,
+        "L8: nothing was granted"
+    );
+    let lease = coordinator
+        .acquire("l8", "laptop", ttl)
+        .expect("L8: valid input still works");
+    for bad_ttl in [0, MAX_TTL_MS + 1] {
+        assert!(matches!(
+            coordinator.renew("l8", "laptop", lease.epoch, bad_ttl),
+            Err(LeaseError::InvalidTtl { .. })
+        ));
+    }
+    assert_eq!(
+        coordinator.current("l8").expect("L8"),
+        Some(lease),
+        "L8: a refused renew changed nothing"
+    );
+    let held = coordinator
+        .acquire("l8", "phone", ttl)
+        .expect_err("L8 setup")
+        .to_string();
+    assert!(
+        held.contains("held by \"laptop\""),
+        "L8: Held says who holds it: {held}"
+    );
+}
+
+/// D1: with this coordinator, the fence answers `Proceed` only to the holder at its epoch,
+/// `AlreadyCommitted` whenever the ledger has the run's commit, `NotHeld` without a holder, and
+/// `StaleEpoch` to a zombie.
+pub fn d1_the_fence_reads_the_oracle_then_the_coordinator(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    let empty = SyncState::new();
+    assert_eq!(
+        check_dispatch(&*coordinator, &empty, "d1", "run-1", "laptop", 1).expect("D1"),
+        FenceDecision::NotHeld { claimed_epoch: 1 },
+        "D1: no holder"
+    );
+    let zombie = coordinator.acquire("d1", "laptop", ttl).expect("D1 setup");
+    assert_eq!(
+        check_dispatch(&*coordinator, &empty, "d1", "run-1", "laptop", zombie.epoch).expect("D1"),
+        FenceDecision::Proceed,
+        "D1: the holder at its epoch"
+    );
+    harness.advance(ttl + 1);
+    let holder = coordinator.acquire("d1", "phone", ttl).expect("D1 setup");
+    assert_eq!(
+        check_dispatch(&*coordinator, &empty, "d1", "run-1", "laptop", zombie.epoch).expect("D1"),
+        FenceDecision::StaleEpoch {
+            claimed_epoch: zombie.epoch,
+            current_epoch: holder.epoch,
+            current_holder: "phone".to_owned()
+        },
+        "D1: a zombie"
+    );
+    let clock = crate::clock::ManualClock::new(1);
+    let mut log = DeviceLog::new("phone", clock.wall_clock()).expect("D1 setup");
+    let commit = log.append(
+        Surface::Intent,
+        Intent::new("run-1", "d1", holder.epoch, IntentStatus::Committed).payload(),
+    );
+    let state = fold(std::slice::from_ref(&commit));
+    for (device, epoch) in [("phone", holder.epoch), ("laptop", zombie.epoch)] {
+        assert_eq!(
+            check_dispatch(&*coordinator, &state, "d1", "run-1", device, epoch).expect("D1"),
+            FenceDecision::AlreadyCommitted {
+                committed_op_id: commit.op_id
+            },
+            "D1: the oracle answers first"
+        );
+    }
+    coordinator
+        .release("d1", "phone", holder.epoch)
+        .expect("D1 setup");
+    assert_eq!(
+        check_dispatch(&*coordinator, &state, "d1", "run-2", "phone", holder.epoch).expect("D1"),
+        FenceDecision::NotHeld {
+            claimed_epoch: holder.epoch
+        },
+        "D1: released"
+    );
+}
+
+// -------------------------------------------------------------------------------------------------
+// Linearizability of recorded histories.
+
+/// One operation on the history's single agent, with its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LeaseOp {
+    /// `acquire(device, ttl_ms)`.
+    Acquire {
+        /// The caller.
+        device: u8,
+        /// The TTL asked for.
+        ttl_ms: u64,
+        /// What happened.
+        outcome: Outcome,
+    },
+    /// `renew(device, epoch, ttl_ms)`.
+    Renew {
+        /// The caller.
+        device: u8,
+        /// The epoch claimed.
+        epoch: u64,
+        /// The TTL asked for.
+        ttl_ms: u64,
+        /// What happened.
+        outcome: Outcome,
+    },
+    /// `release(device, epoch)`.
+    Release {
+        /// The caller.
+        device: u8,
+        /// The epoch claimed.
+        epoch: u64,
+        /// What happened.
+        outcome: Outcome,
+    },
+    /// `current()`.
+    Current {
+        /// What happened.
+        outcome: Outcome,
+    },
+    /// The coordinator's clock moved forward.
+    Advance {
+        /// By how much.
+        ms: u64,
+    },
+}
+
+/// The outcome of a [`LeaseOp`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Outcome {
+    /// A lease (granted, renewed, or the current one).
+    Lease {
+        /// The holder.
+        device: u8,
+        /// Its epoch.
+        epoch: u64,
+        /// Its expiry.
+        expires_at_ms: u64,
+    },
+    /// `Held` by this lease.
+    Held {
+        /// The holder.
+        device: u8,
+        /// Its epoch.
+        epoch: u64,
+        /// Its expiry.
+        expires_at_ms: u64,
+    },
+    /// `Lost`, with the current epoch.
+    Lost {
+        /// The agent's current epoch.
+        current_epoch: u64,
+    },
+    /// `Ok(())` of release, or `current()` returning `None`.
+    Done,
+}
+
+/// The sequential model of one agent's register, with the coordinator clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ModelState {
+    now_ms: u64,
+    holder: Option<u8>,
+    epoch: u64,
+    expires_at_ms: u64,
+}
+
+/// The sequential specification of a lease register, for the WGL checker.
+pub struct LeaseSpec;
+
+/// Where the model's clock starts; recorded histories are rebased to it ([`rebase`]).
+pub const HISTORY_START_MS: u64 = 1_000_000;
+
+impl Specification for LeaseSpec {
+    type State = ModelState;
+    type Operation = LeaseOp;
+
+    fn init() -> ModelState {
+        ModelState {
+            now_ms: HISTORY_START_MS,
+            ..ModelState::default()
+        }
+    }
+
+    fn apply(operation: &LeaseOp, state: &ModelState) -> (bool, ModelState) {
+        let mut next = *state;
+        let expected = match operation {
+            LeaseOp::Advance { ms } => {
+                next.now_ms += ms;
+                return (true, next);
+            }
+            LeaseOp::Acquire {
+                device,
+                ttl_ms,
+                outcome,
+            } => match state.holder {
+                Some(holder) if state.now_ms < state.expires_at_ms => (
+                    Outcome::Held {
+                        device: holder,
+                        epoch: state.epoch,
+                        expires_at_ms: state.expires_at_ms,
+                    },
+                    outcome,
+                ),
+                _ => {
+                    next.holder = Some(*device);
+                    next.epoch = state.epoch + 1;
+                    next.expires_at_ms = expiry_after(state.now_ms, *ttl_ms);
+                    (
+                        Outcome::Lease {
+                            device: *device,
+                            epoch: next.epoch,
+                            expires_at_ms: next.expires_at_ms,
+                        },
+                        outcome,
+                    )
+                }
+            },
+            LeaseOp::Renew {
+                device,
+                epoch,
+                ttl_ms,
+                outcome,
+            } => {
+                if state.holder == Some(*device) && state.epoch == *epoch {
+                    next.expires_at_ms = expiry_after(state.now_ms, *ttl_ms);
+                    (
+                        Outcome::Lease {
+                            device: *device,
+                            epoch: *epoch,
+                            expires_at_ms: next.expires_at_ms,
+                        },
+                        outcome,
+                    )
+                } else {
+                    (
+                        Outcome::Lost {
+                            current_epoch: state.epoch,
+                        },
+                        outcome,
+                    )
+                }
+            }
+            LeaseOp::Release {
+                device,
+                epoch,
+                outcome,
+            } => {
+                if state.holder == Some(*device) && state.epoch == *epoch {
+                    next.holder = None;
+                    (Outcome::Done, outcome)
+                } else {
+                    (
+                        Outcome::Lost {
+                            current_epoch: state.epoch,
+                        },
+                        outcome,
+                    )
+                }
+            }
+            LeaseOp::Current { outcome } => match state.holder {
+                Some(holder) => (
+                    Outcome::Lease {
+                        device: holder,
+                        epoch: state.epoch,
+                        expires_at_ms: state.expires_at_ms,
+                    },
+                    outcome,
+                ),
+                None => (Outcome::Done, outcome),
+            },
+        };
+        let (model, recorded) = expected;
+        if model == *recorded {
+            (true, next)
+        } else {
+            (false, *state)
+        }
+    }
+}
+
+/// One end of an operation in a recorded history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// The sequential process (thread, or process and thread) that ran the operation.
+    pub process: usize,
+    /// When, on a clock shared by every process of the history: each call is stamped before the
+    /// operation starts and each return after it ends.
+    pub at: u64,
+    /// `true` for the return, `false` for the call.
+    pub is_return: bool,
+    /// The operation, with its outcome (the same on both ends).
+    pub op: LeaseOp,
+}
+
+/// Checks a recorded history against [`LeaseSpec`]; `true` if it is linearizable.
+///
+/// Events are ordered by `at`; on a tie a call goes before a return (treating the two operations as
+/// concurrent, which can only accept more histories, never reject a valid one).
+pub fn check_history(mut events: Vec<Event>) -> bool {
+    if events.is_empty() {
+        return true;
+    }
+    events.sort_by_key(|event| (event.at, event.is_return));
+    let actions = events
+        .into_iter()
+        .map(|event| {
+            let action = if event.is_return {
+                Action::Response(event.op)
+            } else {
+                Action::Call(event.op)
+            };
+            (event.process, action)
+        })
+        .collect();
+    WGLChecker::<LeaseSpec>::is_linearizable(History::from_actions(actions))
+}
+
+/// Settings of a recorded history.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryConfig {
+    /// How many histories to record and check.
+    pub histories: usize,
+    /// Worker threads per history (each with its own handle).
+    pub threads: usize,
+    /// Operations per worker.
+    pub operations_per_thread: usize,
+    /// The TTL of the history's leases (small, so that they expire mid-run).
+    pub ttl_ms: u64,
+    /// How far each clock step moves.
+    pub advance_ms: u64,
+    /// Clock steps per history.
+    pub advances: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            histories: 20,
+            threads: 4,
+            operations_per_thread: 50,
+            ttl_ms: 40,
+            advance_ms: 7,
+            advances: 40,
+        }
+    }
+}
+
+/// A small seeded generator (splitmix64), so that every history's workload replays.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `bound` (> 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next_u64() % bound
+    }
+}
+
+/// The name of device `index` in recorded histories.
+pub fn history_device(index: u8) -> String {
+    format!("device-{index}")
+}
+
+/// The agent recorded histories run on.
+pub const HISTORY_AGENT: &str = "history";
+
+fn outcome_of(result: Result<Option<Lease>, LeaseError>) -> Result<Outcome, LeaseError> {
+    let device_of = |holder: &str| -> u8 {
+        holder
+            .strip_prefix("device-")
+            .and_then(|index| index.parse().ok())
+            .unwrap_or(u8::MAX)
+    };
+    match result {
+        Ok(Some(lease)) => Ok(Outcome::Lease {
+            device: device_of(&lease.holder),
+            epoch: lease.epoch,
+            expires_at_ms: lease.expires_at_ms,
+        }),
+        Ok(None) => Ok(Outcome::Done),
+        Err(LeaseError::Held {
+            holder,
+            epoch,
+            expires_at_ms,
+            ..
+        }) => Ok(Outcome::Held {
+            device: device_of(&holder),
+            epoch,
+            expires_at_ms,
+        }),
+        Err(LeaseError::Lost { current_epoch, .. }) => Ok(Outcome::Lost { current_epoch }),
+        Err(other) => Err(other),
+    }
+}
+
+/// One sequential process of a recorded history.
+#[derive(Debug, Clone, Copy)]
+pub struct Worker {
+    /// Its process number in the history (unique per history).
+    pub process: usize,
+    /// The device it acts as ([`history_device`]).
+    pub device: u8,
+    /// How many operations it runs.
+    pub operations: usize,
+    /// The TTL it asks for.
+    pub ttl_ms: u64,
+    /// The seed of its choice of operations.
+    pub seed: u64,
+    /// After how many of its operations it also advances the coordinator clock (0: never; a
+    /// separate clock process does).
+    pub advance_every: usize,
+    /// How far each of its clock steps moves.
+    pub advance_ms: u64,
+}
+
+/// Runs `worker`'s random operations (acquire, renew and release with the last epoch it was
+/// granted, current), and its clock steps through `advance`, and reports each call and return to
+/// `record`, stamped by `stamp`.
+///
+/// # Panics
+/// If the coordinator returns an error that is not a verdict (a history with a failed operation
+/// cannot be checked).
+pub fn run_history_worker(
+    coordinator: &dyn LeaseCoordinator,
+    worker: &Worker,
+    stamp: &dyn Fn() -> u64,
+    advance: &dyn Fn(u64),
+    record: &mut dyn FnMut(Event),
+) {
+    let Worker {
+        process,
+        device,
+        operations,
+        ttl_ms,
+        seed,
+        advance_every,
+        advance_ms,
+    } = *worker;
+    let mut rng = Rng::new(seed);
+    let name = history_device(device);
+    let mut epoch = 0u64;
+    for done in 0..operations {
+        if advance_every > 0 && done > 0 && done % advance_every == 0 {
+            let op = LeaseOp::Advance { ms: advance_ms };
+            record(Event {
+                process,
+                at: stamp(),
+                is_return: false,
+                op: op.clone(),
+            });
+            advance(advance_ms);
+            record(Event {
+                process,
+                at: stamp(),
+                is_return: true,
+                op,
+            });
+        }
+        let choice = rng.below(10);
+        let at = stamp();
+        let (op, result) = match choice {
+            0..=3 => {
+                let result = coordinator.acquire(HISTORY_AGENT, &name, ttl_ms).map(Some);
+                (
+                    LeaseOp::Acquire {
+                        device,
+                        ttl_ms,
+                        outcome: Outcome::Done,
+                    },
+                    result,
+                )
+            }
+            4..=5 => {
+                let result = coordinator.renew(HISTORY_AGENT, &name, epoch, ttl_ms).map(Some);
+                (
+                    LeaseOp::Renew {
+                        device,
+                        epoch,
+                        ttl_ms,
+                        outcome: Outcome::Done,
+                    },
+                    result,
+                )
+            }
+            6..=7 => {
+                let result = coordinator.release(HISTORY_AGENT, &name, epoch).map(|()| None);
+                (
+                    LeaseOp::Release {
+                        device,
+                        epoch,
+                        outcome: Outcome::Done,
+                    },
+                    result,
+                )
+            }
+            _ => (
+                LeaseOp::Current {
+                    outcome: Outcome::Done,
+                },
+                coordinator.current(HISTORY_AGENT),
+            ),
+        };
+        let returned_at = stamp();
+        if let (LeaseOp::Acquire { .. }, Ok(Some(lease))) = (&op, &result) {
+            epoch = lease.epoch;
+        }
+        let outcome =
+            outcome_of(result).unwrap_or_else(|error| panic!("L6: a history operation failed: {error}"));
+        let op = match op {
+            LeaseOp::Acquire { device, ttl_ms, .. } => LeaseOp::Acquire {
+                device,
+                ttl_ms,
+                outcome,
+            },
+            LeaseOp::Renew {
+                device,
+                epoch,
+                ttl_ms,
+                ..
+            } => LeaseOp::Renew {
+                device,
+                epoch,
+                ttl_ms,
+                outcome,
+            },
+            LeaseOp::Release { device, epoch, .. } => LeaseOp::Release {
+                device,
+                epoch,
+                outcome,
+            },
+            LeaseOp::Current { .. } => LeaseOp::Current { outcome },
+            advance @ LeaseOp::Advance { .. } => advance,
+        };
+        record(Event {
+            process,
+            at,
+            is_return: false,
+            op: op.clone(),
+        });
+        record(Event {
+            process,
+            at: returned_at,
+            is_return: true,
+            op,
+        });
+    }
+}
+
+/// Moves every expiry in `events` so that a history whose clock started at `start_ms` reads as if
+/// it had started at [`HISTORY_START_MS`], the model's start.
+pub fn rebase(events: &mut [Event], start_ms: u64) {
+    for event in events {
+        let outcome = match &mut event.op {
+            LeaseOp::Acquire { outcome, .. }
+            | LeaseOp::Renew { outcome, .. }
+            | LeaseOp::Release { outcome, .. }
+            | LeaseOp::Current { outcome } => outcome,
+            LeaseOp::Advance { .. } => continue,
+        };
+        if let Outcome::Lease { expires_at_ms, .. } | Outcome::Held { expires_at_ms, .. } = outcome {
+            *expires_at_ms = expires_at_ms
+                .wrapping_sub(start_ms)
+                .wrapping_add(HISTORY_START_MS);
+        }
+    }
+}
+
+/// Records one history on a fresh store of `harness`: `config.threads` workers, each with its own
+/// handle, and a clock process that advances the coordinator clock in step with the workers'
+/// progress, so that leases expire mid-run. Returns the events, rebased to [`HISTORY_START_MS`].
+///
+/// # Panics
+/// If the harness does not know its clock ([`Harness::now_ms`] is `None`): the model needs it.
+pub fn record_thread_history(harness: &dyn Harness, config: &HistoryConfig, seed: u64) -> Vec<Event> {
+    let open = harness.fresh_store();
+    let start_ms = harness
+        .now_ms()
+        .expect("L6 histories need a harness whose coordinator clock it knows (now_ms)");
+    let sequence = AtomicU64::new(0);
+    let stamp = || sequence.fetch_add(1, AtomicOrdering::SeqCst);
+    let events: Mutex<Vec<Event>> = Mutex::new(Vec::new());
+    let finished = AtomicUsize::new(0);
+    let barrier = Barrier::new(config.threads + 1);
+    let total_events = (config.threads * config.operations_per_thread * 2) as u64;
+    let spacing = (total_events / (config.advances as u64 + 1)).max(1);
+    std::thread::scope(|scope| {
+        for thread in 0..config.threads {
+            let coordinator = open();
+            let (events, barrier, stamp, finished) = (&events, &barrier, &stamp, &finished);
+            scope.spawn(move || {
+                let worker = Worker {
+                    process: thread,
+                    device: thread as u8,
+                    operations: config.operations_per_thread,
+                    ttl_ms: config.ttl_ms,
+                    seed: seed.wrapping_mul(31).wrapping_add(thread as u64),
+                    advance_every: 0,
+                    advance_ms: 0,
+                };
+                let mut local = Vec::new();
+                barrier.wait();
+                run_history_worker(&*coordinator, &worker, stamp, &|_| {}, &mut |event| {
+                    local.push(event)
+                });
+                events
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .extend(local);
+                finished.fetch_add(1, AtomicOrdering::SeqCst);
+            });
+        }
+        barrier.wait();
+        for step in 1..=config.advances as u64 {
+            // Wait until the workers have made this step's share of progress (or all finished).
+            while sequence.load(AtomicOrdering::SeqCst) < step * spacing
+                && finished.load(AtomicOrdering::SeqCst) < config.threads
+            {
+                std::thread::yield_now();
+            }
+            let at = stamp();
+            harness.advance(config.advance_ms);
+            let returned_at = stamp();
+            let op = LeaseOp::Advance {
+                ms: config.advance_ms,
+            };
+            let mut events = events.lock().unwrap_or_else(PoisonError::into_inner);
+            for (stamp_at, is_return) in [(at, false), (returned_at, true)] {
+                events.push(Event {
+                    process: config.threads,
+                    at: stamp_at,
+                    is_return,
+                    op: op.clone(),
+                });
+            }
+        }
+    });
+    let mut events = events.into_inner().unwrap_or_else(PoisonError::into_inner);
+    rebase(&mut events, start_ms);
+    events
+}
+
+/// L6: `config.histories` recorded concurrent histories, with leases expiring mid-run, are all
+/// linearizable.
+pub fn l6_recorded_histories_are_linearizable(harness: &dyn Harness, config: &HistoryConfig) {
+    for history in 0..config.histories {
+        let events = record_thread_history(harness, config, history as u64);
+        let operations = events.len() / 2;
+        assert!(
+            operations >= config.threads * config.operations_per_thread,
+            "L6: the history is complete"
+        );
+        assert!(
+            check_history(events.clone()),
+            "L6: history {history} ({operations} operations) is not linearizable: {events:?}"
+        );
+    }
+}

@@ -1,0 +1,633 @@
+//! Every coordinator passes the conformance suite (L1–L8, D1), and the linearizability check both
+//! accepts real histories of the real coordinators and rejects a broken one.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fencepost::backend::sqlite::SqliteLeaseCoordinator;
+use fencepost::clock::{system_clock, ManualClock, WallClock};
+use fencepost::conformance::{
+    self, check_history, record_thread_history, Event, Harness, HistoryConfig, LeaseOp, Opener, Worker,
+    HISTORY_START_MS,
+};
+use fencepost::lease::{expiry_after, InMemoryLeaseCoordinator, Lease, LeaseCoordinator, LeaseError};
+
+// ---------------------------------------------------------------------------------------------
+// Harnesses.
+
+struct MemoryHarness {
+    clock: ManualClock,
+}
+
+impl MemoryHarness {
+    fn new() -> Self {
+        Self {
+            clock: ManualClock::new(HISTORY_START_MS),
+        }
+    }
+}
+
+impl Harness for MemoryHarness {
+    fn fresh_store(&self) -> Opener {
+        let coordinator = InMemoryLeaseCoordinator::new(self.clock.wall_clock());
+        Box::new(move || Box::new(coordinator.clone()))
+    }
+    fn advance(&self, ms: u64) {
+        self.clock.advance(ms);
+    }
+    fn now_ms(&self) -> Option<u64> {
+        Some(self.clock.now_ms())
+    }
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+struct SqliteHarness {
+    clock: ManualClock,
+    folder: tempfile::TempDir,
+    stores: AtomicUsize,
+}
+
+impl SqliteHarness {
+    fn new() -> Self {
+        Self {
+            clock: ManualClock::new(HISTORY_START_MS),
+            folder: tempfile::tempdir().unwrap(),
+            stores: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Harness for SqliteHarness {
+    fn fresh_store(&self) -> Opener {
+        let store = self.stores.fetch_add(1, Ordering::SeqCst);
+        let path = self.folder.path().join(format!("store-{store}.db"));
+        let clock = self.clock.wall_clock();
+        Box::new(move || Box::new(SqliteLeaseCoordinator::open(&path, clock.clone()).unwrap()))
+    }
+    fn advance(&self, ms: u64) {
+        self.clock.advance(ms);
+    }
+    fn now_ms(&self) -> Option<u64> {
+        Some(self.clock.now_ms())
+    }
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn conformance_in_memory_coordinator_passes_every_rule() {
+    // L7 does not apply: the in-memory coordinator has no storage that can fail.
+    conformance::run_all(&MemoryHarness::new());
+}
+
+#[test]
+fn conformance_sqlite_coordinator_passes_every_rule() {
+    conformance::run_all(&SqliteHarness::new());
+}
+
+#[test]
+fn l7_sqlite_failures_are_backend_errors_not_verdicts() {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("leases.db");
+    let coordinator = SqliteLeaseCoordinator::open(&path, ManualClock::new(1).wall_clock()).unwrap();
+    // Another connection holds the write lock longer than the busy timeout allows.
+    let blocked = SqliteLeaseCoordinator::open_with(
+        &path,
+        ManualClock::new(1).wall_clock(),
+        fencepost::backend::sqlite::SqliteConfig { busy_timeout_ms: 50 },
+    )
+    .unwrap();
+    coordinator.with_connection(|connection| connection.execute_batch("BEGIN EXCLUSIVE").unwrap());
+    // Reads are not blocked in WAL mode; every write is a backend error that did not apply.
+    for (operation, result) in [
+        ("acquire", blocked.acquire("l7", "laptop", 1_000).map(drop)),
+        ("renew", blocked.renew("l7", "laptop", 1, 1_000).map(drop)),
+        ("release", blocked.release("l7", "laptop", 1)),
+        ("raise_epoch_floor", blocked.raise_epoch_floor("l7", 3)),
+    ] {
+        match result {
+            Err(LeaseError::Backend(error)) => {
+                assert!(
+                    !error.may_have_applied,
+                    "{operation}: a busy database did not apply the write"
+                );
+                assert!(error.to_string().contains("busy timeout"), "{operation}: {error}");
+            }
+            other => panic!("L7: {operation} must be a Backend error, got {other:?}"),
+        }
+    }
+    coordinator.with_connection(|connection| connection.execute_batch("ROLLBACK").unwrap());
+    assert_eq!(
+        blocked.acquire("l7", "laptop", 1_000).unwrap().epoch,
+        1,
+        "nothing was applied before"
+    );
+
+    // Storage that fails on every call: the table is gone.
+    coordinator
+        .with_connection(|connection| connection.execute_batch("DROP TABLE fencepost_leases").unwrap());
+    conformance::l7_a_backend_failure_is_an_error_not_a_verdict(&coordinator);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linearizability of thread histories, and the checker's power to reject.
+
+#[test]
+fn l6_in_memory_thread_histories_are_linearizable() {
+    conformance::l6_recorded_histories_are_linearizable(&MemoryHarness::new(), &HistoryConfig::default());
+}
+
+#[test]
+fn l6_sqlite_thread_histories_are_linearizable() {
+    let config = HistoryConfig::default();
+    assert!(config.histories >= 20 && config.threads * config.operations_per_thread >= 200);
+    conformance::l6_recorded_histories_are_linearizable(&SqliteHarness::new(), &config);
+}
+
+#[test]
+fn l6_histories_exercise_expiry_steals_and_every_outcome() {
+    let events = record_thread_history(&MemoryHarness::new(), &HistoryConfig::default(), 7);
+    let returns: Vec<&LeaseOp> = events
+        .iter()
+        .filter(|event| event.is_return)
+        .map(|event| &event.op)
+        .collect();
+    let count = |matches: &dyn Fn(&LeaseOp) -> bool| returns.iter().filter(|op| matches(op)).count();
+    let grants = count(&|op| {
+        matches!(
+            op,
+            LeaseOp::Acquire {
+                outcome: conformance::Outcome::Lease { .. },
+                ..
+            }
+        )
+    });
+    let held = count(&|op| {
+        matches!(
+            op,
+            LeaseOp::Acquire {
+                outcome: conformance::Outcome::Held { .. },
+                ..
+            }
+        )
+    });
+    let lost = count(&|op| {
+        matches!(
+            op,
+            LeaseOp::Renew {
+                outcome: conformance::Outcome::Lost { .. },
+                ..
+            }
+        )
+    });
+    let renewed = count(&|op| {
+        matches!(
+            op,
+            LeaseOp::Renew {
+                outcome: conformance::Outcome::Lease { .. },
+                ..
+            }
+        )
+    });
+    let advances = count(&|op| matches!(op, LeaseOp::Advance { .. }));
+    assert!(
+        grants > 3 && held > 3 && lost > 3 && renewed > 0 && advances > 10,
+        "{grants} {held} {lost} {renewed} {advances}"
+    );
+}
+
+/// A register of the racy coordinator: holder, epoch, expiry.
+type RacyRegister = (Option<String>, u64, u64);
+
+/// A coordinator that reads, lets go of its lock, then writes: the race the checker must catch.
+#[derive(Clone)]
+struct RacyCoordinator {
+    clock: WallClock,
+    registers: Arc<Mutex<BTreeMap<String, RacyRegister>>>,
+}
+
+impl RacyCoordinator {
+    fn read(&self, agent_id: &str) -> RacyRegister {
+        let snapshot = self
+            .registers
+            .lock()
+            .unwrap()
+            .get(agent_id)
+            .cloned()
+            .unwrap_or_default();
+        std::thread::sleep(Duration::from_micros(200)); // the window a lock would close
+        snapshot
+    }
+
+    fn write(&self, agent_id: &str, value: RacyRegister) {
+        self.registers.lock().unwrap().insert(agent_id.to_owned(), value);
+    }
+}
+
+impl LeaseCoordinator for RacyCoordinator {
+    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        let now = (self.clock)();
+        let (holder, epoch, expires_at_ms) = self.read(agent_id);
+        if let Some(holder) = holder {
+            if now < expires_at_ms {
+                return Err(LeaseError::Held {
+                    agent_id: agent_id.into(),
+                    holder,
+                    epoch,
+                    expires_at_ms,
+                });
+            }
+        }
+        let lease = Lease {
+            agent_id: agent_id.into(),
+            holder: device_id.into(),
+            epoch: epoch + 1,
+            expires_at_ms: expiry_after(now, ttl_ms),
+        };
+        self.write(
+            agent_id,
+            (Some(device_id.into()), lease.epoch, lease.expires_at_ms),
+        );
+        Ok(lease)
+    }
+    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        let now = (self.clock)();
+        let (holder, current, _) = self.read(agent_id);
+        if holder.as_deref() != Some(device_id) || current != epoch {
+            return Err(LeaseError::Lost {
+                agent_id: agent_id.into(),
+                claimed_epoch: epoch,
+                current_epoch: current,
+            });
+        }
+        self.write(agent_id, (holder, epoch, expiry_after(now, ttl_ms)));
+        Ok(Lease {
+            agent_id: agent_id.into(),
+            holder: device_id.into(),
+            epoch,
+            expires_at_ms: expiry_after(now, ttl_ms),
+        })
+    }
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        let (holder, current, expires_at_ms) = self.read(agent_id);
+        if holder.as_deref() != Some(device_id) || current != epoch {
+            return Err(LeaseError::Lost {
+                agent_id: agent_id.into(),
+                claimed_epoch: epoch,
+                current_epoch: current,
+            });
+        }
+        self.write(agent_id, (None, current, expires_at_ms));
+        Ok(())
+    }
+    fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
+        let (holder, epoch, expires_at_ms) = self
+            .registers
+            .lock()
+            .unwrap()
+            .get(agent_id)
+            .cloned()
+            .unwrap_or_default();
+        Ok(holder.map(|holder| Lease {
+            agent_id: agent_id.into(),
+            holder,
+            epoch,
+            expires_at_ms,
+        }))
+    }
+    fn raise_epoch_floor(&self, _: &str, _: u64) -> Result<(), LeaseError> {
+        Ok(())
+    }
+}
+
+struct RacyHarness {
+    clock: ManualClock,
+}
+
+impl Harness for RacyHarness {
+    fn fresh_store(&self) -> Opener {
+        let coordinator = RacyCoordinator {
+            clock: self.clock.wall_clock(),
+            registers: Arc::default(),
+        };
+        Box::new(move || Box::new(coordinator.clone()))
+    }
+    fn advance(&self, ms: u64) {
+        self.clock.advance(ms);
+    }
+    fn now_ms(&self) -> Option<u64> {
+        Some(self.clock.now_ms())
+    }
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+#[test]
+fn l6_the_checker_rejects_a_read_then_write_coordinator() {
+    let harness = RacyHarness {
+        clock: ManualClock::new(HISTORY_START_MS),
+    };
+    let config = HistoryConfig {
+        histories: 5,
+        threads: 6,
+        ..HistoryConfig::default()
+    };
+    let rejected = (0..config.histories)
+        .filter(|seed| !check_history(record_thread_history(&harness, &config, *seed as u64)))
+        .count();
+    assert!(
+        rejected >= 1,
+        "the racy coordinator's histories were all accepted"
+    );
+    // And the suite's direct check catches it too.
+    let caught =
+        std::panic::catch_unwind(|| conformance::l6_concurrent_acquires_have_exactly_one_winner(&harness));
+    assert!(caught.is_err(), "L6's direct check accepted the racy coordinator");
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQLite across processes: histories, crashes, durability.
+
+const CHILD_ROLE: &str = "FENCEPOST_TEST_CHILD_ROLE";
+const CHILD_DB: &str = "FENCEPOST_TEST_CHILD_DB";
+const CHILD_CLOCK: &str = "FENCEPOST_TEST_CHILD_CLOCK";
+const CHILD_EVENTS: &str = "FENCEPOST_TEST_CHILD_EVENTS";
+const CHILD_WORKER: &str = "FENCEPOST_TEST_CHILD_WORKER";
+
+fn nanos() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// A coordinator clock shared by processes: `HISTORY_START_MS` plus `TICK_MS` per byte of a file
+/// that only grows by appends, so that concurrent steps by several processes are never lost.
+fn ticks_clock(path: PathBuf) -> WallClock {
+    Arc::new(move || HISTORY_START_MS + TICK_MS * std::fs::metadata(&path).unwrap().len())
+}
+
+const TICK_MS: u64 = 10;
+
+fn tick(path: &Path) {
+    let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    file.write_all(b".").unwrap();
+}
+
+fn spawn_child(role: &str, variables: &[(&str, String)]) -> std::process::Child {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args([
+        "--ignored",
+        "--exact",
+        "sqlite_child_process",
+        "--quiet",
+        "--nocapture",
+    ]);
+    command.env(CHILD_ROLE, role).stdout(Stdio::piped());
+    for (name, value) in variables {
+        command.env(name, value);
+    }
+    command.spawn().unwrap()
+}
+
+#[test]
+#[ignore = "a child process of the SQLite multi-process tests; run by them"]
+fn sqlite_child_process() {
+    let role = std::env::var(CHILD_ROLE).expect("run by a parent test");
+    let database = PathBuf::from(std::env::var(CHILD_DB).unwrap());
+    match role.as_str() {
+        "history" => {
+            let ticks = PathBuf::from(std::env::var(CHILD_CLOCK).unwrap());
+            let coordinator = SqliteLeaseCoordinator::open(&database, ticks_clock(ticks.clone())).unwrap();
+            let worker: Vec<u64> = std::env::var(CHILD_WORKER)
+                .unwrap()
+                .split(',')
+                .map(|n| n.parse().unwrap())
+                .collect();
+            let worker = Worker {
+                process: worker[0] as usize,
+                device: worker[0] as u8,
+                operations: worker[1] as usize,
+                ttl_ms: worker[2],
+                seed: worker[3],
+                advance_every: 3,
+                advance_ms: TICK_MS,
+            };
+            let mut events = Vec::new();
+            conformance::run_history_worker(&coordinator, &worker, &nanos, &|_| tick(&ticks), &mut |event| {
+                events.push(event)
+            });
+            let mut file = std::fs::File::create(std::env::var(CHILD_EVENTS).unwrap()).unwrap();
+            for event in events {
+                writeln!(file, "{}", serde_json::to_string(&event).unwrap()).unwrap();
+            }
+        }
+        "crash" => {
+            // Acquire and release as fast as possible, reporting each epoch, until killed.
+            let coordinator = SqliteLeaseCoordinator::open(&database, system_clock()).unwrap();
+            let mut stdout = std::io::stdout();
+            loop {
+                let lease = coordinator.acquire("crash", "child", 200).unwrap();
+                writeln!(stdout, "epoch {}", lease.epoch).unwrap();
+                stdout.flush().unwrap();
+                coordinator.release("crash", "child", lease.epoch).unwrap();
+            }
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+#[test]
+fn l6_sqlite_histories_from_four_processes_are_linearizable() {
+    const PROCESSES: usize = 4;
+    const OPERATIONS: u64 = 50;
+    for history in 0..5u64 {
+        let folder = tempfile::tempdir().unwrap();
+        let database = folder.path().join("leases.db");
+        let ticks = folder.path().join("ticks");
+        std::fs::write(&ticks, b"").unwrap();
+        // Create the database before the children race to.
+        drop(SqliteLeaseCoordinator::open(&database, ticks_clock(ticks.clone())).unwrap());
+        // Each child also moves the shared clock every few operations, so leases expire mid-run
+        // however fast the children are.
+        let mut children: Vec<_> = (0..PROCESSES)
+            .map(|process| {
+                spawn_child(
+                    "history",
+                    &[
+                        (CHILD_DB, database.display().to_string()),
+                        (CHILD_CLOCK, ticks.display().to_string()),
+                        (
+                            CHILD_EVENTS,
+                            folder
+                                .path()
+                                .join(format!("events-{process}"))
+                                .display()
+                                .to_string(),
+                        ),
+                        (
+                            CHILD_WORKER,
+                            format!("{process},{OPERATIONS},40,{}", history * 100 + process as u64),
+                        ),
+                    ],
+                )
+            })
+            .collect();
+        for child in &mut children {
+            assert!(child.wait().unwrap().success(), "a history process failed");
+        }
+        let mut events: Vec<Event> = Vec::new();
+        let mut operations = 0;
+        for process in 0..PROCESSES {
+            let text = std::fs::read_to_string(folder.path().join(format!("events-{process}"))).unwrap();
+            for line in text.lines() {
+                events.push(serde_json::from_str(line).unwrap());
+                operations += 1;
+            }
+        }
+        let steps = std::fs::metadata(&ticks).unwrap().len();
+        let advances = events
+            .iter()
+            .filter(|event| matches!(event.op, LeaseOp::Advance { .. }))
+            .count()
+            / 2;
+        assert_eq!(advances as u64, steps, "every clock step is in the history");
+        assert_eq!(operations / 2 - advances, PROCESSES * OPERATIONS as usize);
+        assert!(
+            steps * TICK_MS > 4 * 40,
+            "the clock moved past the TTL several times during the history"
+        );
+        assert!(
+            check_history(events),
+            "L6: multi-process SQLite history {history} is not linearizable"
+        );
+    }
+}
+
+#[test]
+fn l5_sqlite_epochs_survive_a_sigkill_and_never_repeat() {
+    let folder = tempfile::tempdir().unwrap();
+    let database = folder.path().join("leases.db");
+    drop(SqliteLeaseCoordinator::open(&database, system_clock()).unwrap());
+    let mut child = spawn_child("crash", &[(CHILD_DB, database.display().to_string())]);
+    let epoch_of = |line: String| {
+        line.strip_prefix("epoch ")
+            .and_then(|epoch| epoch.parse::<u64>().ok())
+    };
+    let mut lines = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok);
+    let mut epochs = Vec::new();
+    while epochs.len() < 50 {
+        let line = lines.next().expect("the child stopped early");
+        epochs.extend(epoch_of(line));
+    }
+    child.kill().unwrap(); // SIGKILL, in the middle of its acquire/release loop
+    child.wait().unwrap();
+    epochs.extend(lines.filter_map(epoch_of));
+    assert!(
+        epochs.windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "the child saw dense epochs"
+    );
+    std::thread::sleep(Duration::from_millis(250)); // past the child's TTL, if it died holding the lease
+    let coordinator = SqliteLeaseCoordinator::open(&database, system_clock()).unwrap();
+    let next = coordinator.acquire("crash", "parent", 1_000).unwrap();
+    let last = *epochs.last().unwrap();
+    assert!(
+        next.epoch > last,
+        "epoch {} after the child's {last}: an epoch was repeated",
+        next.epoch
+    );
+    assert!(
+        next.epoch <= last + 2,
+        "at most one grant went unreported before the kill"
+    );
+}
+
+#[test]
+fn l5_sqlite_epoch_floor_gives_42_after_41_and_survives_a_restart() {
+    let folder = tempfile::tempdir().unwrap();
+    let database = folder.path().join("leases.db");
+    let clock = ManualClock::new(1_000);
+    SqliteLeaseCoordinator::open(&database, clock.wall_clock())
+        .unwrap()
+        .raise_epoch_floor("milo", 41)
+        .unwrap();
+    let reopened = SqliteLeaseCoordinator::open(&database, clock.wall_clock()).unwrap();
+    assert_eq!(reopened.acquire("milo", "laptop", 10_000).unwrap().epoch, 42);
+    drop(reopened);
+    let again = SqliteLeaseCoordinator::open(&database, clock.wall_clock()).unwrap();
+    assert_eq!(again.current("milo").unwrap().map(|lease| lease.epoch), Some(42));
+    clock.advance(10_000);
+    assert_eq!(again.acquire("milo", "phone", 10_000).unwrap().epoch, 43);
+}
+
+fn open_error(path: &Path) -> String {
+    match SqliteLeaseCoordinator::open(path, ManualClock::new(1).wall_clock()) {
+        Err(LeaseError::Backend(error)) => error.to_string(),
+        Err(other) => panic!("expected a backend error, got {other:?}"),
+        Ok(_) => panic!("{} opened", path.display()),
+    }
+}
+
+#[test]
+fn l8_sqlite_refuses_bad_database_files_without_touching_them() {
+    let folder = tempfile::tempdir().unwrap();
+
+    let text = folder.path().join("notes.txt");
+    std::fs::write(&text, "these are my notes, not a database\n".repeat(100)).unwrap();
+    let message = open_error(&text);
+    assert!(
+        message.contains("not a") && message.contains("database"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&text).unwrap(),
+        "these are my notes, not a database\n".repeat(100)
+    );
+
+    let corrupt = folder.path().join("corrupt.db");
+    SqliteLeaseCoordinator::open(&corrupt, ManualClock::new(1).wall_clock()).unwrap();
+    let mut bytes = std::fs::read(&corrupt).unwrap();
+    bytes[..16].copy_from_slice(b"garbage garbage!");
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let message = open_error(&corrupt);
+    assert!(message.contains("not a database"), "{message}");
+    assert_eq!(
+        std::fs::read(&corrupt).unwrap(),
+        bytes,
+        "a corrupt file is left as it was"
+    );
+
+    let foreign = folder.path().join("app.db");
+    let connection = rusqlite::Connection::open(&foreign).unwrap();
+    connection
+        .execute_batch("CREATE TABLE users (name TEXT); INSERT INTO users VALUES ('ada');")
+        .unwrap();
+    drop(connection);
+    let before = std::fs::read(&foreign).unwrap();
+    let message = open_error(&foreign);
+    assert!(message.contains("another application"), "{message}");
+    assert_eq!(
+        std::fs::read(&foreign).unwrap(),
+        before,
+        "another application's database is left as it was"
+    );
+
+    let message = open_error(folder.path());
+    assert!(message.contains("is a folder"), "{message}");
+
+    let under_a_file = text.join("leases.db");
+    let message = open_error(&under_a_file);
+    assert!(message.contains("cannot open"), "{message}");
+
+    // A read-only location (read-only even for root).
+    let message = open_error(Path::new("/proc/fencepost-test/leases.db"));
+    assert!(message.contains("cannot open"), "{message}");
+}
