@@ -40,8 +40,9 @@ impl Default for SqliteConfig {
 /// * One table, `fencepost_leases`, one row per agent: holder, epoch, expiry, epoch floor.
 /// * Write-ahead log, `synchronous = FULL`: a granted epoch is on disk before `acquire` returns,
 ///   so a crash (of the process or of the machine) never lets an epoch be granted twice.
-/// * `acquire` and `release` are `BEGIN IMMEDIATE` compare-and-swap transactions; `renew` is one
-///   `UPDATE … RETURNING` statement. Writers in other processes wait up to
+/// * Every write is a `BEGIN IMMEDIATE` transaction that reads the coordinator clock only once it
+///   holds the write lock (so each operation takes effect at one instant of that clock); `renew` is
+///   one `UPDATE … RETURNING` statement in it. Writers in other processes wait up to
 ///   [`SqliteConfig::busy_timeout_ms`].
 /// * The coordinator clock is the injected [`WallClock`]: every process that shares the file must
 ///   use the same clock (the system clock of the one host).
@@ -315,11 +316,16 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let connection = self.lock();
+        let mut connection = self.lock();
+        // The clock is read inside the write transaction, so that the new expiry is computed at the
+        // instant the renew takes effect (another connection may commit in between otherwise).
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|error| sqlite_failure("renew: cannot begin", error, false))?;
         let expires_at_ms = expiry_after((self.clock)(), ttl_ms);
         // One statement: extends the expiry only for the holder at its epoch, and returns the row
         // either way, so that a Lost verdict reports the epoch of the same instant.
-        let row: Option<(Option<String>, i64, i64)> = connection
+        let row: Option<(Option<String>, i64, i64)> = transaction
             .prepare_cached(&format!(
                 "UPDATE {TABLE} SET expires_at_ms = CASE WHEN holder = ?2 AND epoch = ?3 THEN ?4 ELSE expires_at_ms END
                  WHERE agent_id = ?1 RETURNING holder, epoch, expires_at_ms"
@@ -331,7 +337,10 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
                     })
                     .optional()
             })
-            .map_err(|error| sqlite_failure("renew", error, true))?;
+            .map_err(|error| sqlite_failure("renew", error, false))?;
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("renew: commit failed", error, true))?;
         match row {
             Some((Some(holder), current, stored_expiry))
                 if holder == device_id && stored(current, "epoch")? == epoch =>
