@@ -389,35 +389,50 @@ pub fn l6_concurrent_acquires_have_exactly_one_winner(harness: &dyn Harness) {
     const THREADS: usize = 16;
     const ROUNDS: usize = 25;
     let granted: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    // Threads report violations here instead of panicking, so that none is left waiting at the
+    // barrier for a thread that died.
+    let violations: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let barrier = Barrier::new(THREADS);
     std::thread::scope(|scope| {
         for thread in 0..THREADS {
             let coordinator = open();
-            let (granted, barrier) = (&granted, &barrier);
+            let (granted, violations, barrier) = (&granted, &violations, &barrier);
             scope.spawn(move || {
                 let device = format!("device-{thread}");
+                let report = |violation: String| {
+                    violations
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(violation)
+                };
                 for _ in 0..ROUNDS {
                     barrier.wait();
                     if let Ok(lease) = coordinator.acquire("l6-contended", &device, ttl) {
-                        let current = coordinator.current("l6-contended").expect("L6");
-                        assert_eq!(
-                            current.map(|l| l.holder),
-                            Some(device.clone()),
-                            "L6: two holders at once"
-                        );
+                        match coordinator.current("l6-contended") {
+                            Ok(Some(current)) if current.holder == device => {}
+                            other => report(format!(
+                                "L6: {device} holds epoch {} but current() is {other:?}",
+                                lease.epoch
+                            )),
+                        }
                         granted
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .push(lease.epoch);
-                        coordinator
-                            .release("l6-contended", &device, lease.epoch)
-                            .expect("L6");
+                        if let Err(error) = coordinator.release("l6-contended", &device, lease.epoch) {
+                            report(format!(
+                                "L6: {device} could not release epoch {}: {error}",
+                                lease.epoch
+                            ));
+                        }
                     }
                     barrier.wait();
                 }
             });
         }
     });
+    let violations = violations.into_inner().unwrap_or_else(PoisonError::into_inner);
+    assert!(violations.is_empty(), "L6: {violations:?}");
     let granted = granted.into_inner().unwrap_or_else(PoisonError::into_inner);
     let unique: BTreeSet<u64> = granted.iter().copied().collect();
     assert_eq!(unique.len(), granted.len(), "L6: an epoch was granted twice");
@@ -1124,6 +1139,8 @@ pub fn record_thread_history(harness: &dyn Harness, config: &HistoryConfig, seed
                     advance_every: 0,
                     advance_ms: 0,
                 };
+                // Counts this worker as finished even if it panics, so the clock never waits for it.
+                let _finished = Finished(finished);
                 let mut local = Vec::new();
                 barrier.wait();
                 run_history_worker(&*coordinator, &worker, stamp, &|_| {}, &mut |event| {
@@ -1133,7 +1150,6 @@ pub fn record_thread_history(harness: &dyn Harness, config: &HistoryConfig, seed
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .extend(local);
-                finished.fetch_add(1, AtomicOrdering::SeqCst);
             });
         }
         barrier.wait();
@@ -1164,6 +1180,15 @@ pub fn record_thread_history(harness: &dyn Harness, config: &HistoryConfig, seed
     let mut events = events.into_inner().unwrap_or_else(PoisonError::into_inner);
     rebase(&mut events, start_ms);
     events
+}
+
+/// Marks a worker finished when dropped (also when it unwinds).
+struct Finished<'a>(&'a AtomicUsize);
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, AtomicOrdering::SeqCst);
+    }
 }
 
 /// L6: `config.histories` recorded concurrent histories, with leases expiring mid-run, are all

@@ -15,6 +15,9 @@ use fencepost::conformance::{
     self, check_history, record_thread_history, Event, Harness, HistoryConfig, LeaseOp, Opener, Worker,
     HISTORY_START_MS,
 };
+#[macro_use]
+mod common;
+
 use fencepost::lease::{expiry_after, InMemoryLeaseCoordinator, Lease, LeaseCoordinator, LeaseError};
 
 // ---------------------------------------------------------------------------------------------
@@ -80,62 +83,6 @@ impl Harness for SqliteHarness {
     fn durable(&self) -> bool {
         true
     }
-}
-
-/// One test per rule of the suite, for one backend, each named after its rule.
-macro_rules! conformance_tests {
-    ($backend:ident, $harness:expr) => {
-        mod $backend {
-            use super::*;
-
-            #[test]
-            fn l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease() {
-                conformance::l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease(&$harness);
-            }
-
-            #[test]
-            fn l2_renew_extends_the_holders_lease_until_stolen() {
-                conformance::l2_renew_extends_the_holders_lease_until_stolen(&$harness);
-            }
-
-            #[test]
-            fn l3_release_clears_the_holder_and_keeps_the_epoch() {
-                conformance::l3_release_clears_the_holder_and_keeps_the_epoch(&$harness);
-            }
-
-            #[test]
-            fn l4_current_reports_the_holder_expired_or_not() {
-                conformance::l4_current_reports_the_holder_expired_or_not(&$harness);
-            }
-
-            #[test]
-            fn l5_epochs_never_repeat_or_regress() {
-                conformance::l5_epochs_never_repeat_or_regress(&$harness);
-            }
-
-            #[test]
-            fn l6_concurrent_acquires_have_exactly_one_winner() {
-                conformance::l6_concurrent_acquires_have_exactly_one_winner(&$harness);
-            }
-
-            #[test]
-            fn l6_recorded_thread_histories_are_linearizable() {
-                let config = HistoryConfig::default();
-                assert!(config.histories >= 20 && config.threads * config.operations_per_thread >= 200);
-                conformance::l6_recorded_histories_are_linearizable(&$harness, &config);
-            }
-
-            #[test]
-            fn l8_bad_input_is_a_clear_error_and_changes_nothing() {
-                conformance::l8_bad_input_is_a_clear_error_and_changes_nothing(&$harness);
-            }
-
-            #[test]
-            fn d1_the_fence_reads_the_oracle_then_the_coordinator() {
-                conformance::d1_the_fence_reads_the_oracle_then_the_coordinator(&$harness);
-            }
-        }
-    };
 }
 
 // L7 does not apply to the in-memory coordinator: it has no storage that can fail.
