@@ -352,6 +352,11 @@ impl SyncState {
     /// depend on order), but intent records are first grouped by agent so that each agent's runs
     /// are folded while they are in the processor's cache.
     pub fn apply_batch(&mut self, ops: &[OpRecord]) {
+        if u32::try_from(ops.len()).is_err() {
+            // Record indexes are kept as u32 below; a batch this large folds one record at a time.
+            self.apply_all(ops);
+            return;
+        }
         let mut slots: FxHashMap<CompactString, u32> = FxHashMap::default();
         let mut names: Vec<CompactString> = Vec::new();
         let mut counts: Vec<u32> = Vec::new();

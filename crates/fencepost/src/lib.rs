@@ -111,8 +111,8 @@
 //!
 //! ## Principles
 //!
-//! * The core does no I/O and never reads the clock or a random source; only [`relay::FsRelay`]
-//!   (and, later, the database backends and the CLI) touch the outside world.
+//! * The core does no I/O and never reads the clock or a random source; only [`relay::FsRelay`],
+//!   the database coordinators in [`backend`] and the CLI touch the outside world.
 //! * Bad input gets a clear error, never a panic: ids are checked by [`id::validate_id`] (rule L8),
 //!   records by [`oplog::verify_log`], relay files line by line.
 #![warn(missing_docs)]

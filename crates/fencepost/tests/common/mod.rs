@@ -65,4 +65,3 @@ macro_rules! conformance_tests {
         }
     };
 }
-
