@@ -399,28 +399,17 @@ pub fn l6_concurrent_acquires_have_exactly_one_winner(harness: &dyn Harness) {
             let (granted, violations, barrier) = (&granted, &violations, &barrier);
             scope.spawn(move || {
                 let device = format!("device-{thread}");
-<<<<<<< HEAD
-                let report = |violation: String| violations.lock().unwrap_or_else(PoisonError::into_inner).push(violation);
-=======
                 let report = |violation: String| {
                     violations
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .push(violation)
                 };
->>>>>>> main
                 for _ in 0..ROUNDS {
                     barrier.wait();
                     if let Ok(lease) = coordinator.acquire("l6-contended", &device, ttl) {
                         match coordinator.current("l6-contended") {
                             Ok(Some(current)) if current.holder == device => {}
-<<<<<<< HEAD
-                            other => report(format!("L6: {device} holds epoch {} but current() is {other:?}", lease.epoch)),
-                        }
-                        granted.lock().unwrap_or_else(PoisonError::into_inner).push(lease.epoch);
-                        if let Err(error) = coordinator.release("l6-contended", &device, lease.epoch) {
-                            report(format!("L6: {device} could not release epoch {}: {error}", lease.epoch));
-=======
                             other => report(format!(
                                 "L6: {device} holds epoch {} but current() is {other:?}",
                                 lease.epoch
@@ -435,7 +424,6 @@ pub fn l6_concurrent_acquires_have_exactly_one_winner(harness: &dyn Harness) {
                                 "L6: {device} could not release epoch {}: {error}",
                                 lease.epoch
                             ));
->>>>>>> main
                         }
                     }
                     barrier.wait();
@@ -1155,10 +1143,6 @@ pub fn record_thread_history(harness: &dyn Harness, config: &HistoryConfig, seed
                 let _finished = Finished(finished);
                 let mut local = Vec::new();
                 barrier.wait();
-<<<<<<< HEAD
-                run_history_worker(&*coordinator, &worker, stamp, &|_| {}, &mut |event| local.push(event));
-                events.lock().unwrap_or_else(PoisonError::into_inner).extend(local);
-=======
                 run_history_worker(&*coordinator, &worker, stamp, &|_| {}, &mut |event| {
                     local.push(event)
                 });
@@ -1166,7 +1150,6 @@ pub fn record_thread_history(harness: &dyn Harness, config: &HistoryConfig, seed
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .extend(local);
->>>>>>> main
             });
         }
         barrier.wait();
