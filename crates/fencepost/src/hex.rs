@@ -2,6 +2,15 @@
 
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
+/// Writes the lowercase hex of `bytes` into `out`, which must be twice as long.
+pub(crate) fn write_lower_hex(out: &mut [u8], bytes: &[u8]) {
+    debug_assert_eq!(out.len(), bytes.len() * 2);
+    for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0x0f)];
+    }
+}
+
 /// Appends the lowercase hex of `bytes` to `out`.
 pub(crate) fn push_lower_hex(out: &mut String, bytes: &[u8]) {
     out.reserve(bytes.len() * 2);

@@ -50,7 +50,7 @@ use crate::lease::{
     Intent, IntentFields, IntentStatus, INTENT_FIELD_AGENT, INTENT_FIELD_EPOCH, INTENT_FIELD_ID,
     INTENT_FIELD_STATUS,
 };
-use crate::run_id::{RunKey, RUN_ID_PREFIX};
+use crate::run_id::RunKey;
 
 /// The content-derived identity of an [`OpRecord`]: a SHA-256 digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -269,12 +269,9 @@ impl Payload {
                 out.extend_from_slice(b",\"id\":");
                 match &intent.run {
                     RunKey::Hashed(bytes) => {
-                        let mut text = String::with_capacity(38);
-                        text.push('"');
-                        text.push_str(RUN_ID_PREFIX);
-                        crate::hex::push_lower_hex(&mut text, bytes);
-                        text.push('"');
-                        out.extend_from_slice(text.as_bytes());
+                        out.push(b'"');
+                        out.extend_from_slice(&RunKey::hashed_text(bytes));
+                        out.push(b'"');
                     }
                     RunKey::Text(text) => write_serde_json(&**text, out),
                 }

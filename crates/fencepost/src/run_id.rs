@@ -73,10 +73,9 @@ pub fn deterministic_run_id(agent_id: &str, intent: &str, salt: &str) -> Result<
     hasher.update([0x1f]);
     hasher.update(salt.as_bytes());
     let digest = hasher.finalize();
-    let mut id = String::with_capacity(RUN_ID_PREFIX.len() + 32);
-    id.push_str(RUN_ID_PREFIX);
-    crate::hex::push_lower_hex(&mut id, &digest[..16]);
-    Ok(id)
+    let mut first_half = [0u8; 16];
+    first_half.copy_from_slice(&digest[..16]);
+    Ok(RunKey::Hashed(first_half).to_string())
 }
 
 /// A run id as the fold keeps it: a deterministic id (`run-` + 32 lowercase hex digits) as its 16
@@ -98,14 +97,19 @@ impl RunKey {
             .map_or_else(|| RunKey::Text(run_id.into()), RunKey::Hashed)
     }
 
-    /// Writes the text form into `buffer` (for hashed ids) and returns it.
+    /// The text form of a hashed id: `run-` and 32 lowercase hex digits, without allocating.
+    pub(crate) fn hashed_text(bytes: &[u8; 16]) -> [u8; 36] {
+        let mut text = [0u8; 36];
+        text[..4].copy_from_slice(RUN_ID_PREFIX.as_bytes());
+        crate::hex::write_lower_hex(&mut text[4..], bytes);
+        text
+    }
+
+    /// The text form, in `buffer` for hashed ids.
     fn as_bytes<'a>(&'a self, buffer: &'a mut [u8; 36]) -> &'a [u8] {
         match self {
             RunKey::Hashed(bytes) => {
-                let mut text = String::with_capacity(36);
-                text.push_str(RUN_ID_PREFIX);
-                crate::hex::push_lower_hex(&mut text, bytes);
-                buffer.copy_from_slice(text.as_bytes());
+                *buffer = Self::hashed_text(bytes);
                 &buffer[..]
             }
             RunKey::Text(text) => text.as_bytes(),
@@ -115,15 +119,9 @@ impl RunKey {
 
 impl std::fmt::Display for RunKey {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RunKey::Hashed(bytes) => {
-                let mut text = String::with_capacity(36);
-                text.push_str(RUN_ID_PREFIX);
-                crate::hex::push_lower_hex(&mut text, bytes);
-                formatter.write_str(&text)
-            }
-            RunKey::Text(text) => formatter.write_str(text),
-        }
+        let mut buffer = [0u8; 36];
+        // Hashed ids are ASCII; text ids are already UTF-8.
+        formatter.write_str(std::str::from_utf8(self.as_bytes(&mut buffer)).map_err(|_| std::fmt::Error)?)
     }
 }
 

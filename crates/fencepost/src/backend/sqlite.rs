@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::{
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior,
+};
 
 use crate::clock::WallClock;
 use crate::id::{validate_id, IdKind};
@@ -15,8 +17,29 @@ use crate::lease::{
 /// The SQLite `application_id` of a fencepost database ("FPST").
 pub const SQLITE_APPLICATION_ID: i32 = 0x4650_5354;
 
+/// The table's name, as a literal so that the statements below are constants.
+macro_rules! table {
+    () => {
+        "fencepost_leases"
+    };
+}
+
 /// The table that holds the registers.
-const TABLE: &str = "fencepost_leases";
+const TABLE: &str = table!();
+/// Reads one register.
+const SELECT_ROW: &str = concat!(
+    "SELECT holder, epoch, expires_at_ms, floor FROM ",
+    table!(),
+    " WHERE agent_id = ?1"
+);
+/// Writes a granted lease (`acquire`).
+const GRANT: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, ?2, ?3, ?4, 0) ON CONFLICT (agent_id) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch, expires_at_ms = excluded.expires_at_ms");
+/// Extends the expiry for the holder at its epoch, and returns the row either way (`renew`).
+const RENEW: &str = concat!("UPDATE ", table!(), " SET expires_at_ms = CASE WHEN holder = ?2 AND epoch = ?3 THEN ?4 ELSE expires_at_ms END WHERE agent_id = ?1 RETURNING holder, epoch, expires_at_ms");
+/// Clears the holder (`release`, after the transaction checked holder and epoch).
+const RELEASE: &str = concat!("UPDATE ", table!(), " SET holder = NULL WHERE agent_id = ?1");
+/// Raises the epoch floor, creating the row if needed.
+const RAISE_FLOOR: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, NULL, 0, 0, ?2) ON CONFLICT (agent_id) DO UPDATE SET floor = max(floor, excluded.floor)");
 
 /// Settings of a [`SqliteLeaseCoordinator`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,17 +236,13 @@ impl SqliteLeaseCoordinator {
                 sqlite_failure(&format!("cannot create the lease table in {shown}"), error, true)
             })?;
         // A table of the same name but another shape is refused here, before any operation.
-        connection
-            .prepare(&format!(
-                "SELECT holder, epoch, expires_at_ms, floor FROM {TABLE} WHERE agent_id = ?1"
-            ))
-            .map_err(|error| {
-                sqlite_failure(
-                    &format!("{shown} has an incompatible {TABLE} table"),
-                    error,
-                    false,
-                )
-            })?;
+        connection.prepare(SELECT_ROW).map_err(|error| {
+            sqlite_failure(
+                &format!("{shown} has an incompatible {TABLE} table"),
+                error,
+                false,
+            )
+        })?;
         Ok(Self {
             path,
             clock,
@@ -248,11 +267,22 @@ impl SqliteLeaseCoordinator {
         self.connection.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Begins a write transaction (`BEGIN IMMEDIATE`: the write lock is held from here) and reads
+    /// the coordinator clock, so that the operation takes effect at that instant of the clock.
+    fn begin_write<'c>(
+        &self,
+        connection: &'c mut Connection,
+        operation: &str,
+    ) -> Result<(Transaction<'c>, u64), LeaseError> {
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|error| sqlite_failure(&format!("{operation}: cannot begin"), error, false))?;
+        Ok((transaction, (self.clock)()))
+    }
+
     fn read_row(connection: &Connection, agent_id: &str) -> Result<Option<Row>, rusqlite::Error> {
         connection
-            .prepare_cached(&format!(
-                "SELECT holder, epoch, expires_at_ms, floor FROM {TABLE} WHERE agent_id = ?1"
-            ))?
+            .prepare_cached(SELECT_ROW)?
             .query_row([agent_id], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
             })
@@ -266,10 +296,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
         let mut connection = self.lock();
-        let transaction = connection
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|error| sqlite_failure("acquire: cannot begin", error, false))?;
-        let now_ms = (self.clock)();
+        let (transaction, now_ms) = self.begin_write(&mut connection, "acquire")?;
         let row = Self::read_row(&transaction, agent_id)
             .map_err(|error| sqlite_failure("acquire", error, false))?;
         let (last_epoch, floor) = match &row {
@@ -292,13 +319,14 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         let epoch = last_epoch.max(floor) + 1;
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
         transaction
-            .prepare_cached(&format!(
-                "INSERT INTO {TABLE} (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, ?2, ?3, ?4, 0)
-                 ON CONFLICT (agent_id) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch,
-                     expires_at_ms = excluded.expires_at_ms"
-            ))
+            .prepare_cached(GRANT)
             .and_then(|mut statement| {
-                statement.execute(params![agent_id, device_id, storable(epoch), storable(expires_at_ms)])
+                statement.execute(params![
+                    agent_id,
+                    device_id,
+                    storable(epoch),
+                    storable(expires_at_ms)
+                ])
             })
             .map_err(|error| sqlite_failure("acquire", error, false))?;
         transaction
@@ -319,22 +347,18 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         let mut connection = self.lock();
         // The clock is read inside the write transaction, so that the new expiry is computed at the
         // instant the renew takes effect (another connection may commit in between otherwise).
-        let transaction = connection
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|error| sqlite_failure("renew: cannot begin", error, false))?;
-        let expires_at_ms = expiry_after((self.clock)(), ttl_ms);
+        let (transaction, now_ms) = self.begin_write(&mut connection, "renew")?;
+        let expires_at_ms = expiry_after(now_ms, ttl_ms);
         // One statement: extends the expiry only for the holder at its epoch, and returns the row
         // either way, so that a Lost verdict reports the epoch of the same instant.
         let row: Option<(Option<String>, i64, i64)> = transaction
-            .prepare_cached(&format!(
-                "UPDATE {TABLE} SET expires_at_ms = CASE WHEN holder = ?2 AND epoch = ?3 THEN ?4 ELSE expires_at_ms END
-                 WHERE agent_id = ?1 RETURNING holder, epoch, expires_at_ms"
-            ))
+            .prepare_cached(RENEW)
             .and_then(|mut statement| {
                 statement
-                    .query_row(params![agent_id, device_id, storable(epoch), storable(expires_at_ms)], |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                    })
+                    .query_row(
+                        params![agent_id, device_id, storable(epoch), storable(expires_at_ms)],
+                        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                    )
                     .optional()
             })
             .map_err(|error| sqlite_failure("renew", error, false))?;
@@ -369,9 +393,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         let mut connection = self.lock();
-        let transaction = connection
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|error| sqlite_failure("release: cannot begin", error, false))?;
+        let (transaction, _) = self.begin_write(&mut connection, "release")?;
         let row = Self::read_row(&transaction, agent_id)
             .map_err(|error| sqlite_failure("release", error, false))?;
         let current_epoch = match &row {
@@ -388,10 +410,8 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             });
         }
         transaction
-            .execute(
-                &format!("UPDATE {TABLE} SET holder = NULL WHERE agent_id = ?1"),
-                [agent_id],
-            )
+            .prepare_cached(RELEASE)
+            .and_then(|mut statement| statement.execute([agent_id]))
             .map_err(|error| sqlite_failure("release", error, false))?;
         transaction
             .commit()
@@ -419,10 +439,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         validate_epoch_floor(floor)?;
         let connection = self.lock();
         connection
-            .prepare_cached(&format!(
-                "INSERT INTO {TABLE} (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, NULL, 0, 0, ?2)
-                 ON CONFLICT (agent_id) DO UPDATE SET floor = max(floor, excluded.floor)"
-            ))
+            .prepare_cached(RAISE_FLOOR)
             .and_then(|mut statement| statement.execute(params![agent_id, storable(floor)]))
             .map(drop)
             .map_err(|error| sqlite_failure("raise_epoch_floor", error, true))

@@ -246,11 +246,8 @@ impl FsRelay {
             .map_err(io_error("seek in", &entry.path))?;
         let mut line = Vec::new();
         loop {
-            line.clear();
-            let limit = self.config.max_line_bytes as u64 + 1;
-            let read = (&mut reader)
-                .take(limit)
-                .read_until(b'\n', &mut line)
+            let read = self
+                .read_line(&mut reader, &mut line)
                 .map_err(io_error("read", &entry.path))?;
             if read == 0 {
                 break;
@@ -323,13 +320,10 @@ impl FsRelay {
         let mut line = Vec::new();
         let mut expected_prev = None;
         for seq in from..to {
-            line.clear();
-            (&mut reader)
-                .take(self.config.max_line_bytes as u64 + 1)
-                .read_until(b'\n', &mut line)
+            self.read_line(&mut reader, &mut line)
                 .map_err(|error| error.to_string())?;
-            let text = line.strip_suffix(b"\n").unwrap_or(&line);
-            let op = OpRecord::from_json(text).map_err(|error| format!("line {}: {error}", seq + 1))?;
+            let op = OpRecord::from_json(without_newline(&line))
+                .map_err(|error| format!("line {}: {error}", seq + 1))?;
             let chained = seq == from || op.prev == expected_prev;
             if op.seq != seq || !chained || !op.has_valid_id() {
                 return Err(format!(
@@ -553,16 +547,30 @@ impl FsRelay {
             }
         };
         let mut line = Vec::new();
-        (&mut *file)
-            .take(self.config.max_line_bytes as u64 + 1)
-            .read_until(b'\n', &mut line)
-            .map_err(|error| error.to_string())?;
-        *position += line.len() as u64;
-        let text = line.strip_suffix(b"\n").unwrap_or(&line);
-        OpRecord::from_json(text)
+        *position += self
+            .read_line(file, &mut line)
+            .map_err(|error| error.to_string())? as u64;
+        OpRecord::from_json(without_newline(&line))
             .map(|op| op.op_id)
             .map_err(|error| format!("changed after it was verified: {error}"))
     }
+}
+
+impl FsRelay {
+    /// Reads one line into `line` (cleared first), at most `max_line_bytes + 1` bytes, so that a
+    /// file without newlines is never read whole. Returns the bytes read; a complete line ends
+    /// with `\n`.
+    fn read_line(&self, reader: &mut BufReader<File>, line: &mut Vec<u8>) -> std::io::Result<usize> {
+        line.clear();
+        reader
+            .take(self.config.max_line_bytes as u64 + 1)
+            .read_until(b'\n', line)
+    }
+}
+
+/// A line without its trailing newline.
+fn without_newline(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\n").unwrap_or(line)
 }
 
 fn sync_dir(dir: &Path) -> Result<(), RelayError> {
