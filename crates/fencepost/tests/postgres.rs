@@ -8,20 +8,24 @@
 #[macro_use]
 mod common;
 
-use std::process::Command;
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
-use fencepost::conformance::{self, Harness, HistoryConfig, Opener, HISTORY_START_MS};
-
-
-use fencepost::lease::{LeaseCoordinator, LeaseError};
+use fencepost::backend::postgres::{FencedError, PostgresConfig, PostgresLeaseCoordinator, SERVER_CLOCK_SQL};
+use fencepost::conformance::{
+    self, check_history, Event, Harness, HistoryConfig, LeaseOp, Opener, Worker, HISTORY_START_MS,
+};
+use fencepost::fence::FenceDecision;
+use fencepost::lease::{Lease, LeaseCoordinator, LeaseError};
 use postgres::{Client, NoTls};
 
 fn url() -> String {
-    std::env::var("FENCEPOST_POSTGRES_URL")
-        .expect("FENCEPOST_POSTGRES_URL is not set: these tests need a PostgreSQL server (scripts/test starts one)")
+    std::env::var("FENCEPOST_POSTGRES_URL").expect(
+        "FENCEPOST_POSTGRES_URL is not set: these tests need a PostgreSQL server (scripts/test starts one)",
+    )
 }
 
 fn admin() -> Client {
@@ -38,7 +42,11 @@ struct TestSchema {
 
 impl TestSchema {
     fn new() -> Self {
-        let name = format!("fp_test_{}_{}", std::process::id(), SCHEMAS.fetch_add(1, Ordering::SeqCst));
+        let name = format!(
+            "fp_test_{}_{}",
+            std::process::id(),
+            SCHEMAS.fetch_add(1, Ordering::SeqCst)
+        );
         let mut admin = admin();
         admin
             .batch_execute(&format!(
@@ -72,12 +80,21 @@ impl TestSchema {
 
     fn advance(&self, ms: u64) {
         let statement = format!("UPDATE {}.test_clock SET now_ms = now_ms + $1", self.name);
-        self.admin.lock().unwrap().execute(&statement, &[&(ms as i64)]).unwrap();
+        self.admin
+            .lock()
+            .unwrap()
+            .execute(&statement, &[&(ms as i64)])
+            .unwrap();
     }
 
     fn now_ms(&self) -> u64 {
         let statement = format!("SELECT now_ms FROM {}.test_clock", self.name);
-        self.admin.lock().unwrap().query_one(&statement, &[]).unwrap().get::<_, i64>(0) as u64
+        self.admin
+            .lock()
+            .unwrap()
+            .query_one(&statement, &[])
+            .unwrap()
+            .get::<_, i64>(0) as u64
     }
 }
 
@@ -89,9 +106,7 @@ impl Drop for TestSchema {
 }
 
 /// Each fresh store is a new schema; the harness's clock is the newest schema's clock table.
-pub struct PostgresHarnessForDebug;
-impl PostgresHarnessForDebug { pub fn new() -> PostgresHarness { PostgresHarness::new() } }
-pub struct PostgresHarness {
+struct PostgresHarness {
     current: Mutex<Option<std::sync::Arc<TestSchema>>>,
 }
 
@@ -103,7 +118,11 @@ impl PostgresHarness {
     }
 
     fn schema(&self) -> std::sync::Arc<TestSchema> {
-        self.current.lock().unwrap().clone().expect("fresh_store was called")
+        self.current
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("fresh_store was called")
     }
 }
 
@@ -144,7 +163,12 @@ fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     let schema = TestSchema::new();
     std::thread::scope(|scope| {
         for _ in 0..4 {
-            scope.spawn(|| PostgresLeaseCoordinator::connect(schema.config()).unwrap().migrate().unwrap());
+            scope.spawn(|| {
+                PostgresLeaseCoordinator::connect(schema.config())
+                    .unwrap()
+                    .migrate()
+                    .unwrap()
+            });
         }
     });
     let coordinator = schema.coordinator();
@@ -170,7 +194,11 @@ fn l8_postgres_bad_urls_passwords_schemas_and_ids_are_clear_errors() {
     assert!(message.contains("invalid PostgreSQL URL"), "{message}");
 
     let wrong_password = url().replacen(":fencepost-test@", ":wrong@", 1);
-    assert_ne!(wrong_password, url(), "the test server's URL carries its password");
+    assert_ne!(
+        wrong_password,
+        url(),
+        "the test server's URL carries its password"
+    );
     let message = connect_error(PostgresConfig::new(wrong_password));
     assert!(message.contains("password authentication failed"), "{message}");
 
@@ -206,77 +234,770 @@ fn l8_postgres_bad_urls_passwords_schemas_and_ids_are_clear_errors() {
     coordinator.migrate().unwrap();
     assert_eq!(coordinator.acquire("milo", "laptop", 1_000).unwrap().epoch, 1);
     admin()
-        .batch_execute(&format!("DROP SCHEMA \"{} \"\"odd\"\"; DROP TABLE x\" CASCADE", odd.name))
+        .batch_execute(&format!(
+            "DROP SCHEMA \"{} \"\"odd\"\"; DROP TABLE x\" CASCADE",
+            odd.name
+        ))
         .unwrap();
 }
 
-/// Ends the server sessions of the coordinators (application_name `fencepost`) of this test's schema
-/// connections, as an operator or a fail-over would.
-fn terminate_coordinator_sessions() -> i64 {
+// ---------------------------------------------------------------------------------------------
+// Faults: the server ends the coordinator's session before, during and after an acquire.
+
+/// `url` with its sessions named `name`, so that a test can end exactly its own sessions.
+fn named_url(name: &str) -> String {
+    let url = url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={name}")
+}
+
+/// Ends every server session named `name`; returns how many it ended.
+fn terminate_sessions(name: &str) -> i64 {
     admin()
         .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-             WHERE application_name = 'fencepost' AND pid <> pg_backend_pid()",
-            &[],
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
         )
+        .unwrap()
+        .get(0)
+}
+
+/// A coordinator whose sessions are named after the schema, and a second, unnamed one for checks.
+fn named_coordinators(schema: &TestSchema) -> (PostgresLeaseCoordinator, PostgresLeaseCoordinator) {
+    let named = PostgresLeaseCoordinator::connect(PostgresConfig {
+        url: named_url(&schema.name),
+        ..schema.config()
+    })
+    .unwrap();
+    named.migrate().unwrap();
+    (named, schema.coordinator())
+}
+
+fn backend_error(result: Result<Lease, LeaseError>) -> fencepost::lease::BackendError {
+    match result {
+        Err(LeaseError::Backend(error)) => error,
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+}
+
+/// The epoch stored for `agent`, read by the test's own session.
+fn stored_epoch(schema: &TestSchema, agent: &str) -> i64 {
+    let statement = format!("SELECT epoch FROM {}.leases WHERE agent_id = $1", schema.name);
+    schema
+        .admin
+        .lock()
+        .unwrap()
+        .query_one(&statement, &[&agent])
         .unwrap()
         .get(0)
 }
 
 #[test]
 #[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
-fn l7_a_terminated_connection_is_a_backend_error_then_the_next_call_reconnects() {
+fn l7_session_ended_before_an_acquire_then_the_call_reconnects_and_grants_once() {
     let schema = TestSchema::new();
-    let coordinator = schema.coordinator();
-    // After an acquire: the server ends the session; the lease is intact, the next call reconnects.
-    let lease = coordinator.acquire("milo", "laptop", 10_000).unwrap();
-    assert!(terminate_coordinator_sessions() >= 1);
-    let first = coordinator.current("milo");
-    match &first {
-        Err(LeaseError::Backend(error)) => assert!(!error.may_have_applied, "a read never applies anything"),
-        Ok(current) => assert_eq!(current.as_ref(), Some(&lease), "reconnected at once"),
-        Err(other) => panic!("{other:?}"),
-    }
-    assert_eq!(coordinator.current("milo").unwrap(), Some(lease.clone()), "the next call reconnects");
-
-    // Before an acquire: the session is gone when the acquire is sent.
-    assert!(terminate_coordinator_sessions() >= 1);
-    schema.advance(10_000);
-    match coordinator.acquire("milo", "phone", 10_000) {
-        Ok(stolen) => assert_eq!(stolen.epoch, lease.epoch + 1),
+    let (coordinator, other) = named_coordinators(&schema);
+    let first = coordinator.acquire("milo", "laptop", 100).unwrap();
+    coordinator.release("milo", "laptop", first.epoch).unwrap();
+    assert_eq!(terminate_sessions(&schema.name), 1);
+    // The session is gone when the acquire is sent: either the client saw it close and
+    // reconnected first (granted), or the send failed (a backend error that says so).
+    let granted = match coordinator.acquire("milo", "laptop", 100) {
+        Ok(lease) => lease,
         Err(LeaseError::Backend(error)) => {
-            // Whether it applied is said, and `current` resolves it: never a repeated epoch.
-            let current = coordinator.current("milo").unwrap().unwrap();
-            if error.may_have_applied {
-                assert!(current.epoch == lease.epoch || current.epoch == lease.epoch + 1);
-            } else {
-                assert_eq!(current.epoch, lease.epoch, "not applied");
+            let current = coordinator.current("milo").unwrap();
+            if !error.may_have_applied {
+                assert_eq!(current, None, "L7: not applied means not applied");
+            }
+            match current {
+                Some(lease) => lease,
+                None => coordinator.acquire("milo", "laptop", 100).unwrap(),
             }
         }
         Err(other) => panic!("{other:?}"),
+    };
+    assert_eq!(granted.epoch, first.epoch + 1, "L5: the next epoch, not a repeat");
+    assert!(
+        matches!(other.acquire("milo", "phone", 100), Err(LeaseError::Held { epoch, .. }) if epoch == granted.epoch),
+        "no double grant"
+    );
+    assert_eq!(stored_epoch(&schema, "milo"), granted.epoch as i64);
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn l7_session_ended_during_an_acquire_is_an_ambiguous_backend_error_then_reconnects() {
+    let schema = TestSchema::new();
+    let (coordinator, other) = named_coordinators(&schema);
+    let first = coordinator.acquire("milo", "laptop", 100).unwrap();
+    coordinator.release("milo", "laptop", first.epoch).unwrap();
+    // Another session locks the lease row, so the acquire is sent and then waits in the server.
+    let mut blocker = admin();
+    let mut lock = blocker.transaction().unwrap();
+    lock.execute(
+        &format!(
+            "SELECT 1 FROM {}.leases WHERE agent_id = 'milo' FOR UPDATE",
+            schema.name
+        ),
+        &[],
+    )
+    .unwrap();
+    let error = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| coordinator.acquire("milo", "laptop", 100));
+        let waited = (0..500).any(|_| {
+            std::thread::sleep(Duration::from_millis(10));
+            admin()
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&schema.name],
+                )
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        });
+        assert!(waited, "the acquire never waited for the row lock");
+        assert_eq!(terminate_sessions(&schema.name), 1);
+        backend_error(waiting.join().unwrap())
+    });
+    lock.rollback().unwrap();
+    assert!(
+        error.may_have_applied,
+        "L7: the statement was sent and its answer lost: {error}"
+    );
+    assert!(error.to_string().contains("acquire"), "{error}");
+    // The next call reconnects; the interrupted statement did not apply, and epochs go on.
+    assert_eq!(coordinator.current("milo").unwrap(), None);
+    assert_eq!(stored_epoch(&schema, "milo"), first.epoch as i64);
+    let granted = coordinator.acquire("milo", "laptop", 100).unwrap();
+    assert_eq!(granted.epoch, first.epoch + 1);
+    assert!(
+        matches!(other.acquire("milo", "phone", 100), Err(LeaseError::Held { .. })),
+        "no double grant"
+    );
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn l7_session_ended_after_an_acquire_keeps_the_lease_and_the_next_call_reconnects() {
+    let schema = TestSchema::new();
+    let (coordinator, other) = named_coordinators(&schema);
+    let lease = coordinator.acquire("milo", "laptop", 10_000).unwrap();
+    assert_eq!(terminate_sessions(&schema.name), 1);
+    match coordinator.current("milo") {
+        Err(LeaseError::Backend(error)) => assert!(!error.may_have_applied, "a read never applies anything"),
+        Ok(current) => assert_eq!(current, Some(lease.clone()), "reconnected at once"),
+        Err(other) => panic!("{other:?}"),
+    }
+    assert_eq!(
+        coordinator.current("milo").unwrap(),
+        Some(lease.clone()),
+        "the next call reconnects"
+    );
+    assert!(
+        matches!(other.acquire("milo", "phone", 10_000), Err(LeaseError::Held { epoch, .. }) if epoch == lease.epoch),
+        "no double grant"
+    );
+    assert_eq!(terminate_sessions(&schema.name), 1);
+    // A renewal on the ended session: an error that says it may have applied, or the renewal.
+    match coordinator.renew("milo", "laptop", lease.epoch, 10_000) {
+        Ok(renewed) => assert_eq!(renewed.epoch, lease.epoch),
+        Err(LeaseError::Backend(error)) => assert!(error.may_have_applied, "{error}"),
+        Err(other) => panic!("{other:?}"),
+    }
+    schema.advance(20_000);
+    let stolen = other.acquire("milo", "phone", 10_000).unwrap();
+    assert_eq!(stolen.epoch, lease.epoch + 1, "L5");
+    assert!(matches!(
+        coordinator.renew("milo", "laptop", lease.epoch, 10_000),
+        Err(LeaseError::Lost { current_epoch, .. }) if current_epoch == stolen.epoch
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The transactional fence.
+
+/// Creates `effects (run_id, epoch, device, seq)` in the schema; `seq` orders the effects and the
+/// test's grant markers.
+fn create_effects(schema: &TestSchema) {
+    schema
+        .admin
+        .lock()
+        .unwrap()
+        .batch_execute(&format!(
+            "CREATE SEQUENCE {name}.effect_seq;
+             CREATE TABLE {name}.effects (run_id text NOT NULL, epoch bigint NOT NULL, device text NOT NULL,
+                 seq bigint NOT NULL DEFAULT nextval('{name}.effect_seq'));
+             CREATE TABLE {name}.grants (epoch bigint NOT NULL, seq bigint NOT NULL DEFAULT nextval('{name}.effect_seq'));",
+            name = schema.name
+        ))
+        .unwrap();
+}
+
+fn effects(schema: &TestSchema, run_id: &str) -> Vec<(i64, String)> {
+    let statement = format!(
+        "SELECT epoch, device FROM {}.effects WHERE run_id = $1 ORDER BY seq",
+        schema.name
+    );
+    schema
+        .admin
+        .lock()
+        .unwrap()
+        .query(&statement, &[&run_id])
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Writes the effect row of `run_id` through the fence.
+fn fenced_effect(
+    coordinator: &PostgresLeaseCoordinator,
+    schema: &str,
+    run_id: &str,
+    device: &str,
+    epoch: u64,
+) -> Result<u64, FencedError<postgres::Error>> {
+    let insert = format!("INSERT INTO {schema}.effects (run_id, epoch, device) VALUES ($1, $2, $3)");
+    coordinator.fenced_transaction("fenced", device, epoch, |transaction| {
+        transaction.execute(&insert, &[&run_id, &(epoch as i64), &device])
+    })
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn fence_a_zombie_holder_commits_nothing_and_the_holder_commits() {
+    let schema = TestSchema::new();
+    create_effects(&schema);
+    let (zombie, holder) = (schema.coordinator(), schema.coordinator());
+    let old = zombie.acquire("fenced", "laptop", 1_000).unwrap();
+    schema.advance(1_000);
+    let new = holder.acquire("fenced", "phone", 1_000).unwrap();
+    // The zombie (its lease stolen) is refused, and its work never runs.
+    let refused = zombie.fenced_transaction(
+        "fenced",
+        "laptop",
+        old.epoch,
+        |_| -> Result<(), postgres::Error> { panic!("the fence ran a zombie's work") },
+    );
+    match refused {
+        Err(FencedError::Refused(FenceDecision::StaleEpoch {
+            claimed_epoch,
+            current_epoch,
+            current_holder,
+        })) => assert_eq!(
+            (claimed_epoch, current_epoch, current_holder.as_str()),
+            (old.epoch, new.epoch, "phone")
+        ),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(matches!(
+        fenced_effect(&zombie, &schema.name, "charge-1", "laptop", old.epoch),
+        Err(FencedError::Refused(_))
+    ));
+    assert_eq!(effects(&schema, "charge-1"), vec![]);
+    // The holder commits.
+    assert_eq!(
+        fenced_effect(&holder, &schema.name, "charge-1", "phone", new.epoch).unwrap(),
+        1
+    );
+    assert_eq!(
+        effects(&schema, "charge-1"),
+        vec![(new.epoch as i64, "phone".to_owned())]
+    );
+    // Failed work rolls back what it wrote.
+    let insert = format!(
+        "INSERT INTO {}.effects (run_id, epoch, device) VALUES ('charge-2', 0, 'phone')",
+        schema.name
+    );
+    let failed = holder.fenced_transaction("fenced", "phone", new.epoch, |transaction| {
+        transaction.execute(&insert, &[]).unwrap();
+        Err::<(), _>("the payment provider said no")
+    });
+    assert!(matches!(
+        failed,
+        Err(FencedError::Work("the payment provider said no"))
+    ));
+    assert_eq!(effects(&schema, "charge-2"), vec![]);
+    // Released: nobody holds it, so nobody passes.
+    holder.release("fenced", "phone", new.epoch).unwrap();
+    assert!(matches!(
+        fenced_effect(&holder, &schema.name, "charge-3", "phone", new.epoch),
+        Err(FencedError::Refused(FenceDecision::NotHeld { claimed_epoch })) if claimed_epoch == new.epoch
+    ));
+    assert!(matches!(
+        fenced_effect(&holder, &schema.name, "charge-3", "phone\u{1f}", new.epoch),
+        Err(FencedError::Lease(LeaseError::InvalidId(_)))
+    ));
+    assert_eq!(effects(&schema, "charge-3"), vec![]);
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn fence_the_holders_effect_commits_exactly_once_under_concurrent_zombies() {
+    let schema = TestSchema::new();
+    create_effects(&schema);
+    // Epochs 1 to 4 were granted to zombies and stolen in turn; epoch 5 is the holder's.
+    let setup = schema.coordinator();
+    let mut zombies = Vec::new();
+    for device in ["z1", "z2", "z3", "z4"] {
+        zombies.push((device, setup.acquire("fenced", device, 1_000).unwrap().epoch));
+        schema.advance(1_000);
+    }
+    let holder = setup.acquire("fenced", "holder", 60_000).unwrap();
+    assert_eq!(holder.epoch, 5);
+    let refusals = AtomicUsize::new(0);
+    let committed = std::thread::scope(|scope| {
+        for &(device, epoch) in &zombies {
+            let (schema, refusals) = (&schema, &refusals);
+            scope.spawn(move || {
+                let coordinator = schema.coordinator();
+                for _ in 0..25 {
+                    match fenced_effect(&coordinator, &schema.name, "charge-42", device, epoch) {
+                        Err(FencedError::Refused(FenceDecision::StaleEpoch { current_epoch: 5, .. })) => {
+                            refusals.fetch_add(1, Ordering::SeqCst);
+                        }
+                        other => panic!("a zombie at epoch {epoch} got {other:?}"),
+                    }
+                }
+            });
+        }
+        let (coordinator, name) = (schema.coordinator(), &schema.name);
+        scope
+            .spawn(move || fenced_effect(&coordinator, name, "charge-42", "holder", holder.epoch))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(committed.unwrap(), 1);
+    assert_eq!(refusals.load(Ordering::SeqCst), 4 * 25);
+    assert_eq!(
+        effects(&schema, "charge-42"),
+        vec![(5, "holder".to_owned())],
+        "exactly once, by the holder"
+    );
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn fence_a_steal_waits_for_the_fenced_commit() {
+    let schema = TestSchema::new();
+    create_effects(&schema);
+    let (holder, thief) = (schema.coordinator(), schema.coordinator());
+    let lease = holder.acquire("fenced", "laptop", 1_000).unwrap();
+    let stolen = AtomicUsize::new(0);
+    let insert = format!(
+        "INSERT INTO {}.effects (run_id, epoch, device) VALUES ('slow', $1, 'laptop')",
+        schema.name
+    );
+    std::thread::scope(|scope| {
+        let outcome = holder.fenced_transaction("fenced", "laptop", lease.epoch, |transaction| {
+            transaction.execute(&insert, &[&(lease.epoch as i64)])?;
+            // The lease expires, and another site tries to take it while the work runs.
+            schema.advance(5_000);
+            let steal = scope.spawn(|| {
+                let lease = thief.acquire("fenced", "phone", 1_000);
+                stolen.store(1, Ordering::SeqCst);
+                lease
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(
+                stolen.load(Ordering::SeqCst),
+                0,
+                "the lease was taken inside a fenced transaction"
+            );
+            Ok::<_, postgres::Error>(steal)
+        });
+        let steal = outcome.unwrap();
+        let taken = steal.join().unwrap().unwrap();
+        assert_eq!(
+            taken.epoch,
+            lease.epoch + 1,
+            "taken once the fenced transaction committed"
+        );
+    });
+    assert_eq!(
+        effects(&schema, "slow"),
+        vec![(lease.epoch as i64, "laptop".to_owned())]
+    );
+    assert!(matches!(
+        fenced_effect(&holder, &schema.name, "slow-2", "laptop", lease.epoch),
+        Err(FencedError::Refused(FenceDecision::StaleEpoch { .. }))
+    ));
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn fence_no_effect_commits_after_its_epoch_was_superseded() {
+    // Four sites write effects through the fence while a fifth keeps taking the lease from them.
+    // Every grant leaves a marker; an effect of epoch e must come before the marker of every later
+    // epoch (both draw from one sequence), or it committed after its lease was taken.
+    const DEVICES: usize = 4;
+    const STEALS: usize = 40;
+    let schema = TestSchema::new();
+    create_effects(&schema);
+    let granted: Mutex<Vec<Option<u64>>> = Mutex::new(vec![None; DEVICES]);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (committed, refused) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let marker = format!("INSERT INTO {}.grants (epoch) VALUES ($1)", schema.name);
+    std::thread::scope(|scope| {
+        for device in 0..DEVICES {
+            let (schema, granted, done, committed, refused) =
+                (&schema, &granted, &done, &committed, &refused);
+            scope.spawn(move || {
+                let coordinator = schema.coordinator();
+                let name = format!("site-{device}");
+                let insert = format!(
+                    "INSERT INTO {}.effects (run_id, epoch, device) VALUES ('run', $1, $2)",
+                    schema.name
+                );
+                while !done.load(Ordering::SeqCst) {
+                    let Some(epoch) = granted.lock().unwrap()[device] else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    let outcome = coordinator.fenced_transaction("fenced", &name, epoch, |transaction| {
+                        transaction.execute(&insert, &[&(epoch as i64), &name])?;
+                        std::thread::sleep(Duration::from_millis(2));
+                        Ok::<_, postgres::Error>(())
+                    });
+                    match outcome {
+                        Ok(()) => committed.fetch_add(1, Ordering::SeqCst),
+                        Err(FencedError::Refused(_)) => refused.fetch_add(1, Ordering::SeqCst),
+                        Err(other) => panic!("{other:?}"),
+                    };
+                }
+            });
+        }
+        let thief = schema.coordinator();
+        let mut admin = admin();
+        for steal in 0..STEALS {
+            let device = steal % DEVICES;
+            std::thread::sleep(Duration::from_millis(10));
+            schema.advance(1_000);
+            let lease = thief.acquire("fenced", &format!("site-{device}"), 1_000).unwrap();
+            admin.execute(&marker, &[&(lease.epoch as i64)]).unwrap();
+            granted.lock().unwrap()[device] = Some(lease.epoch);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        done.store(true, Ordering::SeqCst);
+    });
+    let late: i64 = admin()
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {name}.effects e JOIN {name}.grants g ON g.epoch > e.epoch AND g.seq < e.seq",
+                name = schema.name
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(late, 0, "an effect committed after a later epoch was granted");
+    let (committed, refused) = (committed.into_inner(), refused.into_inner());
+    assert!(
+        committed >= STEALS / 2 && refused > 0,
+        "committed {committed}, refused {refused}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes: clients with skewed clocks, and multi-process histories.
+
+const CHILD_ROLE: &str = "FENCEPOST_TEST_PG_ROLE";
+const CHILD_SCHEMA: &str = "FENCEPOST_TEST_PG_SCHEMA";
+const CHILD_ARGS: &str = "FENCEPOST_TEST_PG_ARGS";
+const CHILD_EVENTS: &str = "FENCEPOST_TEST_PG_EVENTS";
+
+fn nanos() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+fn child_command(role: &str, schema: &str, args: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--ignored",
+            "--exact",
+            "postgres_child_process",
+            "--quiet",
+            "--nocapture",
+        ])
+        .env(CHILD_ROLE, role)
+        .env(CHILD_SCHEMA, schema)
+        .env(CHILD_ARGS, args)
+        .stdout(Stdio::piped());
+    command
+}
+
+#[test]
+#[ignore = "a child process of the PostgreSQL multi-process tests; run by them"]
+fn postgres_child_process() {
+    let role = std::env::var(CHILD_ROLE).expect("run by a parent test");
+    let schema = std::env::var(CHILD_SCHEMA).unwrap();
+    let args: Vec<String> = std::env::var(CHILD_ARGS)
+        .unwrap()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    match role.as_str() {
+        // One operation with the server clock: prints the client's clock and the outcome.
+        "client" => {
+            let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig {
+                schema,
+                ..PostgresConfig::new(url())
+            })
+            .unwrap();
+            let (operation, device) = (args[0].as_str(), args[1].as_str());
+            let outcome = match operation {
+                "acquire" => coordinator.acquire("skew", device, args[2].parse().unwrap()),
+                "renew" => {
+                    coordinator.renew("skew", device, args[2].parse().unwrap(), args[3].parse().unwrap())
+                }
+                other => panic!("unknown operation {other}"),
+            };
+            let client_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+            let line = match outcome {
+                Ok(lease) => format!("granted {} {} {}", lease.holder, lease.epoch, lease.expires_at_ms),
+                Err(LeaseError::Held {
+                    holder,
+                    epoch,
+                    expires_at_ms,
+                    ..
+                }) => format!("held {holder} {epoch} {expires_at_ms}"),
+                Err(LeaseError::Lost { current_epoch, .. }) => format!("lost - {current_epoch} 0"),
+                Err(other) => panic!("{other}"),
+            };
+            println!("{client_ms} {line}");
+        }
+        "history" => {
+            let config = PostgresConfig {
+                clock_sql: format!("{schema}.test_now()"),
+                schema: schema.clone(),
+                ..PostgresConfig::new(url())
+            };
+            let coordinator = PostgresLeaseCoordinator::connect(config).unwrap();
+            let clock = Mutex::new(admin());
+            let advance = |ms: u64| {
+                let statement = format!("UPDATE {schema}.test_clock SET now_ms = now_ms + $1");
+                clock
+                    .lock()
+                    .unwrap()
+                    .execute(&statement, &[&(ms as i64)])
+                    .unwrap();
+            };
+            let numbers: Vec<u64> = args.iter().map(|n| n.parse().unwrap()).collect();
+            let worker = Worker {
+                process: numbers[0] as usize,
+                device: numbers[0] as u8,
+                operations: numbers[1] as usize,
+                ttl_ms: numbers[2],
+                seed: numbers[3],
+                advance_every: 3,
+                advance_ms: 10,
+            };
+            let mut events = Vec::new();
+            conformance::run_history_worker(&coordinator, &worker, &nanos, &advance, &mut |event| {
+                events.push(event)
+            });
+            let mut file = std::fs::File::create(std::env::var(CHILD_EVENTS).unwrap()).unwrap();
+            for event in events {
+                writeln!(file, "{}", serde_json::to_string(&event).unwrap()).unwrap();
+            }
+        }
+        other => panic!("unknown child role {other}"),
     }
 }
 
 #[test]
 #[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
-fn l5_epochs_continue_after_a_server_restart() {
-    let (Ok(pg_ctl), Ok(data)) = (std::env::var("FENCEPOST_POSTGRES_PG_CTL"), std::env::var("FENCEPOST_POSTGRES_DATA")) else {
-        panic!("FENCEPOST_POSTGRES_PG_CTL and FENCEPOST_POSTGRES_DATA are not set: scripts/test sets them for the server it starts");
-    };
-    let schema = TestSchema::new();
-    let coordinator = schema.coordinator();
-    let mut last = 0;
-    for _ in 0..5 {
-        let lease = coordinator.acquire("restart", "laptop", 1_000).unwrap();
-        coordinator.release("restart", "laptop", lease.epoch).unwrap();
-        last = lease.epoch;
+fn l6_postgres_histories_from_four_processes_are_linearizable() {
+    const PROCESSES: usize = 4;
+    const OPERATIONS: u64 = 50;
+    const TTL_MS: u64 = 40;
+    for history in 0..5u64 {
+        let schema = TestSchema::new();
+        schema.coordinator();
+        let folder = tempfile::tempdir().unwrap();
+        let mut children: Vec<_> = (0..PROCESSES)
+            .map(|process| {
+                let mut command = child_command(
+                    "history",
+                    &schema.name,
+                    &format!(
+                        "{process},{OPERATIONS},{TTL_MS},{}",
+                        history * 100 + process as u64
+                    ),
+                );
+                command.env(CHILD_EVENTS, folder.path().join(format!("events-{process}")));
+                command.spawn().unwrap()
+            })
+            .collect();
+        for child in &mut children {
+            assert!(child.wait().unwrap().success(), "a history process failed");
+        }
+        let mut events: Vec<Event> = Vec::new();
+        for process in 0..PROCESSES {
+            let text = std::fs::read_to_string(folder.path().join(format!("events-{process}"))).unwrap();
+            events.extend(
+                text.lines()
+                    .map(|line| serde_json::from_str::<Event>(line).unwrap()),
+            );
+        }
+        let advances = events
+            .iter()
+            .filter(|event| matches!(event.op, LeaseOp::Advance { .. }))
+            .count()
+            / 2;
+        assert_eq!(
+            (schema.now_ms() - HISTORY_START_MS) / 10,
+            advances as u64,
+            "every clock step is in the history"
+        );
+        assert_eq!(events.len() / 2 - advances, PROCESSES * OPERATIONS as usize);
+        assert!(
+            advances as u64 * 10 > 4 * TTL_MS,
+            "leases expired mid-run, several times"
+        );
+        let grants = events
+            .iter()
+            .filter(|event| {
+                event.is_return
+                    && matches!(
+                        event.op,
+                        LeaseOp::Acquire {
+                            outcome: conformance::Outcome::Lease { .. },
+                            ..
+                        }
+                    )
+            })
+            .count();
+        assert!(grants > 1, "the lease changed hands during the history");
+        assert!(
+            check_history(events),
+            "L6: multi-process PostgreSQL history {history} is not linearizable"
+        );
     }
-    let mut restart = Command::new("runuser");
-    restart.args(["-u", "postgres", "--", &pg_ctl, "-D", &data, "-m", "fast", "-w", "restart"]);
-    let status = restart.output().unwrap();
-    assert!(status.status.success(), "pg_ctl restart failed: {}", String::from_utf8_lossy(&status.stderr));
-    drop(schema.admin.lock().map(|mut admin| *admin = self::admin()));
-    // The old connection is gone; the coordinator reconnects within its attempts.
-    let next = (0..3).find_map(|_| coordinator.acquire("restart", "phone", 1_000).ok()).expect("reconnected");
-    assert_eq!(next.epoch, last + 1, "epochs continue where they were");
+}
+
+/// The server clock in milliseconds.
+fn server_ms() -> u64 {
+    admin()
+        .query_one(&format!("SELECT {SERVER_CLOCK_SQL}"), &[])
+        .unwrap()
+        .get::<_, i64>(0) as u64
+}
+
+/// One operation by a client process whose clock is shifted by `offset` (for libfaketime, e.g.
+/// `-1h`; empty: the real clock). Returns the outcome without the expiry, and checks both the
+/// client's clock and the expiry against the server's.
+fn skewed_client(schema: &str, offset: &str, args: &str, ttl_ms: u64) -> String {
+    let mut command = child_command("client", schema, args);
+    if !offset.is_empty() {
+        let real = command;
+        command = Command::new("faketime");
+        command
+            .args(["-f", offset])
+            .arg(real.get_program())
+            .args(real.get_args());
+        for (name, value) in real.get_envs() {
+            command.env(name, value.unwrap());
+        }
+        command
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .stdout(Stdio::piped());
+    }
+    let before = server_ms();
+    let output = command.output().unwrap_or_else(|error| {
+        panic!("cannot run the client (is faketime installed? scripts/test installs it): {error}")
+    });
+    assert!(
+        output.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let after = server_ms();
+    let text = String::from_utf8(output.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|line| line.split(' ').count() == 5)
+        .expect("the client's line");
+    let fields: Vec<&str> = line.split(' ').collect();
+    let client_ms: i64 = fields[0].parse().unwrap();
+    let shift_ms: i64 = match offset {
+        "" => 0,
+        "-1h" => -3_600_000,
+        "+1h" => 3_600_000,
+        other => panic!("unknown offset {other}"),
+    };
+    let skew = client_ms - shift_ms - after as i64;
+    assert!(
+        skew.abs() < 60_000,
+        "the client's clock was not shifted by {offset:?}: {skew} ms off"
+    );
+    let expires_at_ms: u64 = fields[4].parse().unwrap();
+    if fields[1] == "granted" {
+        assert!(
+            (before + ttl_ms..=after + ttl_ms).contains(&expires_at_ms),
+            "the expiry is not by the server's clock: {expires_at_ms} vs {before}..{after} + {ttl_ms}"
+        );
+    }
+    fields[1..4].join(" ")
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn server_clock_two_clients_an_hour_apart_see_identical_grants_and_steals() {
+    const TTL_MS: u64 = 1_500;
+    let scenario = |laptop_offset: &str, phone_offset: &str| -> Vec<String> {
+        let schema = TestSchema::new();
+        schema.coordinator();
+        let name = schema.name.clone();
+        let mut outcomes = vec![
+            skewed_client(&name, laptop_offset, &format!("acquire,laptop,{TTL_MS}"), TTL_MS),
+            // The phone's clock says the laptop's lease is long expired (or not yet granted): only
+            // the server's clock counts.
+            skewed_client(&name, phone_offset, &format!("acquire,phone,{TTL_MS}"), TTL_MS),
+            skewed_client(&name, laptop_offset, &format!("renew,laptop,1,{TTL_MS}"), TTL_MS),
+        ];
+        let expires_at_ms = schema
+            .coordinator()
+            .current("skew")
+            .unwrap()
+            .unwrap()
+            .expires_at_ms;
+        while server_ms() <= expires_at_ms {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        outcomes.push(skewed_client(
+            &name,
+            phone_offset,
+            &format!("acquire,phone,{TTL_MS}"),
+            TTL_MS,
+        ));
+        outcomes.push(skewed_client(
+            &name,
+            laptop_offset,
+            &format!("renew,laptop,1,{TTL_MS}"),
+            TTL_MS,
+        ));
+        outcomes.push(skewed_client(
+            &name,
+            laptop_offset,
+            &format!("acquire,laptop,{TTL_MS}"),
+            TTL_MS,
+        ));
+        outcomes
+    };
+    let expected: Vec<String> = [
+        "granted laptop 1",
+        "held laptop 1",
+        "granted laptop 1",
+        "granted phone 2",
+        "lost - 2",
+        "held phone 2",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    assert_eq!(scenario("", ""), expected, "no skew");
+    assert_eq!(scenario("-1h", ""), expected, "the laptop an hour behind");
+    assert_eq!(scenario("", "-1h"), expected, "the phone an hour behind");
+    assert_eq!(scenario("+1h", "-1h"), expected, "two hours apart");
 }

@@ -1,34 +1,93 @@
-//! [`PostgresLeaseCoordinator`]: leases for many hosts in PostgreSQL (feature `postgres`).
+//! [`PostgresLeaseCoordinator`]: leases for many hosts in PostgreSQL (feature `postgres`), with a
+//! transactional fence for effects stored in the same database.
+//!
+//! # Deploying it
+//!
+//! * **Schema and roles.** Run [`PostgresLeaseCoordinator::migrate`] once per database, as a role
+//!   that may create the schema (it is idempotent and safe to run from several hosts at once). The
+//!   coordinators then need only `USAGE` on the schema and `SELECT, INSERT, UPDATE` on its `leases`
+//!   table:
+//!
+//!   ```sql
+//!   CREATE ROLE fencepost_agent LOGIN PASSWORD '…';
+//!   GRANT USAGE ON SCHEMA fencepost TO fencepost_agent;
+//!   GRANT SELECT, INSERT, UPDATE ON fencepost.leases TO fencepost_agent;
+//!   ```
+//!
+//!   Never grant `DELETE` or `TRUNCATE` on `leases`: a deleted row forgets its epoch, and the next
+//!   grant would repeat epoch 1.
+//! * **Replication.** A granted epoch must survive a fail-over, or the new primary can grant it a
+//!   second time to another site. Run a synchronous standby (`synchronous_standby_names` set and
+//!   `synchronous_commit = on` or `remote_apply`) and fail over only to a synchronous standby. With
+//!   asynchronous replication a fail-over can lose the last grants.
+//! * **The epoch floor is the second line of defence.** After a fail-over to a standby that may lag,
+//!   or a restore from a backup, raise every agent's floor
+//!   ([`raise_epoch_floor`](LeaseCoordinator::raise_epoch_floor)) to the highest epoch its ledger has
+//!   seen ([`SyncState::fencing_epoch`](crate::fold::SyncState::fencing_epoch)): the next grant is
+//!   then above every epoch that was ever in use.
+//! * **Time** is the database server's clock. Keep it synchronized (NTP) like any server's; the
+//!   clients' clocks play no part. A step of the server clock shortens or lengthens leases by the
+//!   step; it never makes an epoch repeat.
+//!
+//! # What the transactional fence covers
+//!
+//! [`PostgresLeaseCoordinator::fenced_transaction`] runs the caller's statements in one transaction
+//! that first locks the agent's lease row and checks the caller's holder and epoch. While that lock is
+//! held no other site can take the lease, so the caller's writes commit only if it held the lease at
+//! its epoch up to the commit. That closes the window `check_dispatch` leaves open **for effects that
+//! are rows in this same PostgreSQL database** (an outbox row that a relay later sends, a ledger
+//! entry, a state change). It cannot cover an effect outside the database — an email, a payment API
+//! call, a file — even when the call is made inside the closure: the call has happened whether or not
+//! the transaction then commits. For those, write an outbox row through the fence and let one sender
+//! deliver it with an idempotency key, or pass the epoch to a resource that checks it.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use postgres::error::SqlState;
 use postgres::types::ToSql;
-use postgres::{Client, NoTls};
+use postgres::{Client, NoTls, Statement};
 
-/// A statement parameter.
-type Param<'a> = &'a (dyn ToSql + Sync);
+/// The `postgres` client crate this backend uses, for the types of
+/// [`PostgresLeaseCoordinator::fenced_transaction`]'s closure (`driver::Transaction`, parameter
+/// types).
+pub use postgres as driver;
 
+use crate::fence::FenceDecision;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
     validate_epoch_floor, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError, MAX_EXPIRES_AT_MS,
 };
 
+/// A statement parameter.
+type Param<'a> = &'a (dyn ToSql + Sync);
+
 /// The database server's clock in milliseconds since the Unix epoch: the coordinator clock.
 pub const SERVER_CLOCK_SQL: &str = "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
+
+/// The longest schema name PostgreSQL keeps (longer names are truncated, silently).
+const MAX_SCHEMA_BYTES: usize = 63;
+
+/// How many times `acquire` runs its statement when the lease changes under it: once to create the
+/// agent's row, and again each time a refusal's lease was gone by the time it was read.
+const ACQUIRE_ATTEMPTS: usize = 8;
 
 /// Settings of a [`PostgresLeaseCoordinator`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostgresConfig {
-    /// A `postgres://` URL (or a key=value connection string).
+    /// A `postgres://` URL (or a key=value connection string). Sessions are named `fencepost` in
+    /// `pg_stat_activity` unless the URL sets `application_name`.
     pub url: String,
     /// The schema that holds the `leases` table ([`PostgresLeaseCoordinator::migrate`] creates it).
     pub schema: String,
     /// How long to wait for a connection.
     pub connect_timeout_ms: u64,
-    /// How many times one call tries to (re)connect before failing.
+    /// How many times one call tries to (re)connect before failing (at least 1).
     pub connect_attempts: u32,
+    /// The longest one statement may run, including a wait for the lease row's lock (held, for
+    /// example, by a [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction)); past it
+    /// the statement is cancelled and has not applied. 0 means no limit.
+    pub statement_timeout_ms: u64,
     /// The SQL expression of the coordinator clock, in milliseconds. Leave it at
     /// [`SERVER_CLOCK_SQL`]: expiry must be decided by the server's clock, never a client's. Tests
     /// replace it with a clock they can move, still read by the server; it must be volatile (read
@@ -37,41 +96,77 @@ pub struct PostgresConfig {
 }
 
 impl PostgresConfig {
-    /// The defaults for `url`: schema `fencepost`, 5 s connect timeout, 3 attempts, server clock.
+    /// The defaults for `url`: schema `fencepost`, 5 s connect timeout, 3 attempts, 10 s statement
+    /// timeout, the server clock.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             schema: "fencepost".to_owned(),
             connect_timeout_ms: 5_000,
             connect_attempts: 3,
+            statement_timeout_ms: 10_000,
             clock_sql: SERVER_CLOCK_SQL.to_owned(),
         }
     }
+}
+
+/// Why a [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction) committed nothing, or
+/// may have.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FencedError<E> {
+    /// The caller does not hold the lease at its epoch ([`FenceDecision::NotHeld`] or
+    /// [`FenceDecision::StaleEpoch`]): the closure did not run and nothing was written.
+    #[error("the fence refused the transaction: {0:?}")]
+    Refused(FenceDecision),
+    /// The closure failed: the transaction was rolled back.
+    #[error("the fenced work failed; nothing was committed")]
+    Work(#[source] E),
+    /// An id was invalid ([`LeaseError::InvalidId`]), or the database failed
+    /// ([`LeaseError::Backend`]). Nothing was committed unless [`BackendError::may_have_applied`]
+    /// is set, which happens only when the commit itself was sent and its answer lost.
+    #[error(transparent)]
+    Lease(LeaseError),
 }
 
 /// A lease coordinator in PostgreSQL: linearizable across hosts, durable, expiry by the server's
 /// clock.
 ///
 /// * One table, `<schema>.leases`, made by the idempotent [`migrate`](Self::migrate).
-/// * Every operation is one statement, linearized by PostgreSQL's row locks; `acquire` is
-///   `INSERT … ON CONFLICT … DO UPDATE … WHERE <free or expired> RETURNING …`. When a verdict
-///   (`Held`, `Lost`) needs the current row, a follow-up read supplies it, taken at an instant where
-///   the verdict still holds.
+/// * Each write is one statement, serialized by the lease row's lock, and reads the clock only
+///   after it holds that lock: `acquire` is `INSERT … ON CONFLICT … DO UPDATE … WHERE <free or
+///   expired> RETURNING …`, `renew` the same with `WHERE <holder and epoch>`, and `release` is
+///   `UPDATE … WHERE <holder and epoch> RETURNING …`.
+///   A verdict that needs the current row (`Held`, `Lost`) reads it in a second statement, at an
+///   instant where the verdict still holds.
+/// * Reads take a share lock on the row (`FOR SHARE`), so a read never returns the state a write
+///   has already replaced but not yet committed: `current` and the fence are linearizable, not
+///   merely snapshot reads.
 /// * Time is the **server's** clock (`clock_timestamp()`): clients whose clocks disagree by hours
 ///   behave identically.
 /// * A lost connection is a [`BackendError`]: `may_have_applied` is true when a write was sent and
 ///   its answer lost (resolve with [`current`](LeaseCoordinator::current)); the next call
 ///   reconnects (at most [`PostgresConfig::connect_attempts`] tries).
+/// * One connection per coordinator, used by one call at a time; open one coordinator per thread
+///   for parallel calls.
 ///
-/// Deployment: give the coordinator a role that owns its schema (or has `USAGE` on it and
-/// `SELECT, INSERT, UPDATE` on `leases`); run PostgreSQL with synchronous replication
-/// (`synchronous_commit = on` with a synchronous standby) so that a fail-over cannot lose a granted
-/// epoch; and, as the second line of defence, seed [`raise_epoch_floor`](LeaseCoordinator::raise_epoch_floor)
-/// from the ledger after a fail-over or restore.
+/// See the [module docs](self) for deployment (roles, synchronous replication, the epoch floor).
+///
+/// ```no_run
+/// use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
+/// use fencepost::lease::LeaseCoordinator;
+///
+/// let config = PostgresConfig::new("postgres://fencepost_agent:secret@db.internal/app");
+/// let coordinator = PostgresLeaseCoordinator::connect(config)?;
+/// coordinator.migrate()?; // once per database; idempotent
+/// let lease = coordinator.acquire("billing-agent", "laptop", 30_000)?;
+/// println!("epoch {} until {} ms (server time)", lease.epoch, lease.expires_at_ms);
+/// # Ok::<(), fencepost::lease::LeaseError>(())
+/// ```
 pub struct PostgresLeaseCoordinator {
     config: PostgresConfig,
-    table: String,
-    client: Mutex<Option<Client>>,
+    statements: Statements,
+    session: Mutex<Option<Session>>,
 }
 
 impl std::fmt::Debug for PostgresLeaseCoordinator {
@@ -83,7 +178,147 @@ impl std::fmt::Debug for PostgresLeaseCoordinator {
     }
 }
 
-fn failure(message: impl Into<String>, may_have_applied: bool, source: Option<postgres::Error>) -> LeaseError {
+/// The SQL of each operation, built once from the schema and clock of the config.
+#[derive(Debug)]
+struct Statements {
+    migrate: String,
+    /// `$1` agent, `$2` device, `$3` ttl. Inserts an unheld row for a new agent (no clock read
+    /// outside the row lock); grants on a free or expired row. Returns `holder, epoch, expires`.
+    acquire: String,
+    /// `$1` agent, `$2` device, `$3` epoch, `$4` ttl. Returns `holder, epoch, expires`: the
+    /// renewed lease, or an unheld row it just created.
+    renew: String,
+    /// `$1` agent, `$2` device, `$3` epoch.
+    release: String,
+    /// `$1` agent. Returns `holder, epoch, expires, now`.
+    read: String,
+    /// `$1` agent, `$2` floor.
+    raise_floor: String,
+}
+
+impl Statements {
+    fn new(schema: &str, clock: &str) -> Self {
+        let schema = quote_identifier(schema);
+        let table = format!("{schema}.leases");
+        let expiry = |ttl: &str| format!("least(({clock})::numeric + {ttl}, {MAX_EXPIRES_AT_MS})::bigint");
+        Self {
+            migrate: format!(
+                "SELECT pg_advisory_xact_lock(7046837213749);
+                 CREATE SCHEMA IF NOT EXISTS {schema};
+                 CREATE TABLE IF NOT EXISTS {table} (
+                     agent_id text PRIMARY KEY,
+                     holder text,
+                     epoch bigint NOT NULL CHECK (epoch >= 0),
+                     expires_at_ms bigint NOT NULL CHECK (expires_at_ms >= 0),
+                     floor bigint NOT NULL DEFAULT 0 CHECK (floor >= 0)
+                 );"
+            ),
+            // PostgreSQL evaluates the conflict branch's WHERE and SET after it has locked the
+            // row, so the decision and the new expiry read the clock at one locked instant. The
+            // insert branch writes an unheld row and reads no clock: its values are computed
+            // before the row exists to be locked, so a grant there could carry an expiry from
+            // before a concurrent reader's view. The caller runs the statement again, and the
+            // grant happens in the conflict branch.
+            acquire: format!(
+                "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor)
+                 VALUES ($1, NULL, 0, 0, 0)
+                 ON CONFLICT (agent_id) DO UPDATE
+                     SET holder = $2,
+                         epoch = greatest(lease.epoch, lease.floor) + 1,
+                         expires_at_ms = {expires}
+                     WHERE lease.holder IS NULL OR lease.expires_at_ms <= ({clock})
+                 RETURNING holder, epoch, expires_at_ms",
+                expires = expiry("$3::bigint")
+            ),
+            // Not a plain UPDATE: an UPDATE computes its new values while it scans, before it
+            // waits for the row's lock, so a renewal that waited would carry an expiry from
+            // before the wait. The conflict branch reads the clock with the row locked. For an
+            // agent without a row it inserts an unheld row at epoch 0, which reads as no lease.
+            renew: format!(
+                "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor)
+                 VALUES ($1, NULL, 0, 0, 0)
+                 ON CONFLICT (agent_id) DO UPDATE
+                     SET expires_at_ms = {expires}
+                     WHERE lease.holder = $2 AND lease.epoch = $3
+                 RETURNING holder, epoch, expires_at_ms",
+                expires = expiry("$4::bigint")
+            ),
+            release: format!(
+                "UPDATE {table} SET holder = NULL
+                 WHERE agent_id = $1 AND holder = $2 AND epoch = $3 RETURNING epoch"
+            ),
+            read: format!(
+                "SELECT holder, epoch, expires_at_ms, ({clock}) FROM {table} WHERE agent_id = $1 FOR SHARE"
+            ),
+            raise_floor: format!(
+                "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor)
+                 VALUES ($1, NULL, 0, 0, $2)
+                 ON CONFLICT (agent_id) DO UPDATE SET floor = greatest(lease.floor, excluded.floor)"
+            ),
+        }
+    }
+}
+
+/// One lease row as read, with the server clock at the read: `(holder, epoch, expires_at_ms,
+/// now_ms)`.
+type Row = (Option<String>, i64, i64, i64);
+
+/// The coordinator's statements that run through a prepared, cached statement.
+#[derive(Debug, Clone, Copy)]
+enum Sql {
+    Acquire,
+    Renew,
+    Release,
+    Read,
+    RaiseFloor,
+}
+
+impl Statements {
+    fn sql(&self, which: Sql) -> &str {
+        match which {
+            Sql::Acquire => &self.acquire,
+            Sql::Renew => &self.renew,
+            Sql::Release => &self.release,
+            Sql::Read => &self.read,
+            Sql::RaiseFloor => &self.raise_floor,
+        }
+    }
+}
+
+/// A connection, with the statements prepared on it so far: each operation is then one round
+/// trip (bind and execute), never a parse.
+struct Session {
+    client: Client,
+    prepared: [Option<Statement>; 5],
+}
+
+impl Session {
+    fn prepare(&mut self, statements: &Statements, which: Sql) -> Result<Statement, postgres::Error> {
+        let slot = &mut self.prepared[which as usize];
+        if let Some(statement) = slot {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(statements.sql(which))?;
+        *slot = Some(statement.clone());
+        Ok(statement)
+    }
+
+    fn query_opt(
+        &mut self,
+        statements: &Statements,
+        which: Sql,
+        parameters: &[Param],
+    ) -> Result<Option<postgres::Row>, postgres::Error> {
+        let statement = self.prepare(statements, which)?;
+        self.client.query_opt(&statement, parameters)
+    }
+}
+
+fn failure(
+    message: impl Into<String>,
+    may_have_applied: bool,
+    source: Option<postgres::Error>,
+) -> LeaseError {
     LeaseError::Backend(BackendError {
         backend: "postgres",
         message: message.into(),
@@ -120,156 +355,20 @@ fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
     u64::try_from(value).map_err(|_| failure(format!("corrupt row: {column} is {value}"), false, None))
 }
 
+/// Converts a validated `u64` (TTLs and floors are bounded far below `i64::MAX`; an epoch beyond it
+/// matches no row) for a `bigint` parameter.
 fn storable(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-impl PostgresLeaseCoordinator {
-    /// Connects (a bounded number of attempts). Call [`migrate`](Self::migrate) once per database
-    /// before the first use.
-    pub fn connect(config: PostgresConfig) -> Result<Self, LeaseError> {
-        if config.schema.is_empty() || config.schema.len() > 63 {
-            return Err(failure(
-                format!("schema name {:?} must be 1 to 63 bytes", config.schema),
-                false,
-                None,
-            ));
-        }
-        let table = format!("{}.leases", quote_identifier(&config.schema));
-        let coordinator = Self {
-            config,
-            table,
-            client: Mutex::new(None),
-        };
-        let client = coordinator.new_client()?;
-        *coordinator.client.lock().unwrap_or_else(PoisonError::into_inner) = Some(client);
-        Ok(coordinator)
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &PostgresConfig {
-        &self.config
-    }
-
-    fn new_client(&self) -> Result<Client, LeaseError> {
-        let mut settings: postgres::Config = self.config.url.parse().map_err(|error| {
-            failure(format!("invalid PostgreSQL URL: {error}"), false, Some(error))
-        })?;
-        settings.connect_timeout(Duration::from_millis(self.config.connect_timeout_ms));
-        settings.application_name("fencepost");
-        let mut last = None;
-        for attempt in 0..self.config.connect_attempts.max(1) {
-            if attempt > 0 {
-                std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
-            }
-            match settings.connect(NoTls) {
-                Ok(client) => return Ok(client),
-                Err(error) => {
-                    let permanent = error.code().is_some_and(|code| {
-                        *code == SqlState::INVALID_PASSWORD
-                            || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-                            || *code == SqlState::INVALID_CATALOG_NAME
-                    });
-                    last = Some(error);
-                    if permanent {
-                        break;
-                    }
-                }
-            }
-        }
-        let error = last.expect("at least one attempt was made");
-        Err(failure(
-            format!("cannot connect to PostgreSQL: {}", describe(&error)),
-            false,
-            Some(error),
-        ))
-    }
-
-    /// Creates the schema and the `leases` table if they do not exist. Idempotent, and safe to run
-    /// from several processes at once.
-    pub fn migrate(&self) -> Result<(), LeaseError> {
-        let schema = quote_identifier(&self.config.schema);
-        let sql = format!(
-            "SELECT pg_advisory_xact_lock(7046837213749);
-             CREATE SCHEMA IF NOT EXISTS {schema};
-             CREATE TABLE IF NOT EXISTS {table} (
-                 agent_id text PRIMARY KEY,
-                 holder text,
-                 epoch bigint NOT NULL CHECK (epoch >= 0),
-                 expires_at_ms bigint NOT NULL CHECK (expires_at_ms >= 0),
-                 floor bigint NOT NULL DEFAULT 0 CHECK (floor >= 0)
-             );",
-            table = self.table
-        );
-        self.with_client(|client| {
-            let mut transaction = client.transaction()?;
-            transaction.batch_execute(&sql)?;
-            transaction.commit()
-        })
-        .map_err(|error| self.explain("migrate", error))
-    }
-
-    /// Runs `work` with a connected client, reconnecting first if the last connection broke.
-    fn with_client<T>(
-        &self,
-        work: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
-    ) -> Result<T, CallError> {
-        let mut slot = self.client.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_none_or(Client::is_closed) {
-            *slot = None;
-            *slot = Some(self.new_client().map_err(CallError::Connect)?);
-        }
-        let client = slot.as_mut().expect("connected above");
-        match work(client) {
-            Ok(value) => Ok(value),
-            Err(error) => {
-                if outcome_unknown(&error) {
-                    *slot = None; // reconnect on the next call
-                }
-                Err(CallError::Statement(error))
-            }
-        }
-    }
-
-    fn explain(&self, operation: &str, error: CallError) -> LeaseError {
-        self.explain_write(operation, error, false)
-    }
-
-    fn explain_write(&self, operation: &str, error: CallError, write: bool) -> LeaseError {
-        match error {
-            CallError::Connect(error) => error,
-            CallError::Statement(error) => {
-                let unknown = outcome_unknown(&error);
-                let hint = match error.code() {
-                    Some(code) if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME => {
-                        " (the schema or table is missing: run migrate() first, or check the schema name)"
-                    }
-                    Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => {
-                        " (the role lacks privileges on the fencepost schema)"
-                    }
-                    _ if unknown => " (the connection was lost; the next call reconnects)",
-                    _ => "",
-                };
-                failure(
-                    format!("{operation}: {}{hint}", describe(&error)),
-                    write && unknown,
-                    Some(error),
-                )
-            }
-        }
-    }
-
-    /// Reads the row and the server clock at one instant: `(holder, epoch, expires_at_ms, now_ms)`.
-    fn read_with_clock(client: &mut Client, table: &str, clock: &str, agent_id: &str) -> Result<Option<(Option<String>, i64, i64, i64)>, postgres::Error> {
-        let rows = client.query(
-            &format!("SELECT holder, epoch, expires_at_ms, {clock} FROM {table} WHERE agent_id = $1"),
-            &[&agent_id],
-        )?;
-        Ok(rows.first().map(|row| (row.get(0), row.get(1), row.get(2), row.get(3))))
+fn describe(error: &postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => error.to_string(),
     }
 }
 
-/// Why a call failed: before a statement could be sent, or in the statement.
+/// Why a call failed: before a statement could be sent, or in a statement.
 enum CallError {
     Connect(LeaseError),
     Statement(postgres::Error),
@@ -281,55 +380,315 @@ impl From<postgres::Error> for CallError {
     }
 }
 
-fn describe(error: &postgres::Error) -> String {
-    match error.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => error.to_string(),
+impl PostgresLeaseCoordinator {
+    /// Connects (a bounded number of attempts). Call [`migrate`](Self::migrate) once per database
+    /// before the first use.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] for a schema name that is empty or longer than 63 bytes, a URL that
+    /// does not parse, a wrong password or database, or a server that cannot be reached.
+    pub fn connect(config: PostgresConfig) -> Result<Self, LeaseError> {
+        if config.schema.is_empty() || config.schema.len() > MAX_SCHEMA_BYTES || config.schema.contains('\0')
+        {
+            return Err(failure(
+                format!(
+                    "schema name {:?} must be 1 to {MAX_SCHEMA_BYTES} bytes, without NUL",
+                    config.schema
+                ),
+                false,
+                None,
+            ));
+        }
+        let statements = Statements::new(&config.schema, &config.clock_sql);
+        let coordinator = Self {
+            config,
+            statements,
+            session: Mutex::new(None),
+        };
+        let session = coordinator.new_session()?;
+        *coordinator.session.lock().unwrap_or_else(PoisonError::into_inner) = Some(session);
+        Ok(coordinator)
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.config
+    }
+
+    fn new_session(&self) -> Result<Session, LeaseError> {
+        let mut settings: postgres::Config = self
+            .config
+            .url
+            .parse()
+            .map_err(|error| failure(format!("invalid PostgreSQL URL: {error}"), false, Some(error)))?;
+        settings.connect_timeout(Duration::from_millis(self.config.connect_timeout_ms));
+        if settings.get_application_name().is_none() {
+            settings.application_name("fencepost");
+        }
+        let session = format!(
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED;
+             SET statement_timeout = {}",
+            self.config.statement_timeout_ms
+        );
+        let mut last = None;
+        for attempt in 0..self.config.connect_attempts.max(1) {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
+            }
+            match settings
+                .connect(NoTls)
+                .and_then(|mut client| client.batch_execute(&session).map(|()| client))
+            {
+                Ok(client) => {
+                    return Ok(Session {
+                        client,
+                        prepared: Default::default(),
+                    })
+                }
+                Err(error) => {
+                    let permanent = error.code().is_some_and(|code| {
+                        *code == SqlState::INVALID_PASSWORD
+                            || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+                            || *code == SqlState::INVALID_CATALOG_NAME
+                    });
+                    tracing::debug!(attempt, error = %describe(&error), "PostgreSQL connection attempt failed");
+                    last = Some(error);
+                    if permanent {
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(error) = last else {
+            unreachable!("at least one connection attempt was made");
+        };
+        Err(failure(
+            format!("cannot connect to PostgreSQL: {}", describe(&error)),
+            false,
+            Some(error),
+        ))
+    }
+
+    /// Creates the schema and the `leases` table if they do not exist. Idempotent, and safe to run
+    /// from several processes at once.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] when the database refuses (for example, the role may not create the
+    /// schema) or the connection fails.
+    pub fn migrate(&self) -> Result<(), LeaseError> {
+        self.with_session(|session| {
+            let mut transaction = session.client.transaction()?;
+            transaction.batch_execute(&self.statements.migrate)?;
+            transaction.commit()
+        })
+        .map_err(|error| self.explain("migrate", error, false))
+    }
+
+    /// Runs `work` in one transaction that commits only if `device_id` holds `agent_id`'s lease at
+    /// `epoch` — the **transactional fence**.
+    ///
+    /// The transaction first locks the lease row (`FOR SHARE`) and checks holder and epoch, as
+    /// [`check_dispatch`](crate::fence::check_dispatch) does; only then does `work` run, on the same
+    /// transaction. The lock is held until the commit, so no other site can take the lease in
+    /// between: `work`'s writes commit if and only if the caller held the lease at its epoch
+    /// throughout. A zombie holder whose lease was taken commits nothing. While the transaction
+    /// runs, other writes to this agent's lease (including the holder's own renewals) wait, up to
+    /// [`PostgresConfig::statement_timeout_ms`]: keep the work short.
+    ///
+    /// It protects effects that are rows of this database only; see the [module docs](self) for
+    /// what it cannot cover. It does not consult the ledger: make the effect idempotent by run id
+    /// (a unique key) as well.
+    ///
+    /// # Errors
+    /// * [`FencedError::Refused`]: not the holder at `epoch`; `work` did not run.
+    /// * [`FencedError::Work`]: `work` failed; rolled back.
+    /// * [`FencedError::Lease`]: an invalid id, or the database failed. `may_have_applied` is set only when the
+    ///   commit was sent and its answer lost; then look for the effect's rows to learn the outcome.
+    ///
+    /// ```no_run
+    /// use fencepost::backend::postgres::{FencedError, PostgresConfig, PostgresLeaseCoordinator};
+    /// use fencepost::lease::LeaseCoordinator;
+    ///
+    /// let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig::new("postgres://app@db/app"))?;
+    /// let lease = coordinator.acquire("billing-agent", "laptop", 30_000)?;
+    /// let outcome = coordinator.fenced_transaction("billing-agent", "laptop", lease.epoch, |transaction| {
+    ///     transaction.execute(
+    ///         "INSERT INTO outbox (run_id, body) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING",
+    ///         &[&"run-42", &"invoice #42"],
+    ///     )
+    /// });
+    /// match outcome {
+    ///     Ok(rows) => println!("queued {rows} row(s) under epoch {}", lease.epoch),
+    ///     Err(FencedError::Refused(decision)) => println!("not ours any more: {decision:?}"),
+    ///     Err(other) => return Err(other.into()),
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fenced_transaction<T, E>(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        work: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T, E>,
+    ) -> Result<T, FencedError<E>> {
+        let invalid = |error| FencedError::Lease(LeaseError::from(error));
+        validate_id(IdKind::Agent, agent_id).map_err(invalid)?;
+        validate_id(IdKind::Device, device_id).map_err(invalid)?;
+        enum Step<T, E> {
+            Refused(FenceDecision),
+            Work(E),
+            Done(T),
+        }
+        let mut commit_sent = false;
+        let outcome = self.with_session(|session| {
+            let read = session.prepare(&self.statements, Sql::Read)?;
+            let mut transaction = session.client.transaction()?;
+            let row = transaction.query_opt(&read, &[&agent_id as Param])?;
+            let decision = match row.map(|row| (row.get::<_, Option<String>>(0), row.get::<_, i64>(1))) {
+                Some((Some(holder), current)) if holder == device_id && current == storable(epoch) => None,
+                Some((Some(holder), current)) => Some(FenceDecision::StaleEpoch {
+                    claimed_epoch: epoch,
+                    current_epoch: u64::try_from(current).unwrap_or(0),
+                    current_holder: holder,
+                }),
+                _ => Some(FenceDecision::NotHeld { claimed_epoch: epoch }),
+            };
+            if let Some(decision) = decision {
+                return Ok(Step::Refused(decision)); // dropping the transaction rolls it back
+            }
+            match work(&mut transaction) {
+                Ok(value) => {
+                    commit_sent = true;
+                    transaction.commit()?;
+                    Ok(Step::Done(value))
+                }
+                Err(error) => Ok(Step::Work(error)),
+            }
+        });
+        match outcome {
+            Ok(Step::Done(value)) => Ok(value),
+            Ok(Step::Refused(decision)) => Err(FencedError::Refused(decision)),
+            Ok(Step::Work(error)) => Err(FencedError::Work(error)),
+            Err(error) => Err(FencedError::Lease(self.explain(
+                "fenced_transaction",
+                error,
+                commit_sent,
+            ))),
+        }
+    }
+
+    /// Runs `work` with the coordinator's connection, reconnecting first if it broke.
+    ///
+    /// For statements of the caller's own (a health check, a query next to the lease table); the
+    /// lease table itself is the coordinator's to write.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] when no connection can be made, or `work` fails; `may_have_applied`
+    /// is set when the connection broke while `work` ran.
+    pub fn with_connection<T>(
+        &self,
+        work: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, LeaseError> {
+        self.with_session(|session| work(&mut session.client))
+            .map_err(|error| self.explain("with_connection", error, true))
+    }
+
+    /// Runs `work` with a connected session, reconnecting first if the last connection broke.
+    fn with_session<T>(
+        &self,
+        work: impl FnOnce(&mut Session) -> Result<T, postgres::Error>,
+    ) -> Result<T, CallError> {
+        let mut slot = self.session.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_none_or(|session| session.client.is_closed()) {
+            *slot = None;
+            *slot = Some(self.new_session().map_err(CallError::Connect)?);
+        }
+        let Some(session) = slot.as_mut() else {
+            unreachable!("connected above");
+        };
+        work(session).map_err(|error| {
+            if outcome_unknown(&error) {
+                *slot = None; // reconnect on the next call
+            }
+            CallError::Statement(error)
+        })
+    }
+
+    /// The error of a failed call; `write` says whether the call sent a write whose answer may be
+    /// lost.
+    fn explain(&self, operation: &str, error: CallError, write: bool) -> LeaseError {
+        match error {
+            CallError::Connect(error) => error,
+            CallError::Statement(error) => {
+                let unknown = outcome_unknown(&error);
+                let hint = match error.code() {
+                    Some(code) if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME => {
+                        " (the schema or table is missing: run migrate() first, or check the schema name)"
+                    }
+                    Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => {
+                        " (the role lacks privileges on the fencepost schema)"
+                    }
+                    Some(code) if *code == SqlState::QUERY_CANCELED => {
+                        " (statement_timeout: the lease row stayed locked, or the server is slow; not applied)"
+                    }
+                    _ if unknown => " (the connection was lost; the next call reconnects)",
+                    _ => "",
+                };
+                tracing::warn!(operation, error = %describe(&error), may_have_applied = write && unknown, "PostgreSQL call failed");
+                failure(
+                    format!("{operation}: {}{hint}", describe(&error)),
+                    write && unknown,
+                    Some(error),
+                )
+            }
+        }
+    }
+
+    /// Reads the row, share-locked, with the server clock.
+    fn read(&self, session: &mut Session, agent_id: &str) -> Result<Option<Row>, postgres::Error> {
+        let row = session.query_opt(&self.statements, Sql::Read, &[&agent_id])?;
+        Ok(row.map(|row| (row.get(0), row.get(1), row.get(2), row.get(3))))
+    }
+
+    /// The current epoch, for a `Lost`: read after the failed write, when it is still not the
+    /// caller's (epochs never repeat, so it never will be again).
+    fn lost(&self, session: &mut Session, agent_id: &str) -> Result<i64, postgres::Error> {
+        Ok(self.read(session, agent_id)?.map_or(0, |row| row.1))
     }
 }
-
-/// How many times `acquire` retries when the lease changes between its statement and the read of
-/// the holder's details.
-const ACQUIRE_ATTEMPTS: usize = 8;
 
 impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let (table, clock) = (&self.table, &self.config.clock_sql);
-        // The clock is read in the conflict branch's WHERE and SET, which PostgreSQL evaluates after
-        // it has locked the row: the decision and the new expiry belong to one instant. (A CTE or
-        // a subquery would be evaluated before a wait for the lock, with a stale time.)
-        let grant = format!(
-            "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor)
-             VALUES ($1, $2, 1, least({clock}::numeric + $3::bigint, {MAX_EXPIRES_AT_MS})::bigint, 0)
-             ON CONFLICT (agent_id) DO UPDATE
-                 SET holder = excluded.holder,
-                     epoch = greatest(lease.epoch, lease.floor) + 1,
-                     expires_at_ms = least({clock}::numeric + $3::bigint, {MAX_EXPIRES_AT_MS})::bigint
-                 WHERE lease.holder IS NULL OR lease.expires_at_ms <= {clock}
-             RETURNING epoch, expires_at_ms"
-        );
         let ttl = storable(ttl_ms);
         for _ in 0..ACQUIRE_ATTEMPTS {
-            let outcome = self.with_client(|client| {
-                let granted = client.query_opt(&grant, &[&agent_id as Param, &device_id, &ttl])?;
-                if let Some(row) = granted {
-                    return Ok(Ok((row.get::<_, i64>(0), row.get::<_, i64>(1))));
-                }
-                // Refused: the lease was valid. Read who holds it, at an instant where it still is.
-                Ok(Err(Self::read_with_clock(client, table, clock, agent_id)?))
-            });
-            match outcome.map_err(|error| self.explain_write("acquire", error, true))? {
-                Ok((epoch, expires_at_ms)) => {
+            let outcome = self
+                .with_session(|session| {
+                    match session.query_opt(&self.statements, Sql::Acquire, &[&agent_id, &device_id, &ttl])? {
+                        Some(row) => Ok(Ok((
+                            row.get::<_, Option<String>>(0),
+                            row.get::<_, i64>(1),
+                            row.get::<_, i64>(2),
+                        ))),
+                        // Refused: the lease was valid. Read who holds it.
+                        None => Ok(Err(self.read(session, agent_id)?)),
+                    }
+                })
+                .map_err(|error| self.explain("acquire", error, true))?;
+            match outcome {
+                Ok((Some(holder), epoch, expires_at_ms)) => {
+                    debug_assert_eq!(holder, device_id);
                     return Ok(Lease {
                         agent_id: agent_id.to_owned(),
-                        holder: device_id.to_owned(),
+                        holder,
                         epoch: stored(epoch, "epoch")?,
                         expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
-                    })
+                    });
                 }
+                // The agent's row was just created, unheld: grant in the conflict branch.
+                Ok((None, _, _)) => continue,
                 Err(Some((Some(holder), epoch, expires_at_ms, now_ms))) if now_ms < expires_at_ms => {
                     return Err(LeaseError::Held {
                         agent_id: agent_id.to_owned(),
@@ -343,7 +702,9 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
             }
         }
         Err(failure(
-            format!("acquire: the lease of {agent_id:?} changed {ACQUIRE_ATTEMPTS} times while it was read; try again"),
+            format!(
+                "acquire: the lease of {agent_id:?} changed {ACQUIRE_ATTEMPTS} times while it was read; try again"
+            ),
             false,
             None,
         ))
@@ -353,20 +714,17 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let (table, clock) = (&self.table, &self.config.clock_sql);
-        let extend = format!(
-            "UPDATE {table} SET expires_at_ms = least({clock}::numeric + $4::bigint, {MAX_EXPIRES_AT_MS})::bigint
-             WHERE agent_id = $1 AND holder = $2 AND epoch = $3 RETURNING expires_at_ms"
-        );
+        let parameters: [Param; 4] = [&agent_id, &device_id, &storable(epoch), &storable(ttl_ms)];
         let outcome = self
-            .with_client(|client| {
-                match client.query_opt(&extend, &[&agent_id as Param, &device_id, &storable(epoch), &storable(ttl_ms)])? {
-                    Some(row) => Ok(Ok(row.get::<_, i64>(0))),
-                    // Not the holder at that epoch; epochs never repeat, so it never will be again.
-                    None => Ok(Err(Self::read_with_clock(client, table, clock, agent_id)?.map_or(0, |row| row.1))),
-                }
-            })
-            .map_err(|error| self.explain_write("renew", error, true))?;
+            .with_session(
+                |session| match session.query_opt(&self.statements, Sql::Renew, &parameters)? {
+                    Some(row) if row.get::<_, Option<String>>(0).is_some() => Ok(Ok(row.get::<_, i64>(2))),
+                    // The agent had no row: epoch 0.
+                    Some(row) => Ok(Err(row.get::<_, i64>(1))),
+                    None => Ok(Err(self.lost(session, agent_id)?)),
+                },
+            )
+            .map_err(|error| self.explain("renew", error, true))?;
         match outcome {
             Ok(expires_at_ms) => Ok(Lease {
                 agent_id: agent_id.to_owned(),
@@ -385,14 +743,15 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
-        let (table, clock) = (&self.table, &self.config.clock_sql);
-        let clear = format!("UPDATE {table} SET holder = NULL WHERE agent_id = $1 AND holder = $2 AND epoch = $3 RETURNING epoch");
+        let parameters: [Param; 3] = [&agent_id, &device_id, &storable(epoch)];
         let outcome = self
-            .with_client(|client| match client.query_opt(&clear, &[&agent_id as Param, &device_id, &storable(epoch)])? {
-                Some(_) => Ok(None),
-                None => Ok(Some(Self::read_with_clock(client, table, clock, agent_id)?.map_or(0, |row| row.1))),
-            })
-            .map_err(|error| self.explain_write("release", error, true))?;
+            .with_session(
+                |session| match session.query_opt(&self.statements, Sql::Release, &parameters)? {
+                    Some(_) => Ok(None),
+                    None => Ok(Some(self.lost(session, agent_id)?)),
+                },
+            )
+            .map_err(|error| self.explain("release", error, true))?;
         match outcome {
             None => Ok(()),
             Some(current_epoch) => Err(LeaseError::Lost {
@@ -405,10 +764,9 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
 
     fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
-        let (table, clock) = (&self.table, &self.config.clock_sql);
         let row = self
-            .with_client(|client| Self::read_with_clock(client, table, clock, agent_id))
-            .map_err(|error| self.explain("current", error))?;
+            .with_session(|session| self.read(session, agent_id))
+            .map_err(|error| self.explain("current", error, false))?;
         match row {
             Some((Some(holder), epoch, expires_at_ms, _)) => Ok(Some(Lease {
                 agent_id: agent_id.to_owned(),
@@ -423,13 +781,10 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_epoch_floor(floor)?;
-        let statement = format!(
-            "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor) VALUES ($1, NULL, 0, 0, $2)
-             ON CONFLICT (agent_id) DO UPDATE SET floor = greatest(lease.floor, excluded.floor)",
-            table = self.table
-        );
-        self.with_client(|client| client.execute(&statement, &[&agent_id as Param, &storable(floor)]))
-            .map(drop)
-            .map_err(|error| self.explain_write("raise_epoch_floor", error, true))
+        self.with_session(|session| {
+            session.query_opt(&self.statements, Sql::RaiseFloor, &[&agent_id, &storable(floor)])
+        })
+        .map(drop)
+        .map_err(|error| self.explain("raise_epoch_floor", error, true))
     }
 }

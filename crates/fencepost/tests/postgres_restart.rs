@@ -1,0 +1,116 @@
+//! The PostgreSQL server restarts while a coordinator works: epochs continue where they were.
+//!
+//! A test binary of its own, because the restart ends every session of the server: the other
+//! PostgreSQL tests must not run at the same time. Needs the server that `scripts/test` starts
+//! (it sets `FENCEPOST_POSTGRES_PG_CTL` and `FENCEPOST_POSTGRES_DATA` so that the test can restart
+//! it); ignored, with that reason, under a plain `cargo test`.
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
+use fencepost::lease::{LeaseCoordinator, LeaseError};
+
+fn variable(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: scripts/test sets it for the throw-away server it starts")
+    })
+}
+
+/// Restarts the server with `pg_ctl` (as the `postgres` user when the test runs as root).
+fn restart_server() {
+    let (pg_ctl, data) = (
+        variable("FENCEPOST_POSTGRES_PG_CTL"),
+        variable("FENCEPOST_POSTGRES_DATA"),
+    );
+    let log = format!("{data}/../restart.log");
+    let as_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .unwrap()
+        .stdout
+        .starts_with(b"0\n");
+    let mut command = if as_root {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--", &pg_ctl]);
+        command
+    } else {
+        Command::new(&pg_ctl)
+    };
+    // `-l`: the restarted server writes to a file, not to this process's pipes.
+    command
+        .args(["-D", &data, "-l", &log, "-m", "fast", "-w", "-t", "60", "restart"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let status = command.status().unwrap();
+    assert!(status.success(), "pg_ctl restart failed; see {log}");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL, _PG_CTL, _DATA and pass --include-ignored)"]
+fn l5_epochs_continue_after_a_server_restart_mid_run() {
+    let url = variable("FENCEPOST_POSTGRES_URL");
+    let schema = format!("fp_restart_{}", std::process::id());
+    let config = PostgresConfig {
+        schema: schema.clone(),
+        connect_attempts: 5,
+        ..PostgresConfig::new(url.clone())
+    };
+    let coordinator = PostgresLeaseCoordinator::connect(config).unwrap();
+    coordinator.migrate().unwrap();
+    let stop = AtomicBool::new(false);
+    // One site acquires and releases without pause; the server restarts under it.
+    let (epochs, failures) = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            let (mut epochs, mut failures) = (Vec::new(), 0usize);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                let epoch = match coordinator.acquire("restart", "laptop", 60_000) {
+                    Ok(lease) => lease.epoch,
+                    // An acquire whose answer was lost in the restart, and that had applied.
+                    Err(LeaseError::Held { holder, epoch, .. }) if holder == "laptop" => epoch,
+                    Err(LeaseError::Backend(_)) => {
+                        failures += 1;
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                    Err(other) => panic!("{other:?}"),
+                };
+                epochs.push(epoch);
+                if let Err(LeaseError::Backend(_)) = coordinator.release("restart", "laptop", epoch) {
+                    failures += 1;
+                }
+            }
+            (epochs, failures)
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        restart_server();
+        std::thread::sleep(Duration::from_millis(1_500));
+        stop.store(true, Ordering::SeqCst);
+        worker.join().unwrap()
+    });
+    assert!(
+        failures > 0,
+        "the restart went unnoticed: the test did not restart the server mid-run"
+    );
+    assert!(epochs.len() > 10, "too few grants: {}", epochs.len());
+    for pair in epochs.windows(2) {
+        assert!(pair[0] < pair[1], "L5: epoch {} after {}", pair[1], pair[0]);
+    }
+    let after = PostgresLeaseCoordinator::connect(PostgresConfig {
+        schema: schema.clone(),
+        ..PostgresConfig::new(url.clone())
+    })
+    .unwrap();
+    let next = after.acquire("restart", "phone", 1_000).unwrap();
+    assert!(
+        next.epoch > *epochs.last().unwrap(),
+        "L5: epochs continue where they were"
+    );
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .unwrap();
+}
