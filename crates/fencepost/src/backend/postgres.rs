@@ -68,9 +68,9 @@ pub const SERVER_CLOCK_SQL: &str = "(floor(extract(epoch from clock_timestamp())
 /// The longest schema name PostgreSQL keeps (longer names are truncated, silently).
 const MAX_SCHEMA_BYTES: usize = 63;
 
-/// How many times `acquire` runs its statement when the lease changes under it: once to create the
-/// agent's row, and again each time a refusal's lease was gone by the time it was read.
-const ACQUIRE_ATTEMPTS: usize = 8;
+/// How many times `acquire` runs its statement: once more after creating the agent's row, and once
+/// more, in a transaction, when a refusal's lease was gone by the time it was read.
+const ACQUIRE_ATTEMPTS: usize = 3;
 
 /// Settings of a [`PostgresLeaseCoordinator`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -663,20 +663,35 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
         let ttl = storable(ttl_ms);
-        for _ in 0..ACQUIRE_ATTEMPTS {
+        let parameters: [Param; 3] = [&agent_id, &device_id, &ttl];
+        for attempt in 0..ACQUIRE_ATTEMPTS {
+            // The first attempts are one autocommit statement, and a refusal reads the holder in a
+            // second one. Should the lease change between the two, the last attempt runs both in
+            // one transaction: the refusal keeps the row locked, so the read sees what it saw.
+            let locked = attempt + 1 == ACQUIRE_ATTEMPTS;
             let outcome = self
                 .with_session(|session| {
-                    match session.query_opt(&self.statements, Sql::Acquire, &[&agent_id, &device_id, &ttl])? {
-                        Some(row) => Ok(Ok((
-                            row.get::<_, Option<String>>(0),
-                            row.get::<_, i64>(1),
-                            row.get::<_, i64>(2),
-                        ))),
-                        // Refused: the lease was valid. Read who holds it.
-                        None => Ok(Err(self.read(session, agent_id)?)),
+                    let granted = |row: postgres::Row| (row.get(0), row.get(1), row.get(2));
+                    if !locked {
+                        return match session.query_opt(&self.statements, Sql::Acquire, &parameters)? {
+                            Some(row) => Ok(Ok(granted(row))),
+                            None => Ok(Err(self.read(session, agent_id)?)),
+                        };
                     }
+                    let acquire = session.prepare(&self.statements, Sql::Acquire)?;
+                    let read = session.prepare(&self.statements, Sql::Read)?;
+                    let mut transaction = session.client.transaction()?;
+                    let outcome = match transaction.query_opt(&acquire, &parameters)? {
+                        Some(row) => Ok(granted(row)),
+                        None => Err(transaction
+                            .query_opt(&read, &[&agent_id as Param])?
+                            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))),
+                    };
+                    transaction.commit()?;
+                    Ok(outcome)
                 })
                 .map_err(|error| self.explain("acquire", error, true))?;
+            let outcome: Result<(Option<String>, i64, i64), Option<Row>> = outcome;
             match outcome {
                 Ok((Some(holder), epoch, expires_at_ms)) => {
                     debug_assert_eq!(holder, device_id);
@@ -689,7 +704,10 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
                 }
                 // The agent's row was just created, unheld: grant in the conflict branch.
                 Ok((None, _, _)) => continue,
-                Err(Some((Some(holder), epoch, expires_at_ms, now_ms))) if now_ms < expires_at_ms => {
+                // Held at the refusal (locked), or still held at the read.
+                Err(Some((Some(holder), epoch, expires_at_ms, now_ms)))
+                    if locked || now_ms < expires_at_ms =>
+                {
                     return Err(LeaseError::Held {
                         agent_id: agent_id.to_owned(),
                         holder,
@@ -701,10 +719,9 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
                 Err(_) => continue,
             }
         }
+        // Only when the agent's row vanished under the locked attempt (deleted by hand).
         Err(failure(
-            format!(
-                "acquire: the lease of {agent_id:?} changed {ACQUIRE_ATTEMPTS} times while it was read; try again"
-            ),
+            format!("acquire: the lease row of {agent_id:?} changed under a locked attempt; was it deleted?"),
             false,
             None,
         ))

@@ -1,0 +1,192 @@
+//! PostgreSQL coordinator benchmarks (DESIGN §7, issue 5):
+//!
+//! * `postgres/renew` against `postgres/select_1`, a bare one-statement round trip on the same
+//!   connection (target: renew ≥ 80 % of its rate); `postgres/bare_update` (a one-row autocommit
+//!   `UPDATE`, which flushes the WAL like every durable renew) for context. The three are
+//!   interleaved (every iteration runs each and times one) so that drift in fsync latency hits them
+//!   alike. `postgres/renew_without_wal_flush` is the renew on a `synchronous_commit = off`
+//!   session, to show what the flush costs.
+//! * `postgres_contention/acquire_8_way`: 8 threads, each with its own coordinator, acquire one
+//!   agent over and over (a winner releases at once); the time is per acquire, all threads
+//!   together.
+//!
+//! Uses the server at `FENCEPOST_POSTGRES_URL`, or starts a throw-away one with
+//! `scripts/postgres-sandbox` (and stops it at the end). Run: `cargo bench --bench postgres`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use fencepost::backend::postgres::{driver, PostgresConfig, PostgresLeaseCoordinator};
+use fencepost::lease::{LeaseCoordinator, LeaseError};
+
+/// A throw-away server, stopped on drop.
+struct Sandbox {
+    script: PathBuf,
+    folder: tempfile::TempDir,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.script)
+            .arg("stop")
+            .arg(self.folder.path())
+            .status();
+    }
+}
+
+fn server() -> (String, Option<Sandbox>) {
+    if let Ok(url) = std::env::var("FENCEPOST_POSTGRES_URL") {
+        return (url, None);
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/postgres-sandbox");
+    let folder = tempfile::tempdir().unwrap();
+    let mut permissions = std::fs::metadata(folder.path()).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(folder.path(), permissions).unwrap();
+    let output = Command::new(&script)
+        .arg("start")
+        .arg(folder.path())
+        .output()
+        .unwrap();
+    let sandbox = Sandbox { script, folder };
+    assert!(
+        output.status.success(),
+        "could not start a PostgreSQL server: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let exports = String::from_utf8(output.stdout).unwrap();
+    let url = exports
+        .lines()
+        .find_map(|line| line.strip_prefix("export FENCEPOST_POSTGRES_URL='"))
+        .and_then(|rest| rest.strip_suffix('\''))
+        .expect("the sandbox prints the URL")
+        .to_owned();
+    (url, Some(sandbox))
+}
+
+fn coordinator(url: &str) -> PostgresLeaseCoordinator {
+    let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig {
+        schema: "fencepost_bench".into(),
+        ..PostgresConfig::new(url)
+    })
+    .unwrap();
+    coordinator.migrate().unwrap();
+    coordinator
+}
+
+/// Runs each of `others` then `measured`, `iterations` times; returns the time spent in `measured`.
+fn timed(iterations: u64, others: &[&dyn Fn()], measured: &dyn Fn()) -> Duration {
+    let mut elapsed = Duration::ZERO;
+    for _ in 0..iterations {
+        for other in others {
+            other();
+        }
+        let started = Instant::now();
+        measured();
+        elapsed += started.elapsed();
+    }
+    elapsed
+}
+
+fn benchmarks(criterion: &mut Criterion) {
+    let (url, _sandbox) = server();
+    let coordinator = coordinator(&url);
+    let (select, update) = coordinator
+        .with_connection(|client| {
+            client.batch_execute(
+                "CREATE TABLE IF NOT EXISTS fencepost_bench.counter (id int PRIMARY KEY, n bigint NOT NULL);
+                 INSERT INTO fencepost_bench.counter VALUES (1, 0) ON CONFLICT DO NOTHING;",
+            )?;
+            Ok((
+                client.prepare("SELECT 1")?,
+                client.prepare("UPDATE fencepost_bench.counter SET n = n + 1 WHERE id = 1")?,
+            ))
+        })
+        .unwrap();
+    let lease = match coordinator.acquire("bench-renew", "bench", 3_600_000) {
+        Ok(lease) => lease,
+        Err(LeaseError::Held { epoch, .. }) => coordinator
+            .renew("bench-renew", "bench", epoch, 3_600_000)
+            .unwrap(),
+        Err(other) => panic!("{other}"),
+    };
+    let select_1 = || {
+        coordinator
+            .with_connection(|client: &mut driver::Client| client.query_one(&select, &[]))
+            .unwrap();
+    };
+    let bare_update = || {
+        coordinator
+            .with_connection(|client| client.execute(&update, &[]))
+            .unwrap();
+    };
+    let renew = || {
+        coordinator
+            .renew(&lease.agent_id, &lease.holder, lease.epoch, 3_600_000)
+            .unwrap();
+    };
+
+    let mut group = criterion.benchmark_group("postgres");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("select_1", |bencher| {
+        bencher.iter_custom(|iterations| timed(iterations, &[&renew, &bare_update], &select_1))
+    });
+    group.bench_function("renew", |bencher| {
+        bencher.iter_custom(|iterations| timed(iterations, &[&select_1, &bare_update], &renew))
+    });
+    group.bench_function("bare_update", |bencher| {
+        bencher.iter_custom(|iterations| timed(iterations, &[&select_1, &renew], &bare_update))
+    });
+    // For comparison only: the same renew on a session that does not wait for the WAL flush
+    // (`synchronous_commit = off`), which the coordinator never sets (a renewal lost in a crash
+    // would shorten a lease its holder believes it has).
+    let unflushed = self::coordinator(&url);
+    unflushed
+        .with_connection(|client| client.batch_execute("SET synchronous_commit = off"))
+        .unwrap();
+    let renew_unflushed = || {
+        unflushed
+            .renew(&lease.agent_id, &lease.holder, lease.epoch, 3_600_000)
+            .unwrap();
+    };
+    group.bench_function("renew_without_wal_flush", |bencher| {
+        bencher.iter_custom(|iterations| timed(iterations, &[&select_1, &renew], &renew_unflushed))
+    });
+    group.finish();
+
+    const THREADS: usize = 8;
+    let contenders: Vec<_> = (0..THREADS).map(|_| self::coordinator(&url)).collect();
+    let mut group = criterion.benchmark_group("postgres_contention");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("acquire_8_way", |bencher| {
+        bencher.iter_custom(|iterations| {
+            let per_thread = iterations.div_ceil(THREADS as u64);
+            let started = Instant::now();
+            std::thread::scope(|scope| {
+                for (index, contender) in contenders.iter().enumerate() {
+                    scope.spawn(move || {
+                        let device = format!("contender-{index}");
+                        for _ in 0..per_thread {
+                            match contender.acquire("bench-contended", &device, 60_000) {
+                                Ok(lease) => contender
+                                    .release("bench-contended", &device, lease.epoch)
+                                    .unwrap(),
+                                Err(LeaseError::Held { .. }) => {}
+                                Err(other) => panic!("{other}"),
+                            }
+                        }
+                    });
+                }
+            });
+            started
+                .elapsed()
+                .mul_f64(iterations as f64 / (per_thread * THREADS as u64) as f64)
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, benchmarks);
+criterion_main!(benches);
