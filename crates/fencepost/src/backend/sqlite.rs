@@ -63,9 +63,10 @@ impl Default for SqliteConfig {
 /// * One table, `fencepost_leases`, one row per agent: holder, epoch, expiry, epoch floor.
 /// * Write-ahead log, `synchronous = FULL`: a granted epoch is on disk before `acquire` returns,
 ///   so a crash (of the process or of the machine) never lets an epoch be granted twice.
-/// * Every write is a `BEGIN IMMEDIATE` transaction that reads the coordinator clock only once it
-///   holds the write lock (so each operation takes effect at one instant of that clock); `renew` is
-///   one `UPDATE … RETURNING` statement in it. Writers in other processes wait up to
+/// * Every operation is a `BEGIN IMMEDIATE` transaction that reads the coordinator clock only once
+///   it holds the write lock (so each operation takes effect at one instant of that clock); `renew`
+///   is one `UPDATE … RETURNING` statement in it. `current` takes the lock too, so that it never
+///   returns the state a write in flight is replacing. Writers in other processes wait up to
 ///   [`SqliteConfig::busy_timeout_ms`].
 /// * The coordinator clock is the injected [`WallClock`]: every process that shares the file must
 ///   use the same clock (the system clock of the one host).
@@ -420,9 +421,15 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
 
     fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
-        let connection = self.lock();
-        let row =
-            Self::read_row(&connection, agent_id).map_err(|error| sqlite_failure("current", error, false))?;
+        let mut connection = self.lock();
+        // A write transaction, though it writes nothing: a plain read would not wait for a write
+        // that has read the clock but not yet committed, and could return the state that write
+        // replaces after the clock had moved on (the linearizability check found it). Nothing is
+        // written, so ending it (a rollback) syncs nothing.
+        let (transaction, _) = self.begin_write(&mut connection, "current")?;
+        let row = Self::read_row(&transaction, agent_id)
+            .map_err(|error| sqlite_failure("current", error, false))?;
+        drop(transaction);
         match row {
             Some((Some(holder), epoch, expires_at_ms, _)) => Ok(Some(Lease {
                 agent_id: agent_id.to_owned(),
