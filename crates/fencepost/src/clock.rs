@@ -28,6 +28,15 @@ pub fn system_clock() -> WallClock {
     })
 }
 
+/// A monotonic clock in milliseconds since its first read in this process (from
+/// [`std::time::Instant`]): for measuring durations, such as how long ago a lease was renewed, where
+/// the wall clock could step. Like [`system_clock`], for callers at the edge.
+pub fn monotonic_clock() -> WallClock {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    Arc::new(move || u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A clock that moves only when told to: for tests and the simulator.
 ///
 /// Clones share one time, across threads.

@@ -16,6 +16,8 @@ pub enum IdKind {
     Agent,
     /// A device id: the site that writes one op log.
     Device,
+    /// A run id: one side effect, the unit the ledger's oracle answers for.
+    Run,
 }
 
 impl std::fmt::Display for IdKind {
@@ -23,6 +25,7 @@ impl std::fmt::Display for IdKind {
         formatter.write_str(match self {
             IdKind::Agent => "agent id",
             IdKind::Device => "device id",
+            IdKind::Run => "run id",
         })
     }
 }

@@ -121,10 +121,12 @@ pub mod backend;
 pub mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod dispatch;
 pub mod fence;
 pub mod fold;
 mod hex;
 pub mod id;
+pub mod keeper;
 pub mod lease;
 pub mod oplog;
 pub mod relay;
