@@ -505,13 +505,22 @@ pub struct StaleToken {
 /// does the same check in its own storage, atomically with the write.
 #[derive(Debug)]
 pub struct FencedResource<T> {
-    inner: Mutex<(BTreeMap<String, u64>, Vec<(FencingToken, T)>)>,
+    inner: Mutex<ResourceState<T>>,
+}
+
+#[derive(Debug)]
+struct ResourceState<T> {
+    highest_epoch: BTreeMap<String, u64>,
+    applied: Vec<(FencingToken, T)>,
 }
 
 impl<T> Default for FencedResource<T> {
     fn default() -> Self {
         Self {
-            inner: Mutex::new((BTreeMap::new(), Vec::new())),
+            inner: Mutex::new(ResourceState {
+                highest_epoch: BTreeMap::new(),
+                applied: Vec::new(),
+            }),
         }
     }
 }
@@ -528,7 +537,7 @@ impl<T: Clone> FencedResource<T> {
     /// [`StaleToken`]: nothing applied.
     pub fn apply(&self, token: &FencingToken, effect: T) -> Result<(), StaleToken> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let highest = inner.0.entry(token.agent_id.clone()).or_insert(0);
+        let highest = inner.highest_epoch.entry(token.agent_id.clone()).or_insert(0);
         if token.epoch < *highest {
             return Err(StaleToken {
                 agent_id: token.agent_id.clone(),
@@ -537,7 +546,7 @@ impl<T: Clone> FencedResource<T> {
             });
         }
         *highest = token.epoch;
-        inner.1.push((token.clone(), effect));
+        inner.applied.push((token.clone(), effect));
         Ok(())
     }
 
@@ -546,13 +555,13 @@ impl<T: Clone> FencedResource<T> {
         self.inner
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .1
+            .applied
             .clone()
     }
 
     /// The highest epoch seen for `agent_id` (0 if none).
     pub fn highest_epoch(&self, agent_id: &str) -> u64 {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.0.get(agent_id).copied().unwrap_or(0)
+        inner.highest_epoch.get(agent_id).copied().unwrap_or(0)
     }
 }

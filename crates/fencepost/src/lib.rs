@@ -12,7 +12,9 @@
 //!   and "am I still the holder at epoch N?".
 //!
 //! Modules: [`clock`], [`run_id`], [`oplog`] and [`relay`] carry records between sites; [`lease`]
-//! (the coordinator and the intent vocabulary), [`fold`] and [`fence`] decide what may run.
+//! (the coordinator and the intent vocabulary), [`fold`] and [`fence`] decide what may run;
+//! [`keeper`] holds a lease alive and [`dispatch`] runs one effect under the whole protocol (the
+//! call an agent runtime makes; its docs have a runnable runtime loop).
 //!
 //! ## A tour
 //!
@@ -112,7 +114,8 @@
 //! ## Principles
 //!
 //! * The core does no I/O and never reads the clock or a random source; only [`relay::FsRelay`],
-//!   the database coordinators in [`backend`] and the CLI touch the outside world.
+//!   the database coordinators in [`backend`], the keeper's renewal thread and the CLI touch the
+//!   outside world.
 //! * Bad input gets a clear error, never a panic: ids are checked by [`id::validate_id`] (rule L8),
 //!   records by [`oplog::verify_log`], relay files line by line.
 #![warn(missing_docs)]

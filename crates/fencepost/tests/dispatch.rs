@@ -1,0 +1,358 @@
+//! Guarded dispatch across sites: once-only execution through the ledger's oracle, zombies at the
+//! fence and at a resource that checks tokens, in-doubt runs after a fail-over.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use fencepost::clock::ManualClock;
+use fencepost::dispatch::{dispatch, DispatchError, DispatchOutcome, FencedResource, Ledger, StaleToken};
+use fencepost::keeper::{KeeperClock, KeeperConfig, LeaseKeeper};
+use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
+use fencepost::oplog::OpRecord;
+use fencepost::relay::{Frontier, InMemoryRelay, PullBatch, PushReport, Relay, RelayError};
+
+const START_MS: u64 = 1_000_000;
+const TTL_MS: u64 = 1_000;
+
+/// A relay that can be cut off: pushes fail while `partitioned` is set.
+struct Partitionable {
+    inner: InMemoryRelay,
+    partitioned: AtomicBool,
+}
+
+impl Relay for Partitionable {
+    fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
+        if self.partitioned.load(Ordering::SeqCst) {
+            return Err(RelayError::Io {
+                operation: "push to",
+                path: "partitioned".into(),
+                source: std::io::Error::other("the network is partitioned"),
+            });
+        }
+        self.inner.push(ops)
+    }
+    fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError> {
+        self.inner.pull(since)
+    }
+}
+
+/// Two sites, a shared coordinator (with its own clock) and a shared relay.
+struct World {
+    coordinator_clock: ManualClock,
+    coordinator: Arc<InMemoryLeaseCoordinator>,
+    relay: Arc<Partitionable>,
+}
+
+impl World {
+    fn new() -> Self {
+        let coordinator_clock = ManualClock::new(START_MS);
+        Self {
+            coordinator: Arc::new(InMemoryLeaseCoordinator::new(coordinator_clock.wall_clock())),
+            coordinator_clock,
+            relay: Arc::new(Partitionable {
+                inner: InMemoryRelay::new(),
+                partitioned: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn ledger(&self, device: &str) -> Ledger {
+        Ledger::open(device, self.coordinator_clock.wall_clock(), self.relay.clone()).unwrap()
+    }
+
+    /// A keeper for `device` whose own clock is `clock` (a paused site's clock does not move).
+    fn keeper(&self, device: &str, clock: &ManualClock, ledger: &Ledger) -> LeaseKeeper {
+        LeaseKeeper::builder(self.coordinator.clone(), "milo", device)
+            .config(KeeperConfig::new(TTL_MS))
+            .clock(KeeperClock::manual(clock))
+            .ledger_epoch(ledger.state().fencing_epoch("milo"))
+            .acquire()
+            .unwrap()
+    }
+}
+
+fn counting(
+    counter: &AtomicUsize,
+) -> impl FnOnce(&fencepost::dispatch::FencingToken) -> Result<u64, String> + '_ {
+    move |token| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Ok(token.epoch)
+    }
+}
+
+#[test]
+fn dispatch_runs_a_run_once_across_two_sites_that_share_a_coordinator_and_exchange_ledgers() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
+    let laptop_keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    let outcome = dispatch(&laptop_keeper, &mut laptop, "run-1", counting(&effects)).unwrap();
+    assert_eq!(
+        outcome,
+        DispatchOutcome::Executed {
+            epoch: 1,
+            result: Ok(1)
+        }
+    );
+    // Again on the same site: the oracle refuses, nothing is written.
+    let again = dispatch(&laptop_keeper, &mut laptop, "run-1", counting(&effects)).unwrap();
+    assert!(matches!(again, DispatchOutcome::AlreadyCommitted { .. }));
+    laptop_keeper.shutdown().unwrap();
+
+    phone.sync().unwrap();
+    let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
+    assert_eq!(phone_keeper.epoch(), 2);
+    assert_eq!(
+        phone.in_doubt("milo", 2),
+        vec![],
+        "the laptop finished what it started"
+    );
+    let elsewhere = dispatch(&phone_keeper, &mut phone, "run-1", counting(&effects)).unwrap();
+    assert!(matches!(elsewhere, DispatchOutcome::AlreadyCommitted { .. }));
+    let new_run = dispatch(&phone_keeper, &mut phone, "run-2", counting(&effects)).unwrap();
+    assert_eq!(
+        new_run,
+        DispatchOutcome::Executed {
+            epoch: 2,
+            result: Ok(2)
+        }
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 2, "run-1 once, run-2 once");
+    laptop.sync().unwrap();
+    assert_eq!(
+        laptop.state().state_hash(),
+        phone.state().state_hash(),
+        "both sites fold the same state"
+    );
+}
+
+#[test]
+fn dispatch_runs_once_when_the_commit_reaches_the_successor_only_after_it_acquired() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
+    let laptop_keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    // The laptop acts, then the relay is cut before its commit can be pushed.
+    let outcome = dispatch(&laptop_keeper, &mut laptop, "run-1", |token| {
+        effects.fetch_add(1, Ordering::SeqCst);
+        world.relay.partitioned.store(true, Ordering::SeqCst);
+        Ok::<_, String>(token.epoch)
+    })
+    .unwrap();
+    assert!(outcome.executed());
+    assert_eq!(laptop.unsent(), 1, "the commit waits for the relay");
+    laptop_keeper.shutdown().unwrap();
+
+    // The phone takes over and sees only the laptop's pending: the run is in doubt.
+    phone.sync().unwrap();
+    let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
+    let in_doubt = phone.in_doubt("milo", phone_keeper.epoch());
+    assert_eq!(in_doubt.len(), 1);
+    assert_eq!(
+        (
+            in_doubt[0].run_id.as_str(),
+            in_doubt[0].epoch,
+            in_doubt[0].device_id.as_str()
+        ),
+        ("run-1", 1, "laptop")
+    );
+
+    // The relay heals; the commit arrives after the phone acquired; the phone's dispatch refuses.
+    world.relay.partitioned.store(false, Ordering::SeqCst);
+    assert_eq!(laptop.sync().unwrap().pushed, 1);
+    phone.sync().unwrap();
+    assert_eq!(phone.in_doubt("milo", phone_keeper.epoch()), vec![]);
+    let outcome = dispatch(&phone_keeper, &mut phone, "run-1", counting(&effects)).unwrap();
+    assert!(matches!(outcome, DispatchOutcome::AlreadyCommitted { .. }));
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "executed once");
+}
+
+#[test]
+fn dispatch_refuses_a_zombie_paused_past_its_ttl_at_the_fence() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
+    // The laptop's process is paused: its own clock stands still, so it still believes it holds.
+    let paused = ManualClock::new(0);
+    let zombie = world.keeper("laptop", &paused, &laptop);
+    world.coordinator_clock.advance(TTL_MS);
+    let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
+    assert!(dispatch(&phone_keeper, &mut phone, "run-2", counting(&effects))
+        .unwrap()
+        .executed());
+
+    // The laptop resumes and dispatches: refused at the fence, the effect never runs.
+    assert!(zombie.holds(), "the zombie believes it holds");
+    let outcome = dispatch(&zombie, &mut laptop, "run-3", counting(&effects)).unwrap();
+    assert_eq!(
+        outcome,
+        DispatchOutcome::StaleEpoch {
+            claimed_epoch: 1,
+            current_epoch: 2,
+            current_holder: "phone".into()
+        }
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "only the phone's run ran");
+    let record = laptop.state().intent("milo", "run-3").unwrap();
+    assert_eq!(
+        (record.status, record.epoch),
+        (IntentStatus::Failed, 1),
+        "the refusal is recorded"
+    );
+}
+
+#[test]
+fn dispatch_a_zombie_that_passed_the_fence_before_pausing_is_rejected_by_a_fenced_resource() {
+    let world = World::new();
+    let resource: FencedResource<&str> = FencedResource::new();
+    let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
+    let zombie = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    let outcome = dispatch(&zombie, &mut laptop, "charge-1", |token| {
+        // Past the fence, the laptop pauses; meanwhile its lease expires and the phone acts.
+        world.coordinator_clock.advance(TTL_MS);
+        let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
+        let phone_outcome = dispatch(&phone_keeper, &mut phone, "charge-2", |token| {
+            resource.apply(token, "phone")
+        });
+        assert!(phone_outcome.unwrap().executed());
+        phone_keeper.shutdown().unwrap();
+        // The laptop resumes and writes with its old token.
+        resource.apply(token, "laptop")
+    })
+    .unwrap();
+    match outcome {
+        DispatchOutcome::Executed {
+            epoch: 1,
+            result:
+                Err(StaleToken {
+                    epoch: 1,
+                    highest_epoch: 2,
+                    ..
+                }),
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    let applied: Vec<_> = resource
+        .applied()
+        .into_iter()
+        .map(|(token, who)| (token.epoch, who))
+        .collect();
+    assert_eq!(applied, vec![(2, "phone")], "the resource rejected the zombie");
+    let record = laptop.state().intent("milo", "charge-1").unwrap();
+    assert_eq!(
+        record.status,
+        IntentStatus::Failed,
+        "the failed effect is recorded as failed"
+    );
+}
+
+#[test]
+fn dispatch_lists_in_doubt_runs_after_a_fail_over_and_a_retry_settles_them() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
+    let laptop_keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    assert!(dispatch(&laptop_keeper, &mut laptop, "done", counting(&effects))
+        .unwrap()
+        .executed());
+    // The laptop writes its pending for "charge-7" and dies before it knows the outcome.
+    laptop
+        .record(&Intent::new(
+            "charge-7",
+            "milo",
+            laptop_keeper.epoch(),
+            IntentStatus::Pending,
+        ))
+        .unwrap();
+    laptop.flush().unwrap();
+    drop(laptop);
+    world.coordinator_clock.advance(TTL_MS); // its lease runs out; no release
+    let laptop_epoch = laptop_keeper.epoch();
+    std::mem::forget(laptop_keeper); // a dead process neither renews nor releases
+
+    phone.sync().unwrap();
+    let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
+    let in_doubt = phone.in_doubt("milo", phone_keeper.epoch());
+    let runs: Vec<_> = in_doubt
+        .iter()
+        .map(|run| (run.run_id.as_str(), run.epoch, run.device_id.as_str()))
+        .collect();
+    assert_eq!(
+        runs,
+        vec![("charge-7", laptop_epoch, "laptop")],
+        "only the unfinished run"
+    );
+    // The phone retries it under its own epoch (the resource dedupes by run id).
+    let retried = dispatch(&phone_keeper, &mut phone, "charge-7", counting(&effects)).unwrap();
+    assert_eq!(
+        retried,
+        DispatchOutcome::Executed {
+            epoch: 2,
+            result: Ok(2)
+        }
+    );
+    assert_eq!(phone.in_doubt("milo", phone_keeper.epoch()), vec![]);
+    // The laptop's log is continued, not forked, when it comes back.
+    let mut back = world.ledger("laptop");
+    back.sync().unwrap();
+    assert!(back.state().committed_run("milo", "charge-7").is_some());
+}
+
+#[test]
+fn dispatch_refuses_to_write_below_the_known_fencing_epoch_and_checks_its_input() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    let mut laptop = world.ledger("laptop");
+    // The ledger has seen epoch 5; the keeper was started without raising the floor from it.
+    laptop
+        .record(&Intent::new("old", "milo", 5, IntentStatus::Committed))
+        .unwrap();
+    let keeper = LeaseKeeper::builder(world.coordinator.clone(), "milo", "laptop")
+        .config(KeeperConfig::new(TTL_MS))
+        .clock(KeeperClock::manual(&ManualClock::new(0)))
+        .acquire()
+        .unwrap();
+    let unsent = laptop.unsent();
+    let refused = dispatch(&keeper, &mut laptop, "run-1", counting(&effects));
+    assert!(
+        matches!(
+            refused,
+            Err(DispatchError::BelowFencingEpoch {
+                epoch: 1,
+                fencing_epoch: 5,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(laptop.unsent(), unsent, "nothing written");
+    let bad = dispatch(&keeper, &mut laptop, "run\u{1}", counting(&effects));
+    assert!(matches!(bad, Err(DispatchError::InvalidId(_))), "L8: {bad:?}");
+    let mut phone = world.ledger("phone");
+    let mismatch = dispatch(&keeper, &mut phone, "run-1", counting(&effects));
+    assert!(matches!(mismatch, Err(DispatchError::DeviceMismatch { .. })));
+    assert_eq!(effects.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn dispatch_runs_nothing_when_the_pending_cannot_be_shared_or_the_lease_is_gone() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    let mut laptop = world.ledger("laptop");
+    let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    world.relay.partitioned.store(true, Ordering::SeqCst);
+    let cut_off = dispatch(&keeper, &mut laptop, "run-1", counting(&effects));
+    assert!(matches!(cut_off, Err(DispatchError::Relay(_))), "{cut_off:?}");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        0,
+        "no effect before its pending is shared"
+    );
+    world.relay.partitioned.store(false, Ordering::SeqCst);
+
+    keeper.shutdown().unwrap();
+    let outcome = dispatch(&keeper, &mut laptop, "run-1", counting(&effects)).unwrap();
+    assert_eq!(outcome, DispatchOutcome::NotHeld { claimed_epoch: 1 });
+    assert_eq!(effects.load(Ordering::SeqCst), 0);
+    assert_eq!(world.coordinator.current("milo").unwrap(), None);
+}
