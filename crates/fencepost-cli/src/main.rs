@@ -1,9 +1,28 @@
-//! The `fencepost` command.
-//!
-//! For now it answers `--help` and `--version`; the `run`, `lease`, `ledger` and `simulate`
-//! subcommands arrive with the library pieces they drive.
+//! The `fencepost` command: run a command once across hosts, manage leases, inspect the ledger.
 
-use clap::Parser;
+mod commands;
+mod settings;
+
+use clap::{Parser, Subcommand};
+
+use crate::settings::{Global, Settings};
+
+/// Ran the command, and it succeeded.
+pub const EXIT_RAN_OK: i32 = 0;
+/// Ran the command, and it failed (or `ledger verify` found damage).
+pub const EXIT_RAN_FAILED: i32 = 1;
+/// A malformed command line.
+pub const EXIT_USAGE: i32 = 2;
+/// Did not run: this occurrence already committed (here or on another host).
+pub const EXIT_ALREADY_COMMITTED: i32 = 3;
+/// Did not run: another host holds the agent's lease.
+pub const EXIT_HELD_ELSEWHERE: i32 = 4;
+/// Did not run: an earlier attempt of this occurrence started and never recorded an outcome.
+pub const EXIT_IN_DOUBT: i32 = 5;
+/// Did not run: the lease was lost (taken, or the coordinator was unreachable too long).
+pub const EXIT_LEASE_LOST: i32 = 6;
+/// An error: unreachable coordinator, unusable ledger folder, bad settings.
+pub const EXIT_ERROR: i32 = 10;
 
 /// Run each side effect once across hosts: execution leases with fencing tokens, a convergent
 /// intent ledger and a dispatch fence.
@@ -13,24 +32,110 @@ use clap::Parser;
 /// records intents in a hash-chained ledger that every host folds the same way, and checks, right
 /// before acting, that the run has not committed elsewhere and that this host still holds the
 /// agent's lease at its epoch.
+///
+/// Where state lives: --coordinator (leases; sqlite:PATH on one host, a postgres:// URL for
+/// many), --ledger (a folder every host shares, e.g. a synced folder) and --device (this host).
+/// Each can also come from FENCEPOST_COORDINATOR, FENCEPOST_LEDGER, FENCEPOST_DEVICE or a config
+/// file; the defaults live in the user's data directory.
 #[derive(Debug, Parser)]
 #[command(name = "fencepost", version, about, long_about)]
-struct Cli {}
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a command once per occurrence across every host that runs the same line.
+    #[command(
+        long_about = "Run a command once per occurrence across every host that runs the same line.\n\n\
+The occurrence is named by --agent, --intent and --salt (for example the date of a daily job): \
+every host computes the same run id. fencepost takes the agent's lease, reads the ledger, and runs \
+the command only if no host has committed this run and this host holds the lease. The command \
+sees FENCEPOST_AGENT, FENCEPOST_RUN_ID, FENCEPOST_EPOCH (the fencing token: pass it to services \
+that can reject stale writers) and FENCEPOST_DEVICE. Its exit status is recorded as committed \
+(0) or failed (anything else); then the lease is released.",
+        after_help = "Exit status:\n  \
+0   ran, and the command succeeded\n  \
+1   ran, and the command failed\n  \
+2   usage error\n  \
+3   not run: this occurrence already committed (here or on another host)\n  \
+4   not run: another host holds the agent's lease (see --wait)\n  \
+5   not run: in doubt, an earlier attempt started and never recorded an outcome (its host \
+may have died mid-command); check whether the effect happened, then rerun with --retry-in-doubt, \
+or record it with `fencepost ledger resolve`\n  \
+6   not run: the lease was lost before the command could start\n  \
+10  error (unreachable coordinator, unusable ledger folder, bad settings)\n\n\
+Example, the same line in the crontab of three hosts that share a synced ledger folder:\n  \
+0 9 * * * fencepost run --agent reports --intent 'daily report' --salt \"$(date +\\%F)\" --wait 2m -- ./send-report.sh"
+    )]
+    Run(commands::RunArgs),
+    /// Inspect and operate leases directly (acquire, renew, release, current, list).
+    Lease {
+        #[command(subcommand)]
+        command: commands::LeaseCommand,
+    },
+    /// Inspect the ledger folder: agents, runs, in-doubt runs, damaged files.
+    Ledger {
+        #[command(subcommand)]
+        command: commands::LedgerCommand,
+    },
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
 
 fn main() {
-    let Cli {} = Cli::parse();
-    // No subcommand exists yet: say what to do instead of silently succeeding.
-    eprintln!("fencepost: no command given; see `fencepost --help`");
-    std::process::exit(2);
+    let cli = Cli::parse();
+    init_tracing(cli.global.verbose);
+    let outcome = Settings::resolve(&cli.global).and_then(|settings| match cli.command {
+        Command::Run(args) => commands::run(&settings, args),
+        Command::Lease { command } => commands::lease(&settings, command),
+        Command::Ledger { command } => commands::ledger(&settings, command),
+    });
+    match outcome {
+        Ok(code) => std::process::exit(code),
+        Err(error) => {
+            eprintln!("fencepost: {error:#}");
+            std::process::exit(EXIT_ERROR);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::parse_duration_ms;
     use clap::CommandFactory;
 
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn cli_durations_take_units_and_refuse_nonsense() {
+        assert_eq!(parse_duration_ms("500ms"), Ok(500));
+        assert_eq!(parse_duration_ms("30s"), Ok(30_000));
+        assert_eq!(parse_duration_ms("2m"), Ok(120_000));
+        assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
+        assert_eq!(parse_duration_ms("45"), Ok(45_000));
+        assert!(parse_duration_ms("soon").is_err());
+        assert!(parse_duration_ms("5 parsecs").is_err());
+        assert!(parse_duration_ms("99999999999999999999h").is_err());
     }
 }

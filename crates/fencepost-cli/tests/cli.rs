@@ -29,12 +29,30 @@ fn cli_version_prints_the_crate_version() {
 }
 
 #[test]
-fn cli_without_a_command_fails_with_a_pointer_to_help() {
+fn cli_without_a_command_is_a_usage_error_that_lists_the_commands() {
     let output = fencepost(&[]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8(output.stderr)
-        .unwrap()
-        .contains("fencepost --help"));
+    let text = String::from_utf8(output.stderr).unwrap();
+    for command in ["run", "lease", "ledger"] {
+        assert!(text.contains(command), "{text}");
+    }
+}
+
+#[test]
+fn cli_run_help_documents_every_exit_status() {
+    let output = fencepost(&["run", "--help"]);
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    for line in [
+        "0   ran, and the command succeeded",
+        "3   not run: this occurrence already committed",
+        "4   not run: another host holds",
+        "5   not run: in doubt",
+        "10  error",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from: {text}");
+    }
+    assert!(text.contains("FENCEPOST_EPOCH"), "{text}");
 }
 
 #[test]

@@ -484,6 +484,30 @@ impl PostgresLeaseCoordinator {
         .map_err(|error| self.explain("migrate", error, false))
     }
 
+    /// Every lease with a holder (expired or not), in agent order: what an operator lists.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] when the table cannot be read.
+    pub fn list(&self) -> Result<Vec<Lease>, LeaseError> {
+        let statement = format!(
+            "SELECT agent_id, holder, epoch, expires_at_ms FROM {}.leases WHERE holder IS NOT NULL ORDER BY agent_id",
+            quote_identifier(&self.config.schema)
+        );
+        let rows = self
+            .with_session(|session| session.client.query(&statement, &[]))
+            .map_err(|error| self.explain("list", error, false))?;
+        rows.iter()
+            .map(|row| {
+                Ok(Lease {
+                    agent_id: row.get(0),
+                    holder: row.get(1),
+                    epoch: stored(row.get(2), "epoch")?,
+                    expires_at_ms: stored(row.get(3), "expires_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
     /// Runs `work` in one transaction that commits only if `device_id` holds `agent_id`'s lease at
     /// `epoch` — the **transactional fence**.
     ///

@@ -36,6 +36,12 @@ const SELECT_ROW: &str = concat!(
 const GRANT: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, ?2, ?3, ?4, 0) ON CONFLICT (agent_id) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch, expires_at_ms = excluded.expires_at_ms");
 /// Extends the expiry for the holder at its epoch, and returns the row either way (`renew`).
 const RENEW: &str = concat!("UPDATE ", table!(), " SET expires_at_ms = CASE WHEN holder = ?2 AND epoch = ?3 THEN ?4 ELSE expires_at_ms END WHERE agent_id = ?1 RETURNING holder, epoch, expires_at_ms");
+/// Every held lease, for operators (`list`).
+const LIST: &str = concat!(
+    "SELECT agent_id, holder, epoch, expires_at_ms FROM ",
+    table!(),
+    " WHERE holder IS NOT NULL ORDER BY agent_id"
+);
 /// Clears the holder (`release`, after the transaction checked holder and epoch).
 const RELEASE: &str = concat!("UPDATE ", table!(), " SET holder = NULL WHERE agent_id = ?1");
 /// Raises the epoch floor, creating the row if needed.
@@ -260,6 +266,39 @@ impl SqliteLeaseCoordinator {
     /// the caller's tables in the same file). Do not write the `fencepost_leases` table.
     pub fn with_connection<R>(&self, work: impl FnOnce(&Connection) -> R) -> R {
         work(&self.lock())
+    }
+
+    /// Every lease with a holder (expired or not), in agent order: what an operator lists.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] when the database cannot be read.
+    pub fn list(&self) -> Result<Vec<Lease>, LeaseError> {
+        let connection = self.lock();
+        let rows = connection
+            .prepare_cached(LIST)
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, i64>(2)?,
+                            row.get::<_, i64>(3)?,
+                        ))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|error| sqlite_failure("list", error, false))?;
+        rows.into_iter()
+            .map(|(agent_id, holder, epoch, expires_at_ms)| {
+                Ok(Lease {
+                    agent_id,
+                    holder,
+                    epoch: stored(epoch, "epoch")?,
+                    expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+                })
+            })
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {

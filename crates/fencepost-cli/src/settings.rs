@@ -1,0 +1,252 @@
+//! Where state lives: the coordinator, the ledger folder and this host's device id, from flags,
+//! environment variables, a config file and defaults, in that order.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use fencepost::backend::sqlite::SqliteLeaseCoordinator;
+use fencepost::clock::system_clock;
+use fencepost::id::{validate_id, IdKind};
+use fencepost::lease::{Lease, LeaseCoordinator, LeaseError};
+use fencepost::relay::FsRelay;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// The global options every command shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Global {
+    /// Where leases live: `sqlite:PATH` (one host; the default is `sqlite:<data dir>/leases.db`)
+    /// or a `postgres://` URL (many hosts).
+    #[arg(long, global = true, env = "FENCEPOST_COORDINATOR", value_name = "SPEC")]
+    pub coordinator: Option<String>,
+    /// The ledger folder (an `FsRelay`: one file per device). May be a synced folder shared by
+    /// every host. Default: `<data dir>/ledger`.
+    #[arg(long, global = true, env = "FENCEPOST_LEDGER", value_name = "DIR")]
+    pub ledger: Option<PathBuf>,
+    /// This host's device id. Default: the host name and a hash of the machine id, stable across
+    /// runs.
+    #[arg(long, global = true, env = "FENCEPOST_DEVICE", value_name = "ID")]
+    pub device: Option<String>,
+    /// A TOML file with `coordinator`, `ledger` and `device` keys, used where a flag or variable
+    /// does not say. Default: `<config dir>/fencepost/config.toml` when it exists.
+    #[arg(long, global = true, env = "FENCEPOST_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// More log output on stderr (`-v` info, `-vv` debug); `RUST_LOG` works too.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    coordinator: Option<String>,
+    ledger: Option<PathBuf>,
+    device: Option<String>,
+}
+
+/// The resolved settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub coordinator: String,
+    pub ledger: PathBuf,
+    /// Whether the ledger folder was named (flag, variable, file): a named folder must exist.
+    pub ledger_named: bool,
+    pub device: String,
+}
+
+fn data_dir() -> Result<PathBuf> {
+    dirs::data_dir()
+        .map(|dir| dir.join("fencepost"))
+        .context("cannot find a data directory (no HOME?): pass --coordinator and --ledger")
+}
+
+impl Settings {
+    pub fn resolve(global: &Global) -> Result<Self> {
+        let file = read_config(global.config.as_deref())?;
+        let coordinator = match global.coordinator.clone().or(file.coordinator) {
+            Some(spec) => spec,
+            None => format!("sqlite:{}", data_dir()?.join("leases.db").display()),
+        };
+        let (ledger, ledger_named) = match global.ledger.clone().or(file.ledger) {
+            Some(dir) => (dir, true),
+            None => (data_dir()?.join("ledger"), false),
+        };
+        let device = match global.device.clone().or(file.device) {
+            Some(device) => device,
+            None => default_device()?,
+        };
+        validate_id(IdKind::Device, &device).with_context(|| format!("device id {device:?}"))?;
+        Ok(Self {
+            coordinator,
+            ledger,
+            ledger_named,
+            device,
+        })
+    }
+
+    /// Opens the ledger folder: a named one must exist; the default one is created.
+    pub fn relay(&self) -> Result<FsRelay> {
+        if self.ledger_named {
+            if !self.ledger.is_dir() {
+                bail!(
+                    "ledger folder {} does not exist: create it (mkdir -p {}), or point --ledger at the folder every host shares",
+                    self.ledger.display(),
+                    self.ledger.display()
+                );
+            }
+        } else {
+            std::fs::create_dir_all(&self.ledger)
+                .with_context(|| format!("cannot create the ledger folder {}", self.ledger.display()))?;
+        }
+        FsRelay::open(&self.ledger)
+            .with_context(|| format!("cannot open the ledger folder {}", self.ledger.display()))
+    }
+
+    /// Connects to the coordinator.
+    pub fn coordinator(&self) -> Result<Arc<Backend>> {
+        Backend::open(&self.coordinator).map(Arc::new)
+    }
+}
+
+fn read_config(named: Option<&Path>) -> Result<ConfigFile> {
+    let path = match named {
+        Some(path) => path.to_path_buf(),
+        None => match dirs::config_dir().map(|dir| dir.join("fencepost").join("config.toml")) {
+            Some(path) if path.is_file() => path,
+            _ => return Ok(ConfigFile::default()),
+        },
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+}
+
+/// The host name and 8 hex digits of a hash of the machine id: stable for the machine, and not the
+/// machine id itself.
+fn default_device() -> Result<String> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty());
+    let machine = std::fs::read_to_string("/etc/machine-id")
+        .or_else(|_| std::fs::read_to_string("/var/lib/dbus/machine-id"))
+        .ok()
+        .map(|id| id.trim().to_owned())
+        .filter(|id| !id.is_empty());
+    let suffix = machine.map(|id| {
+        let digest = Sha256::digest(id.as_bytes());
+        digest[..4]
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect::<String>()
+    });
+    match (host, suffix) {
+        (Some(host), Some(suffix)) => Ok(format!("{host}-{suffix}")),
+        (Some(host), None) => Ok(host),
+        (None, Some(suffix)) => Ok(format!("host-{suffix}")),
+        (None, None) => bail!("cannot derive a device id (no host name, no machine id): pass --device ID"),
+    }
+}
+
+/// A coordinator named by a `--coordinator` spec.
+pub enum Backend {
+    Sqlite(SqliteLeaseCoordinator),
+    #[cfg(feature = "postgres")]
+    Postgres(Box<fencepost::backend::postgres::PostgresLeaseCoordinator>),
+}
+
+impl Backend {
+    fn open(spec: &str) -> Result<Self> {
+        if let Some(path) = spec.strip_prefix("sqlite:") {
+            let path = PathBuf::from(path);
+            if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+                if !parent.exists() {
+                    if Some(parent) == data_dir().ok().as_deref() {
+                        std::fs::create_dir_all(parent)?;
+                    } else {
+                        bail!(
+                            "the folder of the SQLite coordinator {} does not exist: create it, or pass another --coordinator",
+                            path.display()
+                        );
+                    }
+                }
+            }
+            let coordinator = SqliteLeaseCoordinator::open(&path, system_clock())
+                .with_context(|| format!("cannot open the SQLite coordinator {}", path.display()))?;
+            return Ok(Backend::Sqlite(coordinator));
+        }
+        if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+            #[cfg(feature = "postgres")]
+            {
+                use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
+                let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig::new(spec))
+                    .context("cannot connect to the PostgreSQL coordinator (check the URL, the password, and that the server runs)")?;
+                coordinator
+                    .migrate()
+                    .context("cannot create the fencepost schema (the role needs CREATE on the database, or run it once as its owner)")?;
+                return Ok(Backend::Postgres(Box::new(coordinator)));
+            }
+            #[cfg(not(feature = "postgres"))]
+            bail!("this fencepost was built without PostgreSQL support (feature `postgres`)");
+        }
+        bail!("--coordinator must be sqlite:PATH or a postgres:// URL, not {spec:?}")
+    }
+
+    /// Every lease with a holder, in agent order.
+    pub fn list(&self) -> Result<Vec<Lease>, LeaseError> {
+        match self {
+            Backend::Sqlite(coordinator) => coordinator.list(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(coordinator) => coordinator.list(),
+        }
+    }
+
+    fn inner(&self) -> &dyn LeaseCoordinator {
+        match self {
+            Backend::Sqlite(coordinator) => coordinator,
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(coordinator) => &**coordinator,
+        }
+    }
+}
+
+impl LeaseCoordinator for Backend {
+    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        self.inner().acquire(agent_id, device_id, ttl_ms)
+    }
+    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        self.inner().renew(agent_id, device_id, epoch, ttl_ms)
+    }
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        self.inner().release(agent_id, device_id, epoch)
+    }
+    fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
+        self.inner().current(agent_id)
+    }
+    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
+        self.inner().raise_epoch_floor(agent_id, floor)
+    }
+}
+
+/// Parses a duration: a number with `ms`, `s`, `m` or `h` (a bare number is seconds).
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 30s, 5m or 1h"))?;
+    let scale = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}

@@ -1,0 +1,201 @@
+//! Runs the built `fencepost` binary as hosts sharing a coordinator and a ledger folder.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A coordinator spec and a ledger folder that several "hosts" (processes with their own device
+/// ids) share, and a file the test commands append to.
+pub struct Shared {
+    pub folder: tempfile::TempDir,
+    pub coordinator: String,
+    /// The agent of the daily-report runs (unique per test where the coordinator is shared).
+    pub agent: String,
+}
+
+impl Shared {
+    pub fn sqlite() -> Self {
+        let folder = tempfile::tempdir().unwrap();
+        let coordinator = format!("sqlite:{}", folder.path().join("leases.db").display());
+        Self::with(folder, coordinator, "reports")
+    }
+
+    pub fn with(folder: tempfile::TempDir, coordinator: String, agent: &str) -> Self {
+        std::fs::create_dir(folder.path().join("ledger")).unwrap();
+        Self {
+            folder,
+            coordinator,
+            agent: agent.to_owned(),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.folder.path().join(name)
+    }
+
+    /// `fencepost ARGS` as host `device`, with no config file or data directory of the user's.
+    pub fn command(&self, device: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_fencepost"));
+        command
+            .args(args)
+            .env("FENCEPOST_COORDINATOR", &self.coordinator)
+            .env("FENCEPOST_LEDGER", self.path("ledger"))
+            .env("FENCEPOST_DEVICE", device)
+            .env("HOME", self.folder.path())
+            .env("XDG_DATA_HOME", self.path("data"))
+            .env("XDG_CONFIG_HOME", self.path("config"))
+            .env_remove("FENCEPOST_CONFIG")
+            .env_remove("RUST_LOG");
+        command
+    }
+
+    pub fn run(&self, device: &str, args: &[&str]) -> Output {
+        self.command(device, args).output().unwrap()
+    }
+
+    pub fn spawn(&self, device: &str, args: &[&str]) -> Child {
+        self.command(device, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// The lines the test commands appended to `effects`.
+    pub fn effects(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("effects"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// A `run` of the daily report for `salt`, appending the device to `effects` and sleeping.
+    pub fn report_args(&self, salt: &str, extra: &[&str], sleep: &str) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "run",
+            "--agent",
+            &self.agent,
+            "--intent",
+            "daily report",
+            "--salt",
+            salt,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        args.push("--".into());
+        args.extend(["sh", "-c"].map(str::to_owned));
+        args.push(format!(
+            "echo \"$FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'; sleep {sleep}",
+            self.path("effects").display()
+        ));
+        args
+    }
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Waits until `path` exists (real time, at most 20 s).
+pub fn wait_for_file(path: &Path) {
+    let started = Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Three hosts run the same occurrence at once; returns their exit codes.
+pub fn three_hosts_at_once(shared: &Shared, salt: &str, extra: &[&str]) -> Vec<i32> {
+    let args = shared.report_args(salt, extra, "0.3");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let children: Vec<Child> = ["host-1", "host-2", "host-3"]
+        .iter()
+        .map(|device| shared.spawn(device, &args))
+        .collect();
+    children
+        .into_iter()
+        .map(|child| {
+            let output = child.wait_with_output().unwrap();
+            let code = output.status.code().unwrap();
+            assert!([0, 3, 4].contains(&code), "exit {code}: {}", text(&output.stderr));
+            code
+        })
+        .collect()
+}
+
+/// A host killed with SIGKILL while its command runs leaves the run in doubt; the next host is
+/// told so (exit 5), and runs it again only with --retry-in-doubt.
+pub fn killed_host_leaves_an_in_doubt_run(shared: &Shared, salt: &str) {
+    let pid_file = shared.path("command.pid");
+    let agent = shared.agent.as_str();
+    let mut args = vec![
+        "run",
+        "--agent",
+        agent,
+        "--intent",
+        "daily report",
+        "--salt",
+        salt,
+        "--ttl",
+        "1s",
+        "--",
+    ];
+    let script = format!(
+        "echo $$ > '{}'; echo \"$FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'; exec sleep 60",
+        pid_file.display(),
+        shared.path("effects").display()
+    );
+    args.extend(["sh", "-c", &script]);
+    let mut doomed = shared.spawn("host-1", &args);
+    wait_for_file(&pid_file);
+    doomed.kill().unwrap(); // SIGKILL: no release, no outcome
+    doomed.wait().unwrap();
+    let command_pid = std::fs::read_to_string(&pid_file).unwrap();
+    let _ = Command::new("kill").args(["-9", command_pid.trim()]).status();
+    assert_eq!(
+        shared.effects().len(),
+        1,
+        "the effect happened once, and its host died"
+    );
+
+    let runs = shared.run("host-2", &["ledger", "runs", "--agent", agent]);
+    assert!(runs.status.success(), "{}", text(&runs.stderr));
+    let listing = text(&runs.stdout);
+    assert!(
+        listing.contains("in-doubt") && listing.contains("by host-1"),
+        "{listing}"
+    );
+
+    // The next host waits out the dead host's lease, then is told the run is in doubt.
+    let next = shared.report_args(salt, &["--wait", "10s"], "0");
+    let next: Vec<&str> = next.iter().map(String::as_str).collect();
+    let refused = shared.run("host-2", &next);
+    assert_eq!(refused.status.code(), Some(5), "{}", text(&refused.stderr));
+    let message = text(&refused.stderr);
+    assert!(
+        message.contains("in doubt") && message.contains("--retry-in-doubt"),
+        "{message}"
+    );
+    assert_eq!(shared.effects().len(), 1, "not run again without a decision");
+
+    // The operator decides to run it again.
+    let mut retry = next.clone();
+    retry.insert(1, "--retry-in-doubt");
+    let retried = shared.run("host-2", &retry);
+    assert_eq!(retried.status.code(), Some(0), "{}", text(&retried.stderr));
+    assert_eq!(shared.effects().len(), 2);
+    let runs = text(&shared.run("host-3", &["ledger", "runs", "--agent", agent]).stdout);
+    assert!(runs.contains("committed") && !runs.contains("in-doubt"), "{runs}");
+    // And no host runs it a third time.
+    let again = shared.run("host-3", &next);
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
+}

@@ -1,0 +1,267 @@
+//! `fencepost run`, `lease` and `ledger`, end to end: the built binary as several hosts sharing one
+//! SQLite coordinator and one ledger folder.
+
+mod common;
+
+use common::{killed_host_leaves_an_in_doubt_run, text, three_hosts_at_once, Shared};
+
+#[test]
+fn run_three_hosts_run_the_same_occurrence_and_the_effect_happens_once() {
+    let shared = Shared::sqlite();
+    for (round, salt) in ["2026-11-29", "2026-11-30", "2026-12-01"].iter().enumerate() {
+        // Waiting hosts take the lease after the first and find the run committed (exit 3).
+        let codes = three_hosts_at_once(&shared, salt, &["--wait", "20s"]);
+        assert_eq!(codes.iter().filter(|code| **code == 0).count(), 1, "{codes:?}");
+        assert!(codes.iter().all(|code| [0, 3].contains(code)), "{codes:?}");
+        assert_eq!(shared.effects().len(), round + 1, "once per occurrence");
+    }
+    // Without --wait, the others are refused while the lease is held, or find it committed.
+    let codes = three_hosts_at_once(&shared, "2026-12-02", &[]);
+    assert_eq!(codes.iter().filter(|code| **code == 0).count(), 1, "{codes:?}");
+    assert_eq!(shared.effects().len(), 4);
+    // Every host's epoch is distinct: the lease moved between hosts, never shared.
+    let epochs: std::collections::BTreeSet<String> = shared
+        .effects()
+        .iter()
+        .map(|line| line.split(' ').nth(1).unwrap().to_owned())
+        .collect();
+    assert_eq!(epochs.len(), 4);
+    let verify = shared.run("host-1", &["ledger", "verify"]);
+    assert!(verify.status.success(), "{}", text(&verify.stdout));
+}
+
+#[test]
+fn run_a_host_killed_mid_command_leaves_an_in_doubt_run() {
+    killed_host_leaves_an_in_doubt_run(&Shared::sqlite(), "2026-11-29");
+}
+
+#[test]
+fn run_records_a_failed_command_and_reports_it() {
+    let shared = Shared::sqlite();
+    let failed = shared.run(
+        "host-1",
+        &[
+            "run", "--agent", "a", "--intent", "i", "--salt", "1", "--", "sh", "-c", "exit 7",
+        ],
+    );
+    assert_eq!(failed.status.code(), Some(1), "{}", text(&failed.stderr));
+    assert!(text(&failed.stderr).contains("failed"));
+    let runs = text(&shared.run("host-1", &["ledger", "runs", "--json"]).stdout);
+    let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();
+    assert_eq!(runs[0]["status"], "failed");
+    let missing = shared.run(
+        "host-1",
+        &[
+            "run",
+            "--agent",
+            "a",
+            "--intent",
+            "i",
+            "--salt",
+            "2",
+            "--",
+            "/no/such/program",
+        ],
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("cannot start"),
+        "{}",
+        text(&missing.stderr)
+    );
+}
+
+#[test]
+fn ledger_resolve_records_an_in_doubt_runs_outcome() {
+    let shared = Shared::sqlite();
+    let pid_file = shared.path("command.pid");
+    let script = format!("echo $$ > '{}'; exec sleep 60", pid_file.display());
+    let mut doomed = shared.spawn(
+        "host-1",
+        &[
+            "run", "--agent", "billing", "--intent", "charge", "--salt", "42", "--ttl", "1s", "--", "sh",
+            "-c", &script,
+        ],
+    );
+    common::wait_for_file(&pid_file);
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", std::fs::read_to_string(&pid_file).unwrap().trim()])
+        .status();
+    let runs: serde_json::Value =
+        serde_json::from_str(&text(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout)).unwrap();
+    assert_eq!(runs[0]["status"], "in-doubt");
+    let run_id = runs[0]["run_id"].as_str().unwrap().to_owned();
+    // The operator checked with the payment provider: the charge went through.
+    let resolved = shared.run(
+        "host-2",
+        &[
+            "ledger",
+            "resolve",
+            "--agent",
+            "billing",
+            "--run",
+            &run_id,
+            "--as",
+            "committed",
+        ],
+    );
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let again = shared.run(
+        "host-2",
+        &[
+            "run", "--agent", "billing", "--intent", "charge", "--salt", "42", "--", "true",
+        ],
+    );
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
+    let not_in_doubt = shared.run(
+        "host-2",
+        &[
+            "ledger", "resolve", "--agent", "billing", "--run", &run_id, "--as", "failed",
+        ],
+    );
+    assert_eq!(not_in_doubt.status.code(), Some(10));
+    assert!(text(&not_in_doubt.stderr).contains("is not in doubt"));
+}
+
+#[test]
+fn lease_commands_acquire_renew_release_current_list_with_json() {
+    let shared = Shared::sqlite();
+    let json = |output: std::process::Output| -> serde_json::Value {
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        serde_json::from_str(&text(&output.stdout)).unwrap()
+    };
+    let lease = json(shared.run(
+        "laptop",
+        &["lease", "acquire", "--agent", "milo", "--ttl", "1m", "--json"],
+    ));
+    assert_eq!(
+        (lease["holder"].as_str(), lease["epoch"].as_u64()),
+        (Some("laptop"), Some(1))
+    );
+    let held = shared.run("phone", &["lease", "acquire", "--agent", "milo", "--json"]);
+    assert_eq!(held.status.code(), Some(4));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text(&held.stdout)).unwrap()["verdict"],
+        "held"
+    );
+    let renewed = json(shared.run(
+        "laptop",
+        &["lease", "renew", "--agent", "milo", "--epoch", "1", "--json"],
+    ));
+    assert_eq!(renewed["epoch"], 1);
+    let lost = shared.run("phone", &["lease", "renew", "--agent", "milo", "--epoch", "1"]);
+    assert_eq!(lost.status.code(), Some(6));
+    assert!(text(&lost.stderr).contains("lost"), "{}", text(&lost.stderr));
+    assert_eq!(
+        json(shared.run("phone", &["lease", "current", "--agent", "milo", "--json"]))["holder"],
+        "laptop"
+    );
+    let list = json(shared.run("phone", &["lease", "list", "--json"]));
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    let human = text(&shared.run("phone", &["lease", "list"]).stdout);
+    assert!(human.contains("milo: held by laptop at epoch 1"), "{human}");
+    assert!(shared
+        .run("laptop", &["lease", "release", "--agent", "milo", "--epoch", "1"])
+        .status
+        .success());
+    assert_eq!(
+        json(shared.run("phone", &["lease", "current", "--agent", "milo", "--json"])),
+        serde_json::Value::Null
+    );
+    let next = json(shared.run("phone", &["lease", "acquire", "--agent", "milo", "--json"]));
+    assert_eq!(next["epoch"], 2, "the next epoch at once after a release");
+}
+
+#[test]
+fn errors_are_one_clear_line_and_lose_nothing() {
+    let shared = Shared::sqlite();
+    let first = shared.run(
+        "host-1",
+        &[
+            "run", "--agent", "a", "--intent", "i", "--salt", "1", "--", "true",
+        ],
+    );
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let one_line = |output: &std::process::Output, code: i32, expected: &str| {
+        assert_eq!(output.status.code(), Some(code), "{}", text(&output.stderr));
+        let message = text(&output.stderr);
+        assert!(message.contains(expected), "{message}");
+        if code == 10 {
+            assert_eq!(message.trim_end().lines().count(), 1, "one line: {message}");
+        }
+    };
+    // A missing ledger folder.
+    let mut command = shared.command("host-1", &["ledger", "show"]);
+    command.env("FENCEPOST_LEDGER", shared.path("no-such-folder"));
+    one_line(&command.output().unwrap(), 10, "does not exist: create it");
+    // An unreachable database.
+    let mut command = shared.command("host-1", &["lease", "list"]);
+    command.env(
+        "FENCEPOST_COORDINATOR",
+        "postgres://fencepost@127.0.0.1:1/none?connect_timeout=1",
+    );
+    one_line(
+        &command.output().unwrap(),
+        10,
+        "cannot connect to the PostgreSQL coordinator",
+    );
+    let mut command = shared.command("host-1", &["lease", "list"]);
+    command.env("FENCEPOST_COORDINATOR", "etcd://somewhere");
+    one_line(
+        &command.output().unwrap(),
+        10,
+        "must be sqlite:PATH or a postgres:// URL",
+    );
+    // Malformed flags.
+    one_line(
+        &shared.run(
+            "host-1",
+            &[
+                "run", "--agent", "a", "--intent", "i", "--salt", "1", "--ttl", "soon", "--", "true",
+            ],
+        ),
+        2,
+        "soon",
+    );
+    one_line(
+        &shared.run("host-1", &["run", "--agent", "a", "--intent", "i", "--salt", "1"]),
+        2,
+        "COMMAND",
+    );
+    one_line(&shared.run("bad\ndevice", &["lease", "list"]), 10, "device id");
+    // A corrupt ledger file: verify names it; the other devices' records are all still there.
+    let second = shared.run(
+        "host-2",
+        &[
+            "run", "--agent", "a", "--intent", "i", "--salt", "2", "--", "true",
+        ],
+    );
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    let devices = shared.path("ledger").join("devices");
+    let file = std::fs::read_dir(&devices)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().contains("host-2"))
+        .unwrap();
+    let original = std::fs::read(&file).unwrap();
+    let mut damaged = original.clone();
+    damaged.splice(10..20, b"##########".iter().copied());
+    std::fs::write(&file, &damaged).unwrap();
+    let verify = shared.run("host-1", &["ledger", "verify"]);
+    assert_eq!(verify.status.code(), Some(1));
+    assert!(
+        text(&verify.stdout).contains("damaged") && text(&verify.stdout).contains("host-2"),
+        "{}",
+        text(&verify.stdout)
+    );
+    let show = shared.run("host-1", &["ledger", "runs"]);
+    assert!(show.status.success(), "{}", text(&show.stderr));
+    assert!(
+        text(&show.stdout).contains("by host-1"),
+        "host-1's runs are still read: {}",
+        text(&show.stdout)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), damaged, "nothing rewritten");
+}
