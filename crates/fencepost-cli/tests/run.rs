@@ -265,3 +265,97 @@ fn errors_are_one_clear_line_and_lose_nothing() {
     );
     assert_eq!(std::fs::read(&file).unwrap(), damaged, "nothing rewritten");
 }
+
+#[test]
+fn settings_come_from_flags_then_variables_then_the_config_file_and_the_device_id_is_stable() {
+    let shared = Shared::sqlite();
+    let config_dir = shared.path("config").join("fencepost");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let file_ledger = shared.path("file-ledger");
+    std::fs::create_dir(&file_ledger).unwrap();
+    std::fs::write(
+        config_dir.join("config.toml"),
+        format!(
+            "coordinator = \"sqlite:{}\"\nledger = \"{}\"\ndevice = \"from-file\"\n",
+            shared.path("file.db").display(),
+            file_ledger.display()
+        ),
+    )
+    .unwrap();
+    // Nothing on the command line or in the environment: the config file decides.
+    let mut command = shared.command(
+        "ignored",
+        &[
+            "run",
+            "--agent",
+            "a",
+            "--intent",
+            "i",
+            "--salt",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCEPOST_DEVICE",
+        ],
+    );
+    command
+        .env_remove("FENCEPOST_COORDINATOR")
+        .env_remove("FENCEPOST_LEDGER")
+        .env_remove("FENCEPOST_DEVICE");
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout).trim(), "from-file");
+    assert!(shared.path("file.db").exists());
+    assert!(std::fs::read_dir(file_ledger.join("devices")).unwrap().count() == 1);
+    // A flag beats the variable, which beats the file.
+    let mut command = shared.command(
+        "from-variable",
+        &[
+            "--device",
+            "from-flag",
+            "lease",
+            "acquire",
+            "--agent",
+            "b",
+            "--json",
+        ],
+    );
+    command.env_remove("FENCEPOST_COORDINATOR");
+    let lease: serde_json::Value = serde_json::from_str(&text(&command.output().unwrap().stdout)).unwrap();
+    assert_eq!(lease["holder"], "from-flag");
+    // A config file with a typo is an error that names the file.
+    std::fs::write(config_dir.join("config.toml"), "coordinater = \"sqlite:x\"\n").unwrap();
+    let output = shared.run("host-1", &["lease", "list"]);
+    assert_eq!(output.status.code(), Some(10));
+    assert!(
+        text(&output.stderr).contains("config.toml"),
+        "{}",
+        text(&output.stderr)
+    );
+    std::fs::remove_file(config_dir.join("config.toml")).unwrap();
+    // Without any device setting, the id is derived from the machine, and the same every time.
+    let device = || {
+        let mut command = shared.command("ignored", &["lease", "acquire", "--agent", "c", "--json"]);
+        command.env_remove("FENCEPOST_DEVICE");
+        let output = command.output().unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+        value["holder"].as_str().map(str::to_owned).unwrap_or_default()
+    };
+    let first = device();
+    assert!(!first.is_empty());
+    // A second process derives the same id: it may renew the first one's lease.
+    let mut command = shared.command(
+        "ignored",
+        &["lease", "renew", "--agent", "c", "--epoch", "1", "--json"],
+    );
+    command.env_remove("FENCEPOST_DEVICE");
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "a stable device id: {}",
+        text(&output.stderr)
+    );
+    let renewed: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
+    assert_eq!(renewed["holder"].as_str(), Some(first.as_str()));
+}
