@@ -500,3 +500,103 @@ fn verify(settings: &Settings) -> Result<i32> {
     );
     Ok(EXIT_RAN_FAILED)
 }
+
+/// `fencepost simulate`.
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    /// The seed: the same seed replays the same run exactly.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How many seeds to run, from --seed on; the table then sums them.
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG timeline of the (first) seed: per site, leases held, pauses, crashes,
+    /// partitions, effects and duplicates.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<std::path::PathBuf>,
+    /// Run the coordinator in SQLite databases (in a temporary folder) instead of in memory.
+    #[arg(long)]
+    sqlite: bool,
+}
+
+pub fn simulate(args: SimulateArgs) -> Result<i32> {
+    use fencepost::simulate::{compare, render_svg, render_table, SimConfig};
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    let folder = if args.sqlite {
+        Some(tempfile::tempdir().context("cannot create a temporary folder for the SQLite coordinator")?)
+    } else {
+        None
+    };
+    let config = |seed| SimConfig {
+        sqlite_folder: folder.as_ref().map(|folder| folder.path().to_path_buf()),
+        ..SimConfig::new(seed)
+    };
+    let first = compare(&config(args.seed));
+    if let Some(path) = &args.svg {
+        std::fs::write(path, render_svg(&first))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.seeds == 1 {
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&first)?);
+        } else {
+            print!("{}", render_table(&first));
+        }
+        return Ok(EXIT_RAN_OK);
+    }
+    let progress = indicatif::ProgressBar::new(args.seeds);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} seeds, {eta} left")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    progress.inc(1);
+    let mut sum = first.clone();
+    for seed in args.seed + 1..args.seed.saturating_add(args.seeds) {
+        let report = compare(&config(seed));
+        for (total, mode) in sum.modes.iter_mut().zip(&report.modes) {
+            total.occurrences += mode.occurrences;
+            total.effects += mode.effects;
+            total.duplicates += mode.duplicates;
+            total.never_executed += mode.never_executed;
+            total.in_doubt += mode.in_doubt;
+            total.refused_at_fence += mode.refused_at_fence;
+            total.refused_at_resource += mode.refused_at_resource;
+            total.converged &= mode.converged;
+            for (cause, count) in &mode.duplicates_by_cause {
+                *total.duplicates_by_cause.entry(*cause).or_insert(0) += count;
+            }
+        }
+        sum.schedule.faults.extend(report.schedule.faults);
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    if args.json {
+        let modes: Vec<_> = sum
+            .modes
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"first_seed": args.seed, "seeds": args.seeds, "modes": modes})
+            )?
+        );
+    } else {
+        let table = render_table(&sum);
+        let body = table.split_once('\n').map_or(table.as_str(), |(_, rest)| rest);
+        println!(
+            "seeds {}..{}: {} faults in all",
+            args.seed,
+            args.seed + args.seeds - 1,
+            sum.schedule.faults.len()
+        );
+        print!("{body}");
+    }
+    Ok(EXIT_RAN_OK)
+}

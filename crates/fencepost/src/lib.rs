@@ -14,7 +14,8 @@
 //! Modules: [`clock`], [`run_id`], [`oplog`] and [`relay`] carry records between sites; [`lease`]
 //! (the coordinator and the intent vocabulary), [`fold`] and [`fence`] decide what may run;
 //! [`keeper`] holds a lease alive and [`dispatch`] runs one effect under the whole protocol (the
-//! call an agent runtime makes; its docs have a runnable runtime loop).
+//! call an agent runtime makes; its docs have a runnable runtime loop); [`simulate`] runs the whole
+//! protocol through seeded chaos and counts what each layer prevents.
 //!
 //! ## A tour
 //!
@@ -133,4 +134,6 @@ pub mod keeper;
 pub mod lease;
 pub mod oplog;
 pub mod relay;
+pub mod rng;
 pub mod run_id;
+pub mod simulate;
