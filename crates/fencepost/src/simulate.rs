@@ -654,8 +654,9 @@ impl World<'_> {
             let ready: Vec<_> = self.pushed[origin][from..]
                 .iter()
                 .take_while(|(op, pushed_ms)| {
-                    let delay = mix(self.config.seed ^ op.seq ^ ((index as u64) << 48))
-                        % self.config.max_link_delay_ms.max(1);
+                    let delay =
+                        mix(self.config.seed ^ op.seq ^ ((origin as u64) << 40) ^ ((index as u64) << 48))
+                            % self.config.max_link_delay_ms.max(1);
                     everything || pushed_ms + delay <= now
                 })
                 .map(|(op, _)| op.clone())
