@@ -74,21 +74,14 @@ fn run_records_a_failed_command_and_reports_it() {
 #[test]
 fn ledger_resolve_records_an_in_doubt_runs_outcome() {
     let shared = Shared::sqlite();
-    let pid_file = shared.path("command.pid");
-    let script = format!("echo $$ > '{}'; exec sleep 60", pid_file.display());
-    let mut doomed = shared.spawn(
+    common::kill_mid_command(
+        &shared,
         "host-1",
         &[
-            "run", "--agent", "billing", "--intent", "charge", "--salt", "42", "--ttl", "1s", "--", "sh",
-            "-c", &script,
+            "run", "--agent", "billing", "--intent", "charge", "--salt", "42", "--ttl", "1s",
         ],
+        "true",
     );
-    common::wait_for_file(&pid_file);
-    doomed.kill().unwrap();
-    doomed.wait().unwrap();
-    let _ = std::process::Command::new("kill")
-        .args(["-9", std::fs::read_to_string(&pid_file).unwrap().trim()])
-        .status();
     let runs: serde_json::Value =
         serde_json::from_str(&text(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout)).unwrap();
     assert_eq!(runs[0]["status"], "in-doubt");

@@ -203,6 +203,18 @@ pub enum Fault {
     },
 }
 
+impl Fault {
+    /// When the fault begins.
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            Fault::Pause { at_ms, .. }
+            | Fault::Crash { at_ms, .. }
+            | Fault::Partition { at_ms, .. }
+            | Fault::CoordinatorLoss { at_ms } => *at_ms,
+        }
+    }
+}
+
 /// The faults of one seed, the same for every mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Schedule {
@@ -255,12 +267,7 @@ impl Schedule {
                 at_ms: rng.between(run / 4, run * 3 / 4 + 1),
             });
         }
-        faults.sort_by_key(|fault| match fault {
-            Fault::Pause { at_ms, .. }
-            | Fault::Crash { at_ms, .. }
-            | Fault::Partition { at_ms, .. }
-            | Fault::CoordinatorLoss { at_ms } => *at_ms,
-        });
+        faults.sort_by_key(Fault::at_ms);
         Self { skew_ms, faults }
     }
 
@@ -407,6 +414,19 @@ struct Site {
     next_sync_local_ms: u64,
 }
 
+impl Site {
+    /// Opens the site's ledger from what its relay replica holds (at start, and after a crash).
+    fn open_ledger(&mut self) {
+        let ledger = Ledger::open(
+            &self.name,
+            self.clock.wall_clock(),
+            self.replica.clone() as Arc<dyn Relay>,
+        )
+        .unwrap_or_else(|error| unreachable!("a site's own replica verifies: {error}"));
+        self.ledger = Some(ledger);
+    }
+}
+
 struct World<'a> {
     config: &'a SimConfig,
     schedule: &'a Schedule,
@@ -464,17 +484,12 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
     let coordinator_clock = ManualClock::new(0);
     let sites = (0..config.sites.max(1))
         .map(|index| {
-            let clock = ManualClock::new(0);
-            let replica = Arc::new(InMemoryRelay::new());
-            let name = format!("site-{index}");
-            let ledger = Ledger::open(&name, clock.wall_clock(), replica.clone() as Arc<dyn Relay>)
-                .unwrap_or_else(|error| unreachable!("a fresh in-memory ledger opens: {error}"));
-            Site {
-                name,
-                clock,
+            let mut site = Site {
+                name: format!("site-{index}"),
+                clock: ManualClock::new(0),
                 skew_ms: schedule.skew_ms.get(index).copied().unwrap_or(0),
-                replica,
-                ledger: Some(ledger),
+                replica: Arc::new(InMemoryRelay::new()),
+                ledger: None,
                 received: vec![0; config.sites.max(1)],
                 leases: vec![None; config.agents],
                 next_acquire_local_ms: vec![0; config.agents],
@@ -485,7 +500,9 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
                 down_until_ms: 0,
                 crash_pending: false,
                 next_sync_local_ms: 0,
-            }
+            };
+            site.open_ledger();
+            site
         })
         .collect();
     let mut world = World {
@@ -522,13 +539,7 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
     while world.now_ms < end_ms {
         world.coordinator_clock.set(world.now_ms);
         while let Some(fault) = schedule.faults.get(next_fault) {
-            let at_ms = match fault {
-                Fault::Pause { at_ms, .. }
-                | Fault::Crash { at_ms, .. }
-                | Fault::Partition { at_ms, .. }
-                | Fault::CoordinatorLoss { at_ms } => *at_ms,
-            };
-            if at_ms > world.now_ms {
+            if fault.at_ms() > world.now_ms {
                 break;
             }
             world.begin_fault(fault);
@@ -601,14 +612,7 @@ impl World<'_> {
         let local = self.local_ms(index);
         self.sites[index].clock.set(local);
         if self.sites[index].ledger.is_none() {
-            let site = &mut self.sites[index];
-            let reopened = Ledger::open(
-                &site.name,
-                site.clock.wall_clock(),
-                site.replica.clone() as Arc<dyn Relay>,
-            )
-            .unwrap_or_else(|error| unreachable!("a site's own replica verifies: {error}"));
-            site.ledger = Some(reopened);
+            self.sites[index].open_ledger();
         }
         self.land(index);
         if local >= self.sites[index].next_sync_local_ms {
@@ -910,13 +914,7 @@ impl World<'_> {
         for _ in 0..2 {
             for site in 0..self.sites.len() {
                 if self.sites[site].ledger.is_none() {
-                    let site = &mut self.sites[site];
-                    site.ledger = Ledger::open(
-                        &site.name,
-                        site.clock.wall_clock(),
-                        site.replica.clone() as Arc<dyn Relay>,
-                    )
-                    .ok();
+                    self.sites[site].open_ledger();
                 }
                 self.sync(site, true);
             }

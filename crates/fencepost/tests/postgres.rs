@@ -706,10 +706,6 @@ const CHILD_SCHEMA: &str = "FENCEPOST_TEST_PG_SCHEMA";
 const CHILD_ARGS: &str = "FENCEPOST_TEST_PG_ARGS";
 const CHILD_EVENTS: &str = "FENCEPOST_TEST_PG_EVENTS";
 
-fn nanos() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
-}
-
 fn child_command(role: &str, schema: &str, args: &str) -> Command {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
@@ -794,7 +790,7 @@ fn postgres_child_process() {
                 advance_ms: 10,
             };
             let mut events = Vec::new();
-            conformance::run_history_worker(&coordinator, &worker, &nanos, &advance, &mut |event| {
+            conformance::run_history_worker(&coordinator, &worker, &common::nanos, &advance, &mut |event| {
                 events.push(event)
             });
             let mut file = std::fs::File::create(std::env::var(CHILD_EVENTS).unwrap()).unwrap();

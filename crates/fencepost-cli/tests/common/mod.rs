@@ -132,35 +132,50 @@ pub fn three_hosts_at_once(shared: &Shared, salt: &str, extra: &[&str]) -> Vec<i
         .collect()
 }
 
-/// A host killed with SIGKILL while its command runs leaves the run in doubt; the next host is
-/// told so (exit 5), and runs it again only with --retry-in-doubt.
-pub fn killed_host_leaves_an_in_doubt_run(shared: &Shared, salt: &str) {
+/// Starts `fencepost run ARGS -- sh -c SCRIPT` as `device`; once the command has run `script`,
+/// kills fencepost with SIGKILL (no release, no outcome), then the orphaned command.
+pub fn kill_mid_command(shared: &Shared, device: &str, run_args: &[&str], script: &str) {
     let pid_file = shared.path("command.pid");
-    let agent = shared.agent.as_str();
-    let mut args = vec![
-        "run",
-        "--agent",
-        agent,
-        "--intent",
-        "daily report",
-        "--salt",
-        salt,
-        "--ttl",
-        "1s",
-        "--",
-    ];
+    let _ = std::fs::remove_file(&pid_file);
+    // The pid file appears whole (renamed into place) once `script` has run.
     let script = format!(
-        "echo $$ > '{}'; echo \"$FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'; exec sleep 60",
-        pid_file.display(),
-        shared.path("effects").display()
+        "echo $$ > '{pid}.tmp'; {script}; mv '{pid}.tmp' '{pid}'; exec sleep 60",
+        pid = pid_file.display()
     );
-    args.extend(["sh", "-c", &script]);
-    let mut doomed = shared.spawn("host-1", &args);
+    let mut args = run_args.to_vec();
+    args.extend(["--", "sh", "-c", &script]);
+    let mut doomed = shared.spawn(device, &args);
     wait_for_file(&pid_file);
-    doomed.kill().unwrap(); // SIGKILL: no release, no outcome
+    doomed.kill().unwrap();
     doomed.wait().unwrap();
     let command_pid = std::fs::read_to_string(&pid_file).unwrap();
     let _ = Command::new("kill").args(["-9", command_pid.trim()]).status();
+}
+
+/// A host killed with SIGKILL while its command runs leaves the run in doubt; the next host is
+/// told so (exit 5), and runs it again only with --retry-in-doubt.
+pub fn killed_host_leaves_an_in_doubt_run(shared: &Shared, salt: &str) {
+    let agent = shared.agent.as_str();
+    let effect = format!(
+        "echo \"$FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'",
+        shared.path("effects").display()
+    );
+    kill_mid_command(
+        shared,
+        "host-1",
+        &[
+            "run",
+            "--agent",
+            agent,
+            "--intent",
+            "daily report",
+            "--salt",
+            salt,
+            "--ttl",
+            "1s",
+        ],
+        &effect,
+    );
     assert_eq!(
         shared.effects().len(),
         1,

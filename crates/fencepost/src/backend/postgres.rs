@@ -314,6 +314,11 @@ impl Session {
     }
 }
 
+/// The columns of the `read` statement.
+fn lease_row(row: &postgres::Row) -> Row {
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
 fn failure(
     message: impl Into<String>,
     may_have_applied: bool,
@@ -671,7 +676,7 @@ impl PostgresLeaseCoordinator {
     /// Reads the row, share-locked, with the server clock.
     fn read(&self, session: &mut Session, agent_id: &str) -> Result<Option<Row>, postgres::Error> {
         let row = session.query_opt(&self.statements, Sql::Read, &[&agent_id])?;
-        Ok(row.map(|row| (row.get(0), row.get(1), row.get(2), row.get(3))))
+        Ok(row.as_ref().map(lease_row))
     }
 
     /// The current epoch, for a `Lost`: read after the failed write, when it is still not the
@@ -709,7 +714,8 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
                         Some(row) => Ok(granted(row)),
                         None => Err(transaction
                             .query_opt(&read, &[&agent_id as Param])?
-                            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))),
+                            .as_ref()
+                            .map(lease_row)),
                     };
                     transaction.commit()?;
                     Ok(outcome)

@@ -1,5 +1,14 @@
 //! Shared by the backend test files.
 
+/// A stamp for recorded histories that every process of one host shares: nanoseconds of the
+/// system clock.
+pub fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
 /// One test per rule of the suite, for one backend, each named after its rule.
 #[macro_export]
 macro_rules! conformance_tests {
