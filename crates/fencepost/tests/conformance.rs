@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fencepost::backend::sqlite::SqliteLeaseCoordinator;
 use fencepost::clock::{system_clock, ManualClock, WallClock};
@@ -352,10 +352,6 @@ const CHILD_CLOCK: &str = "FENCEPOST_TEST_CHILD_CLOCK";
 const CHILD_EVENTS: &str = "FENCEPOST_TEST_CHILD_EVENTS";
 const CHILD_WORKER: &str = "FENCEPOST_TEST_CHILD_WORKER";
 
-fn nanos() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
-}
-
 /// A coordinator clock shared by processes: `HISTORY_START_MS` plus `TICK_MS` per byte of a file
 /// that only grows by appends, so that concurrent steps by several processes are never lost.
 fn ticks_clock(path: PathBuf) -> WallClock {
@@ -409,9 +405,13 @@ fn sqlite_child_process() {
                 advance_ms: TICK_MS,
             };
             let mut events = Vec::new();
-            conformance::run_history_worker(&coordinator, &worker, &nanos, &|_| tick(&ticks), &mut |event| {
-                events.push(event)
-            });
+            conformance::run_history_worker(
+                &coordinator,
+                &worker,
+                &common::nanos,
+                &|_| tick(&ticks),
+                &mut |event| events.push(event),
+            );
             let mut file = std::fs::File::create(std::env::var(CHILD_EVENTS).unwrap()).unwrap();
             for event in events {
                 writeln!(file, "{}", serde_json::to_string(&event).unwrap()).unwrap();
@@ -619,4 +619,25 @@ fn l8_sqlite_refuses_bad_database_files_without_touching_them() {
     // A read-only location (read-only even for root).
     let message = open_error(Path::new("/proc/fencepost-test/leases.db"));
     assert!(message.contains("cannot open"), "{message}");
+}
+
+#[test]
+fn l7_sqlite_processes_that_open_a_new_file_at_once_all_succeed() {
+    // Several hosts' first `fencepost run` can create the database at the same moment: switching
+    // it to WAL must wait for the others, not fail.
+    for round in 0..20 {
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("leases.db");
+        let barrier = std::sync::Barrier::new(6);
+        std::thread::scope(|scope| {
+            for _ in 0..6 {
+                scope.spawn(|| {
+                    barrier.wait();
+                    if let Err(error) = SqliteLeaseCoordinator::open(&path, system_clock()) {
+                        panic!("round {round}: {error}");
+                    }
+                });
+            }
+        });
+    }
 }

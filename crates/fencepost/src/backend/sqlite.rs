@@ -214,15 +214,30 @@ impl SqliteLeaseCoordinator {
                 ));
             }
         }
-        connection
-            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
-            .map_err(|error| {
-                sqlite_failure(
-                    &format!("cannot switch {shown} to write-ahead logging"),
-                    error,
-                    false,
-                )
-            })?;
+        // Switching to WAL needs the file to itself, and SQLite does not wait for that through the
+        // busy handler when another process opens the same new file at the same moment: wait here,
+        // up to the busy timeout.
+        let give_up = std::time::Instant::now() + Duration::from_millis(config.busy_timeout_ms);
+        let switch_to_wal = || loop {
+            match connection
+                .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
+            {
+                Err(rusqlite::Error::SqliteFailure(error, _))
+                    if error.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < give_up =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                outcome => return outcome,
+            }
+        };
+        switch_to_wal().map_err(|error| {
+            sqlite_failure(
+                &format!("cannot switch {shown} to write-ahead logging"),
+                error,
+                false,
+            )
+        })?;
         connection
             .pragma_update(None, "synchronous", "FULL")
             .map_err(|error| sqlite_failure(&format!("cannot configure {shown}"), error, false))?;
