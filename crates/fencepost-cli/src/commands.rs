@@ -2,20 +2,42 @@
 
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use fencepost::clock::system_clock;
-use fencepost::dispatch::{dispatch, DispatchOutcome, Ledger};
+use fencepost::dispatch::{
+    dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
+};
+use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper};
-use fencepost::lease::{Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError};
-use fencepost::relay::{Frontier, Relay};
+use fencepost::lease::{
+    Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR,
+};
+use fencepost::oplog::Surface;
+use fencepost::relay::{Frontier, ProblemKind, Relay};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
+use crate::child::{self, Ending, Signals, Supervision};
 use crate::settings::{parse_duration_ms, Settings};
 use crate::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_RAN_FAILED, EXIT_RAN_OK,
 };
+
+/// The shortest `--ttl` accepted: the keeper renews every third of the TTL and gives the lease up
+/// at two thirds, so shorter ones leave no room for a scheduling hiccup.
+pub const MIN_TTL_MS: u64 = 1_000;
+
+/// A value that must not be empty (an empty `--salt` from a failed `$(date)` would merge every
+/// occurrence into one).
+fn non_empty(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("must not be empty".to_owned())
+    } else {
+        Ok(text.to_owned())
+    }
+}
 
 /// `fencepost run`.
 #[derive(Debug, clap::Args)]
@@ -24,21 +46,34 @@ pub struct RunArgs {
     #[arg(long)]
     agent: String,
     /// What the command does, in words ("send the daily report"): part of the run id.
-    #[arg(long)]
+    #[arg(long, value_parser = non_empty)]
     intent: String,
-    /// Which occurrence (a date, a ticket number): part of the run id. Same salt, same run.
-    #[arg(long)]
+    /// Which occurrence (a date, a ticket number): part of the run id. Same salt, same run. Must not
+    /// be empty.
+    #[arg(long, value_parser = non_empty)]
     salt: String,
-    /// The lease's time to live while the command runs; it is renewed in the background.
+    /// The lease's time to live while the command runs; it is renewed in the background. At least
+    /// 1s.
     #[arg(long, default_value = "30s", value_parser = parse_duration_ms, value_name = "DURATION")]
     ttl: u64,
     /// How long to wait for another host's lease to end before giving up (exit 4).
     #[arg(long, default_value = "0s", value_parser = parse_duration_ms, value_name = "DURATION")]
     wait: u64,
+    /// Stop the command if it still runs after this long (SIGTERM to its process group, SIGKILL
+    /// after --kill-after); it is recorded failed (exit 1).
+    #[arg(long, value_parser = parse_duration_ms, value_name = "DURATION")]
+    timeout: Option<u64>,
+    /// How long a command has to exit after SIGTERM before it gets SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = parse_duration_ms, value_name = "DURATION")]
+    kill_after: u64,
     /// Run an in-doubt occurrence again (after checking that its effect did not happen, or when
     /// running it twice is harmless).
     #[arg(long)]
     retry_in_doubt: bool,
+    /// Run although the ledger file of DEVICE (a device id, or the file's name) is damaged: the
+    /// runs it recorded may run again. Recorded in this device's log. Repeat for several.
+    #[arg(long, value_name = "DEVICE")]
+    accept_damaged: Vec<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -47,31 +82,81 @@ pub struct RunArgs {
 /// Opens the site's ledger on the ledger folder and syncs it.
 fn open_ledger(settings: &Settings) -> Result<Ledger> {
     let relay: Arc<dyn Relay> = Arc::new(settings.relay()?);
-    let mut ledger = Ledger::open(&settings.device, system_clock(), relay)
+    let mut options = LedgerOptions::default();
+    if let Some(seen) = settings.seen_file() {
+        options = options.seen_file(seen);
+    }
+    let mut ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
         .with_context(|| format!("cannot open the ledger in {}", settings.ledger.display()))?;
     ledger.sync().context("cannot sync the ledger")?;
     Ok(ledger)
 }
 
+/// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to do.
+fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
+    let damage = ledger.damage();
+    let Some(first) = damage.first() else {
+        return Ok(());
+    };
+    let which = first
+        .device_id
+        .clone()
+        .or_else(|| {
+            first
+                .file
+                .as_ref()
+                .and_then(|file| file.file_name())
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    bail!(
+        "the ledger in {} is damaged, so runs it recorded could run again; not running anything: {first}{}. Restore the file from a backup or another host's copy (`fencepost ledger verify` lists the damage), or run with --accept-damaged {which:?} to accept that its runs may repeat",
+        settings.ledger.display(),
+        if damage.len() > 1 {
+            format!(" (and {} more problem(s))", damage.len() - 1)
+        } else {
+            String::new()
+        }
+    )
+}
+
 pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
-    let run_id =
-        deterministic_run_id(&args.agent, &args.intent, &args.salt).context("cannot name the run")?;
+    if args.ttl < MIN_TTL_MS {
+        crate::usage!(
+            "--ttl {} ms is too short: at least {} ms, so that the lease can be renewed while the command runs",
+            args.ttl,
+            MIN_TTL_MS
+        );
+    }
+    if let Err(error) = validate_id(IdKind::Agent, &args.agent) {
+        crate::usage!("--agent {:?}: {error}", args.agent);
+    }
+    let run_id = match deterministic_run_id(&args.agent, &args.intent, &args.salt) {
+        Ok(run_id) => run_id,
+        Err(error) => crate::usage!("cannot name the run: {error}"),
+    };
     let agent = args.agent.as_str();
     let mut ledger = open_ledger(settings)?;
+    for device in &args.accept_damaged {
+        let covered = ledger
+            .accept_damage(device)
+            .context("cannot record the accepted damage")?;
+        eprintln!("fencepost: accepting the damage of {device:?} ({covered} problem(s)); runs it recorded may run again");
+    }
+    refuse_damage(&ledger, settings)?;
     if ledger.state().committed_run(agent, &run_id).is_some() {
         eprintln!("fencepost: {run_id} of {agent} already committed; not running it again");
         return Ok(EXIT_ALREADY_COMMITTED);
     }
     let coordinator = settings.coordinator()?;
-    let ttl_ms = args.ttl.max(3);
     // A waiting host tries again at least every second, so that it follows a release promptly.
     let config = KeeperConfig {
-        acquire_every_ms: (ttl_ms / 4).clamp(1, 1_000),
-        ..KeeperConfig::new(ttl_ms)
+        acquire_every_ms: (args.ttl / 4).clamp(1, 1_000),
+        ..KeeperConfig::new(args.ttl)
     };
-    config
-        .validate()
-        .map_err(|error| anyhow::anyhow!("--ttl {ttl_ms} ms: {error}"))?;
+    if let Err(error) = config.validate() {
+        crate::usage!("--ttl {} ms: {error}", args.ttl);
+    }
     let builder = LeaseKeeper::builder(
         coordinator.clone() as Arc<dyn LeaseCoordinator>,
         agent,
@@ -88,57 +173,91 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
     };
     let epoch = keeper.epoch();
-    // What the previous holder pushed before it released is in the folder now.
-    ledger.sync().context("cannot sync the ledger")?;
-    if let Some(run) = ledger
-        .in_doubt(agent, epoch)
-        .into_iter()
-        .find(|run| run.run_id == run_id)
-    {
-        if !args.retry_in_doubt {
-            keeper.shutdown()?;
-            eprintln!(
-                "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {} and never recorded an outcome. \
-Check whether its effect happened, then rerun with --retry-in-doubt, or record it with \
-`fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed`",
-                run.device_id, run.epoch
-            );
-            return Ok(EXIT_IN_DOUBT);
-        }
-        eprintln!(
-            "fencepost: retrying in-doubt {run_id} (started by {} at epoch {})",
-            run.device_id, run.epoch
-        );
+    // What the previous holder stored before it released is in the folder now.
+    let synced = ledger.sync().context("cannot sync the ledger");
+    if let Err(error) = synced.and_then(|_| refuse_damage(&ledger, settings)) {
+        release_quietly(&keeper);
+        return Err(error);
     }
-    let outcome = dispatch(&keeper, &mut ledger, &run_id, |token| {
-        let status = Command::new(&args.command[0])
+    let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
+    let options = DispatchOptions::default().retry_in_doubt(args.retry_in_doubt);
+    let mut ending = None;
+    let outcome = dispatch_effect(&keeper, &mut ledger, &run_id, options, |token| {
+        if signals.pending() {
+            return EffectOutcome::Failed(
+                "fencepost was asked to stop before the command started".to_owned(),
+            );
+        }
+        let mut command = Command::new(&args.command[0]);
+        command
             .args(&args.command[1..])
             .env("FENCEPOST_AGENT", &token.agent_id)
             .env("FENCEPOST_RUN_ID", &token.run_id)
             .env("FENCEPOST_EPOCH", token.epoch.to_string())
-            .env("FENCEPOST_DEVICE", &settings.device)
-            .status();
-        match status {
-            Ok(status) if status.success() => Ok(()),
-            Ok(status) => Err(format!("the command exited with {status}")),
-            Err(error) => Err(format!("cannot start {:?}: {error}", args.command[0])),
-        }
+            .env("FENCEPOST_DEVICE", &settings.device);
+        let mut child = match child::spawn(command) {
+            Ok(child) => child,
+            Err(error) => {
+                return EffectOutcome::Failed(format!("cannot start {:?}: {error}", args.command[0]))
+            }
+        };
+        let holds = || keeper.holds();
+        let supervision = Supervision {
+            holds: &holds,
+            timeout: args.timeout.map(Duration::from_millis),
+            kill_after: Duration::from_millis(args.kill_after),
+            signals: &signals,
+        };
+        let end = match child::supervise(&mut child, &supervision) {
+            Ok(end) => end,
+            Err(error) => return EffectOutcome::Unknown(format!("cannot wait for the command: {error}")),
+        };
+        // A command that exits by itself reports its outcome; one that fencepost had to stop may
+        // have done part of its effect, or all of it: the run stays in doubt unless it exits 0.
+        let outcome = match &end {
+            Ending::Exited(status) if status.success() => EffectOutcome::Succeeded(()),
+            Ending::Exited(status) => EffectOutcome::Failed(format!("the command exited with {status}")),
+            Ending::LeaseLost(status) | Ending::TimedOut(status) | Ending::Interrupted(_, status)
+                if status.success() =>
+            {
+                EffectOutcome::Succeeded(())
+            }
+            Ending::LeaseLost(status) => EffectOutcome::Unknown(format!(
+                "the lease was lost while the command ran, so it was stopped ({status})"
+            )),
+            Ending::TimedOut(status) => EffectOutcome::Unknown(format!(
+                "the command timed out after {} ms and was stopped ({status})",
+                args.timeout.unwrap_or_default()
+            )),
+            Ending::Interrupted(signal, status) => EffectOutcome::Unknown(format!(
+                "fencepost got {signal} and forwarded it to the command, which ended with {status}"
+            )),
+        };
+        ending = Some(end);
+        outcome
     });
-    let lost = keeper.loss();
     let shutdown = keeper.shutdown();
-    let outcome = outcome.context("the run could not be recorded")?;
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(DispatchError::Damaged { .. }) => {
+            refuse_damage(&ledger, settings)?;
+            bail!("the ledger is damaged")
+        }
+        Err(error) => return Err(error).context(format!("{run_id} of {agent} could not be dispatched")),
+    };
     if let Err(error) = shutdown {
-        eprintln!("fencepost: warning: could not release the lease ({error:#}); it ends with its TTL");
+        eprintln!("fencepost: warning: could not release the lease of {agent} at epoch {epoch} ({error:#}); it ends with its TTL");
     }
     if ledger.unsent() > 0 {
-        eprintln!(
-            "fencepost: warning: {} ledger record(s) could not be written to {}; they are written by the next fencepost command on this host",
-            ledger.unsent(),
+        let ran = if outcome.executed() {
+            "ran, but its outcome"
+        } else {
+            "did not run; its record"
+        };
+        bail!(
+            "{run_id} of {agent} {ran} could not be written to {} (see the warnings above); the run stays in doubt until `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` records it",
             settings.ledger.display()
         );
-    }
-    if let Some(loss) = lost {
-        eprintln!("fencepost: warning: the lease was lost while the command ran ({:?}); another host may run this occurrence too", loss.reason);
     }
     Ok(match outcome {
         DispatchOutcome::Executed { result: Ok(()), .. } => EXIT_RAN_OK,
@@ -148,9 +267,29 @@ Check whether its effect happened, then rerun with --retry-in-doubt, or record i
             eprintln!("fencepost: {run_id} of {agent} ran at epoch {epoch} and failed: {reason}");
             EXIT_RAN_FAILED
         }
+        DispatchOutcome::Interrupted { error, .. } => {
+            eprintln!(
+                "fencepost: {run_id} of {agent} ran at epoch {epoch} and was interrupted: {error}. \
+It may have done its effect, or part of it, so it is in doubt: check, then record it with \
+`fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` or rerun with --retry-in-doubt"
+            );
+            match ending {
+                Some(Ending::LeaseLost(_)) => EXIT_LEASE_LOST,
+                _ => EXIT_RAN_FAILED,
+            }
+        }
         DispatchOutcome::AlreadyCommitted { .. } => {
             eprintln!("fencepost: {run_id} of {agent} already committed; not running it again");
             EXIT_ALREADY_COMMITTED
+        }
+        DispatchOutcome::InDoubt { run } => {
+            eprintln!(
+                "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {} and never recorded an outcome. \
+Check whether its effect happened, then rerun with --retry-in-doubt, or record it with \
+`fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed`",
+                run.device_id, run.epoch
+            );
+            EXIT_IN_DOUBT
         }
         DispatchOutcome::StaleEpoch {
             current_epoch,
@@ -166,6 +305,13 @@ Check whether its effect happened, then rerun with --retry-in-doubt, or record i
         }
         _ => bail!("an outcome this fencepost does not know"),
     })
+}
+
+/// Releases after a failure; the failure is what gets reported.
+fn release_quietly(keeper: &LeaseKeeper) {
+    if let Err(error) = keeper.shutdown() {
+        tracing::warn!(%error, "could not release the lease");
+    }
 }
 
 /// `fencepost lease …`.
@@ -276,10 +422,18 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
     let coordinator = settings.coordinator()?;
     let device = settings.device.as_str();
     match command {
-        LeaseCommand::Acquire { agent, ttl, json } => match coordinator.acquire(&agent, device, ttl) {
-            Ok(lease) => print_lease(&lease, json),
-            Err(error) => return verdict(error, json),
-        },
+        LeaseCommand::Acquire { agent, ttl, json } => {
+            // As `run` does (rule L5): a coordinator that lost its state never reuses an epoch.
+            let ledger = open_ledger(settings)?;
+            let floor = ledger.state().fencing_epoch(&agent).min(MAX_EPOCH_FLOOR);
+            coordinator
+                .raise_epoch_floor(&agent, floor)
+                .context("cannot raise the epoch floor from the ledger")?;
+            match coordinator.acquire(&agent, device, ttl) {
+                Ok(lease) => print_lease(&lease, json),
+                Err(error) => return verdict(error, json),
+            }
+        }
         LeaseCommand::Renew {
             agent,
             epoch,
@@ -326,8 +480,13 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Check every device file's hash chain; list damaged files (exit 1 if any).
-    Verify,
+    /// Check every device file's hash chain; list damaged files, incomplete last lines and
+    /// malformed intents (exit 1 if any).
+    Verify {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every run: status, epoch, device; in-doubt runs are marked.
     Runs {
         /// Only this agent's runs.
@@ -338,6 +497,7 @@ pub enum LedgerCommand {
     },
     /// Record the outcome of an in-doubt run after checking what really happened.
     Resolve {
+        /// The agent whose run it is.
         #[arg(long)]
         agent: String,
         /// The run id (as `ledger runs` shows it).
@@ -346,6 +506,9 @@ pub enum LedgerCommand {
         /// What happened.
         #[arg(long = "as", value_parser = ["committed", "failed"])]
         outcome: String,
+        /// Record it even though the attempt's lease is still live (its command may be running).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -356,9 +519,39 @@ struct RunRow {
     status: &'static str,
     epoch: u64,
     device: String,
+    /// For an in-doubt or running attempt: the fold's view of the run before it (`failed@1`).
+    after: Option<String>,
 }
 
-fn run_rows(ledger: &Ledger, only: Option<&str>) -> Vec<RunRow> {
+/// The live lease of each agent, by the coordinator (none when it cannot be reached: then every
+/// unsettled attempt shows as in doubt).
+fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease> {
+    let coordinator = match settings.coordinator() {
+        Ok(coordinator) => coordinator,
+        Err(error) => {
+            eprintln!("fencepost: warning: cannot reach the coordinator ({error:#}); runs whose lease is live show as in doubt");
+            return Default::default();
+        }
+    };
+    let now = system_clock()();
+    match coordinator.list() {
+        Ok(leases) => leases
+            .into_iter()
+            .filter(|lease| lease.expires_at_ms > now)
+            .map(|lease| (lease.agent_id.clone(), lease))
+            .collect(),
+        Err(error) => {
+            eprintln!("fencepost: warning: cannot list the leases ({error}); runs whose lease is live show as in doubt");
+            Default::default()
+        }
+    }
+}
+
+fn run_rows(
+    ledger: &Ledger,
+    only: Option<&str>,
+    live: &std::collections::BTreeMap<String, Lease>,
+) -> Vec<RunRow> {
     let state = ledger.state();
     let mut rows = Vec::new();
     for (agent, folded) in state.agents() {
@@ -372,21 +565,34 @@ fn run_rows(ledger: &Ledger, only: Option<&str>) -> Vec<RunRow> {
                 status: record.status.as_str(),
                 epoch: record.epoch,
                 device: state.hlc_of(record).device_id.to_string(),
+                after: None,
             });
         }
-        // Fenced pendings are not in the fold's view; the in-doubt index has them.
+        // Unsettled attempts (D2): the fold's view may show an older outcome or nothing at all.
         for doubt in ledger.in_doubt(agent, u64::MAX) {
+            let running = live
+                .get(agent)
+                .is_some_and(|lease| lease.epoch == doubt.epoch && lease.holder == doubt.device_id);
+            let status = if running { "running" } else { "in-doubt" };
             match rows
                 .iter_mut()
                 .find(|row| row.agent == agent && row.run == doubt.run_id)
             {
-                Some(row) => row.status = "in-doubt",
+                Some(row) => {
+                    if row.epoch != doubt.epoch || row.status != "pending" {
+                        row.after = Some(format!("{}@{}", row.status, row.epoch));
+                    }
+                    row.status = status;
+                    row.epoch = doubt.epoch;
+                    row.device = doubt.device_id;
+                }
                 None => rows.push(RunRow {
                     agent: agent.to_owned(),
                     run: doubt.run_id,
-                    status: "in-doubt",
+                    status,
                     epoch: doubt.epoch,
                     device: doubt.device_id,
+                    after: None,
                 }),
             }
         }
@@ -397,8 +603,13 @@ fn run_rows(ledger: &Ledger, only: Option<&str>) -> Vec<RunRow> {
 
 pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     match command {
-        LedgerCommand::Verify => return verify(settings),
-        LedgerCommand::Resolve { agent, run, outcome } => {
+        LedgerCommand::Verify { json } => return verify(settings, json),
+        LedgerCommand::Resolve {
+            agent,
+            run,
+            outcome,
+            force,
+        } => {
             let mut ledger = open_ledger(settings)?;
             let Some(doubt) = ledger
                 .in_doubt(&agent, u64::MAX)
@@ -407,28 +618,40 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             else {
                 bail!("{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)");
             };
+            if !force {
+                if let Some(lease) = live_leases(settings).get(&agent) {
+                    if lease.epoch == doubt.epoch {
+                        bail!(
+                            "{run} of {agent} may still be running: {} holds the lease at its epoch {} ({}). Resolve it once that lease ends, or pass --force",
+                            lease.holder,
+                            lease.epoch,
+                            describe(lease)
+                        );
+                    }
+                }
+            }
             let status = if outcome == "committed" {
                 IntentStatus::Committed
             } else {
                 IntentStatus::Failed
             };
-            ledger.record(&Intent::new(&run, &agent, doubt.epoch, status))?;
             ledger
-                .flush()
+                .record(&Intent::new(&run, &agent, doubt.epoch, status))
                 .context("cannot write the outcome to the ledger folder")?;
             println!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
         }
         LedgerCommand::Show { json } => {
             let ledger = open_ledger(settings)?;
-            let rows = run_rows(&ledger, None);
+            let rows = run_rows(&ledger, None, &live_leases(settings));
             let mut agents = Vec::new();
             for (agent, folded) in ledger.state().agents() {
                 let mine = rows.iter().filter(|row| row.agent == agent);
                 let committed = mine.clone().filter(|row| row.status == "committed").count();
                 let in_doubt = mine.clone().filter(|row| row.status == "in-doubt").count();
+                let running = mine.clone().filter(|row| row.status == "running").count();
                 agents.push(json!({
                     "agent_id": agent, "fencing_epoch": folded.fencing_epoch(),
-                    "runs": mine.count(), "committed": committed, "in_doubt": in_doubt,
+                    "runs": mine.count(), "committed": committed, "in_doubt": in_doubt, "running": running,
                 }));
             }
             if json {
@@ -438,11 +661,12 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             } else {
                 for agent in agents {
                     println!(
-                        "{}: fencing epoch {}, {} runs, {} committed, {} in doubt",
+                        "{}: fencing epoch {}, {} runs, {} committed, {} running, {} in doubt",
                         agent["agent_id"].as_str().unwrap_or_default(),
                         agent["fencing_epoch"],
                         agent["runs"],
                         agent["committed"],
+                        agent["running"],
                         agent["in_doubt"]
                     );
                 }
@@ -450,17 +674,22 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
         }
         LedgerCommand::Runs { agent, json } => {
             let ledger = open_ledger(settings)?;
-            let rows = run_rows(&ledger, agent.as_deref());
+            let rows = run_rows(&ledger, agent.as_deref(), &live_leases(settings));
             if json {
                 let rows: Vec<_> = rows
                     .iter()
-                    .map(|row| json!({"agent_id": row.agent, "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device}))
+                    .map(|row| json!({"agent_id": row.agent, "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device, "after": row.after}))
                     .collect();
                 println!("{}", serde_json::Value::Array(rows));
             } else {
                 for row in &rows {
+                    let after = row
+                        .after
+                        .as_ref()
+                        .map(|after| format!("  after {after}"))
+                        .unwrap_or_default();
                     println!(
-                        "{}  {}  {:<9}  epoch {}  by {}",
+                        "{}  {}  {:<9}  epoch {}  by {}{after}",
                         row.agent, row.run, row.status, row.epoch, row.device
                     );
                 }
@@ -470,19 +699,56 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     Ok(EXIT_RAN_OK)
 }
 
-fn verify(settings: &Settings) -> Result<i32> {
+fn verify(settings: &Settings, json: bool) -> Result<i32> {
     let relay = settings.relay()?;
     let batch = relay
         .pull(&Frontier::new())
         .context("cannot read the ledger folder")?;
     let mut devices = std::collections::BTreeMap::<&str, usize>::new();
+    let mut findings: Vec<(&'static str, String)> = Vec::new();
     for op in &batch.ops {
         *devices.entry(&op.device_id).or_default() += 1;
+        if op.surface == Surface::Intent && op.payload.intent().is_none() {
+            findings.push((
+                "malformed",
+                format!(
+                    "device {:?} seq {}: a malformed intent (missing or invalid fields, or an epoch above {MAX_EPOCH}); it is ignored by the fold",
+                    op.device_id, op.seq
+                ),
+            ));
+        }
+    }
+    // What this site saw before (a file that shrank or was replaced) comes from the ledger.
+    let ledger = open_ledger(settings)?;
+    for problem in ledger.problems() {
+        let kind = match problem.kind {
+            ProblemKind::Damage => "damaged",
+            ProblemKind::IncompleteLine => "incomplete",
+            _ => "ignored",
+        };
+        findings.push((kind, problem.to_string()));
+    }
+    findings.sort();
+    findings.dedup();
+    let bad = findings.iter().filter(|(kind, _)| *kind != "ignored").count();
+    if json {
+        let findings: Vec<_> = findings
+            .iter()
+            .map(|(kind, detail)| json!({"kind": kind, "detail": detail}))
+            .collect();
+        println!(
+            "{}",
+            json!({"ledger": settings.ledger.display().to_string(), "intact": bad == 0, "devices": devices, "problems": findings})
+        );
+        return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
     for (device, count) in &devices {
         println!("{device}: {count} records, chain verified");
     }
-    if batch.problems.is_empty() {
+    for (kind, detail) in &findings {
+        println!("{kind}: {detail}");
+    }
+    if bad == 0 {
         println!(
             "ledger {} is intact ({} devices)",
             settings.ledger.display(),
@@ -490,12 +756,8 @@ fn verify(settings: &Settings) -> Result<i32> {
         );
         return Ok(EXIT_RAN_OK);
     }
-    for problem in &batch.problems {
-        println!("damaged: {problem}");
-    }
     eprintln!(
-        "fencepost: {} problem(s) in {}: each device stops at its first bad line; restore that file from a backup or another host's copy",
-        batch.problems.len(),
+        "fencepost: {bad} problem(s) in {}: each device stops at its first bad line; restore that file from a backup or another host's copy (an incomplete last line may be a write or a sync in progress)",
         settings.ledger.display()
     );
     Ok(EXIT_RAN_FAILED)

@@ -1,5 +1,6 @@
 //! The `fencepost` command: run a command once across hosts, manage leases, inspect the ledger.
 
+mod child;
 mod commands;
 mod settings;
 
@@ -19,7 +20,8 @@ pub const EXIT_ALREADY_COMMITTED: i32 = 3;
 pub const EXIT_HELD_ELSEWHERE: i32 = 4;
 /// Did not run: an earlier attempt of this occurrence started and never recorded an outcome.
 pub const EXIT_IN_DOUBT: i32 = 5;
-/// Did not run: the lease was lost (taken, or the coordinator was unreachable too long).
+/// The lease was lost (taken, or the coordinator was unreachable too long): before the command
+/// started (not run), or while it ran (it was stopped and recorded failed).
 pub const EXIT_LEASE_LOST: i32 = 6;
 /// An error: unreachable coordinator, unusable ledger folder, bad settings.
 pub const EXIT_ERROR: i32 = 10;
@@ -56,18 +58,29 @@ every host computes the same run id. fencepost takes the agent's lease, reads th
 the command only if no host has committed this run and this host holds the lease. The command \
 sees FENCEPOST_AGENT, FENCEPOST_RUN_ID, FENCEPOST_EPOCH (the fencing token: pass it to services \
 that can reject stale writers) and FENCEPOST_DEVICE. Its exit status is recorded as committed \
-(0) or failed (anything else); then the lease is released.",
+(0) or failed (anything else); then the lease is released.\n\n\
+The command runs in a process group of its own. It is stopped (SIGTERM to the group, SIGKILL \
+--kill-after later) when the lease is lost while it runs (exit 6) or when --timeout passes (exit \
+1). SIGTERM, SIGINT and SIGHUP to fencepost are forwarded to the group (exit 1 unless the command \
+then exits 0). A command that fencepost stopped may have done its effect, or part of it: unless it \
+exits 0, no outcome is recorded and the run is in doubt (see exit 5). If fencepost itself is \
+killed (SIGKILL), the kernel kills the command, and the run is in doubt as well. Then the lease \
+is released.",
         after_help = "Exit status:\n  \
 0   ran, and the command succeeded\n  \
-1   ran, and the command failed\n  \
-2   usage error\n  \
+1   ran, and the command failed; or it was stopped by --timeout or a forwarded signal (then the \
+run is in doubt)\n  \
+2   usage error (a bad flag or value: an empty --salt, a --ttl below 1s, an invalid id, a \
+coordinator spec every process would have privately)\n  \
 3   not run: this occurrence already committed (here or on another host)\n  \
 4   not run: another host holds the agent's lease (see --wait)\n  \
 5   not run: in doubt, an earlier attempt started and never recorded an outcome (its host \
 may have died mid-command); check whether the effect happened, then rerun with --retry-in-doubt, \
 or record it with `fencepost ledger resolve`\n  \
-6   not run: the lease was lost before the command could start\n  \
-10  error (unreachable coordinator, unusable ledger folder, bad settings)\n\n\
+6   the lease was lost: before the command could start (not run), or while it ran (it was \
+stopped, and the run is in doubt)\n  \
+10  error (unreachable coordinator, unusable or damaged ledger folder, an outcome that could \
+not be written)\n\n\
 Example, the same line in the crontab of three hosts that share a synced ledger folder:\n  \
 0 9 * * * fencepost run --agent reports --intent 'daily report' --salt \"$(date +\\%F)\" --wait 2m -- ./send-report.sh"
     )]
@@ -129,9 +142,33 @@ fn main() {
     )
 }
 
+/// A command line that asks for something fencepost refuses (exit 2), found after parsing.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Returns a usage error (exit 2) from a command.
+#[macro_export]
+macro_rules! usage {
+    ($($arg:tt)*) => {
+        return Err(anyhow::Error::new($crate::UsageError(format!($($arg)*))))
+    };
+}
+
 fn exit(outcome: anyhow::Result<i32>) -> ! {
     match outcome {
         Ok(code) => std::process::exit(code),
+        Err(error) if error.downcast_ref::<UsageError>().is_some() => {
+            eprintln!("fencepost: {error:#}");
+            std::process::exit(EXIT_USAGE);
+        }
         Err(error) => {
             eprintln!("fencepost: {error:#}");
             std::process::exit(EXIT_ERROR);

@@ -76,7 +76,9 @@ impl Settings {
             Some(device) => device,
             None => default_device()?,
         };
-        validate_id(IdKind::Device, &device).with_context(|| format!("device id {device:?}"))?;
+        if let Err(error) = validate_id(IdKind::Device, &device) {
+            crate::usage!("device id {device:?}: {error}");
+        }
         Ok(Self {
             coordinator,
             ledger,
@@ -101,6 +103,24 @@ impl Settings {
         }
         FsRelay::open(&self.ledger)
             .with_context(|| format!("cannot open the ledger folder {}", self.ledger.display()))
+    }
+
+    /// Where this site remembers what it has seen of the ledger (per ledger folder and device), so
+    /// that a device file that later shrinks or is replaced counts as damage. `None` without a data
+    /// directory.
+    pub fn seen_file(&self) -> Option<PathBuf> {
+        let ledger = std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone());
+        let digest = Sha256::digest(ledger.as_os_str().as_encoded_bytes());
+        let hex: String = digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
+        let folder = data_dir().ok()?.join("seen");
+        if let Err(error) = std::fs::create_dir_all(&folder) {
+            tracing::warn!(folder = %folder.display(), %error, "cannot create the folder of seen files; a ledger file that shrinks is not detected across commands");
+            return None;
+        }
+        Some(folder.join(format!(
+            "{hex}-{}",
+            fencepost::relay::device_file_name(&self.device)
+        )))
     }
 
     /// Connects to the coordinator.
@@ -161,6 +181,17 @@ pub enum Backend {
 impl Backend {
     fn open(spec: &str) -> Result<Self> {
         if let Some(path) = spec.strip_prefix("sqlite:") {
+            // SQLite opens a private, throw-away database for these: every process would have a
+            // coordinator of its own, and every host would run the command.
+            let private = path.trim().is_empty()
+                || path.contains(":memory:")
+                || path.contains("mode=memory")
+                || path.starts_with("file:");
+            if private {
+                crate::usage!(
+                    "--coordinator {spec:?} gives every process a private coordinator, so several could run one occurrence; use sqlite:PATH with a file every process on this host shares"
+                );
+            }
             let path = PathBuf::from(path);
             if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
                 if !parent.exists() {
@@ -192,7 +223,7 @@ impl Backend {
             #[cfg(not(feature = "postgres"))]
             bail!("this fencepost was built without PostgreSQL support (feature `postgres`)");
         }
-        bail!("--coordinator must be sqlite:PATH or a postgres:// URL, not {spec:?}")
+        crate::usage!("--coordinator must be sqlite:PATH or a postgres:// URL, not {spec:?}")
     }
 
     /// Every lease with a holder, in agent order.

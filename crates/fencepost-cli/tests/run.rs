@@ -82,10 +82,27 @@ fn ledger_resolve_records_an_in_doubt_runs_outcome() {
         ],
         "true",
     );
-    let runs: serde_json::Value =
-        serde_json::from_str(&text(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout)).unwrap();
-    assert_eq!(runs[0]["status"], "in-doubt");
+    let runs_json = || -> serde_json::Value {
+        serde_json::from_str(&text(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout)).unwrap()
+    };
+    // While the dead host's lease is live, its run shows as running, and resolving it is refused
+    // unless forced (its command could still be running).
+    let runs = runs_json();
+    assert_eq!(runs[0]["status"], "running", "{runs}");
     let run_id = runs[0]["run_id"].as_str().unwrap().to_owned();
+    let resolve = |outcome: &str, extra: &[&str]| {
+        let mut args = vec![
+            "ledger", "resolve", "--agent", "billing", "--run", &run_id, "--as", outcome,
+        ];
+        args.extend_from_slice(extra);
+        shared.run("host-2", &args)
+    };
+    let early = resolve("committed", &[]);
+    assert_eq!(early.status.code(), Some(10), "{}", text(&early.stderr));
+    assert!(text(&early.stderr).contains("--force"), "{}", text(&early.stderr));
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    let runs = runs_json();
+    assert_eq!(runs[0]["status"], "in-doubt", "{runs}");
     // The operator checked with the payment provider: the charge went through.
     let resolved = shared.run(
         "host-2",
@@ -204,7 +221,7 @@ fn errors_are_one_clear_line_and_lose_nothing() {
     command.env("FENCEPOST_COORDINATOR", "etcd://somewhere");
     one_line(
         &command.output().unwrap(),
-        10,
+        2,
         "must be sqlite:PATH or a postgres:// URL",
     );
     // Malformed flags.
@@ -223,7 +240,7 @@ fn errors_are_one_clear_line_and_lose_nothing() {
         2,
         "COMMAND",
     );
-    one_line(&shared.run("bad\ndevice", &["lease", "list"]), 10, "device id");
+    one_line(&shared.run("bad\ndevice", &["lease", "list"]), 2, "device id");
     // A corrupt ledger file: verify names it; the other devices' records are all still there.
     let second = shared.run(
         "host-2",

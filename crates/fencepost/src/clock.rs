@@ -158,6 +158,7 @@ pub enum ClockError {
 /// let second = clock.tick();
 /// assert!(second > first);
 /// ```
+#[derive(Clone)]
 pub struct HlcClock {
     device_id: Arc<str>,
     wall_clock: WallClock,
@@ -218,10 +219,18 @@ impl HlcClock {
     /// A new stamp, strictly greater than every stamp issued or observed before.
     ///
     /// # Panics
-    /// Only if the stamp space is exhausted: the last stamp is `(u64::MAX, u32::MAX)`. A remote
-    /// stamp cannot bring that about (see [`HlcClock::observe`]); only a [`WallClock`] that reads
-    /// `u64::MAX` can, which is a defect of the caller's clock.
+    /// Only if the stamp space is exhausted (see [`try_tick`](Self::try_tick), which says so with
+    /// an error instead).
     pub fn tick(&mut self) -> Hlc {
+        self.try_tick()
+            .expect("HLC exhausted: the last stamp is the largest there is")
+    }
+
+    /// A new stamp, strictly greater than every stamp issued or observed before; `None` when the
+    /// last stamp is `(u64::MAX, u32::MAX)`, the largest there is (a forged or damaged record of
+    /// this device can carry it, and a [`WallClock`] that reads `u64::MAX` can reach it). The
+    /// clock is unchanged then.
+    pub fn try_tick(&mut self) -> Option<Hlc> {
         let now_ms = (self.wall_clock)();
         if now_ms > self.last_wall_ms {
             self.last_wall_ms = now_ms;
@@ -229,16 +238,22 @@ impl HlcClock {
         } else if self.last_counter < u32::MAX {
             self.last_counter += 1;
         } else {
-            self.last_wall_ms = self
-                .last_wall_ms
-                .checked_add(1)
-                .expect("HLC exhausted: the wall clock reads u64::MAX");
+            self.last_wall_ms = self.last_wall_ms.checked_add(1)?;
             self.last_counter = 0;
         }
-        Hlc {
+        Some(Hlc {
             wall_ms: self.last_wall_ms,
             counter: self.last_counter,
             device_id: Arc::clone(&self.device_id),
+        })
+    }
+
+    /// Moves the clock past `own`, a stamp this device issued (read back from its own log, for
+    /// example written by another process of the same device). No skew limit applies.
+    pub fn observe_own(&mut self, own: &Hlc) {
+        if (own.wall_ms, own.counter) > (self.last_wall_ms, self.last_counter) {
+            self.last_wall_ms = own.wall_ms;
+            self.last_counter = own.counter;
         }
     }
 

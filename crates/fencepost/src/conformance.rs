@@ -42,7 +42,8 @@ use crate::fence::{check_dispatch, FenceDecision};
 use crate::fold::{fold, SyncState};
 use crate::id::MAX_ID_BYTES;
 use crate::lease::{
-    expiry_after, Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH_FLOOR, MAX_TTL_MS,
+    expiry_after, Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR,
+    MAX_TTL_MS,
 };
 use crate::oplog::{DeviceLog, Surface};
 
@@ -73,6 +74,7 @@ pub fn run_all(harness: &dyn Harness) {
     l3_release_clears_the_holder_and_keeps_the_epoch(harness);
     l4_current_reports_the_holder_expired_or_not(harness);
     l5_epochs_never_repeat_or_regress(harness);
+    l5_the_last_epoch_is_minted_once_and_never_clamped(harness);
     l6_concurrent_acquires_have_exactly_one_winner(harness);
     l6_recorded_histories_are_linearizable(harness, &HistoryConfig::default());
     l8_bad_input_is_a_clear_error_and_changes_nothing(harness);
@@ -281,6 +283,45 @@ pub fn l4_current_reports_the_holder_expired_or_not(harness: &dyn Harness) {
         .release("l4", "laptop", lease.epoch)
         .expect("L4 setup");
     assert_eq!(coordinator.current("l4").expect("L4"), None, "L4: released");
+}
+
+/// L5 at the top of the epoch range: the last epoch ([`MAX_EPOCH`]) is granted once, the next
+/// acquire is refused with [`LeaseError::EpochsExhausted`] (never the same epoch again), and a
+/// claimed epoch above the range is `Lost` without touching the real holder's lease.
+pub fn l5_the_last_epoch_is_minted_once_and_never_clamped(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    coordinator
+        .raise_epoch_floor("l5-top", MAX_EPOCH_FLOOR)
+        .expect("L5 setup");
+    let last = coordinator.acquire("l5-top", "laptop", ttl).expect("L5");
+    assert_eq!(last.epoch, MAX_EPOCH, "L5: the last epoch is granted");
+    for claimed in [MAX_EPOCH + 1, u64::MAX] {
+        assert!(
+            matches!(
+                coordinator.renew("l5-top", "laptop", claimed, ttl * 10),
+                Err(LeaseError::Lost { .. })
+            ),
+            "L5: renew of epoch {claimed}, above the range, is Lost"
+        );
+        assert!(
+            matches!(
+                coordinator.release("l5-top", "laptop", claimed),
+                Err(LeaseError::Lost { .. })
+            ),
+            "L5: release of epoch {claimed}, above the range, is Lost"
+        );
+    }
+    assert_eq!(
+        coordinator.current("l5-top").expect("L5"),
+        Some(last.clone()),
+        "L5: a claim above the range changed nothing"
+    );
+    coordinator.release("l5-top", "laptop", last.epoch).expect("L5");
+    match coordinator.acquire("l5-top", "phone", ttl) {
+        Err(LeaseError::EpochsExhausted { last_epoch, .. }) => assert_eq!(last_epoch, MAX_EPOCH),
+        other => panic!("L5: no epoch after the last one, got {other:?}"),
+    }
 }
 
 /// L5: epochs are dense and never repeat across steals and releases; agents are independent; the

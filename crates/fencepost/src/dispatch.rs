@@ -33,8 +33,10 @@
 //!
 //! `dispatch` does not decide for you: dispatching an in-doubt run is a retry.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
+
+use serde_json::Value;
 
 use crate::clock::{HlcConfig, WallClock};
 use crate::fence::{check_dispatch, FenceDecision};
@@ -43,7 +45,7 @@ use crate::id::{validate_id, IdError, IdKind};
 use crate::keeper::LeaseKeeper;
 use crate::lease::{Intent, IntentStatus, LeaseError};
 use crate::oplog::{DeviceLog, LogError, OpId, OpRecord, Surface};
-use crate::relay::{Frontier, Relay, RelayError};
+use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
 
 /// What a site hands to the resource along with the effect: who acts, for which run, under which
 /// epoch. A resource that remembers the highest epoch per agent and refuses lower ones stops a
@@ -95,6 +97,23 @@ pub enum DispatchError {
     /// The coordinator failed during the fence; the effect did not run (`failed` was recorded).
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// The ledger is incomplete: the relay reported damage ([`Ledger::damage`]), so a run that the
+    /// damaged device committed would look new. Nothing was written, nothing ran. Repair the file
+    /// from a copy, or accept the damage explicitly ([`Ledger::accept_damage`]).
+    #[error("the ledger is damaged, not dispatching on it: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Damaged {
+        /// What is damaged.
+        problems: Vec<RelayProblem>,
+    },
+    /// The seen file ([`LedgerOptions::seen_file`]) could not be read or written.
+    #[error("cannot use the seen file {path}: {source}")]
+    Seen {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What [`dispatch`] did.
@@ -128,22 +147,43 @@ pub enum DispatchOutcome<T, E> {
         /// The epoch this site claimed.
         claimed_epoch: u64,
     },
+    /// The effect started under the fence and was interrupted ([`EffectOutcome::Unknown`]): no
+    /// outcome was recorded, so the run is now in doubt (rule D2).
+    Interrupted {
+        /// The epoch it ran under.
+        epoch: u64,
+        /// What interrupted it.
+        error: E,
+    },
+    /// The run is in doubt (rule D2): an earlier attempt started and never recorded an outcome.
+    /// Nothing ran, nothing was written; decide (see the [module docs](self)), then record the
+    /// outcome with [`Ledger::record`] or retry with [`DispatchOptions::retry_in_doubt`].
+    InDoubt {
+        /// The attempt in doubt.
+        run: InDoubtRun,
+    },
 }
 
 impl<T, E> DispatchOutcome<T, E> {
-    /// Whether the effect ran.
+    /// Whether the effect ran (to the end, or until it was interrupted).
     pub fn executed(&self) -> bool {
-        matches!(self, DispatchOutcome::Executed { .. })
+        matches!(
+            self,
+            DispatchOutcome::Executed { .. } | DispatchOutcome::Interrupted { .. }
+        )
     }
 }
 
-/// A run whose latest record is a `pending` of an earlier epoch, with no `committed` or `failed`
-/// record anywhere: its effect may or may not have happened.
+/// A run in doubt (rule D2): it has no `committed` record, and a `pending` of some epoch has no
+/// `committed` or `failed` record of that same epoch, so that attempt's effect may or may not have
+/// happened. A `failed` of an *older* epoch does not settle a newer attempt: a run whose history is
+/// `failed`@1 then `pending`@2 is in doubt at epoch 2 (the fold's view of the run, F5, still shows
+/// the `failed`@1; `fencepost ledger runs` shows `in-doubt … epoch 2 … after failed@1`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InDoubtRun {
     /// The run.
     pub run_id: String,
-    /// The epoch of its latest `pending`.
+    /// The epoch of its greatest unsettled `pending`.
     pub epoch: u64,
     /// The device that wrote it.
     pub device_id: String,
@@ -160,16 +200,55 @@ pub struct SyncReport {
     pub pulled: usize,
 }
 
-/// One site's view of the ledger: its own op log (appended and pushed through a relay), the folded
-/// state of every device's intents, and an index of the runs that may be in doubt.
+/// Settings of [`Ledger::open_with`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct LedgerOptions {
+    /// A file (in the site's own data directory, never in the relay) where the ledger remembers,
+    /// per device, how many records it has seen and the last one's id. A later open that finds
+    /// fewer records, or another record at that place, reports the device as damaged (a file that
+    /// shrank, was replaced or lost records), so nothing is dispatched on what is left. Shared by
+    /// every process of the site (updates merge under a file lock).
+    pub seen_file: Option<std::path::PathBuf>,
+}
+
+impl LedgerOptions {
+    /// Remember what was seen in `path` (see [`LedgerOptions::seen_file`]).
+    pub fn seen_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.seen_file = Some(path.into());
+        self
+    }
+}
+
+/// Per run: the pendings with no outcome of their epoch yet, and the epochs that have one.
+#[derive(Debug, Default)]
+struct Attempts {
+    unsettled: BTreeMap<u64, InDoubtRun>,
+    settled: BTreeSet<u64>,
+}
+
+/// One site's view of the ledger: its own op log (appended through the relay), the folded state of
+/// every device's intents, an index of the runs in doubt, and the damage the relay reported.
+///
+/// Appends go through [`Relay::append`]: under the relay's claim on this device's log, the ledger
+/// first continues past what other writers of the same device (other processes, other `Ledger`s)
+/// appended, so any number of them interleave; none forks the log or hides another's record.
 pub struct Ledger {
     log: DeviceLog,
     relay: Arc<dyn Relay>,
     state: SyncState,
     frontier: Frontier,
-    unsent: Vec<OpRecord>,
-    /// Per agent and run, the greatest `pending` seen, for runs with no terminal record.
-    pendings: BTreeMap<(String, String), InDoubtRun>,
+    /// Records asked for but not yet stored (their append failed), in order.
+    unsent: Vec<(Surface, Value)>,
+    /// Per agent and run, the attempts, for runs with no commit.
+    attempts: BTreeMap<(String, String), Attempts>,
+    /// What the last pull reported, and what the seen file revealed.
+    problems: Vec<RelayProblem>,
+    /// Devices (or files) whose damage the caller accepted.
+    accepted: BTreeSet<String>,
+    seen: Option<SeenFile>,
+    /// Per device, the seq and id of the last record folded.
+    last_ops: BTreeMap<String, (u64, OpId)>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -178,6 +257,7 @@ impl std::fmt::Debug for Ledger {
             .debug_struct("Ledger")
             .field("device_id", &self.log.device_id())
             .field("unsent", &self.unsent.len())
+            .field("problems", &self.problems.len())
             .finish_non_exhaustive()
     }
 }
@@ -194,11 +274,23 @@ impl Ledger {
         wall_clock: WallClock,
         relay: Arc<dyn Relay>,
     ) -> Result<Self, DispatchError> {
+        Self::open_with(device_id, wall_clock, relay, LedgerOptions::default())
+    }
+
+    /// [`open`](Self::open) with options.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open), and [`DispatchError::Seen`] when the seen file cannot be read or
+    /// written (a damaged one is not an error: it is reported and rebuilt).
+    pub fn open_with(
+        device_id: &str,
+        wall_clock: WallClock,
+        relay: Arc<dyn Relay>,
+        options: LedgerOptions,
+    ) -> Result<Self, DispatchError> {
         validate_id(IdKind::Device, device_id)?;
+        let seen = options.seen_file.map(SeenFile::load).transpose()?;
         let batch = relay.pull(&Frontier::new())?;
-        for problem in &batch.problems {
-            tracing::warn!(%problem, "relay problem while opening the ledger");
-        }
         let own: Vec<OpRecord> = batch
             .ops
             .iter()
@@ -212,9 +304,13 @@ impl Ledger {
             state: SyncState::new(),
             frontier: Frontier::new(),
             unsent: Vec::new(),
-            pendings: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            problems: Vec::new(),
+            accepted: BTreeSet::new(),
+            seen,
+            last_ops: BTreeMap::new(),
         };
-        ledger.absorb(&batch.ops);
+        ledger.take_pull(batch)?;
         Ok(ledger)
     }
 
@@ -228,103 +324,379 @@ impl Ledger {
         &self.state
     }
 
-    /// How many own records wait to be pushed.
+    /// How many records wait to be stored (their append failed; [`flush`](Self::flush) retries).
     pub fn unsent(&self) -> usize {
         self.unsent.len()
     }
 
-    /// Appends an intent to this device's log, folds it, and queues it for the relay (push with
-    /// [`flush`](Self::flush) or [`sync`](Self::sync)). For recording the outcome of a reconciled
+    /// Every problem the last pull reported (damage, incomplete last lines, ignored files), and
+    /// the devices found with fewer records than this site saw before.
+    pub fn problems(&self) -> &[RelayProblem] {
+        &self.problems
+    }
+
+    /// The damage that makes this ledger incomplete (rule R1): problems of kind
+    /// [`ProblemKind::Damage`](crate::relay::ProblemKind::Damage) whose device (or file) was not
+    /// accepted with [`accept_damage`](Self::accept_damage). [`dispatch`] refuses to run anything
+    /// while there is any: a run that the damaged device committed would look new.
+    pub fn damage(&self) -> Vec<&RelayProblem> {
+        self.problems
+            .iter()
+            .filter(|problem| problem.is_damage() && !self.is_accepted(problem))
+            .collect()
+    }
+
+    fn is_accepted(&self, problem: &RelayProblem) -> bool {
+        self.accepted.iter().any(|device| names(problem, device))
+    }
+
+    /// Accepts the damage of `device` (a device id, or a device file's name): [`dispatch`] no
+    /// longer refuses because of it, in this ledger. The operator's decision is recorded in this
+    /// device's log (surface `log/fencepost.accept-damaged`, with the problems seen), so it can be
+    /// audited. Returns how many current problems it covers.
+    ///
+    /// # Errors
+    /// [`DispatchError::Relay`] when the record cannot be stored (nothing is accepted then).
+    pub fn accept_damage(&mut self, device: &str) -> Result<usize, DispatchError> {
+        let mut accepted = self.accepted.clone();
+        accepted.insert(device.to_owned());
+        let covered: Vec<String> = self
+            .problems
+            .iter()
+            .filter(|problem| problem.is_damage() && names(problem, device))
+            .map(ToString::to_string)
+            .collect();
+        self.append_now(
+            Surface::log("fencepost.accept-damaged"),
+            serde_json::json!({"device": device, "problems": covered}),
+        )?;
+        self.accepted = accepted;
+        Ok(covered.len())
+    }
+
+    /// Appends an intent to this device's log and stores it through the relay at once (under the
+    /// relay's claim on the device's log), then folds it. For recording the outcome of a reconciled
     /// in-doubt run; [`dispatch`] records its own.
     ///
     /// # Errors
-    /// [`DispatchError::InvalidId`] for an invalid agent or run id.
+    /// [`DispatchError::InvalidId`] for an invalid agent or run id (nothing queued);
+    /// [`DispatchError::Relay`] or [`DispatchError::Log`] when it could not be stored: it stays
+    /// queued ([`unsent`](Self::unsent)) and is stored, in order, by the next
+    /// [`flush`](Self::flush), [`sync`](Self::sync) or record of this ledger.
     pub fn record(&mut self, intent: &Intent) -> Result<OpRecord, DispatchError> {
         validate_id(IdKind::Agent, &intent.agent_id)?;
         validate_id(IdKind::Run, &intent.run_id)?;
-        let op = self.log.append(Surface::Intent, intent.payload());
-        self.absorb(std::slice::from_ref(&op));
-        self.unsent.push(op.clone());
-        Ok(op)
+        self.append_now(Surface::Intent, intent.payload())
     }
 
-    /// Pushes the queued records.
+    /// Queues one record and stores every queued one; returns the last.
+    fn append_now(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, DispatchError> {
+        self.unsent.push((surface, payload));
+        let mut stored = self.write_queued()?;
+        stored.pop().ok_or_else(|| {
+            DispatchError::Relay(RelayError::Io {
+                operation: "append to",
+                path: std::path::PathBuf::from(self.device_id()),
+                source: std::io::Error::other("the relay stored nothing"),
+            })
+        })
+    }
+
+    /// Stores the queued records under the relay's claim on this device's log.
+    fn write_queued(&mut self) -> Result<Vec<OpRecord>, DispatchError> {
+        if self.unsent.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut draft: Option<DeviceLog> = None;
+        let (log, unsent) = (&self.log, &self.unsent);
+        let appended = self.relay.append(
+            log.device_id(),
+            log.head().next_seq(),
+            &mut |tail: &[OpRecord]| {
+                let mut next = log.clone();
+                next.catch_up(tail)?;
+                let made = unsent
+                    .iter()
+                    .map(|(surface, payload)| next.try_append(surface.clone(), payload.clone()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                draft = Some(next);
+                Ok(made)
+            },
+        )?;
+        if let Some(next) = draft {
+            self.log = next;
+        }
+        self.unsent.clear();
+        self.absorb(&appended.tail);
+        self.absorb(&appended.appended);
+        self.save_seen()?;
+        Ok(appended.appended)
+    }
+
+    /// Stores the queued records.
     ///
     /// # Errors
-    /// [`DispatchError::Relay`]; the records stay queued.
+    /// [`DispatchError::Relay`] or [`DispatchError::Log`]; the records stay queued.
     pub fn flush(&mut self) -> Result<usize, DispatchError> {
-        if self.unsent.is_empty() {
-            return Ok(0);
-        }
-        self.relay.push(&self.unsent)?;
-        Ok(std::mem::take(&mut self.unsent).len())
+        Ok(self.write_queued()?.len())
     }
 
-    /// Pushes the queued records, then pulls and folds what the relay has that this ledger lacks.
+    /// Stores the queued records, then pulls and folds what the relay has that this ledger lacks.
+    /// The problems the pull reports replace the previous ones ([`problems`](Self::problems)).
     ///
     /// # Errors
     /// [`DispatchError::Relay`] when the push or the pull fails.
     pub fn sync(&mut self) -> Result<SyncReport, DispatchError> {
         let pushed = self.flush()?;
         let batch = self.relay.pull(&self.frontier)?;
-        for problem in &batch.problems {
-            tracing::warn!(%problem, "relay problem while syncing the ledger");
-        }
         for op in &batch.ops {
+            if &*op.device_id == self.log.device_id() {
+                continue; // own records written by another process: caught up on the next append
+            }
             // A stamp too far ahead is refused by the clock (rule C1) but still folded.
             if let Err(error) = self.log.observe(&op.hlc) {
                 tracing::warn!(%error, device_id = %op.device_id, "not advancing the clock to a remote stamp");
             }
         }
-        self.absorb(&batch.ops);
-        Ok(SyncReport {
-            pushed,
-            pulled: batch.ops.len(),
-        })
+        let pulled = batch.ops.len();
+        self.take_pull(batch)?;
+        Ok(SyncReport { pushed, pulled })
     }
 
-    /// Folds `ops` (already stored in the relay or this log) and indexes their pendings.
+    /// Folds a pull, keeps its problems, and checks and updates the seen file.
+    fn take_pull(&mut self, batch: crate::relay::PullBatch) -> Result<(), DispatchError> {
+        for problem in batch.problems.iter().filter(|problem| problem.is_damage()) {
+            tracing::debug!(%problem, "the ledger is damaged");
+        }
+        self.problems = batch.problems;
+        self.absorb(&batch.ops);
+        if let Some(seen) = &self.seen {
+            for (device, mark) in &seen.devices {
+                let has = self.frontier.next_seq(device);
+                if has < mark.next_seq {
+                    self.problems.push(RelayProblem {
+                        kind: crate::relay::ProblemKind::Damage,
+                        device_id: Some(device.clone()),
+                        file: None,
+                        line_number: None,
+                        detail: format!(
+                            "this site has seen {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",
+                            mark.next_seq
+                        ),
+                    });
+                }
+            }
+        }
+        self.save_seen()
+    }
+
+    fn save_seen(&mut self) -> Result<(), DispatchError> {
+        let Some(seen) = &mut self.seen else {
+            return Ok(());
+        };
+        let damaged: BTreeSet<&str> = self
+            .problems
+            .iter()
+            .filter(|problem| problem.is_damage())
+            .filter_map(|problem| problem.device_id.as_deref())
+            .collect();
+        let mut marks = BTreeMap::new();
+        for (device, next_seq) in self.frontier.iter() {
+            if damaged.contains(device) {
+                continue;
+            }
+            if let Some((seq, last_op_id)) = self.last_ops.get(device) {
+                if seq + 1 == next_seq {
+                    marks.insert(
+                        device.to_owned(),
+                        Seen {
+                            next_seq,
+                            last_op_id: *last_op_id,
+                        },
+                    );
+                }
+            }
+        }
+        seen.store(marks)
+    }
+
+    /// Folds `ops` (stored in the relay), indexes their attempts, and checks them against the seen
+    /// file.
     fn absorb(&mut self, ops: &[OpRecord]) {
         self.frontier.observe_all(ops);
         self.state.apply_all(ops);
         for op in ops {
+            let last = self
+                .last_ops
+                .entry(op.device_id.to_string())
+                .or_insert((op.seq, op.op_id));
+            if op.seq >= last.0 {
+                *last = (op.seq, op.op_id);
+            }
+            if let Some(mark) = self
+                .seen
+                .as_ref()
+                .and_then(|seen| seen.devices.get(&*op.device_id))
+            {
+                if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
+                    self.problems.push(RelayProblem {
+                        kind: crate::relay::ProblemKind::Damage,
+                        device_id: Some(op.device_id.to_string()),
+                        file: None,
+                        line_number: Some(op.seq + 1),
+                        detail: format!(
+                            "record {} is {}, but this site saw {} there: the file was replaced (restore it from a copy)",
+                            op.seq, op.op_id, mark.last_op_id
+                        ),
+                    });
+                }
+            }
             let Some(intent) = op.payload.intent() else {
                 continue;
             };
             let key = (intent.agent_id, intent.run_id);
-            let terminal = self
-                .state
-                .intent(&key.0, &key.1)
-                .is_some_and(|record| record.status != IntentStatus::Pending);
-            if terminal {
-                self.pendings.remove(&key);
-            } else if intent.status == IntentStatus::Pending {
-                let candidate = InDoubtRun {
-                    run_id: key.1.clone(),
-                    epoch: intent.epoch,
-                    device_id: op.device_id.to_string(),
-                    op_id: op.op_id,
-                };
-                let entry = self.pendings.entry(key).or_insert_with(|| candidate.clone());
-                if (candidate.epoch, &candidate.op_id) > (entry.epoch, &entry.op_id) {
-                    *entry = candidate;
+            if self.state.committed_run(&key.0, &key.1).is_some() {
+                self.attempts.remove(&key);
+                continue;
+            }
+            let attempts = self.attempts.entry(key).or_default();
+            if intent.status == IntentStatus::Pending {
+                if !attempts.settled.contains(&intent.epoch) {
+                    let candidate = InDoubtRun {
+                        run_id: op
+                            .payload
+                            .intent()
+                            .map(|intent| intent.run_id)
+                            .unwrap_or_default(),
+                        epoch: intent.epoch,
+                        device_id: op.device_id.to_string(),
+                        op_id: op.op_id,
+                    };
+                    let slot = attempts
+                        .unsettled
+                        .entry(intent.epoch)
+                        .or_insert_with(|| candidate.clone());
+                    if candidate.op_id > slot.op_id {
+                        *slot = candidate;
+                    }
                 }
+            } else {
+                attempts.settled.insert(intent.epoch);
+                attempts.unsettled.remove(&intent.epoch);
             }
         }
     }
 
-    /// The runs of `agent_id` in doubt for a holder at `held_epoch`: the latest record is a
-    /// `pending` of an earlier epoch, and no `committed` or `failed` exists. Call it right after
+    /// The runs of `agent_id` in doubt for a holder at `held_epoch` (rule D2): no `committed`
+    /// record, and a `pending` of an epoch below `held_epoch` with no `committed` or `failed` of
+    /// that epoch. Each run is reported once, at its greatest such epoch. Call it right after
     /// acquiring, before dispatching; see the [module docs](self) for what to do with them.
+    /// `held_epoch = u64::MAX` lists every run in doubt.
     pub fn in_doubt(&self, agent_id: &str, held_epoch: u64) -> Vec<InDoubtRun> {
         let start = (agent_id.to_owned(), String::new());
-        self.pendings
+        self.attempts
             .range(start..)
             .take_while(|((agent, _), _)| agent == agent_id)
-            .map(|(_, run)| run)
-            .filter(|run| run.epoch < held_epoch)
-            .cloned()
+            .filter_map(|(_, attempts)| attempts.unsettled.range(..held_epoch).next_back())
+            .map(|(_, run)| run.clone())
             .collect()
+    }
+
+    /// Whether `run_id` of `agent_id` is in doubt for a holder at `held_epoch`: like
+    /// [`in_doubt`](Self::in_doubt), but a `pending` *at* `held_epoch` with no outcome counts too
+    /// (an earlier attempt of this tenure whose outcome was never stored).
+    pub fn in_doubt_run(&self, agent_id: &str, run_id: &str, held_epoch: u64) -> Option<InDoubtRun> {
+        let attempts = self.attempts.get(&(agent_id.to_owned(), run_id.to_owned()))?;
+        attempts
+            .unsettled
+            .range(..=held_epoch)
+            .next_back()
+            .map(|(_, run)| run.clone())
+    }
+}
+
+/// Whether `problem` concerns `device` (a device id, or the name of its file in the relay).
+fn names(problem: &RelayProblem, device: &str) -> bool {
+    let file_name = problem
+        .file
+        .as_ref()
+        .and_then(|file| file.file_name())
+        .map(|name| name.to_string_lossy().into_owned());
+    problem.device_id.as_deref() == Some(device)
+        || file_name.is_some_and(|name| name == device || name == crate::relay::device_file_name(device))
+}
+
+/// What a site remembers of one device's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Seen {
+    next_seq: u64,
+    last_op_id: OpId,
+}
+
+/// The seen file of [`LedgerOptions::seen_file`].
+#[derive(Debug)]
+struct SeenFile {
+    path: std::path::PathBuf,
+    devices: BTreeMap<String, Seen>,
+}
+
+impl SeenFile {
+    fn load(path: std::path::PathBuf) -> Result<Self, DispatchError> {
+        let devices = Self::read(&path)?;
+        Ok(Self { path, devices })
+    }
+
+    fn read(path: &std::path::Path) -> Result<BTreeMap<String, Seen>, DispatchError> {
+        match std::fs::read(path) {
+            Ok(bytes) => Ok(serde_json::from_slice(&bytes).unwrap_or_else(|error| {
+                tracing::warn!(file = %path.display(), %error, "the seen file is damaged; starting it again");
+                BTreeMap::new()
+            })),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(error) => Err(DispatchError::Seen {
+                path: path.to_path_buf(),
+                source: error,
+            }),
+        }
+    }
+
+    /// Merges `marks` into the file (the greater seq wins), under the file's lock.
+    fn store(&mut self, marks: BTreeMap<String, Seen>) -> Result<(), DispatchError> {
+        let failed = |source| DispatchError::Seen {
+            path: self.path.clone(),
+            source,
+        };
+        let changed = marks.iter().any(|(device, mark)| {
+            self.devices
+                .get(device)
+                .is_none_or(|known| mark.next_seq > known.next_seq)
+        });
+        if !changed {
+            return Ok(());
+        }
+        let mut lock_path = self.path.clone().into_os_string();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(failed)?;
+        lock.lock().map_err(failed)?;
+        let mut devices = Self::read(&self.path)?;
+        for (device, mark) in marks {
+            let slot = devices.entry(device).or_insert(mark);
+            if mark.next_seq > slot.next_seq {
+                *slot = mark;
+            }
+        }
+        let mut temporary = self.path.clone().into_os_string();
+        temporary.push(format!(".{}.tmp", std::process::id()));
+        let bytes = serde_json::to_vec(&devices).map_err(|error| failed(error.into()))?;
+        std::fs::write(&temporary, bytes).map_err(failed)?;
+        std::fs::rename(&temporary, &self.path).map_err(failed)?;
+        self.devices = devices;
+        Ok(())
     }
 }
 
@@ -387,6 +759,67 @@ pub fn dispatch<T, E>(
     run_id: &str,
     effect: impl FnOnce(&FencingToken) -> Result<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
+    dispatch_with(keeper, ledger, run_id, DispatchOptions::default(), effect)
+}
+
+/// Choices a caller makes explicitly in [`dispatch_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DispatchOptions {
+    /// Run the effect even when the run is in doubt (rule D2): the caller checked that the earlier
+    /// attempt's effect did not happen, or the resource makes a second attempt harmless.
+    pub retry_in_doubt: bool,
+}
+
+impl DispatchOptions {
+    /// Retry an in-doubt run (see [`DispatchOptions::retry_in_doubt`]).
+    pub fn retry_in_doubt(mut self, retry: bool) -> Self {
+        self.retry_in_doubt = retry;
+        self
+    }
+}
+
+/// [`dispatch`] with explicit [`DispatchOptions`].
+///
+/// # Errors
+/// As [`dispatch`].
+pub fn dispatch_with<T, E>(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    run_id: &str,
+    options: DispatchOptions,
+    effect: impl FnOnce(&FencingToken) -> Result<T, E>,
+) -> Result<DispatchOutcome<T, E>, DispatchError> {
+    dispatch_effect(keeper, ledger, run_id, options, |token| match effect(token) {
+        Ok(value) => EffectOutcome::Succeeded(value),
+        Err(error) => EffectOutcome::Failed(error),
+    })
+}
+
+/// What an effect reports to [`dispatch_effect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectOutcome<T, E> {
+    /// It happened: `committed` is recorded.
+    Succeeded(T),
+    /// It did not happen: `failed` is recorded.
+    Failed(E),
+    /// Nobody knows whether it happened (it was interrupted mid-way: killed, timed out, its lease
+    /// lost): no outcome is recorded, so the run stays **in doubt** (rule D2) and no site runs it
+    /// again without a decision.
+    Unknown(E),
+}
+
+/// [`dispatch_with`] for an effect that may not know whether it happened ([`EffectOutcome`]).
+///
+/// # Errors
+/// As [`dispatch`].
+pub fn dispatch_effect<T, E>(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    run_id: &str,
+    options: DispatchOptions,
+    effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
+) -> Result<DispatchOutcome<T, E>, DispatchError> {
     validate_id(IdKind::Run, run_id)?;
     if keeper.device_id() != ledger.device_id() {
         return Err(DispatchError::DeviceMismatch {
@@ -414,13 +847,29 @@ pub fn dispatch<T, E>(
             fencing_epoch,
         });
     }
+    let damage = ledger.damage();
+    if !damage.is_empty() {
+        return Err(DispatchError::Damaged {
+            problems: damage.into_iter().cloned().collect(),
+        });
+    }
+    if let Some(run) = ledger.in_doubt_run(agent_id, run_id, epoch) {
+        if !options.retry_in_doubt {
+            return Ok(DispatchOutcome::InDoubt { run });
+        }
+        tracing::info!(
+            agent_id,
+            run_id,
+            epoch,
+            earlier_epoch = run.epoch,
+            "retrying an in-doubt run"
+        );
+    }
     let intent = |status| Intent::new(run_id, agent_id, epoch, status);
     ledger.record(&intent(IntentStatus::Pending))?;
-    ledger.flush()?;
     let refuse = |ledger: &mut Ledger| -> Result<(), DispatchError> {
-        ledger.record(&intent(IntentStatus::Failed))?;
-        if let Err(error) = ledger.flush() {
-            tracing::warn!(%error, run_id, "could not push a failed intent; it stays queued");
+        if let Err(error) = ledger.record(&intent(IntentStatus::Failed)) {
+            tracing::warn!(%error, run_id, "could not store a failed intent; it stays queued");
         }
         Ok(())
     };
@@ -465,15 +914,22 @@ pub fn dispatch<T, E>(
         run_id: run_id.to_owned(),
         epoch,
     };
-    let result = effect(&token);
-    let status = if result.is_ok() {
-        IntentStatus::Committed
-    } else {
-        IntentStatus::Failed
+    let (status, result) = match effect(&token) {
+        EffectOutcome::Succeeded(value) => (IntentStatus::Committed, Ok(value)),
+        EffectOutcome::Failed(error) => (IntentStatus::Failed, Err(error)),
+        EffectOutcome::Unknown(error) => {
+            tracing::warn!(
+                agent_id,
+                run_id,
+                epoch,
+                "the effect was interrupted; the run stays in doubt"
+            );
+            drop(guard);
+            return Ok(DispatchOutcome::Interrupted { epoch, error });
+        }
     };
-    ledger.record(&intent(status))?;
-    if let Err(error) = ledger.flush() {
-        tracing::warn!(%error, run_id, "could not push the outcome; it stays queued for the next sync");
+    if let Err(error) = ledger.record(&intent(status)) {
+        tracing::warn!(%error, run_id, "could not store the outcome; it stays queued for the next sync");
     }
     tracing::info!(
         agent_id,

@@ -47,7 +47,12 @@ pub const INTENT_FIELD_STATUS: &str = "status";
 pub const MAX_TTL_MS: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
 
 /// The highest epoch floor accepted (epochs fit a signed 64-bit column in every backend).
-pub const MAX_EPOCH_FLOOR: u64 = i64::MAX as u64 - 1;
+pub const MAX_EPOCH_FLOOR: u64 = MAX_EPOCH - 1;
+
+/// The highest epoch any coordinator mints: epochs fit a signed 64-bit column in every backend. An
+/// intent claiming a higher epoch is malformed (rules F2, F7): it never raises a fencing epoch. A
+/// coordinator asked to mint past it refuses with [`LeaseError::EpochsExhausted`].
+pub const MAX_EPOCH: u64 = i64::MAX as u64;
 
 /// The latest expiry any coordinator records: `now + ttl_ms` saturates here, so that every backend
 /// stores the same value in a signed 64-bit column (rule L1).
@@ -184,7 +189,10 @@ impl<'a> IntentFields<'a> {
         Some(Self {
             run_id: non_empty_text(INTENT_FIELD_ID)?,
             agent_id: non_empty_text(INTENT_FIELD_AGENT)?,
-            epoch: payload.get(INTENT_FIELD_EPOCH)?.as_u64()?,
+            epoch: payload
+                .get(INTENT_FIELD_EPOCH)?
+                .as_u64()
+                .filter(|epoch| *epoch <= MAX_EPOCH)?,
             status: IntentStatus::parse(payload.get(INTENT_FIELD_STATUS)?.as_str()?)?,
         })
     }
@@ -198,11 +206,13 @@ pub fn intent_agent(payload: &Value) -> &str {
         .unwrap_or("")
 }
 
-/// The payload's epoch; 0 when missing or not a non-negative integer (rule F2).
+/// The payload's epoch; 0 when missing, not a non-negative integer, or above [`MAX_EPOCH`]
+/// (rule F2).
 pub fn intent_epoch(payload: &Value) -> u64 {
     payload
         .get(INTENT_FIELD_EPOCH)
         .and_then(Value::as_u64)
+        .filter(|epoch| *epoch <= MAX_EPOCH)
         .unwrap_or(0)
 }
 
@@ -306,6 +316,16 @@ pub enum LeaseError {
     /// The coordinator's storage failed (rule L7); see [`BackendError::may_have_applied`].
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The agent's next epoch would be above [`MAX_EPOCH`] (rule L5): no lease can be granted
+    /// without reusing an epoch. Nothing changed. Only a forged or damaged epoch floor gets here;
+    /// use a new agent id.
+    #[error("agent {agent_id:?} has used every epoch up to {last_epoch}; no new epoch can be minted (use a new agent id)")]
+    EpochsExhausted {
+        /// The agent.
+        agent_id: String,
+        /// The last epoch (or floor) it has.
+        last_epoch: u64,
+    },
 }
 
 /// A linearizable compare-and-swap register of leases, one per agent.
@@ -486,9 +506,14 @@ impl LeaseCoordinator for InMemoryLeaseCoordinator {
                 });
             }
         }
-        // The floor is at most MAX_EPOCH_FLOOR and epochs grow by one per grant, so this cannot
-        // overflow before 2^63 grants of one agent.
-        let epoch = register.epoch.max(register.floor) + 1;
+        let last_epoch = register.epoch.max(register.floor);
+        if last_epoch >= MAX_EPOCH {
+            return Err(LeaseError::EpochsExhausted {
+                agent_id: agent_id.to_owned(),
+                last_epoch,
+            });
+        }
+        let epoch = last_epoch + 1;
         *register = Register {
             holder: Some(device_id.to_owned()),
             epoch,

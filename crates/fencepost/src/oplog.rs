@@ -555,6 +555,19 @@ pub enum LogError {
     /// The device id breaks rule L8.
     #[error(transparent)]
     InvalidDeviceId(#[from] IdError),
+    /// The log's last record carries the largest HLC stamp there is, so no record can follow it
+    /// (a forged or damaged record; move the device to a new id, or repair the file).
+    #[error("device {device_id:?} seq {seq} ({op_id}): its HLC stamp {hlc:?} is the largest there is, so no record can follow it; repair that record or give this host a new --device id")]
+    HlcExhausted {
+        /// The device.
+        device_id: String,
+        /// The last record's seq.
+        seq: u64,
+        /// The last record's op_id.
+        op_id: OpId,
+        /// Its stamp.
+        hlc: Hlc,
+    },
 }
 
 /// The end of a verified log prefix of one device: what the next record must continue.
@@ -741,7 +754,7 @@ pub fn verify_log(ops: &[OpRecord]) -> Result<(), LogError> {
 /// assert_eq!(second.prev, Some(first.op_id));
 /// assert!(second.hlc > first.hlc);
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DeviceLog {
     clock: HlcClock,
     head: LogHead,
@@ -792,11 +805,34 @@ impl DeviceLog {
     /// Appends a record and returns it; the caller stores and relays it.
     ///
     /// # Panics
-    /// Only if the HLC is exhausted (see [`HlcClock::tick`]).
+    /// Only if the HLC is exhausted (see [`try_append`](Self::try_append), which returns an error
+    /// instead: use it on a log resumed from records you did not make).
     pub fn append(&mut self, surface: Surface, payload: Value) -> OpRecord {
+        self.try_append(surface, payload)
+            .expect("HLC exhausted: the last record carries the largest stamp")
+    }
+
+    /// Appends a record and returns it; the caller stores and relays it.
+    ///
+    /// # Errors
+    /// [`LogError::HlcExhausted`] when the last record carries the largest HLC stamp there is
+    /// (nothing is appended).
+    pub fn try_append(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, LogError> {
+        let Some(hlc) = self.clock.try_tick() else {
+            return Err(LogError::HlcExhausted {
+                device_id: self.head.device_id().to_string(),
+                seq: self.head.next_seq().saturating_sub(1),
+                op_id: self.head.last_op_id().unwrap_or(OpId([0; 32])),
+                hlc: self.head.last_hlc().cloned().unwrap_or(Hlc {
+                    wall_ms: u64::MAX,
+                    counter: u32::MAX,
+                    device_id: Arc::clone(self.head.device_id()),
+                }),
+            });
+        };
         let mut op = OpRecord {
             op_id: OpId([0; 32]),
-            hlc: self.clock.tick(),
+            hlc,
             device_id: Arc::clone(self.head.device_id()),
             seq: self.head.next_seq(),
             prev: self.head.last_op_id(),
@@ -806,7 +842,21 @@ impl DeviceLog {
         op.op_id = op.content_id();
         debug_assert_eq!(self.head.check_next(&op), Ok(()));
         self.head.advance_unchecked(&op);
-        op
+        Ok(op)
+    }
+
+    /// Continues past `ops`, records of this device that another writer (another process with the
+    /// same device id) appended after this log's head: each must be the valid next record, and the
+    /// clock moves past their stamps, so the next record follows them in seq, chain and HLC.
+    ///
+    /// # Errors
+    /// The first record that does not continue the log; the log is unchanged up to it.
+    pub fn catch_up(&mut self, ops: &[OpRecord]) -> Result<(), LogError> {
+        for op in ops {
+            self.head.accept(op)?;
+            self.clock.observe_own(&op.hlc);
+        }
+        Ok(())
     }
 
     /// Merges a peer's HLC stamp so that this log's next records are stamped after it (see
@@ -840,7 +890,7 @@ mod tests {
         fn o1_compact_intents_encode_exactly_like_their_json(
             run in prop_oneof!["run-[0-9a-f]{32}", "run-[0-9a-fA-F]{30,34}", "\\PC{1,20}"],
             agent in "\\PC{1,20}",
-            epoch in any::<u64>(),
+            epoch in 0..=crate::lease::MAX_EPOCH,
             status in 0..3usize,
         ) {
             let status = ["pending", "committed", "failed"][status];
@@ -863,6 +913,7 @@ mod tests {
             json!({"id": "run-1", "agent_id": "milo", "epoch": 1, "status": "pending", "extra": 1}),
             json!({"id": "run-1", "agent_id": "milo", "epoch": 1.0, "status": "pending"}),
             json!({"id": "run-1", "agent_id": "milo", "epoch": 1, "status": "other"}),
+            json!({"id": "run-1", "agent_id": "milo", "epoch": u64::MAX, "status": "pending"}),
             json!({"id": "", "agent_id": "milo", "epoch": 1, "status": "pending"}),
             json!([1]),
         ] {

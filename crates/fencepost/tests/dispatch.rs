@@ -5,11 +5,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use fencepost::clock::ManualClock;
-use fencepost::dispatch::{dispatch, DispatchError, DispatchOutcome, FencedResource, Ledger, StaleToken};
+use fencepost::dispatch::{
+    dispatch, dispatch_with, DispatchError, DispatchOptions, DispatchOutcome, FencedResource, Ledger,
+    StaleToken,
+};
 use fencepost::keeper::{KeeperClock, KeeperConfig, LeaseKeeper};
 use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
 use fencepost::oplog::OpRecord;
-use fencepost::relay::{Frontier, InMemoryRelay, PullBatch, PushReport, Relay, RelayError};
+use fencepost::relay::{
+    Appended, Frontier, InMemoryRelay, MakeRecords, PullBatch, PushReport, Relay, RelayError,
+};
 
 const START_MS: u64 = 1_000_000;
 const TTL_MS: u64 = 1_000;
@@ -33,6 +38,21 @@ impl Relay for Partitionable {
     }
     fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError> {
         self.inner.pull(since)
+    }
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut MakeRecords<'_>,
+    ) -> Result<Appended, RelayError> {
+        if self.partitioned.load(Ordering::SeqCst) {
+            return Err(RelayError::Io {
+                operation: "append to",
+                path: "partitioned".into(),
+                source: std::io::Error::other("the network is partitioned"),
+            });
+        }
+        self.inner.append(device_id, since_seq, make)
     }
 }
 
@@ -282,8 +302,22 @@ fn dispatch_lists_in_doubt_runs_after_a_fail_over_and_a_retry_settles_them() {
         vec![("charge-7", laptop_epoch, "laptop")],
         "only the unfinished run"
     );
+    // D2: without an explicit choice, the phone does not run it.
+    let refused = dispatch(&phone_keeper, &mut phone, "charge-7", counting(&effects)).unwrap();
+    assert!(
+        matches!(&refused, DispatchOutcome::InDoubt { run } if run.epoch == laptop_epoch),
+        "{refused:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "nothing ran");
     // The phone retries it under its own epoch (the resource dedupes by run id).
-    let retried = dispatch(&phone_keeper, &mut phone, "charge-7", counting(&effects)).unwrap();
+    let retried = dispatch_with(
+        &phone_keeper,
+        &mut phone,
+        "charge-7",
+        DispatchOptions::default().retry_in_doubt(true),
+        counting(&effects),
+    )
+    .unwrap();
     assert_eq!(
         retried,
         DispatchOutcome::Executed {

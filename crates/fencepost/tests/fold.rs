@@ -133,7 +133,9 @@ fn f2_readers_are_total() {
         (json!({"status": 1, "epoch": "3", "agent_id": 4}), "", 0, 0, false),
         (json!({"epoch": -1}), "", 0, 0, false),
         (json!({"epoch": 1.5}), "", 0, 0, false),
-        (json!({"epoch": u64::MAX}), "", u64::MAX, 0, false),
+        (json!({"epoch": u64::MAX}), "", 0, 0, false),
+        (json!({"epoch": i64::MAX as u64 + 1}), "", 0, 0, false),
+        (json!({"epoch": i64::MAX}), "", i64::MAX as u64, 0, false),
         (json!(null), "", 0, 0, false),
         (json!([]), "", 0, 0, false),
         (json!("committed"), "", 0, 0, false),
@@ -319,6 +321,9 @@ fn f7_malformed_intents_never_panic_are_fenced_and_never_promoted() {
         json!({"agent_id": "milo", "epoch": 50, "status": "committed"}),
         json!({"id": "run-1", "epoch": 50, "status": "committed"}),
         json!({"id": "run-1", "agent_id": "milo", "epoch": 1e300, "status": "committed"}),
+        // Above every backend's epoch range (issue: a forged epoch >= 2^63 bricked the agent).
+        json!({"id": "run-1", "agent_id": "milo", "epoch": i64::MAX as u64 + 1, "status": "pending"}),
+        json!({"id": "run-1", "agent_id": "milo", "epoch": u64::MAX, "status": "committed"}),
     ];
     let good = sites.intent("laptop", "milo", "run-2", 1, Pending);
     let mut ops = vec![good.clone()];

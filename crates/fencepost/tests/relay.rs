@@ -7,7 +7,7 @@ use std::path::Path;
 
 use fencepost::clock::{HlcConfig, ManualClock};
 use fencepost::oplog::{verify_log, DeviceLog, LogError, OpRecord, Surface};
-use fencepost::relay::{device_file_name, Frontier, FsRelay, InMemoryRelay, Relay, RelayError};
+use fencepost::relay::{device_file_name, Frontier, FsRelay, InMemoryRelay, ProblemKind, Relay, RelayError};
 use serde_json::json;
 
 fn ops_of(device: &str, count: usize) -> Vec<OpRecord> {
@@ -174,10 +174,14 @@ fn r1_fs_a_torn_last_line_is_ignored_then_picked_up_once_completed() {
     let batch = reader.pull(&frontier).unwrap();
     assert_eq!(ids(&batch.ops), ids(&ops[..2]));
     assert!(
-        batch.problems.is_empty(),
+        batch
+            .problems
+            .iter()
+            .all(|problem| problem.kind == ProblemKind::IncompleteLine),
         "a torn tail is not damage: {:?}",
         batch.problems
     );
+    assert_eq!(batch.problems.len(), 1, "but it is reported");
     frontier.observe_all(&batch.ops);
 
     // The rest arrives.

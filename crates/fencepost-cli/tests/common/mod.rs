@@ -182,8 +182,16 @@ pub fn killed_host_leaves_an_in_doubt_run(shared: &Shared, salt: &str) {
         "the effect happened once, and its host died"
     );
 
+    // While the dead host's lease is live, the run shows as running; then as in doubt.
     let runs = shared.run("host-2", &["ledger", "runs", "--agent", agent]);
     assert!(runs.status.success(), "{}", text(&runs.stderr));
+    let listing = text(&runs.stdout);
+    assert!(
+        listing.contains("running") && listing.contains("by host-1"),
+        "{listing}"
+    );
+    std::thread::sleep(Duration::from_millis(1_100));
+    let runs = shared.run("host-2", &["ledger", "runs", "--agent", agent]);
     let listing = text(&runs.stdout);
     assert!(
         listing.contains("in-doubt") && listing.contains("by host-1"),

@@ -56,7 +56,8 @@ pub use postgres as driver;
 use crate::fence::FenceDecision;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
-    validate_epoch_floor, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError, MAX_EXPIRES_AT_MS,
+    validate_epoch_floor, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH,
+    MAX_EXPIRES_AT_MS,
 };
 
 /// A statement parameter.
@@ -226,9 +227,11 @@ impl Statements {
                      SET holder = $2,
                          epoch = greatest(lease.epoch, lease.floor) + 1,
                          expires_at_ms = {expires}
-                     WHERE lease.holder IS NULL OR lease.expires_at_ms <= ({clock})
+                     WHERE (lease.holder IS NULL OR lease.expires_at_ms <= ({clock}))
+                       AND greatest(lease.epoch, lease.floor) < {max_epoch}
                  RETURNING holder, epoch, expires_at_ms",
-                expires = expiry("$3::bigint")
+                expires = expiry("$3::bigint"),
+                max_epoch = i64::MAX
             ),
             // Not a plain UPDATE: an UPDATE computes its new values while it scans, before it
             // waits for the row's lock, so a renewal that waited would carry an expiry from
@@ -364,6 +367,12 @@ fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
 /// matches no row) for a `bigint` parameter.
 fn storable(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Converts an epoch a caller claims: one beyond `i64::MAX` was never minted, so it becomes -1,
+/// which matches no row (it must never be clamped onto a real epoch).
+fn claimed(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(-1)
 }
 
 fn describe(error: &postgres::Error) -> String {
@@ -574,7 +583,7 @@ impl PostgresLeaseCoordinator {
             let mut transaction = session.client.transaction()?;
             let row = transaction.query_opt(&read, &[&agent_id as Param])?;
             let decision = match row.map(|row| (row.get::<_, Option<String>>(0), row.get::<_, i64>(1))) {
-                Some((Some(holder), current)) if holder == device_id && current == storable(epoch) => None,
+                Some((Some(holder), current)) if holder == device_id && current == claimed(epoch) => None,
                 Some((Some(holder), current)) => Some(FenceDecision::StaleEpoch {
                     claimed_epoch: epoch,
                     current_epoch: u64::try_from(current).unwrap_or(0),
@@ -745,6 +754,14 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
                         expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
                     })
                 }
+                // Free, but the last epoch was minted (floors stop one below it): refused by the
+                // statement's epoch condition, not by a holder.
+                Err(Some((_, epoch, _, _))) if epoch == i64::MAX => {
+                    return Err(LeaseError::EpochsExhausted {
+                        agent_id: agent_id.to_owned(),
+                        last_epoch: MAX_EPOCH,
+                    })
+                }
                 // Released or expired in between: try to take it again.
                 Err(_) => continue,
             }
@@ -761,7 +778,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let parameters: [Param; 4] = [&agent_id, &device_id, &storable(epoch), &storable(ttl_ms)];
+        let parameters: [Param; 4] = [&agent_id, &device_id, &claimed(epoch), &storable(ttl_ms)];
         let outcome = self
             .with_session(
                 |session| match session.query_opt(&self.statements, Sql::Renew, &parameters)? {
@@ -790,7 +807,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
-        let parameters: [Param; 3] = [&agent_id, &device_id, &storable(epoch)];
+        let parameters: [Param; 3] = [&agent_id, &device_id, &claimed(epoch)];
         let outcome = self
             .with_session(
                 |session| match session.query_opt(&self.statements, Sql::Release, &parameters)? {

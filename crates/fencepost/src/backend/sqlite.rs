@@ -12,6 +12,7 @@ use crate::clock::WallClock;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
     expiry_after, validate_epoch_floor, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError,
+    MAX_EPOCH,
 };
 
 /// The SQLite `application_id` of a fencepost database ("FPST").
@@ -149,9 +150,16 @@ fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
     u64::try_from(value).map_err(|_| failure(format!("corrupt row: {column} is {value}"), false, None))
 }
 
-/// Converts a value to store; values are bounded by the lease module's limits.
+/// Converts a value to store; TTLs, expiries, floors and minted epochs are bounded by the lease
+/// module's limits (`MAX_TTL_MS`, `MAX_EXPIRES_AT_MS`, `MAX_EPOCH`), so this never clamps them.
 fn storable(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// Converts an epoch a caller claims: one beyond `i64::MAX` was never minted, so it becomes -1,
+/// which matches no row (it must never be clamped onto a real epoch).
+fn claimed(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(-1)
 }
 
 /// A register row: holder, epoch, expiry, floor.
@@ -371,7 +379,14 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             }
             None => (0, 0),
         };
-        let epoch = last_epoch.max(floor) + 1;
+        let last_epoch = last_epoch.max(floor);
+        if last_epoch >= MAX_EPOCH {
+            return Err(LeaseError::EpochsExhausted {
+                agent_id: agent_id.to_owned(),
+                last_epoch,
+            });
+        }
+        let epoch = last_epoch + 1;
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
         transaction
             .prepare_cached(GRANT)
@@ -411,7 +426,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             .and_then(|mut statement| {
                 statement
                     .query_row(
-                        params![agent_id, device_id, storable(epoch), storable(expires_at_ms)],
+                        params![agent_id, device_id, claimed(epoch), storable(expires_at_ms)],
                         |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
                     )
                     .optional()

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::{
-    group_by_device, plan_device_push, DevicePlan, Frontier, PullBatch, PushReport, Relay, RelayError,
-    RelayProblem,
+    group_by_device, plan_device_push, Appended, DevicePlan, Frontier, MakeRecords, ProblemKind, PullBatch,
+    PushReport, Relay, RelayError, RelayProblem,
 };
 use crate::oplog::{LogHead, OpId, OpRecord};
 
@@ -305,6 +305,7 @@ impl FsRelay {
 
     fn problem(&self, entry: &DeviceFile, line_number: Option<u64>, detail: String) -> RelayProblem {
         RelayProblem {
+            kind: ProblemKind::Damage,
             device_id: entry.head.as_ref().map(|head| head.device_id().to_string()),
             file: Some(entry.path.clone()),
             line_number,
@@ -382,30 +383,11 @@ impl Relay for FsRelay {
         let mut pending: Vec<PendingAppend> = Vec::new();
         for (name, (device_id, device_ops)) in by_name {
             let entry = Self::entry(&mut files, &self.devices_dir, &name);
+            let (file, _) = self.open_for_append(&name, device_id, entry)?;
             let path = entry.path.clone();
-            let file = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
-                .open(&path)
-                .map_err(io_error("open", &path))?;
-            self.lock_exclusive(&file, &path)?;
-            let refresh = self.refresh(&name, entry)?;
-            if let Some(problem) = &entry.damage {
-                return Err(RelayError::DeviceDamaged {
-                    device_id: device_id.to_owned(),
-                    problem: problem.clone(),
-                });
-            }
-            if refresh.torn_tail {
-                // We hold the device's lock and the tail is no complete record: a crashed writer's.
-                tracing::warn!(file = %path.display(), offset = entry.verified_to, "cutting off an incomplete last line left by an interrupted write");
-                file.set_len(entry.verified_to)
-                    .map_err(io_error("truncate", &path))?;
-            }
-            let stored = entry.head.clone().unwrap_or_else(|| LogHead::new(device_id));
             let offsets = &entry.offsets;
             let mut reader: Option<(BufReader<File>, u64)> = None;
+            let stored = entry.head.clone().unwrap_or_else(|| LogHead::new(device_id));
             let plan: DevicePlan<'_> = plan_device_push(
                 &stored,
                 |seq| {
@@ -413,6 +395,7 @@ impl Relay for FsRelay {
                         .map_err(|detail| RelayError::DeviceDamaged {
                             device_id: device_id.to_owned(),
                             problem: RelayProblem {
+                                kind: ProblemKind::Damage,
                                 device_id: Some(device_id.to_owned()),
                                 file: Some(path.clone()),
                                 line_number: Some(seq + 1),
@@ -426,50 +409,13 @@ impl Relay for FsRelay {
             if plan.fresh.is_empty() {
                 continue;
             }
-            let mut lines = Vec::new();
-            let mut line_lengths = Vec::with_capacity(plan.fresh.len());
-            for op in &plan.fresh {
-                let start = lines.len();
-                op.write_json_line(&mut lines);
-                let length_bytes = lines.len() - start;
-                if length_bytes > self.config.max_line_bytes {
-                    return Err(RelayError::OpTooLarge {
-                        device_id: device_id.to_owned(),
-                        seq: op.seq,
-                        length_bytes,
-                        max_bytes: self.config.max_line_bytes,
-                    });
-                }
-                line_lengths.push(length_bytes as u64);
-            }
-            pending.push(PendingAppend {
-                name,
-                file,
-                path,
-                lines,
-                line_lengths,
-                head: plan.head,
-                created: entry.verified_to == 0,
-            });
+            report.appended += plan.fresh.len();
+            let created = entry.verified_to == 0;
+            pending.push(self.encode(name, file, path, device_id, &plan.fresh, plan.head, created)?);
         }
         // Every device's records were checked: now write them.
-        for mut append in pending {
-            append
-                .file
-                .write_all(&append.lines)
-                .map_err(io_error("append to", &append.path))?;
-            append.file.sync_data().map_err(io_error("sync", &append.path))?;
-            if append.created {
-                sync_dir(&self.devices_dir)?;
-            }
-            let entry = Self::entry(&mut files, &self.devices_dir, &append.name);
-            for length in append.line_lengths {
-                entry.offsets.push(entry.verified_to);
-                entry.verified_to += length;
-                report.appended += 1;
-            }
-            debug_assert_eq!(entry.offsets.len() as u64, append.head.next_seq());
-            entry.head = Some(append.head);
+        for append in pending {
+            self.write(&mut files, append)?;
         }
         Ok(report)
     }
@@ -486,6 +432,7 @@ impl Relay for FsRelay {
             }
             if !is_device_file_name(&name) {
                 batch.problems.push(RelayProblem {
+                    kind: ProblemKind::Ignored,
                     device_id: None,
                     file: Some(item.path()),
                     line_number: None,
@@ -499,8 +446,8 @@ impl Relay for FsRelay {
         let mut files = self.lock_files();
         for name in names {
             let entry = Self::entry(&mut files, &self.devices_dir, &name);
-            let fresh = match self.refresh(&name, entry) {
-                Ok(refresh) => refresh.fresh,
+            let refresh = match self.refresh(&name, entry) {
+                Ok(refresh) => refresh,
                 Err(error) => {
                     batch.problems.push(self.problem(entry, None, error.to_string()));
                     continue;
@@ -508,27 +455,187 @@ impl Relay for FsRelay {
             };
             if let Some(problem) = &entry.damage {
                 batch.problems.push(problem.clone());
+            } else if refresh.torn_tail {
+                let mut problem = self.problem(
+                    entry,
+                    Some(entry.offsets.len() as u64 + 1),
+                    "the last line is incomplete (a write or a sync in progress, or a file cut short); its record is read once the line is complete".to_owned(),
+                );
+                problem.kind = ProblemKind::IncompleteLine;
+                batch.problems.push(problem);
             }
             let Some(head) = &entry.head else { continue };
             let from = since.next_seq(head.device_id());
-            let first_fresh = head.next_seq() - fresh.len() as u64;
-            if from < first_fresh {
-                match self.read_range(entry, from, first_fresh) {
-                    Ok(older) => batch.ops.extend(older),
-                    Err(detail) => {
-                        batch.problems.push(self.problem(entry, None, detail));
-                        continue;
-                    }
-                }
+            match self.records_from(entry, from, refresh.fresh) {
+                Ok(ops) => batch.ops.extend(ops),
+                Err(detail) => batch.problems.push(self.problem(entry, None, detail)),
             }
-            let skip = usize::try_from(from.saturating_sub(first_fresh)).unwrap_or(usize::MAX);
-            batch.ops.extend(fresh.into_iter().skip(skip));
         }
         Ok(batch)
+    }
+
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut MakeRecords<'_>,
+    ) -> Result<Appended, RelayError> {
+        crate::id::validate_id(crate::id::IdKind::Device, device_id)?;
+        let name = device_file_name(device_id);
+        let mut files = self.lock_files();
+        let entry = Self::entry(&mut files, &self.devices_dir, &name);
+        let (file, refresh) = self.open_for_append(&name, device_id, entry)?;
+        let path = entry.path.clone();
+        let tail = self
+            .records_from(entry, since_seq, refresh.fresh)
+            .map_err(|detail| RelayError::DeviceDamaged {
+                device_id: device_id.to_owned(),
+                problem: self.problem(entry, None, detail),
+            })?;
+        let made = make(&tail)?;
+        let stored = entry.head.clone().unwrap_or_else(|| LogHead::new(device_id));
+        let mut head = stored.clone();
+        for op in &made {
+            head.accept(op)?;
+        }
+        let fresh: Vec<&OpRecord> = made.iter().collect();
+        if !fresh.is_empty() {
+            let append = self.encode(name, file, path, device_id, &fresh, head, entry.verified_to == 0)?;
+            self.write(&mut files, append)?;
+        }
+        Ok(Appended { tail, appended: made })
     }
 }
 
 impl FsRelay {
+    /// Opens `entry`'s file for appending, takes its exclusive lock (held until the returned file
+    /// is dropped), reads what other writers appended, refuses a damaged device, and cuts off an
+    /// incomplete last line (with the lock held, it is a crashed writer's).
+    fn open_for_append(
+        &self,
+        name: &str,
+        device_id: &str,
+        entry: &mut DeviceFile,
+    ) -> Result<(File, Refresh), RelayError> {
+        let path = entry.path.clone();
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(io_error("open", &path))?;
+        self.lock_exclusive(&file, &path)?;
+        let refresh = self.refresh(name, entry)?;
+        if let Some(problem) = &entry.damage {
+            return Err(RelayError::DeviceDamaged {
+                device_id: device_id.to_owned(),
+                problem: problem.clone(),
+            });
+        }
+        if let Some(head) = &entry.head {
+            if **head.device_id() != *device_id {
+                return Err(RelayError::DeviceDamaged {
+                    device_id: device_id.to_owned(),
+                    problem: self.problem(
+                        entry,
+                        Some(1),
+                        format!("the file holds records of device {:?}", head.device_id()),
+                    ),
+                });
+            }
+        }
+        if refresh.torn_tail {
+            tracing::warn!(file = %path.display(), offset = entry.verified_to, "cutting off an incomplete last line left by an interrupted write");
+            file.set_len(entry.verified_to)
+                .map_err(io_error("truncate", &path))?;
+        }
+        Ok((file, refresh))
+    }
+
+    /// The stored records of `entry` from seq `from` on, given `fresh`, the records just read by
+    /// `refresh` (the last ones of the file).
+    fn records_from(
+        &self,
+        entry: &DeviceFile,
+        from: u64,
+        fresh: Vec<OpRecord>,
+    ) -> Result<Vec<OpRecord>, String> {
+        let Some(head) = &entry.head else {
+            return Ok(Vec::new());
+        };
+        let first_fresh = head.next_seq() - fresh.len() as u64;
+        let mut ops = Vec::new();
+        if from < first_fresh {
+            ops = self.read_range(entry, from, first_fresh)?;
+        }
+        let skip = usize::try_from(from.saturating_sub(first_fresh)).unwrap_or(usize::MAX);
+        ops.extend(fresh.into_iter().skip(skip));
+        Ok(ops)
+    }
+
+    /// Encodes `fresh` (checked records continuing the file) for [`write`](Self::write).
+    #[allow(clippy::too_many_arguments)]
+    fn encode(
+        &self,
+        name: String,
+        file: File,
+        path: PathBuf,
+        device_id: &str,
+        fresh: &[&OpRecord],
+        head: LogHead,
+        created: bool,
+    ) -> Result<PendingAppend, RelayError> {
+        let mut lines = Vec::new();
+        let mut line_lengths = Vec::with_capacity(fresh.len());
+        for op in fresh {
+            let start = lines.len();
+            op.write_json_line(&mut lines);
+            let length_bytes = lines.len() - start;
+            if length_bytes > self.config.max_line_bytes {
+                return Err(RelayError::OpTooLarge {
+                    device_id: device_id.to_owned(),
+                    seq: op.seq,
+                    length_bytes,
+                    max_bytes: self.config.max_line_bytes,
+                });
+            }
+            line_lengths.push(length_bytes as u64);
+        }
+        Ok(PendingAppend {
+            name,
+            file,
+            path,
+            lines,
+            line_lengths,
+            head,
+            created,
+        })
+    }
+
+    /// Appends and syncs encoded records, then moves the index past them.
+    fn write(
+        &self,
+        files: &mut BTreeMap<String, DeviceFile>,
+        mut append: PendingAppend,
+    ) -> Result<(), RelayError> {
+        append
+            .file
+            .write_all(&append.lines)
+            .map_err(io_error("append to", &append.path))?;
+        append.file.sync_data().map_err(io_error("sync", &append.path))?;
+        if append.created {
+            sync_dir(&self.devices_dir)?;
+        }
+        let entry = Self::entry(files, &self.devices_dir, &append.name);
+        for length in append.line_lengths {
+            entry.offsets.push(entry.verified_to);
+            entry.verified_to += length;
+        }
+        debug_assert_eq!(entry.offsets.len() as u64, append.head.next_seq());
+        entry.head = Some(append.head);
+        Ok(())
+    }
+
     /// The `op_id` of stored record `seq`, reading sequentially when the requests are consecutive.
     fn stored_op_id(
         &self,

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::{
-    group_by_device, plan_device_push, DevicePlan, Frontier, PullBatch, PushReport, Relay, RelayError,
+    group_by_device, plan_device_push, Appended, DevicePlan, Frontier, MakeRecords, PullBatch, PushReport,
+    Relay, RelayError,
 };
 use crate::oplog::{LogHead, OpRecord};
 
@@ -92,5 +93,29 @@ impl Relay for InMemoryRelay {
             }
         }
         Ok(batch)
+    }
+
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut MakeRecords<'_>,
+    ) -> Result<Appended, RelayError> {
+        crate::id::validate_id(crate::id::IdKind::Device, device_id)?;
+        let mut logs = self.logs.lock().unwrap_or_else(PoisonError::into_inner);
+        let stored = logs.entry(Arc::from(device_id)).or_insert_with(|| StoredLog {
+            head: LogHead::new(device_id),
+            ops: Vec::new(),
+        });
+        let from = usize::try_from(since_seq).unwrap_or(usize::MAX);
+        let tail = stored.ops.get(from..).unwrap_or_default().to_vec();
+        let made = make(&tail)?;
+        let mut head = stored.head.clone();
+        for op in &made {
+            head.accept(op)?;
+        }
+        stored.ops.extend(made.iter().cloned());
+        stored.head = head;
+        Ok(Appended { tail, appended: made })
     }
 }

@@ -46,6 +46,44 @@ pub trait Relay: Send + Sync {
     /// grouped by device and in seq order. Problems with one device's stored log are reported in
     /// [`PullBatch::problems`] and do not stop the others.
     fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError>;
+
+    /// Appends new records to `device_id`'s log while holding the relay's exclusive claim on that
+    /// log, so that any number of writers of one device (threads, processes sharing a device id)
+    /// interleave instead of forking it (rule R1).
+    ///
+    /// Under the claim the relay reads the device's stored records from `since_seq` on (those the
+    /// caller's writer has not seen: another writer's), passes them to `make`, which continues
+    /// them (typically [`DeviceLog::catch_up`](crate::oplog::DeviceLog::catch_up) then
+    /// [`DeviceLog::try_append`](crate::oplog::DeviceLog::try_append)) and returns the new
+    /// records; the relay checks that they continue the stored chain, stores them durably, and
+    /// only then releases the claim.
+    ///
+    /// # Errors
+    /// * [`RelayError::Log`] — `make` failed, or its records do not continue the stored chain:
+    ///   nothing was stored.
+    /// * [`RelayError::DeviceDamaged`] — the device's stored log is damaged: nothing was stored.
+    /// * another kind — a storage failure; the records may have been stored (a later pull shows
+    ///   whether). `make` may have been called.
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut MakeRecords<'_>,
+    ) -> Result<Appended, RelayError>;
+}
+
+/// The closure [`Relay::append`] calls with the device's records the caller lacks, returning the
+/// records to append after them.
+pub type MakeRecords<'a> = dyn FnMut(&[OpRecord]) -> Result<Vec<OpRecord>, LogError> + 'a;
+
+/// What a [`Relay::append`] stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Appended {
+    /// The device's records from the caller's `since_seq` up to the append (written by another
+    /// writer of the device), in seq order.
+    pub tail: Vec<OpRecord>,
+    /// The records `make` returned, now stored, in seq order.
+    pub appended: Vec<OpRecord>,
 }
 
 /// What a push did.
@@ -66,9 +104,26 @@ pub struct PullBatch {
     pub problems: Vec<RelayProblem>,
 }
 
+/// How serious a [`RelayProblem`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// Records of a device are missing or unreadable (a bad line, a gap, an unreadable file, a
+    /// file that shrank): the ledger is incomplete, and nothing should be dispatched on it.
+    #[default]
+    Damage,
+    /// The last line of a device file is incomplete: a write in progress, a sync still copying,
+    /// or a file cut short. Its records are read once the line is complete.
+    IncompleteLine,
+    /// A file that is no device log (a sync tool's conflict copy, a stray file): ignored.
+    Ignored,
+}
+
 /// A problem with part of a relay's store, reported by a pull without stopping it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayProblem {
+    /// How serious it is.
+    pub kind: ProblemKind,
     /// The device concerned, when known.
     pub device_id: Option<String>,
     /// The file concerned, for file-backed relays.
@@ -77,6 +132,13 @@ pub struct RelayProblem {
     pub line_number: Option<u64>,
     /// What is wrong.
     pub detail: String,
+}
+
+impl RelayProblem {
+    /// Whether the problem makes the ledger incomplete ([`ProblemKind::Damage`]).
+    pub fn is_damage(&self) -> bool {
+        self.kind == ProblemKind::Damage
+    }
 }
 
 impl fmt::Display for RelayProblem {

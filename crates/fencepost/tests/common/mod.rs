@@ -48,6 +48,12 @@ macro_rules! conformance_tests {
 
             #[test]
             $(#[$meta])*
+            fn l5_the_last_epoch_is_minted_once_and_never_clamped() {
+                conformance::l5_the_last_epoch_is_minted_once_and_never_clamped(&$harness);
+            }
+
+            #[test]
+            $(#[$meta])*
             fn l6_concurrent_acquires_have_exactly_one_winner() {
                 conformance::l6_concurrent_acquires_have_exactly_one_winner(&$harness);
             }

@@ -1,0 +1,172 @@
+//! The command `fencepost run` starts, and how it is stopped.
+//!
+//! The command runs in a process group of its own, so that a stop reaches everything it started.
+//! It is stopped (SIGTERM to the group, SIGKILL after `--kill-after`) when the lease is lost, when
+//! `--timeout` passes, and when `fencepost` itself gets SIGTERM, SIGINT or SIGHUP (forwarded as
+//! the same signal). If `fencepost` dies without a chance to do so (SIGKILL), the kernel kills the
+//! command (`PR_SET_PDEATHSIG` on Linux).
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// How often the supervisor looks at the command, the lease and the signals.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Signals that `fencepost run` forwards to its command instead of dying of them.
+const FORWARDED: [i32; 3] = [
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGHUP,
+];
+
+/// The last forwarded signal `fencepost` received (0: none), set by the signal handlers.
+pub struct Signals {
+    received: Arc<AtomicUsize>,
+}
+
+impl Signals {
+    /// Catches SIGTERM, SIGINT and SIGHUP from now on (they no longer end `fencepost` at once).
+    pub fn catch() -> std::io::Result<Self> {
+        let received = Arc::new(AtomicUsize::new(0));
+        for signal in FORWARDED {
+            // The handler records which signal came; the supervisor forwards it.
+            signal_hook::flag::register_usize(signal, Arc::clone(&received), signal as usize)?;
+        }
+        Ok(Self { received })
+    }
+
+    /// The signal received, if any (and forgets it).
+    fn take(&self) -> Option<Signal> {
+        match self.received.swap(0, Ordering::SeqCst) {
+            0 => None,
+            number => Signal::try_from(number as i32).ok(),
+        }
+    }
+
+    /// Whether a signal came and has not been taken.
+    pub fn pending(&self) -> bool {
+        self.received.load(Ordering::SeqCst) != 0
+    }
+}
+
+/// Why the command ended.
+#[derive(Debug)]
+pub enum Ending {
+    /// It exited by itself (or of a signal not sent by fencepost).
+    Exited(ExitStatus),
+    /// It was stopped because the lease was lost.
+    LeaseLost(ExitStatus),
+    /// It was stopped because `--timeout` passed.
+    TimedOut(ExitStatus),
+    /// `fencepost` got this signal and forwarded it; then the command ended.
+    Interrupted(Signal, ExitStatus),
+}
+
+/// How to supervise the command.
+pub struct Supervision<'a> {
+    /// Whether the lease is still held (polled).
+    pub holds: &'a dyn Fn() -> bool,
+    /// Stop the command after this long.
+    pub timeout: Option<Duration>,
+    /// After SIGTERM, SIGKILL after this long.
+    pub kill_after: Duration,
+    /// The signals fencepost caught.
+    pub signals: &'a Signals,
+}
+
+/// Starts `command` in a process group of its own, to be killed when fencepost dies.
+pub fn spawn(mut command: Command) -> std::io::Result<std::process::Child> {
+    let parent = std::process::id();
+    command.process_group(0);
+    // SAFETY: between fork and exec the closure calls only async-signal-safe functions (prctl,
+    // getppid, kill through nix's thin wrappers) and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            #[cfg(target_os = "linux")]
+            {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // fencepost may have died before the line above: then nobody would kill us.
+                if nix::unistd::getppid().as_raw() as u32 != parent {
+                    return Err(std::io::Error::other(
+                        "fencepost exited before the command started",
+                    ));
+                }
+            }
+            #[cfg(not(target_os = "linux"))]
+            let _ = parent;
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
+/// Waits for the command, stopping it as the module docs say.
+pub fn supervise(child: &mut std::process::Child, supervision: &Supervision<'_>) -> std::io::Result<Ending> {
+    let group = Pid::from_raw(child.id() as i32);
+    let started = Instant::now();
+    // Why fencepost stopped the command, and when it sent SIGKILL or will.
+    let mut stopping: Option<(Reason, Instant)> = None;
+    let mut killed = false;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(match stopping {
+                None => Ending::Exited(status),
+                Some((reason, _)) => {
+                    // Whatever the command left in its group goes too: its lease or time is over.
+                    let _ = killpg(group, Signal::SIGKILL);
+                    match reason {
+                        Reason::LeaseLost => Ending::LeaseLost(status),
+                        Reason::TimedOut => Ending::TimedOut(status),
+                        Reason::Signal(signal) => Ending::Interrupted(signal, status),
+                    }
+                }
+            });
+        }
+        let now = Instant::now();
+        if let Some(signal) = supervision.signals.take() {
+            tracing::info!(%signal, "forwarding a signal to the command");
+            let _ = killpg(group, signal);
+            if stopping.is_none() {
+                stopping = Some((Reason::Signal(signal), now + supervision.kill_after));
+            }
+        }
+        if stopping.is_none() {
+            let reason = if !(supervision.holds)() {
+                Some(Reason::LeaseLost)
+            } else if supervision
+                .timeout
+                .is_some_and(|timeout| now.duration_since(started) >= timeout)
+            {
+                Some(Reason::TimedOut)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                tracing::warn!(?reason, "stopping the command (SIGTERM to its process group)");
+                let _ = killpg(group, Signal::SIGTERM);
+                stopping = Some((reason, now + supervision.kill_after));
+            }
+        }
+        if let Some((_, kill_at)) = stopping {
+            if !killed && now >= kill_at {
+                tracing::warn!("the command outlived --kill-after: SIGKILL to its process group");
+                let _ = killpg(group, Signal::SIGKILL);
+                killed = true;
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Reason {
+    LeaseLost,
+    TimedOut,
+    Signal(Signal),
+}

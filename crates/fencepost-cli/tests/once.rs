@@ -1,0 +1,449 @@
+//! Once means once: the ordinary situations that ran an effect twice, lost an outcome or left a
+//! command running after its lease, reproduced through the built binary (several processes, real
+//! signals, real files). Each test names the rule it checks.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{text, wait_for_file, Shared};
+use fencepost::clock::{Hlc, ManualClock};
+use fencepost::oplog::{DeviceLog, OpId, OpRecord, Surface};
+use fencepost::relay::{device_file_name, FsRelay, Relay};
+use serde_json::json;
+
+fn run_args<'a>(agent: &'a str, salt: &'a str, extra: &[&'a str], command: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", "--agent", agent, "--intent", "job", "--salt", salt];
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(command);
+    args
+}
+
+fn device_file(shared: &Shared, device: &str) -> PathBuf {
+    shared
+        .path("ledger")
+        .join("devices")
+        .join(device_file_name(device))
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+fn append_effect(shared: &Shared, tag: &str) -> String {
+    format!(
+        "echo \"{tag} $FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'",
+        shared.path("effects").display()
+    )
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+fn alive(pid: &str) -> bool {
+    Command::new("kill")
+        .args(["-0", pid.trim()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// D2: a run whose older attempt failed and whose newer attempt was killed mid-command is in doubt;
+/// no host runs it again without a decision, and `ledger runs` shows both attempts.
+#[test]
+fn d2_a_retried_run_killed_mid_command_is_in_doubt_although_an_older_attempt_failed() {
+    let shared = Shared::sqlite();
+    let failed = shared.run("host-1", &run_args("a", "s", &[], &["sh", "-c", "exit 1"]));
+    assert_eq!(code(&failed), 1, "{}", text(&failed.stderr));
+    // The retry (epoch 2) is killed with SIGKILL mid-command.
+    common::kill_mid_command(
+        &shared,
+        "host-1",
+        &[
+            "run", "--agent", "a", "--intent", "job", "--salt", "s", "--ttl", "1s",
+        ],
+        &append_effect(&shared, "first"),
+    );
+    assert_eq!(shared.effects().len(), 1);
+    std::thread::sleep(Duration::from_millis(1_100)); // the dead host's lease runs out
+    let runs = text(&shared.run("host-2", &["ledger", "runs", "--agent", "a"]).stdout);
+    assert!(
+        runs.contains("in-doubt") && runs.contains("epoch 2") && runs.contains("after failed@1"),
+        "{runs}"
+    );
+    let again = shared.run(
+        "host-2",
+        &run_args(
+            "a",
+            "s",
+            &["--wait", "10s"],
+            &["sh", "-c", &append_effect(&shared, "second")],
+        ),
+    );
+    assert_eq!(code(&again), 5, "{}", text(&again.stderr));
+    assert_eq!(shared.effects().len(), 1, "not run twice");
+}
+
+/// R1: processes that share one device id (two cron lines on one host) interleave their appends;
+/// none forks the log, none loses an outcome.
+#[test]
+fn r1_processes_sharing_a_device_id_never_fork_the_log_or_lose_an_outcome() {
+    let shared = Shared::sqlite();
+    let agents: Vec<String> = (0..8).map(|index| format!("agent-{index}")).collect();
+    let children: Vec<_> = agents
+        .iter()
+        .map(|agent| {
+            let effect = append_effect(&shared, agent);
+            let args = run_args(agent, "s", &[], &["sh", "-c", &effect]);
+            shared.spawn("host-1", &args)
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    }
+    assert_eq!(shared.effects().len(), 8);
+    let verify = shared.run("host-2", &["ledger", "verify"]);
+    assert_eq!(code(&verify), 0, "{}", text(&verify.stdout));
+    let runs: serde_json::Value =
+        serde_json::from_slice(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout).unwrap();
+    let committed = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|run| run["status"] == "committed")
+        .count();
+    assert_eq!(committed, 8, "every outcome is in the ledger: {runs}");
+}
+
+/// R1: a command never dispatches on a ledger it knows is incomplete; `--accept-damaged` is the
+/// explicit override, and `verify` reports every kind of damage.
+#[test]
+fn r1_a_damaged_ledger_stops_every_run_until_repaired_or_accepted() {
+    type Damage = fn(&std::path::Path, &[u8]);
+    let damages: [(&str, Damage); 5] = [
+        ("a flipped byte", |file, original| {
+            let mut bytes = original.to_vec();
+            let middle = bytes.iter().position(|byte| *byte == b'\n').unwrap() + 30;
+            bytes[middle] ^= 0x01;
+            std::fs::write(file, bytes).unwrap();
+        }),
+        ("a deleted middle line", |file, original| {
+            let text = String::from_utf8(original.to_vec()).unwrap();
+            let mut lines: Vec<&str> = text.lines().collect();
+            lines.remove(1);
+            std::fs::write(file, lines.join("\n") + "\n").unwrap();
+        }),
+        ("a folder in its place", |file, _| {
+            std::fs::remove_file(file).unwrap();
+            std::fs::create_dir(file).unwrap();
+        }),
+        ("a file that shrank", |file, original| {
+            let text = String::from_utf8(original.to_vec()).unwrap();
+            let first = text.lines().next().unwrap();
+            std::fs::write(file, format!("{first}\n")).unwrap();
+        }),
+        ("a deleted file", |file, _| std::fs::remove_file(file).unwrap()),
+    ];
+    for (what, damage) in damages {
+        let shared = Shared::sqlite();
+        let effect = append_effect(&shared, "ran");
+        for salt in ["1", "2"] {
+            let ran = shared.run("host-1", &run_args("a", salt, &[], &["sh", "-c", &effect]));
+            assert_eq!(code(&ran), 0, "{what}: {}", text(&ran.stderr));
+        }
+        // host-2 has seen host-1's records.
+        assert_eq!(code(&shared.run("host-2", &["ledger", "show"])), 0);
+        let file = device_file(&shared, "host-1");
+        let original = std::fs::read(&file).unwrap();
+        damage(&file, &original);
+
+        let verify = shared.run("host-2", &["ledger", "verify"]);
+        assert_eq!(code(&verify), 1, "{what}: verify says {}", text(&verify.stdout));
+        assert!(
+            text(&verify.stdout).contains("damaged"),
+            "{what}: {}",
+            text(&verify.stdout)
+        );
+        let refused = shared.run("host-2", &run_args("a", "2", &[], &["sh", "-c", &effect]));
+        assert_eq!(code(&refused), 10, "{what}: {}", text(&refused.stderr));
+        let message = text(&refused.stderr);
+        assert!(
+            message.contains("damaged") && message.contains("--accept-damaged"),
+            "{what}: {message}"
+        );
+        assert_eq!(
+            message.trim_end().lines().count(),
+            1,
+            "{what}: one line: {message}"
+        );
+        assert_eq!(
+            shared.effects().len(),
+            2,
+            "{what}: a committed run did not run again"
+        );
+
+        // The operator accepts the loss explicitly: the decision is recorded.
+        let accepted = shared.run(
+            "host-2",
+            &run_args("a", "3", &["--accept-damaged", "host-1"], &["sh", "-c", &effect]),
+        );
+        assert_eq!(code(&accepted), 0, "{what}: {}", text(&accepted.stderr));
+        let own = std::fs::read_to_string(device_file(&shared, "host-2")).unwrap();
+        assert!(own.contains("fencepost.accept-damaged"), "{what}: {own}");
+    }
+}
+
+/// R1: an incomplete last line (a write or a sync in progress, a truncated file) is reported by
+/// `verify`, not called intact.
+#[test]
+fn r1_verify_reports_an_incomplete_last_line() {
+    let shared = Shared::sqlite();
+    assert_eq!(
+        code(&shared.run("host-1", &run_args("a", "1", &[], &["true"]))),
+        0
+    );
+    let file = device_file(&shared, "host-1");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.extend_from_slice(b"{\"op_id\":\"12");
+    std::fs::write(&file, bytes).unwrap();
+    let verify = shared.run("host-2", &["ledger", "verify"]);
+    assert_eq!(code(&verify), 1, "{}", text(&verify.stdout));
+    assert!(
+        text(&verify.stdout).contains("incomplete"),
+        "{}",
+        text(&verify.stdout)
+    );
+    assert!(
+        !text(&verify.stdout).contains("is intact"),
+        "{}",
+        text(&verify.stdout)
+    );
+}
+
+/// L6 (one shared register): coordinator specs that would give each process a private store are
+/// usage errors.
+#[test]
+fn l6_coordinator_specs_private_to_one_process_are_refused() {
+    let shared = Shared::sqlite();
+    for spec in [
+        "sqlite:",
+        "sqlite::memory:",
+        "sqlite:file::memory:?cache=shared",
+        "sqlite: ",
+    ] {
+        let mut command = shared.command("host-1", &run_args("a", "1", &[], &["true"]));
+        command.env("FENCEPOST_COORDINATOR", spec);
+        let output = command.output().unwrap();
+        assert_eq!(code(&output), 2, "{spec:?}: {}", text(&output.stderr));
+        assert!(
+            text(&output.stderr).contains("private"),
+            "{}",
+            text(&output.stderr)
+        );
+    }
+    assert!(shared.effects().is_empty());
+}
+
+/// L8: values that used to be adjusted silently, and invalid ids, are usage errors (exit 2).
+#[test]
+fn l8_short_ttls_empty_names_and_invalid_ids_are_usage_errors() {
+    let shared = Shared::sqlite();
+    let long = "x".repeat(300);
+    let cases: Vec<Vec<&str>> = vec![
+        run_args("a", "1", &["--ttl", "0"], &["true"]),
+        run_args("a", "1", &["--ttl", "1ms"], &["true"]),
+        run_args("a", "1", &["--ttl", "999ms"], &["true"]),
+        run_args("a", "", &[], &["true"]),
+        run_args("a", " ", &[], &["true"]),
+        vec!["run", "--agent", "a", "--intent", "", "--salt", "1", "--", "true"],
+        run_args("bad\u{7}agent", "1", &[], &["true"]),
+        run_args(&long, "1", &[], &["true"]),
+    ];
+    for args in cases {
+        let output = shared.run("host-1", &args);
+        assert_eq!(code(&output), 2, "{args:?}: {}", text(&output.stderr));
+    }
+    let output = shared.run(&long, &["lease", "list"]);
+    assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    assert!(shared.effects().is_empty());
+    let ran = shared.run("host-1", &run_args("a", "1", &["--ttl", "1s"], &["true"]));
+    assert_eq!(code(&ran), 0, "{}", text(&ran.stderr));
+}
+
+/// A command whose lease is lost while it runs (fencepost paused past its TTL, the lease taken)
+/// is stopped, fencepost exits 6, and the run is in doubt (the command may have done its effect).
+#[test]
+fn keeper_a_command_whose_lease_is_lost_is_stopped_and_left_in_doubt() {
+    let shared = Shared::sqlite();
+    let started = shared.path("started");
+    let script = format!(
+        "touch '{}'; sleep 30; {}",
+        started.display(),
+        append_effect(&shared, "late")
+    );
+    let mut child = shared.spawn(
+        "host-1",
+        &run_args("a", "1", &["--ttl", "1s"], &["sh", "-c", &script]),
+    );
+    wait_for_file(&started);
+    signal(child.id(), "STOP");
+    std::thread::sleep(Duration::from_millis(1_500));
+    // Another host takes the expired lease.
+    let taken = shared.run("host-2", &["lease", "acquire", "--agent", "a", "--ttl", "60s"]);
+    assert_eq!(code(&taken), 0, "{}", text(&taken.stderr));
+    let resumed = Instant::now();
+    signal(child.id(), "CONT");
+    let status = child.wait().unwrap();
+    assert!(resumed.elapsed() < Duration::from_secs(10), "stopped promptly");
+    assert_eq!(status.code(), Some(6));
+    assert!(shared.effects().is_empty(), "the command never finished");
+    assert_eq!(
+        code(&shared.run("host-2", &["lease", "release", "--agent", "a", "--epoch", "2"])),
+        0
+    );
+    let runs = text(&shared.run("host-3", &["ledger", "runs"]).stdout);
+    assert!(runs.contains("in-doubt") && runs.contains("epoch 1"), "{runs}");
+    let again = shared.run("host-3", &run_args("a", "1", &[], &["true"]));
+    assert_eq!(
+        code(&again),
+        5,
+        "not run again without a decision: {}",
+        text(&again.stderr)
+    );
+}
+
+/// SIGTERM to fencepost reaches the command; fencepost leaves the interrupted run in doubt and
+/// releases the lease.
+#[test]
+fn keeper_sigterm_is_forwarded_and_the_lease_released() {
+    let shared = Shared::sqlite();
+    let started = shared.path("started");
+    let script = format!(
+        "trap 'echo terminated >> {}; exit 143' TERM; touch '{}'; sleep 30 & wait",
+        shared.path("effects").display(),
+        started.display()
+    );
+    let child = shared.spawn("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
+    wait_for_file(&started);
+    signal(child.id(), "TERM");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(code(&output), 1, "{}", text(&output.stderr));
+    assert_eq!(shared.effects().len(), 1, "the command got SIGTERM");
+    let current = text(&shared.run("host-2", &["lease", "current", "--agent", "a"]).stdout);
+    assert!(current.contains("not held"), "released: {current}");
+    let runs = text(&shared.run("host-2", &["ledger", "runs"]).stdout);
+    assert!(runs.contains("in-doubt"), "{runs}");
+}
+
+/// A fencepost killed with SIGKILL takes its command with it: nothing runs on unnoticed.
+#[test]
+fn keeper_a_killed_fencepost_takes_its_command_with_it() {
+    let shared = Shared::sqlite();
+    let pid_file = shared.path("command.pid");
+    let script = format!(
+        "echo $$ > '{pid}.tmp'; mv '{pid}.tmp' '{pid}'; exec sleep 30",
+        pid = pid_file.display()
+    );
+    let mut child = shared.spawn("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
+    wait_for_file(&pid_file);
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    assert!(alive(&pid));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(&pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(&pid), "the command outlived fencepost");
+}
+
+/// `--timeout` stops a command (SIGTERM, then SIGKILL after `--kill-after` if it ignores it);
+/// fencepost exits 1, says it timed out, and the run is in doubt.
+#[test]
+fn keeper_timeout_stops_the_command_and_leaves_the_run_in_doubt() {
+    let shared = Shared::sqlite();
+    let started = Instant::now();
+    let output = shared.run(
+        "host-1",
+        &run_args(
+            "a",
+            "1",
+            &["--timeout", "1s", "--kill-after", "1s"],
+            &["sh", "-c", "trap '' TERM; sleep 30"],
+        ),
+    );
+    assert_eq!(code(&output), 1, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("timed out"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let runs = text(&shared.run("host-2", &["ledger", "runs"]).stdout);
+    assert!(runs.contains("in-doubt"), "{runs}");
+}
+
+/// F7, L5: a forged intent with an epoch beyond what any coordinator stores is malformed: it is
+/// reported by `verify` and does not brick the agent.
+#[test]
+fn f7_a_forged_epoch_beyond_the_range_does_not_brick_the_agent() {
+    let shared = Shared::sqlite();
+    let relay = FsRelay::open(shared.path("ledger")).unwrap();
+    let mut forger = DeviceLog::new("forger", ManualClock::new(1_000).wall_clock()).unwrap();
+    let forged = forger.append(
+        Surface::Intent,
+        json!({"id": "run-x", "agent_id": "a", "epoch": 1u64 << 63, "status": "pending"}),
+    );
+    relay.push(&[forged]).unwrap();
+    for salt in ["1", "2"] {
+        let ran = shared.run("host-1", &run_args("a", salt, &[], &["true"]));
+        assert_eq!(code(&ran), 0, "{}", text(&ran.stderr));
+    }
+    let verify = shared.run("host-1", &["ledger", "verify"]);
+    assert_eq!(code(&verify), 1);
+    assert!(
+        text(&verify.stdout).contains("malformed"),
+        "{}",
+        text(&verify.stdout)
+    );
+}
+
+/// C1: a device log whose last record carries the largest HLC stamp is an error that names the
+/// record, not a panic.
+#[test]
+fn c1_a_log_ending_in_the_largest_hlc_stamp_is_an_error_not_a_panic() {
+    let shared = Shared::sqlite();
+    let relay = FsRelay::open(shared.path("ledger")).unwrap();
+    let mut op = OpRecord {
+        op_id: OpId([0; 32]),
+        hlc: Hlc {
+            wall_ms: u64::MAX,
+            counter: u32::MAX,
+            device_id: "host-1".into(),
+        },
+        device_id: "host-1".into(),
+        seq: 0,
+        prev: None,
+        surface: Surface::log("note"),
+        payload: fencepost::oplog::Payload::new(json!({"text": "the end of time"})),
+    };
+    op.op_id = op.content_id();
+    relay.push(std::slice::from_ref(&op)).unwrap();
+    let output = shared.run("host-1", &run_args("a", "1", &[], &["true"]));
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    let message = text(&output.stderr);
+    assert!(
+        message.contains("largest") && message.contains("seq 0"),
+        "{message}"
+    );
+}
