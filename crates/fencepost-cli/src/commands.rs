@@ -10,7 +10,7 @@ use fencepost::dispatch::{
     dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
 };
 use fencepost::id::{validate_id, IdKind};
-use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper};
+use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use fencepost::lease::{
     Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR,
 };
@@ -170,6 +170,12 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
             eprintln!("fencepost: {agent} is held by {holder} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
             return Ok(EXIT_HELD_ELSEWHERE);
         }
+        // Exit 4 whenever some attempt reached the coordinator and was refused; 10 only when none
+        // did (the README's exit-status table says so).
+        Err(KeeperError::HeldThenFailed { held, last_error }) => {
+            eprintln!("fencepost: {held}, and when the wait ran out the last attempt failed ({last_error}); not running {run_id}");
+            return Ok(EXIT_HELD_ELSEWHERE);
+        }
         Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
     };
     let epoch = keeper.epoch();
@@ -245,8 +251,18 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         }
         Err(error) => return Err(error).context(format!("{run_id} of {agent} could not be dispatched")),
     };
-    if let Err(error) = shutdown {
-        eprintln!("fencepost: warning: could not release the lease of {agent} at epoch {epoch} ({error:#}); it ends with its TTL");
+    match shutdown {
+        Err(error) => {
+            eprintln!("fencepost: warning: could not release the lease of {agent} at epoch {epoch} ({error:#}); it ends with its TTL");
+        }
+        // A loss the command did not already report (it was noticed only at the release).
+        Ok(Shutdown::Lost(loss)) if !matches!(ending, Some(Ending::LeaseLost(_))) => {
+            eprintln!(
+                "fencepost: warning: the lease of {agent} at epoch {epoch} was lost before it could be released ({:?}); another host may have taken it",
+                loss.reason
+            );
+        }
+        Ok(_) => {}
     }
     if ledger.unsent() > 0 {
         let ran = if outcome.executed() {
@@ -365,8 +381,7 @@ fn lease_json(lease: &Lease) -> serde_json::Value {
     json!({"agent_id": lease.agent_id, "holder": lease.holder, "epoch": lease.epoch, "expires_at_ms": lease.expires_at_ms})
 }
 
-fn describe(lease: &Lease) -> String {
-    let now = system_clock()();
+fn describe(lease: &Lease, now: u64) -> String {
     let remaining = if lease.expires_at_ms > now {
         format!("expires in {:.1} s", (lease.expires_at_ms - now) as f64 / 1000.0)
     } else {
@@ -378,11 +393,11 @@ fn describe(lease: &Lease) -> String {
     )
 }
 
-fn print_lease(lease: &Lease, json: bool) {
+fn print_lease(lease: &Lease, json: bool, now: u64) {
     if json {
         println!("{}", lease_json(lease));
     } else {
-        println!("{}", describe(lease));
+        println!("{}", describe(lease, now));
     }
 }
 
@@ -430,7 +445,7 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
                 .raise_epoch_floor(&agent, floor)
                 .context("cannot raise the epoch floor from the ledger")?;
             match coordinator.acquire(&agent, device, ttl) {
-                Ok(lease) => print_lease(&lease, json),
+                Ok(lease) => print_lease(&lease, json, coordinator.now_ms()),
                 Err(error) => return verdict(error, json),
             }
         }
@@ -440,7 +455,7 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
             ttl,
             json,
         } => match coordinator.renew(&agent, device, epoch, ttl) {
-            Ok(lease) => print_lease(&lease, json),
+            Ok(lease) => print_lease(&lease, json, coordinator.now_ms()),
             Err(error) => return verdict(error, json),
         },
         LeaseCommand::Release { agent, epoch, json } => match coordinator.release(&agent, device, epoch) {
@@ -449,7 +464,7 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
             Err(error) => return verdict(error, json),
         },
         LeaseCommand::Current { agent, json } => match coordinator.current(&agent)? {
-            Some(lease) => print_lease(&lease, json),
+            Some(lease) => print_lease(&lease, json, coordinator.now_ms()),
             None if json => println!("null"),
             None => println!("{agent}: not held"),
         },
@@ -464,7 +479,7 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
                 println!("no leases are held");
             } else {
                 for lease in &leases {
-                    println!("{}", describe(lease));
+                    println!("{}", describe(lease, coordinator.now_ms()));
                 }
             }
         }
@@ -533,7 +548,7 @@ fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease>
             return Default::default();
         }
     };
-    let now = system_clock()();
+    let now = coordinator.now_ms();
     match coordinator.list() {
         Ok(leases) => leases
             .into_iter()
@@ -622,10 +637,9 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 if let Some(lease) = live_leases(settings).get(&agent) {
                     if lease.epoch == doubt.epoch {
                         bail!(
-                            "{run} of {agent} may still be running: {} holds the lease at its epoch {} ({}). Resolve it once that lease ends, or pass --force",
+                            "{run} of {agent} may still be running: {} holds the lease at its epoch {}, and it is live. Resolve it once that lease ends, or pass --force",
                             lease.holder,
-                            lease.epoch,
-                            describe(lease)
+                            lease.epoch
                         );
                     }
                 }

@@ -73,14 +73,15 @@ run is in doubt)\n  \
 2   usage error (a bad flag or value: an empty --salt, a --ttl below 1s, an invalid id, a \
 coordinator spec every process would have privately)\n  \
 3   not run: this occurrence already committed (here or on another host)\n  \
-4   not run: another host holds the agent's lease (see --wait)\n  \
+4   not run: another host holds the agent's lease (see --wait); also when --wait ran out after \
+a refusal and the last attempt then failed\n  \
 5   not run: in doubt, an earlier attempt started and never recorded an outcome (its host \
 may have died mid-command); check whether the effect happened, then rerun with --retry-in-doubt, \
 or record it with `fencepost ledger resolve`\n  \
 6   the lease was lost: before the command could start (not run), or while it ran (it was \
 stopped, and the run is in doubt)\n  \
-10  error (unreachable coordinator, unusable or damaged ledger folder, an outcome that could \
-not be written)\n\n\
+10  error (a coordinator that no attempt reached, an unusable or damaged ledger folder, an \
+outcome that could not be written)\n\n\
 Example, the same line in the crontab of three hosts that share a synced ledger folder:\n  \
 0 9 * * * fencepost run --agent reports --intent 'daily report' --salt \"$(date +\\%F)\" --wait 2m -- ./send-report.sh"
     )]

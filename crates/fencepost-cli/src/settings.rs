@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use fencepost::backend::sqlite::SqliteLeaseCoordinator;
-use fencepost::clock::system_clock;
+use fencepost::backend::sqlite::{SqliteConfig, SqliteLeaseCoordinator};
+use fencepost::clock::{system_clock, WallClock};
 use fencepost::id::{validate_id, IdKind};
 use fencepost::lease::{Lease, LeaseCoordinator, LeaseError};
 use fencepost::relay::FsRelay;
@@ -171,6 +171,35 @@ fn default_device() -> Result<String> {
     }
 }
 
+/// The clock of the SQLite coordinator, shared by every process of the host, and its time line.
+///
+/// On Linux: milliseconds of `CLOCK_BOOTTIME` (it counts through suspend, and neither an NTP step
+/// nor a VM's wall-clock jump moves it), with the boot id as its time line, so that a reboot
+/// expires every lease. Elsewhere, or when those cannot be read: the wall clock.
+fn host_clock() -> (WallClock, Option<String>) {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::time::{clock_gettime, ClockId};
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|id| id.trim().to_owned())
+            .filter(|id| !id.is_empty());
+        if let (Some(boot_id), Ok(_)) = (boot_id, clock_gettime(ClockId::CLOCK_BOOTTIME)) {
+            let clock: WallClock = Arc::new(|| {
+                clock_gettime(ClockId::CLOCK_BOOTTIME)
+                    .map(|time| {
+                        let seconds = u64::try_from(time.tv_sec()).unwrap_or(0);
+                        let millis = u64::try_from(time.tv_nsec()).unwrap_or(0) / 1_000_000;
+                        seconds.saturating_mul(1_000).saturating_add(millis)
+                    })
+                    .unwrap_or(0)
+            });
+            return (clock, Some(format!("boot:{boot_id}")));
+        }
+    }
+    (system_clock(), None)
+}
+
 /// A coordinator named by a `--coordinator` spec.
 pub enum Backend {
     Sqlite(SqliteLeaseCoordinator),
@@ -205,7 +234,12 @@ impl Backend {
                     }
                 }
             }
-            let coordinator = SqliteLeaseCoordinator::open(&path, system_clock())
+            let (clock, clock_timeline) = host_clock();
+            let config = SqliteConfig {
+                clock_timeline,
+                ..SqliteConfig::default()
+            };
+            let coordinator = SqliteLeaseCoordinator::open_with(&path, clock, config)
                 .with_context(|| format!("cannot open the SQLite coordinator {}", path.display()))?;
             return Ok(Backend::Sqlite(coordinator));
         }
@@ -224,6 +258,16 @@ impl Backend {
             bail!("this fencepost was built without PostgreSQL support (feature `postgres`)");
         }
         crate::usage!("--coordinator must be sqlite:PATH or a postgres:// URL, not {spec:?}")
+    }
+
+    /// The coordinator clock's reading, which leases' `expires_at_ms` are on (for PostgreSQL, the
+    /// server's clock is not at hand: this host's wall clock stands in).
+    pub fn now_ms(&self) -> u64 {
+        match self {
+            Backend::Sqlite(coordinator) => coordinator.now_ms(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => system_clock()(),
+        }
     }
 
     /// Every lease with a holder, in agent order.

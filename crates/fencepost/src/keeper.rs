@@ -191,6 +191,15 @@ pub enum KeeperError {
     /// out), or failed (raising the floor, acquiring, releasing).
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// The wait ran out: the coordinator refused the lease during the wait (`held`, the last such
+    /// refusal), and the last attempt then failed (`last_error`). The lease was not obtained.
+    #[error("{held}; the last attempt then failed: {last_error}")]
+    HeldThenFailed {
+        /// The last `Held` refusal during the wait.
+        held: Box<LeaseError>,
+        /// The error of the last attempt.
+        last_error: Box<LeaseError>,
+    },
 }
 
 /// How a [`LeaseKeeper::shutdown`] ended.
@@ -408,7 +417,9 @@ impl KeeperBuilder {
     /// `max_wait_ms` of the keeper's clock.
     ///
     /// # Errors
-    /// As [`acquire`](Self::acquire); when the wait runs out, the last refusal or failure.
+    /// As [`acquire`](Self::acquire); when the wait runs out, the last refusal or failure, or
+    /// [`KeeperError::HeldThenFailed`] when the last attempt failed after a refusal: so a caller
+    /// can tell "held by another" (some attempt reached the coordinator) from "never reached it".
     pub fn wait_to_acquire(self, max_wait_ms: u64) -> Result<LeaseKeeper, KeeperError> {
         self.start(max_wait_ms)
     }
@@ -423,6 +434,7 @@ impl KeeperBuilder {
         }
         let started_ms = self.clock.now_ms();
         let give_up_ms = started_ms.saturating_add(max_wait_ms);
+        let mut last_held: Option<LeaseError> = None;
         let (lease, sent_ms) = loop {
             let sent_ms = self.clock.now_ms();
             match self
@@ -433,9 +445,20 @@ impl KeeperBuilder {
                 Err(error @ (LeaseError::Held { .. } | LeaseError::Backend(_))) => {
                     let now = self.clock.now_ms();
                     if now >= give_up_ms {
-                        return Err(error.into());
+                        return Err(match (last_held, error) {
+                            (Some(held), last_error @ LeaseError::Backend(_)) => {
+                                KeeperError::HeldThenFailed {
+                                    held: Box::new(held),
+                                    last_error: Box::new(last_error),
+                                }
+                            }
+                            (_, error) => error.into(),
+                        });
                     }
                     tracing::debug!(agent_id = %self.agent_id, %error, "waiting to acquire");
+                    if matches!(error, LeaseError::Held { .. }) {
+                        last_held = Some(error);
+                    }
                     let retry_at = now.saturating_add(self.config.acquire_every_ms).min(give_up_ms);
                     while self.clock.now_ms() < retry_at {
                         std::thread::sleep(self.clock.slice(retry_at - self.clock.now_ms()));

@@ -103,7 +103,10 @@ fn l7_sqlite_failures_are_backend_errors_not_verdicts() {
     let blocked = SqliteLeaseCoordinator::open_with(
         &path,
         ManualClock::new(1).wall_clock(),
-        fencepost::backend::sqlite::SqliteConfig { busy_timeout_ms: 50 },
+        fencepost::backend::sqlite::SqliteConfig {
+            busy_timeout_ms: 50,
+            ..Default::default()
+        },
     )
     .unwrap();
     coordinator.with_connection(|connection| connection.execute_batch("BEGIN EXCLUSIVE").unwrap());
@@ -640,4 +643,45 @@ fn l7_sqlite_processes_that_open_a_new_file_at_once_all_succeed() {
             }
         });
     }
+}
+
+/// L1, L5 with a boot-time clock: a new time line (a reboot) expires every lease and keeps every
+/// epoch; the same time line changes nothing; a database from a wall-clock coordinator counts as
+/// another time line.
+#[test]
+fn l1_sqlite_a_new_clock_timeline_expires_every_lease_and_keeps_epochs() {
+    use fencepost::backend::sqlite::SqliteConfig;
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("leases.db");
+    let on = |timeline: Option<&str>, now_ms: u64| {
+        let config = SqliteConfig {
+            clock_timeline: timeline.map(str::to_owned),
+            ..SqliteConfig::default()
+        };
+        SqliteLeaseCoordinator::open_with(&path, ManualClock::new(now_ms).wall_clock(), config).unwrap()
+    };
+    // Before: a wall-clock coordinator granted a lease for a long time.
+    let wall = on(None, 1_796_000_000_000);
+    assert_eq!(wall.acquire("a", "laptop", 3_600_000).unwrap().epoch, 1);
+    drop(wall);
+    // A boot-time coordinator (its clock reads far less) does not honour that wall-clock expiry.
+    let boot = on(Some("boot:1"), 5_000);
+    let first = boot.acquire("a", "phone", 60_000).unwrap();
+    assert_eq!((first.epoch, first.expires_at_ms), (2, 65_000));
+    drop(boot);
+    // The same boot: the lease holds.
+    let same = on(Some("boot:1"), 6_000);
+    assert!(matches!(
+        same.acquire("a", "laptop", 60_000),
+        Err(LeaseError::Held { .. })
+    ));
+    drop(same);
+    // After a reboot the clock starts again near 0: the old lease is expired, its epoch kept.
+    let rebooted = on(Some("boot:2"), 100);
+    let current = rebooted.current("a").unwrap().unwrap();
+    assert_eq!(
+        (current.holder.as_str(), current.epoch, current.expires_at_ms),
+        ("phone", 2, 0)
+    );
+    assert_eq!(rebooted.acquire("a", "laptop", 60_000).unwrap().epoch, 3);
 }

@@ -390,3 +390,94 @@ fn dispatch_runs_nothing_when_the_pending_cannot_be_shared_or_the_lease_is_gone(
     assert_eq!(effects.load(Ordering::SeqCst), 0);
     assert_eq!(world.coordinator.current("milo").unwrap(), None);
 }
+
+/// One device's log of intents for `run` of "milo", as (epoch, status) pairs.
+fn device_log(device: &str, intents: &[(u64, IntentStatus)]) -> Vec<OpRecord> {
+    let mut log = fencepost::oplog::DeviceLog::new(device, ManualClock::new(START_MS).wall_clock()).unwrap();
+    intents
+        .iter()
+        .map(|(epoch, status)| {
+            log.append(
+                fencepost::oplog::Surface::Intent,
+                Intent::new("run-d2", "milo", *epoch, *status).payload(),
+            )
+        })
+        .collect()
+}
+
+/// D2: a run is in doubt when some `pending` has no outcome of its own epoch; an older `failed`
+/// (attempt 1, or a contender refused at the fence writing at its older epoch after a newer
+/// holder's `pending`) never settles a newer attempt, whatever the order the logs arrive in.
+#[test]
+fn d2_an_older_failed_never_settles_a_newer_pending_in_any_arrival_order() {
+    use IntentStatus::{Committed, Failed, Pending};
+    let logs = [
+        device_log("laptop", &[(1, Pending), (1, Failed)]),
+        device_log("phone", &[(2, Pending)]),
+        device_log("server", &[(1, Failed)]),
+    ];
+    let orders = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]];
+    for order in orders {
+        let relay = Arc::new(InMemoryRelay::new());
+        let mut ledger =
+            Ledger::open("reader", ManualClock::new(START_MS).wall_clock(), relay.clone()).unwrap();
+        for index in order {
+            relay.push(&logs[index]).unwrap();
+            ledger.sync().unwrap();
+        }
+        let in_doubt = ledger.in_doubt("milo", 3);
+        assert_eq!(in_doubt.len(), 1, "{order:?}: {in_doubt:?}");
+        assert_eq!(
+            (in_doubt[0].epoch, in_doubt[0].device_id.as_str()),
+            (2, "phone"),
+            "{order:?}"
+        );
+        assert_eq!(
+            ledger.in_doubt_run("milo", "run-d2", 2).map(|run| run.epoch),
+            Some(2)
+        );
+        // The fold's view (F5) is unchanged: the terminal record wins.
+        assert_eq!(ledger.state().intent("milo", "run-d2").unwrap().status, Failed);
+    }
+    // Its own outcome settles the attempt; a commit at any epoch settles the run.
+    for (settle, expected) in [
+        ((2, Failed), 0),
+        ((3, Committed), 0),
+        ((1, Committed), 0),
+        ((4, Failed), 1),
+    ] {
+        let relay = Arc::new(InMemoryRelay::new());
+        for log in &logs {
+            relay.push(log).unwrap();
+        }
+        relay.push(&device_log("fixer", &[settle])).unwrap();
+        let ledger = Ledger::open("reader", ManualClock::new(START_MS).wall_clock(), relay).unwrap();
+        assert_eq!(
+            ledger.in_doubt("milo", u64::MAX).len(),
+            expected,
+            "after {settle:?}"
+        );
+    }
+}
+
+/// R1: two `Ledger`s of one device in one process (two worker threads) never produce one record for
+/// two executions: each append continues the chain the other just wrote.
+#[test]
+fn r1_two_ledgers_of_one_device_interleave_and_never_merge_two_records() {
+    let folder = tempfile::tempdir().unwrap();
+    let relay: Arc<dyn Relay> = Arc::new(fencepost::relay::FsRelay::open(folder.path()).unwrap());
+    let clock = ManualClock::new(START_MS); // one millisecond for both: identical stamps if unserialized
+    let mut first = Ledger::open("laptop", clock.wall_clock(), relay.clone()).unwrap();
+    let mut second = Ledger::open("laptop", clock.wall_clock(), relay.clone()).unwrap();
+    for round in 0..3 {
+        for ledger in [&mut first, &mut second] {
+            ledger
+                .record(&Intent::new("run-a", "milo", 1, IntentStatus::Pending))
+                .unwrap_or_else(|error| panic!("round {round}: {error}"));
+        }
+    }
+    let stored = relay.pull(&Frontier::new()).unwrap();
+    assert!(stored.problems.is_empty(), "{:?}", stored.problems);
+    assert_eq!(stored.ops.len(), 6, "six appends, six records");
+    fencepost::oplog::verify_log(&stored.ops).unwrap();
+}

@@ -49,20 +49,31 @@ const RELEASE: &str = concat!("UPDATE ", table!(), " SET holder = NULL WHERE age
 const RAISE_FLOOR: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, NULL, 0, 0, ?2) ON CONFLICT (agent_id) DO UPDATE SET floor = max(floor, excluded.floor)");
 
 /// Settings of a [`SqliteLeaseCoordinator`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqliteConfig {
     /// How long an operation waits for another process's write transaction before failing with a
     /// (not applied) backend error.
     pub busy_timeout_ms: u64,
+    /// The identity of the coordinator clock's time line, when it can restart: for a clock that
+    /// counts from boot (Linux `CLOCK_BOOTTIME`, which an NTP step or a VM's wall-clock jump does
+    /// not move), the boot id. The database records it; opening it with another one (after a
+    /// reboot) expires every lease, keeping holders and epochs, since expiries measured on the
+    /// old time line mean nothing on the new one. `None` (the default): the clock never
+    /// restarts (a wall clock), nothing is recorded.
+    pub clock_timeline: Option<String>,
 }
 
 impl Default for SqliteConfig {
     fn default() -> Self {
         Self {
             busy_timeout_ms: 5_000,
+            clock_timeline: None,
         }
     }
 }
+
+/// The table of the database's own settings (the clock's time line).
+const SETTINGS_TABLE: &str = "fencepost_settings";
 
 /// A lease coordinator in a SQLite database file: durable, and safe for many processes **on one
 /// host**.
@@ -76,7 +87,10 @@ impl Default for SqliteConfig {
 ///   returns the state a write in flight is replacing. Writers in other processes wait up to
 ///   [`SqliteConfig::busy_timeout_ms`].
 /// * The coordinator clock is the injected [`WallClock`]: every process that shares the file must
-///   use the same clock (the system clock of the one host).
+///   use the same clock. The wall clock can step (NTP, a VM resumed): an expiry then comes early
+///   or late. A clock that counts from boot does not step; give its boot id as
+///   [`SqliteConfig::clock_timeline`] so that a reboot expires every lease. The `fencepost`
+///   command does so on Linux (`CLOCK_BOOTTIME` and `/proc/sys/kernel/random/boot_id`).
 ///
 /// **Not across hosts.** SQLite's locking needs one kernel. A database file on a synced folder
 /// (Dropbox, Syncthing) or a network file system gives no mutual exclusion at all: two hosts can
@@ -209,8 +223,8 @@ impl SqliteLeaseCoordinator {
         if application_id == 0 {
             let foreign: i64 = connection
                 .query_row(
-                    "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' AND name <> ?1",
-                    [TABLE],
+                    "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' AND name NOT IN (?1, ?2)",
+                    [TABLE, SETTINGS_TABLE],
                     |row| row.get(0),
                 )
                 .map_err(|error| sqlite_failure(&format!("cannot read {shown}"), error, false))?;
@@ -259,12 +273,25 @@ impl SqliteLeaseCoordinator {
                      expires_at_ms INTEGER NOT NULL CHECK (expires_at_ms >= 0),
                      floor INTEGER NOT NULL CHECK (floor >= 0)
                  ) STRICT, WITHOUT ROWID;
+                 CREATE TABLE IF NOT EXISTS {SETTINGS_TABLE} (
+                     key TEXT PRIMARY KEY NOT NULL,
+                     value TEXT NOT NULL
+                 ) STRICT, WITHOUT ROWID;
                  PRAGMA application_id = {SQLITE_APPLICATION_ID};
                  COMMIT;"
             ))
             .map_err(|error| {
                 sqlite_failure(&format!("cannot create the lease table in {shown}"), error, true)
             })?;
+        if let Some(timeline) = &config.clock_timeline {
+            Self::enter_timeline(&connection, timeline).map_err(|error| {
+                sqlite_failure(
+                    &format!("cannot check the clock's time line in {shown}"),
+                    error,
+                    true,
+                )
+            })?;
+        }
         // A table of the same name but another shape is refused here, before any operation.
         connection.prepare(SELECT_ROW).map_err(|error| {
             sqlite_failure(
@@ -278,6 +305,43 @@ impl SqliteLeaseCoordinator {
             clock,
             connection: Mutex::new(connection),
         })
+    }
+
+    /// Records `timeline` as the clock's time line; if another one was recorded (or none, by a
+    /// coordinator on a wall clock), expires every lease first (see
+    /// [`SqliteConfig::clock_timeline`]).
+    fn enter_timeline(connection: &Connection, timeline: &str) -> rusqlite::Result<()> {
+        let transaction = rusqlite::Transaction::new_unchecked(connection, TransactionBehavior::Immediate)?;
+        let recorded: Option<String> = transaction
+            .query_row(
+                &format!("SELECT value FROM {SETTINGS_TABLE} WHERE key = 'clock_timeline'"),
+                [],
+                |row| row.get(0),
+            )
+            .optional()?;
+        if recorded.as_deref() != Some(timeline) {
+            let expired = transaction.execute(
+                &format!("UPDATE {TABLE} SET expires_at_ms = 0 WHERE holder IS NOT NULL"),
+                [],
+            )?;
+            tracing::info!(
+                expired,
+                "the coordinator clock's time line changed (a reboot, or a wall clock before): every lease expired"
+            );
+            transaction.execute(
+                &format!(
+                    "INSERT INTO {SETTINGS_TABLE} (key, value) VALUES ('clock_timeline', ?1)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+                ),
+                [timeline],
+            )?;
+        }
+        transaction.commit()
+    }
+
+    /// The coordinator clock's reading (the clock every decision of this coordinator uses).
+    pub fn now_ms(&self) -> u64 {
+        (self.clock)()
     }
 
     /// The database file.
