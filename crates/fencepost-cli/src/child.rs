@@ -3,16 +3,19 @@
 //! The command runs in a process group of its own, so that a stop reaches everything it started.
 //! It is stopped (SIGTERM to the group, SIGKILL after `--kill-after`) when the lease is lost, when
 //! `--timeout` passes, and when `fencepost` itself gets SIGTERM, SIGINT or SIGHUP (forwarded as
-//! the same signal). If `fencepost` dies without a chance to do so (SIGKILL), the kernel kills the
-//! command (`PR_SET_PDEATHSIG` on Linux).
+//! the same signal). What the command leaves running in its group when it exits is stopped the
+//! same way. If `fencepost` dies without a chance to do any of this (SIGKILL), the kernel kills the
+//! command (`PR_SET_PDEATHSIG` on Linux), and a [`Watchdog`] process kills the rest of its group.
 
+use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitStatus};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// How often the supervisor looks at the command, the lease and the signals.
@@ -83,6 +86,10 @@ pub struct Supervision<'a> {
 /// Starts `command` in a process group of its own, to be killed when fencepost dies.
 pub fn spawn(mut command: Command) -> std::io::Result<std::process::Child> {
     let parent = std::process::id();
+    // What the command leaves behind when it exits becomes fencepost's child, not init's: fencepost
+    // can then reap it (see `stop_leftovers`) whatever init does.
+    #[cfg(target_os = "linux")]
+    nix::sys::prctl::set_child_subreaper(true)?;
     command.process_group(0);
     // SAFETY: between fork and exec the closure calls only async-signal-safe functions (prctl,
     // getppid, kill through nix's thin wrappers) and allocates nothing.
@@ -104,6 +111,93 @@ pub fn spawn(mut command: Command) -> std::io::Result<std::process::Child> {
         });
     }
     command.spawn()
+}
+
+/// The hidden subcommand that runs a [`Watchdog`].
+pub const WATCHDOG_COMMAND: &str = "__watchdog";
+
+/// A process that kills the command's process group if `fencepost` dies before it could (reads
+/// its standard input, a pipe from fencepost: end of input without `done` means fencepost died).
+pub struct Watchdog {
+    input: Option<ChildStdin>,
+    process: Child,
+}
+
+impl Watchdog {
+    /// Starts a watchdog of process group `group`.
+    pub fn start(group: u32) -> std::io::Result<Self> {
+        // /proc/self/exe runs this very binary, even if it was replaced on disk meanwhile.
+        let program = if cfg!(target_os = "linux") {
+            std::path::PathBuf::from("/proc/self/exe")
+        } else {
+            std::env::current_exe()?
+        };
+        let mut process = Command::new(program)
+            .args([WATCHDOG_COMMAND, &group.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let input = process.stdin.take();
+        Ok(Self { input, process })
+    }
+
+    /// The command's group is done with: the watchdog exits without killing anything.
+    pub fn disarm(mut self) {
+        if let Some(mut input) = self.input.take() {
+            let _ = input.write_all(b"done\n");
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Without `disarm`, closing its input makes the watchdog kill the group.
+        drop(self.input.take());
+        let _ = self.process.wait();
+    }
+}
+
+/// The watchdog's own work (`fencepost __watchdog GROUP`): waits for the end of its input, then
+/// kills `group` with SIGKILL unless told `done`.
+pub fn watchdog(group: i32) -> i32 {
+    let mut said = Vec::new();
+    let _ = std::io::stdin().take(64).read_to_end(&mut said);
+    if !said.starts_with(b"done") && group > 1 {
+        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+    }
+    0
+}
+
+/// Stops what is left in `group` once its leader has exited: SIGTERM, then SIGKILL after
+/// `kill_after` if anything is still there.
+pub fn stop_leftovers(group: u32, kill_after: Duration) {
+    let group = Pid::from_raw(group as i32);
+    // The group's orphans are fencepost's children (see `spawn`): reap those that exited, so
+    // that a zombie does not count as left over.
+    let reap = || {
+        while let Ok(status) = waitpid(Pid::from_raw(-group.as_raw()), Some(WaitPidFlag::WNOHANG)) {
+            if status == WaitStatus::StillAlive {
+                break;
+            }
+        }
+    };
+    reap();
+    if killpg(group, None).is_err() {
+        return; // nothing left
+    }
+    tracing::info!("stopping what the command left running in its process group");
+    let _ = killpg(group, Signal::SIGTERM);
+    let give_up = Instant::now() + kill_after;
+    while Instant::now() < give_up {
+        reap();
+        if killpg(group, None).is_err() {
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+    let _ = killpg(group, Signal::SIGKILL);
+    reap();
 }
 
 /// Waits for the command, stopping it as the module docs say.

@@ -19,7 +19,7 @@ use fencepost::relay::{Frontier, ProblemKind, Relay};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
-use crate::child::{self, Ending, Signals, Supervision};
+use crate::child::{self, Ending, Signals, Supervision, Watchdog};
 use crate::settings::{parse_duration_ms, Settings};
 use crate::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_RAN_FAILED, EXIT_RAN_OK,
@@ -60,7 +60,8 @@ pub struct RunArgs {
     #[arg(long, default_value = "0s", value_parser = parse_duration_ms, value_name = "DURATION")]
     wait: u64,
     /// Stop the command if it still runs after this long (SIGTERM to its process group, SIGKILL
-    /// after --kill-after); it is recorded failed (exit 1).
+    /// after --kill-after): exit 1, and unless it still exits 0 the run is in doubt (it may have
+    /// done part of its effect).
     #[arg(long, value_parser = parse_duration_ms, value_name = "DURATION")]
     timeout: Option<u64>,
     /// How long a command has to exit after SIGTERM before it gets SIGKILL.
@@ -141,11 +142,11 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         let covered = ledger
             .accept_damage(device)
             .context("cannot record the accepted damage")?;
-        eprintln!("fencepost: accepting the damage of {device:?} ({covered} problem(s)); runs it recorded may run again");
+        err!("fencepost: accepting the damage of {device:?} ({covered} problem(s)); runs it recorded may run again");
     }
     refuse_damage(&ledger, settings)?;
     if ledger.state().committed_run(agent, &run_id).is_some() {
-        eprintln!("fencepost: {run_id} of {agent} already committed; not running it again");
+        err!("fencepost: {run_id} of {agent} already committed; not running it again");
         return Ok(EXIT_ALREADY_COMMITTED);
     }
     let coordinator = settings.coordinator()?;
@@ -167,13 +168,13 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     let keeper = match builder.wait_to_acquire(args.wait) {
         Ok(keeper) => keeper,
         Err(KeeperError::Lease(LeaseError::Held { holder, epoch, .. })) => {
-            eprintln!("fencepost: {agent} is held by {holder} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
+            err!("fencepost: {agent} is held by {holder} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
             return Ok(EXIT_HELD_ELSEWHERE);
         }
         // Exit 4 whenever some attempt reached the coordinator and was refused; 10 only when none
         // did (the README's exit-status table says so).
         Err(KeeperError::HeldThenFailed { held, last_error }) => {
-            eprintln!("fencepost: {held}, and when the wait ran out the last attempt failed ({last_error}); not running {run_id}");
+            err!("fencepost: {held}, and when the wait ran out the last attempt failed ({last_error}); not running {run_id}");
             return Ok(EXIT_HELD_ELSEWHERE);
         }
         Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
@@ -207,6 +208,14 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
                 return EffectOutcome::Failed(format!("cannot start {:?}: {error}", args.command[0]))
             }
         };
+        // Should fencepost die, the watchdog kills what the command started.
+        let watchdog = match Watchdog::start(child.id()) {
+            Ok(watchdog) => Some(watchdog),
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the watchdog of the command's process group");
+                None
+            }
+        };
         let holds = || keeper.holds();
         let supervision = Supervision {
             holds: &holds,
@@ -218,10 +227,19 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
             Ok(end) => end,
             Err(error) => return EffectOutcome::Unknown(format!("cannot wait for the command: {error}")),
         };
+        child::stop_leftovers(child.id(), Duration::from_millis(args.kill_after));
+        if let Some(watchdog) = watchdog {
+            watchdog.disarm();
+        }
         // A command that exits by itself reports its outcome; one that fencepost had to stop may
         // have done part of its effect, or all of it: the run stays in doubt unless it exits 0.
         let outcome = match &end {
             Ending::Exited(status) if status.success() => EffectOutcome::Succeeded(()),
+            // Killed by a signal fencepost did not send (an operator, the OOM killer): it did not
+            // finish, and it may have done part of its effect.
+            Ending::Exited(status) if status.code().is_none() => {
+                EffectOutcome::Unknown(format!("the command was killed ({status})"))
+            }
             Ending::Exited(status) => EffectOutcome::Failed(format!("the command exited with {status}")),
             Ending::LeaseLost(status) | Ending::TimedOut(status) | Ending::Interrupted(_, status)
                 if status.success() =>
@@ -253,11 +271,11 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     };
     match shutdown {
         Err(error) => {
-            eprintln!("fencepost: warning: could not release the lease of {agent} at epoch {epoch} ({error:#}); it ends with its TTL");
+            err!("fencepost: warning: could not release the lease of {agent} at epoch {epoch} ({error:#}); it ends with its TTL");
         }
         // A loss the command did not already report (it was noticed only at the release).
         Ok(Shutdown::Lost(loss)) if !matches!(ending, Some(Ending::LeaseLost(_))) => {
-            eprintln!(
+            err!(
                 "fencepost: warning: the lease of {agent} at epoch {epoch} was lost before it could be released ({:?}); another host may have taken it",
                 loss.reason
             );
@@ -280,11 +298,11 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         DispatchOutcome::Executed {
             result: Err(reason), ..
         } => {
-            eprintln!("fencepost: {run_id} of {agent} ran at epoch {epoch} and failed: {reason}");
+            err!("fencepost: {run_id} of {agent} ran at epoch {epoch} and failed: {reason}");
             EXIT_RAN_FAILED
         }
         DispatchOutcome::Interrupted { error, .. } => {
-            eprintln!(
+            err!(
                 "fencepost: {run_id} of {agent} ran at epoch {epoch} and was interrupted: {error}. \
 It may have done its effect, or part of it, so it is in doubt: check, then record it with \
 `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` or rerun with --retry-in-doubt"
@@ -295,11 +313,11 @@ It may have done its effect, or part of it, so it is in doubt: check, then recor
             }
         }
         DispatchOutcome::AlreadyCommitted { .. } => {
-            eprintln!("fencepost: {run_id} of {agent} already committed; not running it again");
+            err!("fencepost: {run_id} of {agent} already committed; not running it again");
             EXIT_ALREADY_COMMITTED
         }
         DispatchOutcome::InDoubt { run } => {
-            eprintln!(
+            err!(
                 "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {} and never recorded an outcome. \
 Check whether its effect happened, then rerun with --retry-in-doubt, or record it with \
 `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed`",
@@ -312,11 +330,11 @@ Check whether its effect happened, then rerun with --retry-in-doubt, or record i
             current_holder,
             ..
         } => {
-            eprintln!("fencepost: lost {agent} to {current_holder} (epoch {current_epoch}) before {run_id} could start");
+            err!("fencepost: lost {agent} to {current_holder} (epoch {current_epoch}) before {run_id} could start");
             EXIT_LEASE_LOST
         }
         DispatchOutcome::NotHeld { .. } => {
-            eprintln!("fencepost: lost the lease of {agent} before {run_id} could start");
+            err!("fencepost: lost the lease of {agent} before {run_id} could start");
             EXIT_LEASE_LOST
         }
         _ => bail!("an outcome this fencepost does not know"),
@@ -395,9 +413,9 @@ fn describe(lease: &Lease, now: u64) -> String {
 
 fn print_lease(lease: &Lease, json: bool, now: u64) {
     if json {
-        println!("{}", lease_json(lease));
+        out!("{}", lease_json(lease));
     } else {
-        println!("{}", describe(lease, now));
+        out!("{}", describe(lease, now));
     }
 }
 
@@ -426,9 +444,9 @@ fn verdict(error: LeaseError, json: bool) -> Result<i32> {
         _ => return Err(error.into()),
     };
     if json {
-        println!("{value}");
+        out!("{value}");
     } else {
-        eprintln!("fencepost: {text}");
+        err!("fencepost: {text}");
     }
     Ok(code)
 }
@@ -459,27 +477,27 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
             Err(error) => return verdict(error, json),
         },
         LeaseCommand::Release { agent, epoch, json } => match coordinator.release(&agent, device, epoch) {
-            Ok(()) if json => println!("{}", json!({"released": true, "agent_id": agent, "epoch": epoch})),
-            Ok(()) => println!("{agent}: released epoch {epoch}"),
+            Ok(()) if json => out!("{}", json!({"released": true, "agent_id": agent, "epoch": epoch})),
+            Ok(()) => out!("{agent}: released epoch {epoch}"),
             Err(error) => return verdict(error, json),
         },
         LeaseCommand::Current { agent, json } => match coordinator.current(&agent)? {
             Some(lease) => print_lease(&lease, json, coordinator.now_ms()),
-            None if json => println!("null"),
-            None => println!("{agent}: not held"),
+            None if json => out!("null"),
+            None => out!("{agent}: not held"),
         },
         LeaseCommand::List { json } => {
             let leases = coordinator.list()?;
             if json {
-                println!(
+                out!(
                     "{}",
                     serde_json::Value::Array(leases.iter().map(lease_json).collect())
                 );
             } else if leases.is_empty() {
-                println!("no leases are held");
+                out!("no leases are held");
             } else {
                 for lease in &leases {
-                    println!("{}", describe(lease, coordinator.now_ms()));
+                    out!("{}", describe(lease, coordinator.now_ms()));
                 }
             }
         }
@@ -544,7 +562,7 @@ fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease>
     let coordinator = match settings.coordinator() {
         Ok(coordinator) => coordinator,
         Err(error) => {
-            eprintln!("fencepost: warning: cannot reach the coordinator ({error:#}); runs whose lease is live show as in doubt");
+            err!("fencepost: warning: cannot reach the coordinator ({error:#}); runs whose lease is live show as in doubt");
             return Default::default();
         }
     };
@@ -556,7 +574,7 @@ fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease>
             .map(|lease| (lease.agent_id.clone(), lease))
             .collect(),
         Err(error) => {
-            eprintln!("fencepost: warning: cannot list the leases ({error}); runs whose lease is live show as in doubt");
+            err!("fencepost: warning: cannot list the leases ({error}); runs whose lease is live show as in doubt");
             Default::default()
         }
     }
@@ -652,7 +670,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             ledger
                 .record(&Intent::new(&run, &agent, doubt.epoch, status))
                 .context("cannot write the outcome to the ledger folder")?;
-            println!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
+            out!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
         }
         LedgerCommand::Show { json } => {
             let ledger = open_ledger(settings)?;
@@ -669,12 +687,12 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 }));
             }
             if json {
-                println!("{}", serde_json::Value::Array(agents));
+                out!("{}", serde_json::Value::Array(agents));
             } else if agents.is_empty() {
-                println!("the ledger in {} has no intents yet", settings.ledger.display());
+                out!("the ledger in {} has no intents yet", settings.ledger.display());
             } else {
                 for agent in agents {
-                    println!(
+                    out!(
                         "{}: fencing epoch {}, {} runs, {} committed, {} running, {} in doubt",
                         agent["agent_id"].as_str().unwrap_or_default(),
                         agent["fencing_epoch"],
@@ -694,7 +712,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                     .iter()
                     .map(|row| json!({"agent_id": row.agent, "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device, "after": row.after}))
                     .collect();
-                println!("{}", serde_json::Value::Array(rows));
+                out!("{}", serde_json::Value::Array(rows));
             } else {
                 for row in &rows {
                     let after = row
@@ -702,9 +720,13 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                         .as_ref()
                         .map(|after| format!("  after {after}"))
                         .unwrap_or_default();
-                    println!(
+                    out!(
                         "{}  {}  {:<9}  epoch {}  by {}{after}",
-                        row.agent, row.run, row.status, row.epoch, row.device
+                        row.agent,
+                        row.run,
+                        row.status,
+                        row.epoch,
+                        row.device
                     );
                 }
             }
@@ -750,27 +772,27 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
             .iter()
             .map(|(kind, detail)| json!({"kind": kind, "detail": detail}))
             .collect();
-        println!(
+        out!(
             "{}",
             json!({"ledger": settings.ledger.display().to_string(), "intact": bad == 0, "devices": devices, "problems": findings})
         );
         return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
     for (device, count) in &devices {
-        println!("{device}: {count} records, chain verified");
+        out!("{device}: {count} records, chain verified");
     }
     for (kind, detail) in &findings {
-        println!("{kind}: {detail}");
+        out!("{kind}: {detail}");
     }
     if bad == 0 {
-        println!(
+        out!(
             "ledger {} is intact ({} devices)",
             settings.ledger.display(),
             devices.len()
         );
         return Ok(EXIT_RAN_OK);
     }
-    eprintln!(
+    err!(
         "fencepost: {bad} problem(s) in {}: each device stops at its first bad line; restore that file from a backup or another host's copy (an incomplete last line may be a write or a sync in progress)",
         settings.ledger.display()
     );
@@ -819,9 +841,9 @@ pub fn simulate(args: SimulateArgs) -> Result<i32> {
     }
     if args.seeds == 1 {
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&first)?);
+            out!("{}", serde_json::to_string_pretty(&first)?);
         } else {
-            print!("{}", render_table(&first));
+            out_raw!("{}", render_table(&first));
         }
         return Ok(EXIT_RAN_OK);
     }
@@ -857,7 +879,7 @@ pub fn simulate(args: SimulateArgs) -> Result<i32> {
             .iter()
             .map(serde_json::to_value)
             .collect::<Result<_, _>>()?;
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(
                 &json!({"first_seed": args.seed, "seeds": args.seeds, "modes": modes})
@@ -866,13 +888,13 @@ pub fn simulate(args: SimulateArgs) -> Result<i32> {
     } else {
         let table = render_table(&sum);
         let body = table.split_once('\n').map_or(table.as_str(), |(_, rest)| rest);
-        println!(
+        out!(
             "seeds {}..{}: {} faults in all",
             args.seed,
             args.seed + args.seeds - 1,
             sum.schedule.faults.len()
         );
-        print!("{body}");
+        out_raw!("{body}");
     }
     Ok(EXIT_RAN_OK)
 }

@@ -1,5 +1,30 @@
 //! The `fencepost` command: run a command once across hosts, manage leases, inspect the ledger.
 
+/// `println!` that never panics: a closed standard output (`fencepost ledger runs | head`) must not
+/// turn a recorded outcome into a panic and exit 101.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics (a closed standard error).
+macro_rules! err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `print!` that never panics.
+macro_rules! out_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod child;
 mod commands;
 mod settings;
@@ -63,9 +88,9 @@ The command runs in a process group of its own. It is stopped (SIGTERM to the gr
 --kill-after later) when the lease is lost while it runs (exit 6) or when --timeout passes (exit \
 1). SIGTERM, SIGINT and SIGHUP to fencepost are forwarded to the group (exit 1 unless the command \
 then exits 0). A command that fencepost stopped may have done its effect, or part of it: unless it \
-exits 0, no outcome is recorded and the run is in doubt (see exit 5). If fencepost itself is \
-killed (SIGKILL), the kernel kills the command, and the run is in doubt as well. Then the lease \
-is released.",
+exits 0, no outcome is recorded and the run is in doubt (see exit 5); so is a command killed by \
+a signal that fencepost did not send. If fencepost itself is killed (SIGKILL), the kernel kills \
+the command, and the run is in doubt as well. Then the lease is released.",
         after_help = "Exit status:\n  \
 0   ran, and the command succeeded\n  \
 1   ran, and the command failed; or it was stopped by --timeout or a forwarded signal (then the \
@@ -127,6 +152,12 @@ fn init_tracing(verbose: u8) {
 }
 
 fn main() {
+    let arguments: Vec<String> = std::env::args().collect();
+    if arguments.get(1).map(String::as_str) == Some(child::WATCHDOG_COMMAND) {
+        // `fencepost run`'s watchdog of its command's process group (not for people).
+        let group = arguments.get(2).and_then(|group| group.parse().ok()).unwrap_or(0);
+        std::process::exit(child::watchdog(group));
+    }
     let cli = Cli::parse();
     init_tracing(cli.global.verbose);
     if let Command::Simulate(args) = cli.command {
@@ -167,11 +198,11 @@ fn exit(outcome: anyhow::Result<i32>) -> ! {
     match outcome {
         Ok(code) => std::process::exit(code),
         Err(error) if error.downcast_ref::<UsageError>().is_some() => {
-            eprintln!("fencepost: {error:#}");
+            err!("fencepost: {error:#}");
             std::process::exit(EXIT_USAGE);
         }
         Err(error) => {
-            eprintln!("fencepost: {error:#}");
+            err!("fencepost: {error:#}");
             std::process::exit(EXIT_ERROR);
         }
     }

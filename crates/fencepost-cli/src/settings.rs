@@ -222,6 +222,11 @@ impl Backend {
                 );
             }
             let path = PathBuf::from(path);
+            if path.is_relative() {
+                crate::usage!(
+                    "--coordinator {spec:?}: the path must be absolute; a relative one names another file in each working directory, and processes started in different folders would each have a coordinator of their own"
+                );
+            }
             if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
                 if !parent.exists() {
                     if Some(parent) == data_dir().ok().as_deref() {

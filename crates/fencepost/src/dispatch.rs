@@ -242,8 +242,12 @@ pub struct Ledger {
     unsent: Vec<(Surface, Value)>,
     /// Per agent and run, the attempts, for runs with no commit.
     attempts: BTreeMap<(String, String), Attempts>,
-    /// What the last pull reported, and what the seen file revealed.
+    /// What the last pull reported, the replaced records, and the devices that shrank.
     problems: Vec<RelayProblem>,
+    /// What the last pull reported.
+    relay_problems: Vec<RelayProblem>,
+    /// Records found replaced (another record where the seen file remembers one): for good.
+    replaced: Vec<RelayProblem>,
     /// Devices (or files) whose damage the caller accepted.
     accepted: BTreeSet<String>,
     seen: Option<SeenFile>,
@@ -306,6 +310,8 @@ impl Ledger {
             unsent: Vec::new(),
             attempts: BTreeMap::new(),
             problems: Vec::new(),
+            relay_problems: Vec::new(),
+            replaced: Vec::new(),
             accepted: BTreeSet::new(),
             seen,
             last_ops: BTreeMap::new(),
@@ -429,6 +435,7 @@ impl Ledger {
         self.unsent.clear();
         self.absorb(&appended.tail);
         self.absorb(&appended.appended);
+        self.recompute_problems();
         self.save_seen()?;
         Ok(appended.appended)
     }
@@ -468,8 +475,18 @@ impl Ledger {
         for problem in batch.problems.iter().filter(|problem| problem.is_damage()) {
             tracing::debug!(%problem, "the ledger is damaged");
         }
-        self.problems = batch.problems;
+        self.relay_problems = batch.problems;
         self.absorb(&batch.ops);
+        self.recompute_problems();
+        self.save_seen()
+    }
+
+    /// The problems: the last pull's, the records found replaced (for good: a replaced record
+    /// stays damage, even once the file has grown past it), and the devices with fewer records
+    /// than the seen file remembers.
+    fn recompute_problems(&mut self) {
+        self.problems = self.relay_problems.clone();
+        self.problems.extend(self.replaced.iter().cloned());
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.frontier.next_seq(device);
@@ -487,7 +504,6 @@ impl Ledger {
                 }
             }
         }
-        self.save_seen()
     }
 
     fn save_seen(&mut self) -> Result<(), DispatchError> {
@@ -539,7 +555,7 @@ impl Ledger {
                 .and_then(|seen| seen.devices.get(&*op.device_id))
             {
                 if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
-                    self.problems.push(RelayProblem {
+                    self.replaced.push(RelayProblem {
                         kind: crate::relay::ProblemKind::Damage,
                         device_id: Some(op.device_id.to_string()),
                         file: None,
@@ -626,6 +642,9 @@ fn names(problem: &RelayProblem, device: &str) -> bool {
         || file_name.is_some_and(|name| name == device || name == crate::relay::device_file_name(device))
 }
 
+/// How long an update of the seen file waits for another process's lock on it.
+const SEEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What a site remembers of one device's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Seen {
@@ -682,7 +701,23 @@ impl SeenFile {
             .write(true)
             .open(&lock_path)
             .map_err(failed)?;
-        lock.lock().map_err(failed)?;
+        // Held only to merge and rename; a holder that does not let go for this long is stopped
+        // (SIGSTOP) or stuck: skip this update rather than wait for it (the marks only ever grow,
+        // so a skipped update weakens the check a little and breaks nothing).
+        let started = std::time::Instant::now();
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < SEEN_LOCK_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    tracing::warn!(file = %self.path.display(), "another process holds the seen file's lock; not updating it this time");
+                    return Ok(());
+                }
+                Err(std::fs::TryLockError::Error(error)) => return Err(failed(error)),
+            }
+        }
         let mut devices = Self::read(&self.path)?;
         for (device, mark) in marks {
             let slot = devices.entry(device).or_insert(mark);

@@ -428,19 +428,27 @@ impl KeeperBuilder {
         self.config.validate()?;
         validate_id(IdKind::Agent, &self.agent_id).map_err(LeaseError::from)?;
         validate_id(IdKind::Device, &self.device_id).map_err(LeaseError::from)?;
-        if self.ledger_epoch > 0 {
-            self.coordinator
-                .raise_epoch_floor(&self.agent_id, self.ledger_epoch.min(MAX_EPOCH_FLOOR))?;
-        }
         let started_ms = self.clock.now_ms();
         let give_up_ms = started_ms.saturating_add(max_wait_ms);
         let mut last_held: Option<LeaseError> = None;
+        let mut floor_raised = self.ledger_epoch == 0;
         let (lease, sent_ms) = loop {
             let sent_ms = self.clock.now_ms();
-            match self
-                .coordinator
-                .acquire(&self.agent_id, &self.device_id, self.config.ttl_ms)
-            {
+            // The floor first (once), within the same wait: a coordinator that is busy or
+            // unreachable for a while gets the same patience as an acquire.
+            let attempt = if floor_raised {
+                self.coordinator
+                    .acquire(&self.agent_id, &self.device_id, self.config.ttl_ms)
+            } else {
+                self.coordinator
+                    .raise_epoch_floor(&self.agent_id, self.ledger_epoch.min(MAX_EPOCH_FLOOR))
+                    .and_then(|()| {
+                        floor_raised = true;
+                        self.coordinator
+                            .acquire(&self.agent_id, &self.device_id, self.config.ttl_ms)
+                    })
+            };
+            match attempt {
                 Ok(lease) => break (lease, sent_ms),
                 Err(error @ (LeaseError::Held { .. } | LeaseError::Backend(_))) => {
                     let now = self.clock.now_ms();

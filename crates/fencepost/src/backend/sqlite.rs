@@ -263,9 +263,19 @@ impl SqliteLeaseCoordinator {
         connection
             .pragma_update(None, "synchronous", "FULL")
             .map_err(|error| sqlite_failure(&format!("cannot configure {shown}"), error, false))?;
-        connection
-            .execute_batch(&format!(
-                "BEGIN IMMEDIATE;
+        // The schema is created once; later opens only read (a write lock here would make every
+        // open wait for a busy database).
+        let tables: i64 = connection
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN (?1, ?2)",
+                [TABLE, SETTINGS_TABLE],
+                |row| row.get(0),
+            )
+            .map_err(|error| sqlite_failure(&format!("cannot read {shown}"), error, false))?;
+        if tables < 2 || application_id == 0 {
+            connection
+                .execute_batch(&format!(
+                    "BEGIN IMMEDIATE;
                  CREATE TABLE IF NOT EXISTS {TABLE} (
                      agent_id TEXT PRIMARY KEY NOT NULL,
                      holder TEXT,
@@ -279,10 +289,11 @@ impl SqliteLeaseCoordinator {
                  ) STRICT, WITHOUT ROWID;
                  PRAGMA application_id = {SQLITE_APPLICATION_ID};
                  COMMIT;"
-            ))
-            .map_err(|error| {
-                sqlite_failure(&format!("cannot create the lease table in {shown}"), error, true)
-            })?;
+                ))
+                .map_err(|error| {
+                    sqlite_failure(&format!("cannot create the lease table in {shown}"), error, true)
+                })?;
+        }
         if let Some(timeline) = &config.clock_timeline {
             Self::enter_timeline(&connection, timeline).map_err(|error| {
                 sqlite_failure(
@@ -311,14 +322,21 @@ impl SqliteLeaseCoordinator {
     /// coordinator on a wall clock), expires every lease first (see
     /// [`SqliteConfig::clock_timeline`]).
     fn enter_timeline(connection: &Connection, timeline: &str) -> rusqlite::Result<()> {
+        let read = |connection: &Connection| -> rusqlite::Result<Option<String>> {
+            connection
+                .query_row(
+                    &format!("SELECT value FROM {SETTINGS_TABLE} WHERE key = 'clock_timeline'"),
+                    [],
+                    |row| row.get(0),
+                )
+                .optional()
+        };
+        // Almost always the same time line: a read, no write lock.
+        if read(connection)?.as_deref() == Some(timeline) {
+            return Ok(());
+        }
         let transaction = rusqlite::Transaction::new_unchecked(connection, TransactionBehavior::Immediate)?;
-        let recorded: Option<String> = transaction
-            .query_row(
-                &format!("SELECT value FROM {SETTINGS_TABLE} WHERE key = 'clock_timeline'"),
-                [],
-                |row| row.get(0),
-            )
-            .optional()?;
+        let recorded = read(&transaction)?;
         if recorded.as_deref() != Some(timeline) {
             let expired = transaction.execute(
                 &format!("UPDATE {TABLE} SET expires_at_ms = 0 WHERE holder IS NOT NULL"),

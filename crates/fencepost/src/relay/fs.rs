@@ -220,6 +220,10 @@ impl FsRelay {
             fresh: Vec::new(),
             torn_tail: false,
         };
+        if let Some(detail) = not_a_log_file(&entry.path) {
+            entry.damage = Some(self.problem(entry, None, detail));
+            return Ok(refresh);
+        }
         let file = match File::open(&entry.path) {
             Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(refresh),
@@ -350,6 +354,26 @@ impl FsRelay {
             head: None,
             damage: None,
         })
+    }
+}
+
+/// Why `path` cannot be a device log, if it exists and is something else than a regular file (a
+/// folder, a FIFO, which would block every reader, a device, a dangling symbolic link).
+fn not_a_log_file(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Ok(metadata) if metadata.is_file() => None,
+        Ok(metadata) => Some(format!(
+            "not a regular file (a {}); a device log is a plain file",
+            if metadata.is_dir() {
+                "folder"
+            } else {
+                "FIFO, socket or device"
+            }
+        )),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => std::fs::symlink_metadata(path)
+            .is_ok()
+            .then(|| "a symbolic link to nothing; a device log is a plain file".to_owned()),
+        Err(error) => Some(format!("cannot read its metadata: {error}")),
     }
 }
 
@@ -518,6 +542,12 @@ impl FsRelay {
         entry: &mut DeviceFile,
     ) -> Result<(File, Refresh), RelayError> {
         let path = entry.path.clone();
+        if let Some(detail) = not_a_log_file(&path) {
+            return Err(RelayError::DeviceDamaged {
+                device_id: device_id.to_owned(),
+                problem: self.problem(entry, None, detail),
+            });
+        }
         let file = OpenOptions::new()
             .read(true)
             .append(true)
