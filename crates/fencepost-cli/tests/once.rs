@@ -805,3 +805,26 @@ fn wait_covers_a_busy_coordinator_before_the_first_acquire() {
     let _ = blocker.wait();
     assert_eq!(code(&output), 0, "{}", text(&output.stderr));
 }
+
+/// A lease lost while fencepost was paused, noticed only at the release (the command had already
+/// finished), is said on stderr; the command's own outcome is recorded.
+#[test]
+fn keeper_a_loss_noticed_only_at_release_is_reported() {
+    let shared = Shared::sqlite();
+    let started = shared.path("started");
+    let script = format!("touch '{}'; sleep 0.3", started.display());
+    let child = shared.spawn(
+        "host-1",
+        &run_args("a", "1", &["--ttl", "1s"], &["sh", "-c", &script]),
+    );
+    wait_for_file(&started);
+    signal(child.id(), "STOP");
+    std::thread::sleep(Duration::from_millis(1_500)); // the command ends; the lease runs out
+    signal(child.id(), "CONT");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    let message = text(&output.stderr);
+    assert!(message.contains("lost before it could be released"), "{message}");
+    let runs = text(&shared.run("host-2", &["ledger", "runs"]).stdout);
+    assert!(runs.contains("committed"), "{runs}");
+}

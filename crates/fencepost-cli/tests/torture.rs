@@ -52,6 +52,12 @@ impl Rng {
     }
 }
 
+/// Writes a line to the test's standard error directly, past the harness's capture, so that the
+/// counts show in the test log of a passing run too.
+fn report(line: String) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 fn nanos() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
 }
@@ -126,10 +132,10 @@ fn torture(shared: &Shared) {
         .and_then(|value| value.parse().ok())
         .unwrap_or(60);
     let seed = nanos();
-    println!(
+    report(format!(
         "torture: {seconds} s, seed {seed}, coordinator {}",
         shared.coordinator
-    );
+    ));
     let effect_exe = std::env::current_exe().unwrap();
     let dir = shared.folder.path().to_path_buf();
     let running: Running = Arc::new(Mutex::new(BTreeMap::new()));
@@ -327,7 +333,7 @@ fn torture(shared: &Shared) {
 
     let counts = counts.lock().unwrap();
     let count = |wanted: &str| status.values().filter(|state| *state == wanted).count();
-    println!(
+    report(format!(
         "torture: {} firings of {} occurrences; exits {:?}; nemesis: {} paused past the TTL, {} killed, {} terminated",
         counts.fired,
         fired.len(),
@@ -335,8 +341,8 @@ fn torture(shared: &Shared) {
         counts.paused,
         counts.killed,
         counts.terminated
-    );
-    println!(
+    ));
+    report(format!(
         "torture: {} effects applied (none twice), {} refused by the resource (stale epoch); ledger: {} runs, {} committed, {} failed, {} in doubt",
         applied.len(),
         refused.lines().count(),
@@ -344,7 +350,7 @@ fn torture(shared: &Shared) {
         count("committed"),
         count("failed"),
         count("in-doubt")
-    );
+    ));
     assert!(
         counts.killed > 0 && counts.paused > 0 && counts.terminated > 0,
         "the nemesis acted"
