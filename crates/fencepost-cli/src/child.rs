@@ -186,8 +186,8 @@ pub fn stop_leftovers(group: u32, kill_after: Duration) {
     if killpg(group, None).is_err() {
         return; // nothing left
     }
-    tracing::info!("stopping what the command left running in its process group");
     let _ = killpg(group, Signal::SIGTERM);
+    tracing::info!("stopping what the command left running in its process group");
     let give_up = Instant::now() + kill_after;
     while Instant::now() < give_up {
         reap();
@@ -224,8 +224,8 @@ pub fn supervise(child: &mut std::process::Child, supervision: &Supervision<'_>)
         }
         let now = Instant::now();
         if let Some(signal) = supervision.signals.take() {
-            tracing::info!(%signal, "forwarding a signal to the command");
             let _ = killpg(group, signal);
+            tracing::info!(%signal, "forwarded a signal to the command");
             if stopping.is_none() {
                 stopping = Some((Reason::Signal(signal), now + supervision.kill_after));
             }
@@ -242,15 +242,18 @@ pub fn supervise(child: &mut std::process::Child, supervision: &Supervision<'_>)
                 None
             };
             if let Some(reason) = reason {
-                tracing::warn!(?reason, "stopping the command (SIGTERM to its process group)");
                 let _ = killpg(group, Signal::SIGTERM);
+                tracing::warn!(
+                    ?reason,
+                    "stopping the command (sent SIGTERM to its process group)"
+                );
                 stopping = Some((reason, now + supervision.kill_after));
             }
         }
         if let Some((_, kill_at)) = stopping {
             if !killed && now >= kill_at {
-                tracing::warn!("the command outlived --kill-after: SIGKILL to its process group");
                 let _ = killpg(group, Signal::SIGKILL);
+                tracing::warn!("the command outlived --kill-after: sent SIGKILL to its process group");
                 killed = true;
             }
         }

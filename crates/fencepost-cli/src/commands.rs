@@ -71,8 +71,9 @@ pub struct RunArgs {
     /// running it twice is harmless).
     #[arg(long)]
     retry_in_doubt: bool,
-    /// Run although the ledger file of DEVICE (a device id, or the file's name) is damaged: the
-    /// runs it recorded may run again. Recorded in this device's log. Repeat for several.
+    /// Run although the ledger file of DEVICE is damaged: the runs it recorded may run again.
+    /// DEVICE is a device id (a file's name only for a file whose device cannot be read).
+    /// Recorded in this device's log. Repeat for several.
     #[arg(long, value_name = "DEVICE")]
     accept_damaged: Vec<String>,
     /// The command and its arguments.
@@ -83,10 +84,7 @@ pub struct RunArgs {
 /// Opens the site's ledger on the ledger folder and syncs it.
 fn open_ledger(settings: &Settings) -> Result<Ledger> {
     let relay: Arc<dyn Relay> = Arc::new(settings.relay()?);
-    let mut options = LedgerOptions::default();
-    if let Some(seen) = settings.seen_file() {
-        options = options.seen_file(seen);
-    }
+    let options = LedgerOptions::default().seen_file(settings.seen_file()?);
     let mut ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
         .with_context(|| format!("cannot open the ledger in {}", settings.ledger.display()))?;
     ledger.sync().context("cannot sync the ledger")?;
@@ -142,6 +140,12 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         let covered = ledger
             .accept_damage(device)
             .context("cannot record the accepted damage")?;
+        if covered == 0 {
+            crate::usage!(
+                "--accept-damaged {device:?}: no damage of that device (or file) in {}; `fencepost ledger verify` lists what is damaged",
+                settings.ledger.display()
+            );
+        }
         err!("fencepost: accepting the damage of {device:?} ({covered} problem(s)); runs it recorded may run again");
     }
     refuse_damage(&ledger, settings)?;

@@ -136,7 +136,10 @@ site's ledger converged. The same seed prints the same output, byte for byte."
     Simulate(commands::SimulateArgs),
 }
 
-fn init_tracing(verbose: u8) {
+/// Logs to stderr through a background thread, so that a full or closed stderr (a pipe nobody
+/// reads) never blocks or panics the process: a stop of the command, a lease loss, a timeout must
+/// not wait for a log line. Lines that do not fit are dropped. The guard flushes at exit.
+fn init_tracing(verbose: u8) -> tracing_appender::non_blocking::WorkerGuard {
     let default = match verbose {
         0 => "warn",
         1 => "info",
@@ -144,11 +147,13 @@ fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_target(false)
         .try_init();
+    guard
 }
 
 fn main() {
@@ -159,19 +164,20 @@ fn main() {
         std::process::exit(child::watchdog(group));
     }
     let cli = Cli::parse();
-    init_tracing(cli.global.verbose);
-    if let Command::Simulate(args) = cli.command {
+    let logging = init_tracing(cli.global.verbose);
+    let outcome = if let Command::Simulate(args) = cli.command {
         // Needs no coordinator, ledger or device of this host.
-        exit(commands::simulate(args));
-    }
-    exit(
+        commands::simulate(args)
+    } else {
         Settings::resolve(&cli.global).and_then(|settings| match cli.command {
             Command::Run(args) => commands::run(&settings, args),
             Command::Lease { command } => commands::lease(&settings, command),
             Command::Ledger { command } => commands::ledger(&settings, command),
             Command::Simulate(_) => unreachable!("handled above"),
-        }),
-    )
+        })
+    };
+    drop(logging);
+    exit(outcome)
 }
 
 /// A command line that asks for something fencepost refuses (exit 2), found after parsing.

@@ -68,10 +68,20 @@ impl Settings {
             Some(spec) => spec,
             None => format!("sqlite:{}", data_dir()?.join("leases.db").display()),
         };
+        let coordinator = match coordinator.strip_prefix("sqlite:") {
+            Some(path) => format!("sqlite:{}", expand_home(Path::new(path)).display()),
+            None => coordinator,
+        };
         let (ledger, ledger_named) = match global.ledger.clone().or(file.ledger) {
-            Some(dir) => (dir, true),
+            Some(dir) => (expand_home(&dir), true),
             None => (data_dir()?.join("ledger"), false),
         };
+        if ledger.is_relative() {
+            crate::usage!(
+                "--ledger {}: the path must be absolute; a relative one names another folder in each working directory, and processes started in different folders would each have a ledger of their own",
+                ledger.display()
+            );
+        }
         let device = match global.device.clone().or(file.device) {
             Some(device) => device,
             None => default_device()?,
@@ -89,6 +99,12 @@ impl Settings {
 
     /// Opens the ledger folder: a named one must exist; the default one is created.
     pub fn relay(&self) -> Result<FsRelay> {
+        if self.ledger.exists() && !self.ledger.is_dir() {
+            bail!(
+                "the ledger {} is not a folder: point --ledger at the folder every host shares",
+                self.ledger.display()
+            );
+        }
         if self.ledger_named {
             if !self.ledger.is_dir() {
                 bail!(
@@ -106,18 +122,19 @@ impl Settings {
     }
 
     /// Where this site remembers what it has seen of the ledger (per ledger folder and device), so
-    /// that a device file that later shrinks or is replaced counts as damage. `None` without a data
-    /// directory.
-    pub fn seen_file(&self) -> Option<PathBuf> {
+    /// that a device file that later shrinks or is replaced counts as damage.
+    pub fn seen_file(&self) -> Result<PathBuf> {
         let ledger = std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone());
         let digest = Sha256::digest(ledger.as_os_str().as_encoded_bytes());
         let hex: String = digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
-        let folder = data_dir().ok()?.join("seen");
-        if let Err(error) = std::fs::create_dir_all(&folder) {
-            tracing::warn!(folder = %folder.display(), %error, "cannot create the folder of seen files; a ledger file that shrinks is not detected across commands");
-            return None;
-        }
-        Some(folder.join(format!(
+        let folder = data_dir()?.join("seen");
+        std::fs::create_dir_all(&folder).with_context(|| {
+            format!(
+                "cannot create {}, where this host remembers what it saw of the ledger (to notice a ledger file that shrinks)",
+                folder.display()
+            )
+        })?;
+        Ok(folder.join(format!(
             "{hex}-{}",
             fencepost::relay::device_file_name(&self.device)
         )))
@@ -126,6 +143,14 @@ impl Settings {
     /// Connects to the coordinator.
     pub fn coordinator(&self) -> Result<Arc<Backend>> {
         Backend::open(&self.coordinator).map(Arc::new)
+    }
+}
+
+/// `~/x` as `$HOME/x` (a config file is read by no shell); anything else as it is.
+fn expand_home(path: &Path) -> PathBuf {
+    match (path.strip_prefix("~"), dirs::home_dir()) {
+        (Ok(rest), Some(home)) => home.join(rest),
+        _ => path.to_path_buf(),
     }
 }
 

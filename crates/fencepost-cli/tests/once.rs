@@ -828,3 +828,114 @@ fn keeper_a_loss_noticed_only_at_release_is_reported() {
     let runs = text(&shared.run("host-2", &["ledger", "runs"]).stdout);
     assert!(runs.contains("committed"), "{runs}");
 }
+
+/// A stderr that nobody reads (a full pipe) never delays stopping the command: `--timeout` (and
+/// a lost lease) act on time, whatever fencepost has to log.
+#[test]
+fn keeper_a_full_stderr_pipe_never_delays_a_stop() {
+    let shared = Shared::sqlite();
+    let pid_file = shared.path("command.pid");
+    let script = format!(
+        "echo $$ > '{pid}.tmp'; mv '{pid}.tmp' '{pid}'; head -c 65536 /dev/zero >&2; exec sleep 12",
+        pid = pid_file.display()
+    );
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let write_again = write.try_clone().unwrap();
+    let mut command = shared.command(
+        "host-1",
+        &run_args(
+            "a",
+            "1",
+            &["--timeout", "1s", "--kill-after", "1s"],
+            &["sh", "-c", &script],
+        ),
+    );
+    command
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::from(write_again));
+    let mut child = command.spawn().unwrap();
+    drop(command); // our copies of the write end
+    wait_for_file(&pid_file);
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(&pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped = !alive(&pid);
+    // Now read the pipe, so that fencepost can write its last words and exit.
+    let drain = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut sink = Vec::new();
+        let _ = std::fs::File::from(read).read_to_end(&mut sink);
+    });
+    let status = child.wait().unwrap();
+    drain.join().unwrap();
+    assert!(stopped, "the timeout waited for the stderr pipe");
+    assert_eq!(status.code(), Some(1));
+}
+
+/// A relative ledger path names another folder in each working directory: a usage error, like a
+/// relative coordinator path; `~/` in the config file is the home folder.
+#[test]
+fn r1_a_relative_ledger_path_is_refused_and_home_is_expanded() {
+    let shared = Shared::sqlite();
+    for ledger in ["ledger", "./ledger"] {
+        let mut command = shared.command("host-1", &run_args("a", "1", &[], &["true"]));
+        command
+            .env("FENCEPOST_LEDGER", ledger)
+            .current_dir(shared.folder.path());
+        let output = command.output().unwrap();
+        assert_eq!(code(&output), 2, "{ledger}: {}", text(&output.stderr));
+        assert!(
+            text(&output.stderr).contains("absolute"),
+            "{}",
+            text(&output.stderr)
+        );
+    }
+    // HOME is the shared folder in these tests.
+    let config = shared.path("config").join("fencepost");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("config.toml"), "ledger = \"~/ledger\"\n").unwrap();
+    let mut command = shared.command("host-1", &run_args("a", "1", &[], &["true"]));
+    command.env_remove("FENCEPOST_LEDGER");
+    let output = command.output().unwrap();
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    assert!(
+        device_file(&shared, "host-1").exists(),
+        "~/ledger is the shared ledger"
+    );
+}
+
+/// R1: the memory of what this host saw is never dropped silently: a damaged seen file stops the
+/// run (exit 10, naming it); `--accept-damaged` of a device with no damage is a usage error.
+#[test]
+fn r1_a_damaged_seen_file_stops_the_run_and_accepting_nothing_is_refused() {
+    let shared = Shared::sqlite();
+    assert_eq!(
+        code(&shared.run("host-1", &run_args("a", "1", &[], &["true"]))),
+        0
+    );
+    let nothing = shared.run(
+        "host-1",
+        &run_args("a", "2", &["--accept-damaged", "nosuch"], &["true"]),
+    );
+    assert_eq!(code(&nothing), 2, "{}", text(&nothing.stderr));
+    let seen = std::fs::read_dir(shared.path("data").join("fencepost").join("seen"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().ends_with("-host-1.jsonl"))
+        .unwrap();
+    std::fs::write(&seen, "not json{").unwrap();
+    let output = shared.run("host-1", &run_args("a", "2", &[], &["true"]));
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("damaged"),
+        "{}",
+        text(&output.stderr)
+    );
+    std::fs::remove_file(&seen).unwrap();
+    assert_eq!(
+        code(&shared.run("host-1", &run_args("a", "2", &[], &["true"]))),
+        0
+    );
+}

@@ -285,7 +285,7 @@ impl Ledger {
     ///
     /// # Errors
     /// As [`open`](Self::open), and [`DispatchError::Seen`] when the seen file cannot be read or
-    /// written (a damaged one is not an error: it is reported and rebuilt).
+    /// written, or is damaged (it is never silently started over).
     pub fn open_with(
         device_id: &str,
         wall_clock: WallClock,
@@ -359,7 +359,8 @@ impl Ledger {
     /// Accepts the damage of `device` (a device id, or a device file's name): [`dispatch`] no
     /// longer refuses because of it, in this ledger. The operator's decision is recorded in this
     /// device's log (surface `log/fencepost.accept-damaged`, with the problems seen), so it can be
-    /// audited. Returns how many current problems it covers.
+    /// audited. Returns how many current problems it covers; when none, nothing is recorded or
+    /// accepted.
     ///
     /// # Errors
     /// [`DispatchError::Relay`] when the record cannot be stored (nothing is accepted then).
@@ -372,6 +373,9 @@ impl Ledger {
             .filter(|problem| problem.is_damage() && names(problem, device))
             .map(ToString::to_string)
             .collect();
+        if covered.is_empty() {
+            return Ok(0); // nothing to accept, nothing recorded
+        }
         self.append_now(
             Surface::log("fencepost.accept-damaged"),
             serde_json::json!({"device": device, "problems": covered}),
@@ -638,8 +642,15 @@ fn names(problem: &RelayProblem, device: &str) -> bool {
         .as_ref()
         .and_then(|file| file.file_name())
         .map(|name| name.to_string_lossy().into_owned());
-    problem.device_id.as_deref() == Some(device)
-        || file_name.is_some_and(|name| name == device || name == crate::relay::device_file_name(device))
+    match problem.device_id.as_deref() {
+        // A device's damage is accepted by its id, and only by it.
+        Some(id) => id == device,
+        // A file that says nothing of its device (unreadable, garbage from its first line): by the
+        // file's name, or by the id whose file it is.
+        None => {
+            file_name.is_some_and(|name| name == device || name == crate::relay::device_file_name(device))
+        }
+    }
 }
 
 /// How long an update of the seen file waits for another process's lock on it.
@@ -667,10 +678,14 @@ impl SeenFile {
 
     fn read(path: &std::path::Path) -> Result<BTreeMap<String, Seen>, DispatchError> {
         match std::fs::read(path) {
-            Ok(bytes) => Ok(serde_json::from_slice(&bytes).unwrap_or_else(|error| {
-                tracing::warn!(file = %path.display(), %error, "the seen file is damaged; starting it again");
-                BTreeMap::new()
-            })),
+            // A damaged memory is no memory: say so, rather than forget silently what was seen.
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| DispatchError::Seen {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("it is damaged ({error}); remove it to start it over, knowing that a ledger file that shrank before now then goes unnoticed"),
+                ),
+            }),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
             Err(error) => Err(DispatchError::Seen {
                 path: path.to_path_buf(),

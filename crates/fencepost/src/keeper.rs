@@ -281,9 +281,10 @@ impl Shared {
             epoch: state.epoch,
             reason,
         };
-        tracing::warn!(agent_id = %loss.agent_id, epoch = loss.epoch, reason = ?loss.reason, "lease lost");
         state.phase = Phase::Lost(loss.clone());
         drop(state);
+        // Logged without the lock: a slow log sink must not hold up `holds()`.
+        tracing::warn!(agent_id = %loss.agent_id, epoch = loss.epoch, reason = ?loss.reason, "lease lost");
         let callback = self.on_lost.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(callback) = callback {
             callback(&loss);
