@@ -10,7 +10,7 @@
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,17 +31,28 @@ const FORWARDED: [i32; 3] = [
 /// The last forwarded signal `fencepost` received (0: none), set by the signal handlers.
 pub struct Signals {
     received: Arc<AtomicUsize>,
+    released: Arc<AtomicBool>,
 }
 
 impl Signals {
-    /// Catches SIGTERM, SIGINT and SIGHUP from now on (they no longer end `fencepost` at once).
+    /// Catches SIGTERM, SIGINT and SIGHUP from now on (they no longer end `fencepost` at once),
+    /// until [`release`](Self::release).
     pub fn catch() -> std::io::Result<Self> {
         let received = Arc::new(AtomicUsize::new(0));
+        let released = Arc::new(AtomicBool::new(false));
         for signal in FORWARDED {
+            // Once released, the signal ends fencepost as it would have without us.
+            signal_hook::flag::register_conditional_default(signal, Arc::clone(&released))?;
             // The handler records which signal came; the supervisor forwards it.
             signal_hook::flag::register_usize(signal, Arc::clone(&received), signal as usize)?;
         }
-        Ok(Self { received })
+        Ok(Self { received, released })
+    }
+
+    /// The command is over: these signals end fencepost again (its outcome is recorded, or about
+    /// to be; a signal now is the operator's wish to stop waiting, for example on a stuck stderr).
+    pub fn release(&self) {
+        self.released.store(true, Ordering::SeqCst);
     }
 
     /// The signal received, if any (and forgets it).

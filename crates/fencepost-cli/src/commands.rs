@@ -265,6 +265,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         outcome
     });
     let shutdown = keeper.shutdown();
+    signals.release();
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(DispatchError::Damaged { .. }) => {

@@ -9,11 +9,11 @@ macro_rules! out {
     }};
 }
 
-/// `eprintln!` that never panics (a closed standard error).
+/// `eprintln!` that never panics (a closed standard error) and never blocks for long (a pipe
+/// that nobody reads): see [`write_stderr`].
 macro_rules! err {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        $crate::write_stderr(format!($($arg)*));
     }};
 }
 
@@ -178,6 +178,29 @@ fn main() {
     };
     drop(logging);
     exit(outcome)
+}
+
+/// Whether a line to stderr did not get through in time: later ones are not tried.
+static STDERR_STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes one line to stderr from a helper thread, waiting at most two seconds for it: a full
+/// pipe that nobody reads must not keep fencepost from exiting with its status (the outcome is
+/// recorded and the lease released before the last lines are written). After a line that did not
+/// get through, later ones are dropped.
+pub fn write_stderr(line: String) {
+    use std::sync::atomic::Ordering;
+    if STDERR_STUCK.load(Ordering::SeqCst) {
+        return;
+    }
+    let (done, wait) = std::sync::mpsc::channel();
+    let writer = std::thread::Builder::new().spawn(move || {
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "{line}");
+        let _ = done.send(());
+    });
+    if writer.is_err() || wait.recv_timeout(std::time::Duration::from_secs(2)).is_err() {
+        STDERR_STUCK.store(true, Ordering::SeqCst);
+    }
 }
 
 /// A command line that asks for something fencepost refuses (exit 2), found after parsing.

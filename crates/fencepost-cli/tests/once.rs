@@ -939,3 +939,37 @@ fn r1_a_damaged_seen_file_stops_the_run_and_accepting_nothing_is_refused() {
         0
     );
 }
+
+/// A stderr that nobody reads and that is already full does not keep fencepost from exiting with
+/// its status: its last lines are given up after a moment.
+#[test]
+fn exit_statuses_survive_a_full_stderr_nobody_reads() {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let shared = Shared::sqlite();
+    assert_eq!(
+        code(&shared.run("host-1", &run_args("a", "1", &[], &["true"]))),
+        0
+    );
+    let (read, write) = nix::unistd::pipe().unwrap();
+    fcntl(&write, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+    let mut file = std::fs::File::from(write.try_clone().unwrap());
+    while std::io::Write::write(&mut file, &[b'x'; 4096]).is_ok() {}
+    fcntl(&write, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+    let mut command = shared.command("host-1", &run_args("a", "1", &[], &["true"]));
+    command.stderr(std::process::Stdio::from(write));
+    let started = Instant::now();
+    let mut child = command.spawn().unwrap();
+    drop(command);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("fencepost did not exit with a full stderr");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(read);
+    assert_eq!(status.code(), Some(3), "already committed");
+}

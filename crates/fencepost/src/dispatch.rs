@@ -106,7 +106,7 @@ pub enum DispatchError {
         problems: Vec<RelayProblem>,
     },
     /// The seen file ([`LedgerOptions::seen_file`]) could not be read or written.
-    #[error("cannot use the seen file {path}: {source}")]
+    #[error("cannot use the seen file {path}")]
     Seen {
         /// The file.
         path: std::path::PathBuf,
