@@ -57,6 +57,40 @@ fn alive(pid: &str) -> bool {
         .success()
 }
 
+/// This host's seen file of `device` (in the tests' data directory), or its lock (`suffix`).
+fn seen_file(shared: &Shared, device: &str, suffix: &str) -> PathBuf {
+    let wanted = format!("-{}{suffix}", device_file_name(device));
+    std::fs::read_dir(shared.path("data").join("fencepost").join("seen"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().ends_with(&wanted))
+        .unwrap_or_else(|| panic!("no seen file of {device}"))
+}
+
+/// Waits (at most `seconds`) until process `pid` is gone; whether it is.
+fn gone_within(pid: &str, seconds: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    !alive(pid)
+}
+
+/// Waits (at most `seconds`) for `child` to exit; kills it and fails with `what` if it does not.
+fn exit_within(child: &mut std::process::Child, seconds: u64, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what}: no exit within {seconds} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// D2: a run whose older attempt failed and whose newer attempt was killed mid-command is in doubt;
 /// no host runs it again without a decision, and `ledger runs` shows both attempts.
 #[test]
@@ -370,12 +404,8 @@ fn keeper_a_killed_fencepost_takes_its_command_and_its_children_with_it() {
     assert!(pids.iter().all(|pid| alive(pid)));
     fencepost.kill().unwrap();
     fencepost.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while pids.iter().any(|pid| alive(pid)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
     for pid in &pids {
-        assert!(!alive(pid), "process {} outlived fencepost", pid.trim());
+        assert!(gone_within(pid, 5), "process {} outlived fencepost", pid.trim());
     }
 }
 
@@ -389,11 +419,7 @@ fn keeper_what_the_command_leaves_behind_is_stopped_when_it_exits() {
     let output = shared.run("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
     assert_eq!(code(&output), 0, "{}", text(&output.stderr));
     let pid = std::fs::read_to_string(&child_file).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while alive(&pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!alive(&pid), "the background child outlived the run");
+    assert!(gone_within(&pid, 2), "the background child outlived the run");
 }
 
 /// `--timeout` stops a command (SIGTERM, then SIGKILL after `--kill-after` if it ignores it);
@@ -657,12 +683,7 @@ fn r1_a_replaced_device_file_stays_damage_after_it_grows_back() {
     };
     assert_eq!(code(&run("host-1", "x")), 0);
     let file = device_file(&shared, "host-1");
-    let seen_folder = shared.path("data").join("fencepost").join("seen");
-    let seen = std::fs::read_dir(&seen_folder)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .find(|path| path.to_string_lossy().ends_with("-host-1.jsonl"))
-        .unwrap();
+    let seen = seen_file(&shared, "host-1", "");
     let snapshot = (std::fs::read(&file).unwrap(), std::fs::read(&seen).unwrap());
     assert_eq!(code(&run("host-1", "y")), 0);
     assert_eq!(code(&run("host-2", "other")), 0, "host-2 has seen y");
@@ -724,17 +745,7 @@ fn r1_a_fifo_or_a_dangling_link_in_the_ledger_is_damage_not_a_hang() {
             (vec!["ledger", "verify"], 1),
         ] {
             let mut child = shared.spawn("host-1", &args);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let status = loop {
-                if let Some(status) = child.try_wait().unwrap() {
-                    break status;
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    panic!("{what}: {args:?} hangs");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            };
+            let status = exit_within(&mut child, 10, &format!("{what}: {args:?}"));
             assert_eq!(status.code(), Some(expected), "{what}: {args:?}");
         }
     }
@@ -749,11 +760,7 @@ fn r1_a_stopped_holder_of_the_seen_files_lock_stalls_nobody() {
         code(&shared.run("host-1", &run_args("a", "1", &[], &["true"]))),
         0
     );
-    let lock = std::fs::read_dir(shared.path("data").join("fencepost").join("seen"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .find(|path| path.to_string_lossy().ends_with("-host-1.jsonl.lock"))
-        .unwrap();
+    let lock = seen_file(&shared, "host-1", ".lock");
     let holding = shared.path("holding");
     let script = format!(
         "import fcntl, pathlib, time\n\
@@ -857,11 +864,7 @@ fn keeper_a_full_stderr_pipe_never_delays_a_stop() {
     drop(command); // our copies of the write end
     wait_for_file(&pid_file);
     let pid = std::fs::read_to_string(&pid_file).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(&pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let stopped = !alive(&pid);
+    let stopped = gone_within(&pid, 5);
     // Now read the pipe, so that fencepost can write its last words and exit.
     let drain = std::thread::spawn(move || {
         use std::io::Read;
@@ -920,11 +923,7 @@ fn r1_a_damaged_seen_file_stops_the_run_and_accepting_nothing_is_refused() {
         &run_args("a", "2", &["--accept-damaged", "nosuch"], &["true"]),
     );
     assert_eq!(code(&nothing), 2, "{}", text(&nothing.stderr));
-    let seen = std::fs::read_dir(shared.path("data").join("fencepost").join("seen"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .find(|path| path.to_string_lossy().ends_with("-host-1.jsonl"))
-        .unwrap();
+    let seen = seen_file(&shared, "host-1", "");
     std::fs::write(&seen, "not json{").unwrap();
     let output = shared.run("host-1", &run_args("a", "2", &[], &["true"]));
     assert_eq!(code(&output), 10, "{}", text(&output.stderr));
@@ -957,19 +956,9 @@ fn exit_statuses_survive_a_full_stderr_nobody_reads() {
     fcntl(&write, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
     let mut command = shared.command("host-1", &run_args("a", "1", &[], &["true"]));
     command.stderr(std::process::Stdio::from(write));
-    let started = Instant::now();
     let mut child = command.spawn().unwrap();
     drop(command);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            panic!("fencepost did not exit with a full stderr");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_within(&mut child, 10, "fencepost with a full stderr");
     drop(read);
     assert_eq!(status.code(), Some(3), "already committed");
 }

@@ -574,7 +574,8 @@ impl Ledger {
             let Some(intent) = op.payload.intent() else {
                 continue;
             };
-            let key = (intent.agent_id, intent.run_id);
+            let run_id = intent.run_id;
+            let key = (intent.agent_id, run_id.clone());
             if self.state.committed_run(&key.0, &key.1).is_some() {
                 self.attempts.remove(&key);
                 continue;
@@ -583,11 +584,7 @@ impl Ledger {
             if intent.status == IntentStatus::Pending {
                 if !attempts.settled.contains(&intent.epoch) {
                     let candidate = InDoubtRun {
-                        run_id: op
-                            .payload
-                            .intent()
-                            .map(|intent| intent.run_id)
-                            .unwrap_or_default(),
+                        run_id: run_id.clone(),
                         epoch: intent.epoch,
                         device_id: op.device_id.to_string(),
                         op_id: op.op_id,
