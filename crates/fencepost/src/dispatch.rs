@@ -20,13 +20,15 @@
 //!
 //! Between `Proceed` and the effect landing, the holder can pause, lose its lease, and a successor
 //! can run the same run. The fence cannot close that window; a resource that rejects stale tokens
-//! ([`FencedResource`] shows how) or a database effect under the PostgreSQL transactional fence
-//! can. When a site dies between `pending` and its outcome, the run is **in doubt**: the effect
-//! may or may not have happened. A new holder lists those runs with [`Ledger::in_doubt`] right after
+//! **and** runs it has already applied ([`FencedResource`] shows how; one of the two checks alone
+//! is not enough) or a database effect under the PostgreSQL transactional fence can. When a site
+//! dies between `pending` and its outcome, the run is **in doubt**: the effect may or may not have
+//! happened. A new holder lists those runs with [`Ledger::in_doubt`] right after
 //! acquiring (before it dispatches anything) and decides, per run:
 //!
-//! * **retry with the token**: dispatch again under the new epoch when the resource checks tokens
-//!   or keys (an idempotency key equal to the run id makes a second attempt harmless);
+//! * **retry with the token**: dispatch again under the new epoch when the resource checks the
+//!   token's run id as an idempotency key (that is what makes a second attempt harmless; the epoch
+//!   check alone lets the retry through);
 //! * **reconcile**: ask the resource whether the effect happened (look the payment up by run id),
 //!   then record `committed` or `failed` with [`Ledger::record`];
 //! * **give up**: record `failed` and alert a human.
@@ -44,12 +46,13 @@ use crate::fold::SyncState;
 use crate::id::{validate_id, IdError, IdKind};
 use crate::keeper::LeaseKeeper;
 use crate::lease::{Intent, IntentStatus, LeaseError};
-use crate::oplog::{DeviceLog, LogError, OpId, OpRecord, Surface};
+use crate::oplog::{DeviceLog, LogError, LogHead, OpId, OpRecord, Surface};
 use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
 
 /// What a site hands to the resource along with the effect: who acts, for which run, under which
-/// epoch. A resource that remembers the highest epoch per agent and refuses lower ones stops a
-/// zombie that passed the fence before it paused ([`FencedResource`]).
+/// epoch. A resource that refuses an epoch lower than one it has seen for the agent, *and* a run id
+/// it has already applied, stops a zombie that passed the fence before it paused, whichever effect
+/// lands first ([`FencedResource`] shows both checks).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct FencingToken {
     /// The agent.
@@ -67,6 +70,13 @@ pub enum DispatchError {
     /// An id was invalid.
     #[error(transparent)]
     InvalidId(#[from] IdError),
+    /// An intent's epoch is outside `1..=`[`MAX_EPOCH`](crate::lease::MAX_EPOCH): no coordinator
+    /// mints it, and the fold would ignore the record as malformed (F7). Nothing was written.
+    #[error("epoch {epoch} is outside 1..={max}: no coordinator mints it", max = crate::lease::MAX_EPOCH)]
+    InvalidEpoch {
+        /// The epoch.
+        epoch: u64,
+    },
     /// The relay failed: the records are kept and pushed by the next [`Ledger::sync`] or
     /// [`Ledger::flush`]. When `dispatch` returns this before the effect, the effect did not run.
     #[error("relay: {0}")]
@@ -251,8 +261,12 @@ pub struct Ledger {
     /// Devices (or files) whose damage the caller accepted.
     accepted: BTreeSet<String>,
     seen: Option<SeenFile>,
-    /// Per device, the seq and id of the last record folded.
-    last_ops: BTreeMap<String, (u64, OpId)>,
+    /// Per device, the head of the records folded: every record is checked against it (its
+    /// `op_id`, seq, chain and limits) before it reaches the fold.
+    heads: BTreeMap<String, LogHead>,
+    /// Per device, the record the relay handed over that did not verify (a forged or damaged
+    /// one): damage until the relay hands over a valid record in its place.
+    rejected: BTreeMap<String, RelayProblem>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -314,7 +328,8 @@ impl Ledger {
             replaced: Vec::new(),
             accepted: BTreeSet::new(),
             seen,
-            last_ops: BTreeMap::new(),
+            heads: BTreeMap::new(),
+            rejected: BTreeMap::new(),
         };
         ledger.take_pull(batch)?;
         Ok(ledger)
@@ -389,18 +404,25 @@ impl Ledger {
     /// in-doubt run; [`dispatch`] records its own.
     ///
     /// # Errors
-    /// [`DispatchError::InvalidId`] for an invalid agent or run id (nothing queued);
+    /// [`DispatchError::InvalidId`] for an invalid agent or run id, [`DispatchError::InvalidEpoch`]
+    /// for an epoch no coordinator mints (nothing queued);
     /// [`DispatchError::Relay`] or [`DispatchError::Log`] when it could not be stored: it stays
     /// queued ([`unsent`](Self::unsent)) and is stored, in order, by the next
     /// [`flush`](Self::flush), [`sync`](Self::sync) or record of this ledger.
     pub fn record(&mut self, intent: &Intent) -> Result<OpRecord, DispatchError> {
         validate_id(IdKind::Agent, &intent.agent_id)?;
         validate_id(IdKind::Run, &intent.run_id)?;
+        if !(1..=crate::lease::MAX_EPOCH).contains(&intent.epoch) {
+            return Err(DispatchError::InvalidEpoch { epoch: intent.epoch });
+        }
         self.append_now(Surface::Intent, intent.payload())
     }
 
     /// Queues one record and stores every queued one; returns the last.
     fn append_now(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, DispatchError> {
+        // A record no log can hold (over a record limit) is refused now, not queued: it would
+        // block every record queued after it.
+        self.log.clone().try_append(surface.clone(), payload.clone())?;
         self.unsent.push((surface, payload));
         let mut stored = self.write_queued()?;
         stored.pop().ok_or_else(|| {
@@ -491,6 +513,7 @@ impl Ledger {
     fn recompute_problems(&mut self) {
         self.problems = self.relay_problems.clone();
         self.problems.extend(self.replaced.iter().cloned());
+        self.problems.extend(self.rejected.values().cloned());
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.frontier.next_seq(device);
@@ -525,15 +548,9 @@ impl Ledger {
             if damaged.contains(device) {
                 continue;
             }
-            if let Some((seq, last_op_id)) = self.last_ops.get(device) {
-                if seq + 1 == next_seq {
-                    marks.insert(
-                        device.to_owned(),
-                        Seen {
-                            next_seq,
-                            last_op_id: *last_op_id,
-                        },
-                    );
+            if let Some(head) = self.heads.get(device) {
+                if let (true, Some(last_op_id)) = (head.next_seq() == next_seq, head.last_op_id()) {
+                    marks.insert(device.to_owned(), Seen { next_seq, last_op_id });
                 }
             }
         }
@@ -542,17 +559,51 @@ impl Ledger {
 
     /// Folds `ops` (stored in the relay), indexes their attempts, and checks them against the seen
     /// file.
+    ///
+    /// Whatever the relay hands over is verified first (rule O1: `op_id` over the content, seq,
+    /// chain, limits), so a forged record never reaches the fold, whose laws assume records whose
+    /// ids match their content. A record that does not verify is damage of its device; the
+    /// frontier stays before it.
     fn absorb(&mut self, ops: &[OpRecord]) {
-        self.frontier.observe_all(ops);
-        self.state.apply_all(ops);
+        let mut verified: Vec<&OpRecord> = Vec::with_capacity(ops.len());
         for op in ops {
-            let last = self
-                .last_ops
-                .entry(op.device_id.to_string())
-                .or_insert((op.seq, op.op_id));
-            if op.seq >= last.0 {
-                *last = (op.seq, op.op_id);
+            let device = &*op.device_id;
+            let head = match self.heads.get_mut(device) {
+                Some(head) => head,
+                None => self
+                    .heads
+                    .entry(device.to_owned())
+                    .or_insert_with(|| LogHead::new(Arc::clone(&op.device_id))),
+            };
+            if op.seq < head.next_seq() {
+                continue; // folded before
             }
+            if self.rejected.contains_key(device) && op.seq > head.next_seq() {
+                continue; // after a record that did not verify
+            }
+            match head.accept(op) {
+                Ok(()) => {
+                    self.rejected.remove(device);
+                    verified.push(op);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the relay handed over a record that does not verify");
+                    self.rejected.insert(
+                        device.to_owned(),
+                        RelayProblem {
+                            kind: crate::relay::ProblemKind::Damage,
+                            device_id: Some(device.to_owned()),
+                            file: None,
+                            line_number: Some(op.seq.saturating_add(1)),
+                            detail: format!("the relay handed over a record that does not verify: {error}"),
+                        },
+                    );
+                }
+            }
+        }
+        self.frontier.observe_all(verified.iter().copied());
+        self.state.apply_all(verified.iter().copied());
+        for op in verified {
             if let Some(mark) = self
                 .seen
                 .as_ref()
@@ -989,23 +1040,68 @@ pub fn dispatch_effect<T, E>(
     Ok(DispatchOutcome::Executed { epoch, result })
 }
 
-/// A token was older than one the resource has seen.
+/// Why a [`FencedResource`] refused an effect; nothing was applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "stale fencing token: epoch {epoch} of {agent_id:?}, but the resource has seen epoch {highest_epoch}"
-)]
-pub struct StaleToken {
-    /// The agent.
-    pub agent_id: String,
-    /// The token's epoch.
-    pub epoch: u64,
-    /// The highest epoch the resource has seen for the agent.
-    pub highest_epoch: u64,
+#[non_exhaustive]
+pub enum ResourceRefusal {
+    /// The token's epoch is older than one the resource has seen for the agent: the caller is a
+    /// zombie (it lost its lease after the fence said `Proceed`).
+    #[error(
+        "stale fencing token: epoch {epoch} of {agent_id:?}, but the resource has seen epoch {highest_epoch}"
+    )]
+    StaleEpoch {
+        /// The agent.
+        agent_id: String,
+        /// The token's epoch.
+        epoch: u64,
+        /// The highest epoch the resource has seen for the agent.
+        highest_epoch: u64,
+    },
+    /// The run was applied before (under `applied_epoch`): the run id is the idempotency key, so a
+    /// second execution of a run, whoever sends it, changes nothing.
+    #[error("run {run_id:?} of {agent_id:?} was already applied under epoch {applied_epoch}")]
+    AlreadyApplied {
+        /// The agent.
+        agent_id: String,
+        /// The run.
+        run_id: String,
+        /// The epoch of the token it was applied under.
+        applied_epoch: u64,
+    },
 }
 
-/// A resource that checks fencing tokens, as a cooperating service does: it remembers the highest
-/// epoch it has seen per agent and rejects any lower one. For tests and examples; a real service
-/// does the same check in its own storage, atomically with the write.
+/// A resource that cooperates with the fence the way a real service must, for tests, examples and
+/// the simulator: atomically with each write it checks
+///
+/// 1. the **fencing token**: it remembers the highest epoch it has seen per agent and refuses a
+///    lower one ([`ResourceRefusal::StaleEpoch`]), which stops a zombie whose effect arrives after
+///    a successor's;
+/// 2. the **idempotency key**: it remembers every run it applied per agent and refuses the same
+///    run again ([`ResourceRefusal::AlreadyApplied`]), which stops a zombie whose effect arrived
+///    *first*, and makes retrying an in-doubt run under a new epoch harmless.
+///
+/// Only both checks together close the window between the fence and the effect. A service that
+/// checks only the epoch still runs a run twice when the stale effect lands first; one that
+/// checks only the run id still lets a zombie act for an agent it no longer holds.
+///
+/// ```
+/// use fencepost::dispatch::{FencedResource, FencingToken, ResourceRefusal};
+///
+/// let resource = FencedResource::new();
+/// let token = |run: &str, epoch| FencingToken { agent_id: "milo".into(), run_id: run.into(), epoch };
+/// resource.apply(&token("run-a", 1), "sent")?;            // a zombie's effect lands first
+/// assert!(matches!(                                        // the successor's retry is refused
+///     resource.apply(&token("run-a", 2), "sent"),
+///     Err(ResourceRefusal::AlreadyApplied { applied_epoch: 1, .. })
+/// ));
+/// resource.apply(&token("run-b", 2), "sent")?;
+/// assert!(matches!(                                        // epoch 1 is stale from now on
+///     resource.apply(&token("run-c", 1), "sent"),
+///     Err(ResourceRefusal::StaleEpoch { highest_epoch: 2, .. })
+/// ));
+/// assert_eq!(resource.applied().len(), 2);
+/// # Ok::<(), ResourceRefusal>(())
+/// ```
 #[derive(Debug)]
 pub struct FencedResource<T> {
     inner: Mutex<ResourceState<T>>,
@@ -1014,6 +1110,8 @@ pub struct FencedResource<T> {
 #[derive(Debug)]
 struct ResourceState<T> {
     highest_epoch: BTreeMap<String, u64>,
+    /// Per (agent, run), the epoch it was applied under.
+    applied_runs: BTreeMap<(String, String), u64>,
     applied: Vec<(FencingToken, T)>,
 }
 
@@ -1022,6 +1120,7 @@ impl<T> Default for FencedResource<T> {
         Self {
             inner: Mutex::new(ResourceState {
                 highest_epoch: BTreeMap::new(),
+                applied_runs: BTreeMap::new(),
                 applied: Vec::new(),
             }),
         }
@@ -1034,21 +1133,31 @@ impl<T: Clone> FencedResource<T> {
         Self::default()
     }
 
-    /// Applies `effect` under `token`, unless a higher epoch of its agent was seen before.
+    /// Applies `effect` under `token`, unless a higher epoch of its agent was seen before or its
+    /// run was applied before. Both checks and the write are one atomic step.
     ///
     /// # Errors
-    /// [`StaleToken`]: nothing applied.
-    pub fn apply(&self, token: &FencingToken, effect: T) -> Result<(), StaleToken> {
+    /// [`ResourceRefusal`]: nothing applied, nothing remembered.
+    pub fn apply(&self, token: &FencingToken, effect: T) -> Result<(), ResourceRefusal> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let highest = inner.highest_epoch.entry(token.agent_id.clone()).or_insert(0);
-        if token.epoch < *highest {
-            return Err(StaleToken {
+        let highest = inner.highest_epoch.get(&token.agent_id).copied().unwrap_or(0);
+        if token.epoch < highest {
+            return Err(ResourceRefusal::StaleEpoch {
                 agent_id: token.agent_id.clone(),
                 epoch: token.epoch,
-                highest_epoch: *highest,
+                highest_epoch: highest,
             });
         }
-        *highest = token.epoch;
+        let key = (token.agent_id.clone(), token.run_id.clone());
+        if let Some(applied_epoch) = inner.applied_runs.get(&key) {
+            return Err(ResourceRefusal::AlreadyApplied {
+                agent_id: token.agent_id.clone(),
+                run_id: token.run_id.clone(),
+                applied_epoch: *applied_epoch,
+            });
+        }
+        inner.highest_epoch.insert(token.agent_id.clone(), token.epoch);
+        inner.applied_runs.insert(key, token.epoch);
         inner.applied.push((token.clone(), effect));
         Ok(())
     }
@@ -1066,5 +1175,14 @@ impl<T: Clone> FencedResource<T> {
     pub fn highest_epoch(&self, agent_id: &str) -> u64 {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.highest_epoch.get(agent_id).copied().unwrap_or(0)
+    }
+
+    /// The epoch `run_id` of `agent_id` was applied under, if it was.
+    pub fn applied_epoch(&self, agent_id: &str, run_id: &str) -> Option<u64> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner
+            .applied_runs
+            .get(&(agent_id.to_owned(), run_id.to_owned()))
+            .copied()
     }
 }

@@ -10,6 +10,7 @@
 //! them; where the effect lives in the coordinator's own database, use its transactional fence.
 
 use crate::fold::SyncState;
+use crate::id::{validate_id, IdKind};
 use crate::lease::{LeaseCoordinator, LeaseError};
 use crate::oplog::OpId;
 
@@ -49,7 +50,9 @@ impl FenceDecision {
 /// Decides whether `device_id`, claiming `epoch`, may perform run `run_id` of `agent_id` (rule D1).
 ///
 /// Reads the oracle in `state` first, then the coordinator's [`current`](LeaseCoordinator::current).
-/// A coordinator failure is returned as the error; it is never a `Proceed`.
+/// A coordinator failure is returned as the error; it is never a `Proceed`. An invalid run id
+/// (empty, too long: rule L8) is [`LeaseError::InvalidId`], never a `Proceed`; the agent and
+/// device ids are checked by the coordinator.
 ///
 /// ```
 /// use fencepost::clock::ManualClock;
@@ -72,6 +75,8 @@ pub fn check_dispatch(
     device_id: &str,
     epoch: u64,
 ) -> Result<FenceDecision, LeaseError> {
+    // A run id the fold would ignore as malformed (F7) could never be recorded: refuse it here too.
+    validate_id(IdKind::Run, run_id)?;
     if let Some(committed) = state.committed_run(agent_id, run_id) {
         return Ok(FenceDecision::AlreadyCommitted {
             committed_op_id: committed.op_id,

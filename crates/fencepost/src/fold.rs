@@ -27,6 +27,18 @@
 //! * [`Surface::Registry`] records with a string `"key"` field: per key, the record with the
 //!   greatest `(hlc, op_id)` wins (last writer wins). Records without a key are ignored.
 //!
+//! # Verified records only
+//!
+//! The fold trusts `op_id`s: it keeps one record per id and breaks ties by id. Its laws hold for
+//! records whose `op_id` matches their content (rule O1); two records with one id and different
+//! content ("forged twins") would fold to an order-dependent state with an equal
+//! [`SyncState::state_hash`]. So the fold's callers pass verified records only, and every public
+//! path in verifies: relays check every record they store and read
+//! ([`LogHead`](crate::oplog::LogHead)), and [`Ledger`](crate::dispatch::Ledger) checks again what
+//! its relay hands over before folding it. A caller that folds records from elsewhere checks them
+//! first ([`verify_log`](crate::oplog::verify_log), or [`OpRecord::has_valid_id`] at least).
+//! Hashing every record here would cost more than the fold itself.
+//!
 //! **Architecture invariant:** the fold knows nothing about files, clocks or coordinators, and no
 //! hash-map iteration order reaches its results.
 
@@ -271,6 +283,8 @@ pub struct SyncState {
 /// assert!(state.intent("milo", "run-3").is_none()); // the zombie's pending is fenced
 /// assert_eq!(state.intent("milo", "run-2").map(|r| r.epoch), Some(2));
 /// ```
+///
+/// `ops` must be verified records (see [Verified records only](self#verified-records-only)).
 pub fn fold(ops: &[OpRecord]) -> SyncState {
     let mut state = SyncState::new();
     state.apply_batch(ops);
@@ -318,7 +332,8 @@ impl SyncState {
         Self::default()
     }
 
-    /// Folds one more record in (rule F3: same result as folding everything at once).
+    /// Folds one more record in (rule F3: same result as folding everything at once). `op` must be
+    /// a verified record (see [Verified records only](self#verified-records-only)).
     pub fn apply(&mut self, op: &OpRecord) {
         match &op.surface {
             Surface::Intent => {

@@ -9,11 +9,14 @@
 //! * **Holding** ([`LeaseKeeper::holds`]) is judged by the keeper's own monotonic clock: held
 //!   while less than `renew_deadline_ms` has passed since the last successful renewal was *sent*.
 //!   The coordinator's expiry is never trusted beyond that.
-//! * **Loss** is delivered exactly once: to the `on_lost` callback, and to
-//!   [`LeaseKeeper::wait_lost`] / [`LeaseKeeper::loss`].
+//! * **Loss** is delivered exactly once, at the renew deadline at the latest, even while a
+//!   renewal hangs in the coordinator (renewals are sent from their own thread; the keeper's
+//!   thread only keeps time): first to [`LeaseKeeper::wait_lost`] / [`LeaseKeeper::loss`], then to
+//!   the `on_lost` callback, whose panic is contained.
 //! * **Guarded work** ([`LeaseKeeper::guard`]): work done under the lease holds a guard;
-//!   [`LeaseKeeper::shutdown`] waits for every guard, then releases, so a successor acquires at once
-//!   instead of waiting out the TTL.
+//!   [`LeaseKeeper::shutdown`] keeps renewing until every guard is dropped, then releases (its
+//!   wait for the answer is bounded), so a successor acquires at once instead of waiting out the
+//!   TTL. Which calls are allowed where: see [`LeaseKeeper`].
 //! * **The epoch floor** (rule L5): before its first acquire, the keeper raises the coordinator's
 //!   floor to the highest epoch the caller's ledger has seen, so a coordinator that lost its state
 //!   cannot grant an epoch that was already used.
@@ -22,7 +25,7 @@
 //! ([`crate::dispatch::dispatch`] does).
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use crate::clock::{monotonic_clock, ManualClock, WallClock};
@@ -191,6 +194,21 @@ pub enum KeeperError {
     /// out), or failed (raising the floor, acquiring, releasing).
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    /// [`LeaseKeeper::shutdown`] was called on a thread that holds one of the keeper's
+    /// [`WorkGuard`]s: it would wait for itself. Nothing changed; drop the guard first.
+    #[error("shutdown called while this thread holds a work guard of the keeper: it would wait for itself (drop the guard first)")]
+    ShutdownWhileGuarding,
+    /// The release was sent but did not answer within the renew deadline: the lease ends by its
+    /// TTL at the latest (a successor waits until then).
+    #[error(
+        "the release of epoch {epoch} did not answer within {waited_ms} ms; the lease will expire by its TTL"
+    )]
+    ReleaseUnanswered {
+        /// The epoch whose release was sent.
+        epoch: u64,
+        /// How long the keeper waited (keeper clock).
+        waited_ms: u64,
+    },
     /// The wait ran out: the coordinator refused the lease during the wait (`held`, the last such
     /// refusal), and the last attempt then failed (`last_error`). The lease was not obtained.
     #[error("{held}; the last attempt then failed: {last_error}")]
@@ -213,7 +231,7 @@ pub enum Shutdown {
     },
     /// The lease had been lost before (or the release found it lost): nothing to release.
     Lost(Loss),
-    /// An earlier `shutdown` already ran.
+    /// An earlier `shutdown` already ran, or is running on another thread.
     AlreadyShutDown,
 }
 
@@ -222,10 +240,30 @@ type OnLost = Box<dyn FnOnce(&Loss) + Send>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
+    /// Renewing.
     Holding,
+    /// [`LeaseKeeper::shutdown`] was called: still renewing (and still holding) until the last
+    /// guard is dropped; no new guard is handed out.
+    Draining,
+    /// The release is on its way: no more renewals.
+    Releasing,
     Lost(Loss),
-    ShuttingDown,
     ShutDown,
+}
+
+impl Phase {
+    /// Whether the keeper still renews (and so may hold) the lease.
+    fn renewing(&self) -> bool {
+        matches!(self, Phase::Holding | Phase::Draining)
+    }
+}
+
+/// The answer to a renewal, posted by the thread that sent it.
+#[derive(Debug)]
+struct Answer {
+    /// The keeper clock when the renewal was sent.
+    sent_ms: u64,
+    outcome: Result<crate::lease::Lease, LeaseError>,
 }
 
 #[derive(Debug)]
@@ -239,7 +277,16 @@ struct State {
     /// When to send the next renewal (keeper clock).
     next_attempt_ms: u64,
     last_error: Option<String>,
-    guards: usize,
+    /// A renewal was sent and has not answered yet.
+    renewal_in_flight: bool,
+    /// The answer to the last renewal, until the keeper's thread takes it.
+    answer: Option<Answer>,
+    /// The answer to the release, until the shutdown takes it.
+    released: Option<Result<(), LeaseError>>,
+    /// The threads that took the guards in flight (one entry per guard).
+    guard_threads: Vec<ThreadId>,
+    /// The keeper's own thread (it delivers the loss and runs `on_lost`).
+    keeper_thread: Option<ThreadId>,
 }
 
 struct Shared {
@@ -265,15 +312,20 @@ impl Shared {
             .0
     }
 
-    fn holds(&self, state: &State) -> bool {
-        state.phase == Phase::Holding
-            && self.clock.now_ms() < state.renewed_at_ms.saturating_add(self.config.renew_deadline_ms)
+    fn deadline_ms(&self, state: &State) -> u64 {
+        state.renewed_at_ms.saturating_add(self.config.renew_deadline_ms)
     }
 
-    /// Moves to `Lost` and delivers the loss, unless a loss was already delivered. Takes the state
-    /// lock's guard and releases it before the callback runs.
+    fn holds(&self, state: &State) -> bool {
+        state.phase.renewing() && self.clock.now_ms() < self.deadline_ms(state)
+    }
+
+    /// Moves to `Lost` and delivers the loss, unless the keeper is already lost or shut down.
+    /// Takes the state lock's guard and releases it first: waiters are woken before anything
+    /// else, then the loss is logged, then the callback runs, on this thread, with no lock held.
+    /// A panic in the callback is contained and reported.
     fn lose(&self, mut state: MutexGuard<'_, State>, reason: LossReason) {
-        if matches!(state.phase, Phase::Lost(_)) {
+        if matches!(state.phase, Phase::Lost(_) | Phase::ShutDown) {
             return;
         }
         let loss = Loss {
@@ -283,74 +335,110 @@ impl Shared {
         };
         state.phase = Phase::Lost(loss.clone());
         drop(state);
-        // Logged without the lock: a slow log sink must not hold up `holds()`.
+        self.changed.notify_all();
         tracing::warn!(agent_id = %loss.agent_id, epoch = loss.epoch, reason = ?loss.reason, "lease lost");
         let callback = self.on_lost.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(callback) = callback {
-            callback(&loss);
+            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&loss)));
+            if let Err(panic) = called {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|text| (*text).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_owned());
+                tracing::error!(agent_id = %loss.agent_id, epoch = loss.epoch, panic = %message, "the on_lost callback panicked; the loss was delivered to every waiter");
+            }
         }
-        self.changed.notify_all();
     }
 
-    /// The renewal loop of the background thread.
-    fn run(&self) {
+    /// Sends a renewal from a thread of its own, which posts the answer: however long the
+    /// coordinator takes, the keeper's thread stays free to declare the loss at the deadline.
+    fn send_renewal(self: &Arc<Self>, state: &mut State) -> Result<(), std::io::Error> {
+        let sent_ms = self.clock.now_ms();
+        let epoch = state.epoch;
+        let shared = Arc::clone(self);
+        std::thread::Builder::new()
+            .name(format!("fencepost-renew-{}", self.agent_id))
+            .spawn(move || {
+                let outcome = shared.coordinator.renew(
+                    &shared.agent_id,
+                    &shared.device_id,
+                    epoch,
+                    shared.config.ttl_ms,
+                );
+                let mut state = shared.lock();
+                state.renewal_in_flight = false;
+                state.answer = Some(Answer { sent_ms, outcome });
+                drop(state);
+                shared.changed.notify_all();
+            })?;
+        state.renewal_in_flight = true;
+        Ok(())
+    }
+
+    /// Takes a renewal's answer into the state; returns the loss it reveals, if any.
+    fn take_answer(&self, state: &mut State, answer: Answer, now_ms: u64) -> Option<LossReason> {
+        let deadline = self.deadline_ms(state);
+        match answer.outcome {
+            Err(LeaseError::Lost { current_epoch, .. }) => Some(LossReason::Stolen { current_epoch }),
+            // A renewal that answers after the deadline comes too late: `holds` said no.
+            _ if now_ms >= deadline => None,
+            Ok(lease) => {
+                tracing::debug!(agent_id = %self.agent_id, epoch = state.epoch, expires_at_ms = lease.expires_at_ms, "lease renewed");
+                state.renewed_at_ms = answer.sent_ms.max(state.renewed_at_ms);
+                state.expires_at_ms = lease.expires_at_ms;
+                state.next_attempt_ms = answer.sent_ms.saturating_add(self.config.renew_every_ms);
+                state.last_error = None;
+                None
+            }
+            Err(LeaseError::Backend(error)) => {
+                tracing::warn!(agent_id = %self.agent_id, epoch = state.epoch, %error, "lease renewal failed; retrying");
+                state.last_error = Some(error.to_string());
+                state.next_attempt_ms = now_ms.saturating_add(self.config.retry_every_ms);
+                None
+            }
+            Err(error) => Some(LossReason::Refused {
+                error: error.to_string(),
+            }),
+        }
+    }
+
+    /// The keeper's thread: renews while the keeper is holding or draining, and declares the loss
+    /// at the deadline, whether or not a renewal is still on its way.
+    fn run(self: &Arc<Self>) {
         let mut state = self.lock();
+        state.keeper_thread = Some(std::thread::current().id());
         loop {
-            if state.phase != Phase::Holding {
+            if !state.phase.renewing() {
                 return;
             }
             let now = self.clock.now_ms();
-            let deadline = state.renewed_at_ms.saturating_add(self.config.renew_deadline_ms);
+            if let Some(answer) = state.answer.take() {
+                if let Some(reason) = self.take_answer(&mut state, answer, now) {
+                    self.lose(state, reason);
+                    return;
+                }
+            }
+            let deadline = self.deadline_ms(&state);
             if now >= deadline {
                 let last_error = state.last_error.clone();
                 self.lose(state, LossReason::DeadlinePassed { last_error });
                 return;
             }
-            let due = state.next_attempt_ms.min(deadline);
-            if now < due {
-                state = self.wait(state, due - now);
-                continue;
-            }
-            let epoch = state.epoch;
-            drop(state);
-            let sent_ms = self.clock.now_ms();
-            let outcome = self
-                .coordinator
-                .renew(&self.agent_id, &self.device_id, epoch, self.config.ttl_ms);
-            state = self.lock();
-            if state.phase != Phase::Holding {
-                return; // shut down meanwhile; the shutdown's release settles the lease
-            }
-            let now = self.clock.now_ms();
-            match outcome {
-                Err(LeaseError::Lost { current_epoch, .. }) => {
-                    self.lose(state, LossReason::Stolen { current_epoch });
-                    return;
-                }
-                // A renewal that answers after the deadline comes too late: `holds` said no.
-                _ if now >= deadline => {}
-                Ok(lease) => {
-                    tracing::debug!(agent_id = %self.agent_id, epoch, expires_at_ms = lease.expires_at_ms, "lease renewed");
-                    state.renewed_at_ms = sent_ms;
-                    state.expires_at_ms = lease.expires_at_ms;
-                    state.next_attempt_ms = sent_ms.saturating_add(self.config.renew_every_ms);
-                    state.last_error = None;
-                }
-                Err(LeaseError::Backend(error)) => {
-                    tracing::warn!(agent_id = %self.agent_id, epoch, %error, "lease renewal failed; retrying");
-                    state.last_error = Some(error.to_string());
+            if !state.renewal_in_flight && now >= state.next_attempt_ms {
+                if let Err(error) = self.send_renewal(&mut state) {
+                    tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a renewal; retrying");
+                    state.last_error = Some(format!("cannot start a renewal: {error}"));
                     state.next_attempt_ms = now.saturating_add(self.config.retry_every_ms);
                 }
-                Err(error) => {
-                    self.lose(
-                        state,
-                        LossReason::Refused {
-                            error: error.to_string(),
-                        },
-                    );
-                    return;
-                }
+                continue;
             }
+            let due = if state.renewal_in_flight {
+                deadline
+            } else {
+                state.next_attempt_ms.min(deadline)
+            };
+            state = self.wait(state, due.saturating_sub(now));
         }
     }
 }
@@ -431,6 +519,14 @@ impl KeeperBuilder {
         validate_id(IdKind::Device, &self.device_id).map_err(LeaseError::from)?;
         let started_ms = self.clock.now_ms();
         let give_up_ms = started_ms.saturating_add(max_wait_ms);
+        if self.ledger_epoch > MAX_EPOCH_FLOOR {
+            // The ledger has seen the last epoch there is: granting "floor + 1" would repeat it.
+            return Err(LeaseError::EpochsExhausted {
+                agent_id: self.agent_id,
+                last_epoch: self.ledger_epoch,
+            }
+            .into());
+        }
         let mut last_held: Option<LeaseError> = None;
         let mut floor_raised = self.ledger_epoch == 0;
         let (lease, sent_ms) = loop {
@@ -442,7 +538,7 @@ impl KeeperBuilder {
                     .acquire(&self.agent_id, &self.device_id, self.config.ttl_ms)
             } else {
                 self.coordinator
-                    .raise_epoch_floor(&self.agent_id, self.ledger_epoch.min(MAX_EPOCH_FLOOR))
+                    .raise_epoch_floor(&self.agent_id, self.ledger_epoch)
                     .and_then(|()| {
                         floor_raised = true;
                         self.coordinator
@@ -490,31 +586,53 @@ impl KeeperBuilder {
                 renewed_at_ms: sent_ms,
                 next_attempt_ms: sent_ms.saturating_add(self.config.renew_every_ms),
                 last_error: None,
-                guards: 0,
+                renewal_in_flight: false,
+                answer: None,
+                released: None,
+                guard_threads: Vec::new(),
+                keeper_thread: None,
             }),
             changed: Condvar::new(),
             on_lost: Mutex::new(self.on_lost),
         });
         let renewer = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
+        let started = std::thread::Builder::new()
             .name(format!("fencepost-keeper-{}", shared.agent_id))
-            .spawn(move || renewer.run())
-            .map_err(|error| {
-                LeaseError::Backend(crate::lease::BackendError {
-                    backend: "keeper",
-                    message: format!("cannot start the renewal thread: {error}"),
-                    may_have_applied: false,
-                    source: None,
-                })
-            })?;
-        Ok(LeaseKeeper {
-            shared,
-            thread: Mutex::new(Some(thread)),
-        })
+            .spawn(move || renewer.run());
+        if let Err(error) = started {
+            // Nobody would renew the lease: give it back rather than leave it to expire.
+            let _ = shared
+                .coordinator
+                .release(&shared.agent_id, &shared.device_id, lease.epoch);
+            return Err(LeaseError::Backend(crate::lease::BackendError {
+                backend: "keeper",
+                message: format!("cannot start the renewal thread: {error}"),
+                may_have_applied: false,
+                source: None,
+            })
+            .into());
+        }
+        Ok(LeaseKeeper { shared })
     }
 }
 
 /// Holds one agent's lease on a background thread; see the [module docs](self).
+///
+/// # Threads, callbacks and where each call is allowed
+///
+/// The keeper's own thread keeps the time: it sends each renewal from a short-lived thread of its
+/// own and waits for the answer only until the renew deadline, so a coordinator call that hangs
+/// never hides a loss. The loss is delivered at the deadline at the latest: waiters of
+/// [`wait_lost`](Self::wait_lost) are woken first, then `on_lost` runs on the keeper's thread (or
+/// on the thread of a [`shutdown`](Self::shutdown) whose release finds the lease lost). A panic in
+/// `on_lost` is caught and logged; a callback that blocks delays nothing but itself.
+///
+/// * `holds`, `epoch`, `loss`, `wait_lost` and `guard` may be called from anywhere, `on_lost`
+///   included.
+/// * `shutdown` may be called from anywhere except a thread that holds one of this keeper's
+///   [`WorkGuard`]s (inside a [`dispatch`](crate::dispatch::dispatch)ed effect, say): it would
+///   wait for itself, so it returns [`KeeperError::ShutdownWhileGuarding`] instead. From `on_lost`
+///   it returns at once with [`Shutdown::Lost`] once other threads' guards are dropped.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -535,7 +653,6 @@ impl KeeperBuilder {
 /// ```
 pub struct LeaseKeeper {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for LeaseKeeper {
@@ -549,11 +666,13 @@ impl std::fmt::Debug for LeaseKeeper {
     }
 }
 
-/// Work in progress under a [`LeaseKeeper`]'s lease: [`LeaseKeeper::shutdown`] waits for it.
+/// Work in progress under a [`LeaseKeeper`]'s lease: [`LeaseKeeper::shutdown`] keeps renewing
+/// until every guard is dropped.
 #[derive(Debug)]
 pub struct WorkGuard<'keeper> {
     keeper: &'keeper LeaseKeeper,
     epoch: u64,
+    thread: ThreadId,
 }
 
 impl WorkGuard<'_> {
@@ -571,7 +690,13 @@ impl WorkGuard<'_> {
 impl Drop for WorkGuard<'_> {
     fn drop(&mut self) {
         let mut state = self.keeper.shared.lock();
-        state.guards -= 1;
+        if let Some(index) = state
+            .guard_threads
+            .iter()
+            .position(|thread| *thread == self.thread)
+        {
+            state.guard_threads.swap_remove(index);
+        }
         drop(state);
         self.keeper.shared.changed.notify_all();
     }
@@ -620,8 +745,9 @@ impl LeaseKeeper {
         self.shared.lock().expires_at_ms
     }
 
-    /// Whether the keeper still holds the lease: not lost, not shut down, and less than
-    /// `renew_deadline_ms` (keeper clock) since the last successful renewal was sent.
+    /// Whether the keeper still holds the lease: not lost, not released, and less than
+    /// `renew_deadline_ms` (keeper clock) since the last successful renewal was sent. True while a
+    /// [`shutdown`](Self::shutdown) waits for guarded work.
     pub fn holds(&self) -> bool {
         let state = self.shared.lock();
         self.shared.holds(&state)
@@ -635,14 +761,14 @@ impl LeaseKeeper {
         }
     }
 
-    /// Blocks until the lease is lost, or the keeper shuts down (`None`), or `timeout` passes
-    /// (real time; `None`).
+    /// Blocks until the lease is lost (at the renew deadline at the latest, even while a renewal
+    /// hangs), or the keeper releases it (`None`), or `timeout` passes (real time; `None`).
     pub fn wait_lost(&self, timeout: Duration) -> Option<Loss> {
         let state = self.shared.lock();
         let (state, _) = self
             .shared
             .changed
-            .wait_timeout_while(state, timeout, |state| state.phase == Phase::Holding)
+            .wait_timeout_while(state, timeout, |state| state.phase.renewing())
             .unwrap_or_else(PoisonError::into_inner);
         match &state.phase {
             Phase::Lost(loss) => Some(loss.clone()),
@@ -650,83 +776,127 @@ impl LeaseKeeper {
         }
     }
 
-    /// A guard for work under the lease, if the keeper [`holds`](Self::holds) it; shutdown waits
-    /// until every guard is dropped.
+    /// A guard for work under the lease, if the keeper [`holds`](Self::holds) it and no
+    /// [`shutdown`](Self::shutdown) has begun; shutdown keeps renewing until every guard is
+    /// dropped.
     pub fn guard(&self) -> Option<WorkGuard<'_>> {
         let mut state = self.shared.lock();
-        if !self.shared.holds(&state) {
+        if state.phase != Phase::Holding || !self.shared.holds(&state) {
             return None;
         }
-        state.guards += 1;
+        let thread = std::thread::current().id();
+        state.guard_threads.push(thread);
         Some(WorkGuard {
             keeper: self,
             epoch: state.epoch,
+            thread,
         })
     }
 
-    /// Stops renewing: waits for every [`WorkGuard`] to be dropped, then releases the lease, so
-    /// that a successor acquires at once. Idempotent.
+    /// Stops the keeper: hands out no new guard, **keeps renewing** until every [`WorkGuard`] is
+    /// dropped (guarded work never runs without the lease because of a shutdown), then releases
+    /// the lease so that a successor acquires at once. Idempotent; a second call while the first
+    /// waits returns [`Shutdown::AlreadyShutDown`].
+    ///
+    /// The wait for guards is as long as the work; the release itself is bounded: the keeper
+    /// waits for its answer until the renew deadline (at least `retry_every_ms`), and then
+    /// reports [`KeeperError::ReleaseUnanswered`]: the lease ends by its TTL.
     ///
     /// # Errors
-    /// [`KeeperError::Lease`] when the release fails in the coordinator (the lease then expires
-    /// by its TTL).
+    /// * [`KeeperError::ShutdownWhileGuarding`] when the calling thread holds a guard of this
+    ///   keeper (nothing changes: drop the guard first).
+    /// * [`KeeperError::Lease`] when the release fails in the coordinator (the lease then expires
+    ///   by its TTL).
+    /// * [`KeeperError::ReleaseUnanswered`] when the release did not answer in time.
     pub fn shutdown(&self) -> Result<Shutdown, KeeperError> {
-        let mut state = self.shared.lock();
-        let lost = match &state.phase {
-            Phase::Holding => None,
-            Phase::Lost(loss) => Some(loss.clone()),
-            Phase::ShuttingDown | Phase::ShutDown => return Ok(Shutdown::AlreadyShutDown),
-        };
-        if lost.is_none() {
-            state.phase = Phase::ShuttingDown;
-            self.shared.changed.notify_all();
+        let shared = &self.shared;
+        let me = std::thread::current().id();
+        let mut state = shared.lock();
+        if state.guard_threads.contains(&me) {
+            return Err(KeeperError::ShutdownWhileGuarding);
         }
-        // Guards are only handed out while holding; wait for those in flight.
-        while state.guards > 0 {
-            state = self
-                .shared
-                .changed
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+        match &state.phase {
+            Phase::Holding => {
+                state.phase = Phase::Draining;
+                shared.changed.notify_all();
+            }
+            Phase::Lost(_) => {}
+            Phase::Draining | Phase::Releasing | Phase::ShutDown => return Ok(Shutdown::AlreadyShutDown),
         }
+        // The keeper's thread goes on renewing meanwhile; if the lease is lost, the guards'
+        // holders are told (`holds`, `wait_lost`, `on_lost`) and still finish first.
+        while !state.guard_threads.is_empty() {
+            state = shared.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        if let Phase::Lost(loss) = &state.phase {
+            return Ok(Shutdown::Lost(loss.clone()));
+        }
+        state.phase = Phase::Releasing;
         let epoch = state.epoch;
-        drop(state);
-        let thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(thread) = thread {
-            let _ = thread.join(); // the loop ends on the phase change; a panic is not ours to rethrow
+        let give_up_ms = shared
+            .deadline_ms(&state)
+            .max(shared.clock.now_ms().saturating_add(shared.config.retry_every_ms));
+        shared.changed.notify_all();
+        let releaser = Arc::clone(shared);
+        let sent = std::thread::Builder::new()
+            .name(format!("fencepost-release-{}", shared.agent_id))
+            .spawn(move || {
+                let released = releaser
+                    .coordinator
+                    .release(&releaser.agent_id, &releaser.device_id, epoch);
+                releaser.lock().released = Some(released);
+                releaser.changed.notify_all();
+            });
+        if let Err(error) = sent {
+            state.phase = Phase::ShutDown;
+            drop(state);
+            shared.changed.notify_all();
+            tracing::warn!(agent_id = %shared.agent_id, epoch, %error, "cannot send the release; the lease will expire by its TTL");
+            return Err(KeeperError::ReleaseUnanswered { epoch, waited_ms: 0 });
         }
-        if let Some(loss) = lost {
-            return Ok(Shutdown::Lost(loss));
-        }
-        let released = self
-            .shared
-            .coordinator
-            .release(&self.shared.agent_id, &self.shared.device_id, epoch);
-        let mut state = self.shared.lock();
+        let started_ms = shared.clock.now_ms();
+        let released = loop {
+            if let Some(released) = state.released.take() {
+                break Some(released);
+            }
+            let now = shared.clock.now_ms();
+            if now >= give_up_ms {
+                break None;
+            }
+            state = shared.wait(state, give_up_ms - now);
+        };
         match released {
-            Ok(()) => {
+            Some(Ok(())) => {
                 state.phase = Phase::ShutDown;
                 drop(state);
-                self.shared.changed.notify_all();
-                tracing::info!(agent_id = %self.shared.agent_id, epoch, "lease released");
+                shared.changed.notify_all();
+                tracing::info!(agent_id = %shared.agent_id, epoch, "lease released");
                 Ok(Shutdown::Released { epoch })
             }
-            Err(LeaseError::Lost { current_epoch, .. }) => {
+            Some(Err(LeaseError::Lost { current_epoch, .. })) => {
                 // Lost while shutting down: deliver it, once. The keeper stays lost.
-                self.shared.lose(state, LossReason::Stolen { current_epoch });
+                shared.lose(state, LossReason::Stolen { current_epoch });
                 let loss = self.loss().unwrap_or_else(|| Loss {
-                    agent_id: self.shared.agent_id.clone(),
+                    agent_id: shared.agent_id.clone(),
                     epoch,
                     reason: LossReason::Stolen { current_epoch },
                 });
                 Ok(Shutdown::Lost(loss))
             }
-            Err(error) => {
+            Some(Err(error)) => {
                 state.phase = Phase::ShutDown;
                 drop(state);
-                self.shared.changed.notify_all();
-                tracing::warn!(agent_id = %self.shared.agent_id, epoch, %error, "lease release failed; it will expire by its TTL");
+                shared.changed.notify_all();
+                tracing::warn!(agent_id = %shared.agent_id, epoch, %error, "lease release failed; it will expire by its TTL");
                 Err(error.into())
+            }
+            None => {
+                state.phase = Phase::ShutDown;
+                drop(state);
+                shared.changed.notify_all();
+                let waited_ms = shared.clock.now_ms().saturating_sub(started_ms);
+                tracing::warn!(agent_id = %shared.agent_id, epoch, waited_ms, "the release did not answer; the lease will expire by its TTL");
+                Err(KeeperError::ReleaseUnanswered { epoch, waited_ms })
             }
         }
     }

@@ -52,6 +52,23 @@ use crate::lease::{
 };
 use crate::run_id::RunKey;
 
+/// The deepest nesting of arrays and objects a record's payload may have (`{"a":[1]}` is 2 deep).
+/// Well below the JSON reader's own recursion limit, so a record within it can always be read
+/// back.
+pub const MAX_PAYLOAD_DEPTH: usize = 64;
+
+/// The largest payload, in bytes of its canonical JSON (the form hashed into `op_id`, as long as
+/// its wire form).
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// The longest kind of a [`Surface::Log`] or [`Surface::Registry`], in bytes (the limit of ids).
+pub const MAX_SURFACE_KIND_BYTES: usize = crate::id::MAX_ID_BYTES;
+
+/// The longest wire form of a record (one line, without its newline) that a reader accepts. Every
+/// record within [`MAX_PAYLOAD_DEPTH`], [`MAX_PAYLOAD_BYTES`], [`MAX_SURFACE_KIND_BYTES`] and the
+/// id limits encodes to fewer bytes, so whatever a log accepts, every reader can read back.
+pub const MAX_RECORD_BYTES: usize = MAX_PAYLOAD_BYTES + 16 * 1024;
+
 /// The content-derived identity of an [`OpRecord`]: a SHA-256 digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpId(pub [u8; 32]);
@@ -385,7 +402,54 @@ pub struct OpRecord {
 
 impl OpRecord {
     /// The `op_id` this record's other fields hash to.
+    ///
+    /// Computes it whatever the record's size; [`LogHead`] and [`DeviceLog`] check the record
+    /// limits first ([`check_limits`](Self::check_limits)).
     pub fn content_id(&self) -> OpId {
+        let mut canonical = Vec::with_capacity(128);
+        self.payload.write_canonical_json(&mut canonical);
+        self.id_over(&canonical)
+    }
+
+    /// Checks the record limits ([`MAX_PAYLOAD_DEPTH`], [`MAX_PAYLOAD_BYTES`],
+    /// [`MAX_SURFACE_KIND_BYTES`]) and returns the `op_id` the content hashes to.
+    ///
+    /// # Errors
+    /// [`LogError::OverLimit`], saying which limit.
+    pub fn checked_content_id(&self) -> Result<OpId, LogError> {
+        let over = |detail: String| LogError::OverLimit {
+            device_id: self.device_id.to_string(),
+            seq: self.seq,
+            detail,
+        };
+        if let Surface::Log { kind } | Surface::Registry { kind } = &self.surface {
+            if kind.len() > MAX_SURFACE_KIND_BYTES {
+                return Err(over(format!(
+                    "its surface kind is {} bytes long; the limit is {MAX_SURFACE_KIND_BYTES}",
+                    kind.len()
+                )));
+            }
+        }
+        if let PayloadRepr::Json(value) = &self.payload.repr {
+            if exceeds_depth(value, MAX_PAYLOAD_DEPTH) {
+                return Err(over(format!(
+                    "its payload nests arrays and objects more than {MAX_PAYLOAD_DEPTH} deep"
+                )));
+            }
+        }
+        let mut canonical = Vec::with_capacity(128);
+        self.payload.write_canonical_json(&mut canonical);
+        if canonical.len() > MAX_PAYLOAD_BYTES {
+            return Err(over(format!(
+                "its payload is {} bytes long; the limit is {MAX_PAYLOAD_BYTES}",
+                canonical.len()
+            )));
+        }
+        Ok(self.id_over(&canonical))
+    }
+
+    /// The `op_id` of this record with `canonical` as its payload's canonical JSON.
+    fn id_over(&self, canonical: &[u8]) -> OpId {
         let mut hasher = Sha256::new();
         hasher.update(b"fencepost/op/v1\0");
         hasher.update(self.hlc.wall_ms.to_be_bytes());
@@ -411,9 +475,7 @@ impl OpRecord {
                 hash_text(&mut hasher, kind);
             }
         }
-        let mut canonical = Vec::with_capacity(128);
-        self.payload.write_canonical_json(&mut canonical);
-        hasher.update(&canonical);
+        hasher.update(canonical);
         OpId(hasher.finalize().into())
     }
 
@@ -430,15 +492,37 @@ impl OpRecord {
         out.push(b'\n');
     }
 
-    /// Decodes the wire form. Checks the shape and the ids' syntax (L8); does *not* check that
-    /// `op_id` matches the content: [`LogHead`] and [`verify_log`] do that.
+    /// Decodes the wire form. Checks the length ([`MAX_RECORD_BYTES`]), the shape and the ids'
+    /// syntax (L8); does *not* check that `op_id` matches the content, nor the payload limits:
+    /// [`LogHead`] and [`verify_log`] do that.
     pub fn from_json(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if bytes.len() > MAX_RECORD_BYTES {
+            return Err(DecodeError::TooLong {
+                length_bytes: bytes.len(),
+                max_bytes: MAX_RECORD_BYTES,
+            });
+        }
         let record: OpRecord =
             serde_json::from_slice(bytes).map_err(|error| DecodeError::Json(error.to_string()))?;
         validate_id(IdKind::Device, &record.device_id)?;
         validate_id(IdKind::Device, &record.hlc.device_id)?;
         Ok(record)
     }
+}
+
+/// Whether `value` nests arrays and objects more than `limit` deep (a scalar is 0 deep). Stops
+/// descending at the limit, so it is safe on a value of any depth.
+fn exceeds_depth(value: &Value, limit: usize) -> bool {
+    let children: Box<dyn Iterator<Item = &Value>> = match value {
+        Value::Array(items) => Box::new(items.iter()),
+        Value::Object(map) => Box::new(map.values()),
+        _ => return false,
+    };
+    if limit == 0 {
+        return true;
+    }
+    let mut children = children;
+    children.any(|child| exceeds_depth(child, limit - 1))
 }
 
 fn hash_text(hasher: &mut Sha256, text: &str) {
@@ -455,12 +539,31 @@ pub enum DecodeError {
     /// A device id in the record breaks rule L8.
     #[error("op record has an invalid device id: {0}")]
     Id(#[from] IdError),
+    /// The line is longer than [`MAX_RECORD_BYTES`]: no log makes such a record.
+    #[error("op record is {length_bytes} bytes long; the limit is {max_bytes}")]
+    TooLong {
+        /// Its length.
+        length_bytes: usize,
+        /// The limit.
+        max_bytes: usize,
+    },
 }
 
 /// A defect found while checking a device's log (rule O1).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum LogError {
+    /// The record breaks a record limit ([`MAX_PAYLOAD_DEPTH`], [`MAX_PAYLOAD_BYTES`],
+    /// [`MAX_SURFACE_KIND_BYTES`]): no log makes it, and a log refuses to append it.
+    #[error("device {device_id:?} seq {seq}: the record is over a limit: {detail}")]
+    OverLimit {
+        /// The device.
+        device_id: String,
+        /// The record's seq.
+        seq: u64,
+        /// Which limit, and by how much.
+        detail: String,
+    },
     /// The record's `op_id` does not match its content: it was altered, or damaged.
     #[error("device {device_id:?} seq {seq}: op_id {found} does not match the record's content (which hashes to {expected})")]
     BadId {
@@ -612,8 +715,8 @@ impl LogHead {
         self.last_hlc.as_ref()
     }
 
-    /// Checks that `op` belongs to this device and that its `op_id` matches its content, whatever
-    /// its seq.
+    /// Checks that `op` belongs to this device, is within the record limits, and that its `op_id`
+    /// matches its content, whatever its seq.
     pub fn check_identity(&self, op: &OpRecord) -> Result<(), LogError> {
         for found in [&op.device_id, &op.hlc.device_id] {
             if **found != *self.device_id {
@@ -624,7 +727,7 @@ impl LogHead {
                 });
             }
         }
-        let expected = op.content_id();
+        let expected = op.checked_content_id()?;
         if expected != op.op_id {
             return Err(LogError::BadId {
                 device_id: self.device_id.to_string(),
@@ -805,18 +908,21 @@ impl DeviceLog {
     /// Appends a record and returns it; the caller stores and relays it.
     ///
     /// # Panics
-    /// Only if the HLC is exhausted (see [`try_append`](Self::try_append), which returns an error
-    /// instead: use it on a log resumed from records you did not make).
+    /// If the payload breaks a record limit ([`MAX_PAYLOAD_DEPTH`], [`MAX_PAYLOAD_BYTES`],
+    /// [`MAX_SURFACE_KIND_BYTES`]), or the HLC is exhausted. [`try_append`](Self::try_append)
+    /// returns an error instead: use it for payloads you did not make, and on a log resumed from
+    /// records you did not make.
     pub fn append(&mut self, surface: Surface, payload: Value) -> OpRecord {
         self.try_append(surface, payload)
-            .expect("HLC exhausted: the last record carries the largest stamp")
+            .expect("a record over a limit, or an exhausted HLC")
     }
 
     /// Appends a record and returns it; the caller stores and relays it.
     ///
     /// # Errors
-    /// [`LogError::HlcExhausted`] when the last record carries the largest HLC stamp there is
-    /// (nothing is appended).
+    /// [`LogError::OverLimit`] when the record would break a record limit, so that no reader could
+    /// read it back; [`LogError::HlcExhausted`] when the last record carries the largest HLC stamp
+    /// there is. Nothing is appended.
     pub fn try_append(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, LogError> {
         let Some(hlc) = self.clock.try_tick() else {
             return Err(LogError::HlcExhausted {
@@ -839,7 +945,7 @@ impl DeviceLog {
             surface,
             payload: Payload::new(payload),
         };
-        op.op_id = op.content_id();
+        op.op_id = op.checked_content_id()?;
         debug_assert_eq!(self.head.check_next(&op), Ok(()));
         self.head.advance_unchecked(&op);
         Ok(op)

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::clock::ManualClock;
-use crate::dispatch::Ledger;
+use crate::dispatch::{FencedResource, FencingToken, Ledger, ResourceRefusal};
 use crate::fence::{check_dispatch, FenceDecision};
 use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
 use crate::relay::{InMemoryRelay, Relay};
@@ -441,9 +441,11 @@ struct World<'a> {
     pushed: Vec<Vec<(crate::oplog::OpRecord, u64)>>,
     /// Runs committed anywhere, by the time they were.
     committed: BTreeSet<String>,
-    /// The resource: per run, the effects applied; per agent, the highest token epoch.
+    /// Per run, the effects that landed (in every mode: what the duplicates are counted from).
     applied: BTreeMap<(usize, u64), u64>,
-    highest_epoch: Vec<u64>,
+    /// In `token` mode, the resource: the library's [`FencedResource`], which checks the token's
+    /// epoch and its run id.
+    resource: FencedResource<(usize, u64)>,
     /// Per occurrence, how the first of its effects that landed without a lease had lost it.
     stale_landings: BTreeMap<(usize, u64), Cause>,
     report: ModeReport,
@@ -517,7 +519,7 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
         pushed: vec![Vec::new(); config.sites.max(1)],
         committed: BTreeSet::new(),
         applied: BTreeMap::new(),
-        highest_epoch: vec![0; config.agents],
+        resource: FencedResource::new(),
         stale_landings: BTreeMap::new(),
         report: ModeReport {
             mode,
@@ -829,24 +831,30 @@ impl World<'_> {
         self.sites[index].in_flight = None;
         let key = (flight.agent, flight.occurrence);
         let status = if self.mode == GuardMode::Token {
-            if flight.epoch < self.highest_epoch[flight.agent] {
-                // A stale token: refused. The site learns the highest epoch and gives the lease up.
-                self.report.refused_at_resource += 1;
-                let name = agent_name(flight.agent);
-                let _ = self
-                    .coordinator
-                    .raise_epoch_floor(&name, self.highest_epoch[flight.agent]);
-                self.end_tenure(index, flight.agent);
-                self.sites[index].backlog.insert(key);
-                IntentStatus::Failed
-            } else if self.applied.contains_key(&key) {
-                // Already applied under this run id: idempotent success.
-                self.report.refused_at_resource += 1;
-                IntentStatus::Committed
-            } else {
-                self.highest_epoch[flight.agent] = flight.epoch;
-                self.apply(index, &flight);
-                IntentStatus::Committed
+            let token = FencingToken {
+                agent_id: agent_name(flight.agent),
+                run_id: flight.run_id.clone(),
+                epoch: flight.epoch,
+            };
+            match self.resource.apply(&token, key) {
+                Ok(()) => {
+                    self.apply(index, &flight);
+                    IntentStatus::Committed
+                }
+                Err(ResourceRefusal::StaleEpoch { highest_epoch, .. }) => {
+                    // A stale token: refused. The site learns the highest epoch and gives the
+                    // lease up.
+                    self.report.refused_at_resource += 1;
+                    let _ = self.coordinator.raise_epoch_floor(&token.agent_id, highest_epoch);
+                    self.end_tenure(index, flight.agent);
+                    self.sites[index].backlog.insert(key);
+                    IntentStatus::Failed
+                }
+                Err(_) => {
+                    // Already applied under this run id: idempotent success.
+                    self.report.refused_at_resource += 1;
+                    IntentStatus::Committed
+                }
             }
         } else {
             self.apply(index, &flight);

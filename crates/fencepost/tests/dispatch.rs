@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use fencepost::clock::ManualClock;
 use fencepost::dispatch::{
-    dispatch, dispatch_with, DispatchError, DispatchOptions, DispatchOutcome, FencedResource, Ledger,
-    StaleToken,
+    dispatch, dispatch_effect, dispatch_with, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome,
+    FencedResource, Ledger, ResourceRefusal,
 };
 use fencepost::keeper::{KeeperClock, KeeperConfig, LeaseKeeper};
 use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
@@ -244,7 +244,7 @@ fn dispatch_a_zombie_that_passed_the_fence_before_pausing_is_rejected_by_a_fence
         DispatchOutcome::Executed {
             epoch: 1,
             result:
-                Err(StaleToken {
+                Err(ResourceRefusal::StaleEpoch {
                     epoch: 1,
                     highest_epoch: 2,
                     ..
@@ -264,6 +264,64 @@ fn dispatch_a_zombie_that_passed_the_fence_before_pausing_is_rejected_by_a_fence
         IntentStatus::Failed,
         "the failed effect is recorded as failed"
     );
+}
+
+/// D1 with a cooperating resource (issue 13, item 2): a zombie whose effect lands *first*, and
+/// then the successor's retry of the in-doubt run under a newer epoch: the resource's idempotency
+/// key (the run id) refuses the second, so the effect happens once. Checking only the epoch
+/// applied it twice (`[(run-a, 1), (run-a, 2)]`).
+#[test]
+fn d1_a_fenced_resource_refuses_a_run_it_applied_even_under_a_newer_epoch() {
+    let world = World::new();
+    let resource: FencedResource<&str> = FencedResource::new();
+    let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
+    let zombie = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    let outcome = dispatch_effect(
+        &zombie,
+        &mut laptop,
+        "charge-1",
+        DispatchOptions::default(),
+        |token| {
+            // The laptop's effect lands, and the laptop dies before it can record the outcome.
+            resource.apply(token, "laptop").unwrap();
+            EffectOutcome::<(), &str>::Unknown("the laptop died")
+        },
+    )
+    .unwrap();
+    assert!(
+        matches!(outcome, DispatchOutcome::Interrupted { epoch: 1, .. }),
+        "{outcome:?}"
+    );
+    world.coordinator_clock.advance(TTL_MS);
+    phone.sync().unwrap();
+    let successor = world.keeper("phone", &ManualClock::new(0), &phone);
+    assert_eq!(successor.epoch(), 2);
+    let retried = dispatch_with(
+        &successor,
+        &mut phone,
+        "charge-1",
+        DispatchOptions::default().retry_in_doubt(true),
+        |token| resource.apply(token, "phone"),
+    )
+    .unwrap();
+    match retried {
+        DispatchOutcome::Executed {
+            epoch: 2,
+            result: Err(ResourceRefusal::AlreadyApplied { applied_epoch: 1, .. }),
+        } => {}
+        other => panic!("the retry must reach the resource and be refused: {other:?}"),
+    }
+    let applied: Vec<_> = resource
+        .applied()
+        .into_iter()
+        .map(|(token, who)| (token.run_id, token.epoch, who))
+        .collect();
+    assert_eq!(
+        applied,
+        vec![("charge-1".to_owned(), 1, "laptop")],
+        "D1: one run, one effect, whoever sends it"
+    );
+    successor.shutdown().unwrap();
 }
 
 #[test]
@@ -480,4 +538,100 @@ fn r1_two_ledgers_of_one_device_interleave_and_never_merge_two_records() {
     assert!(stored.problems.is_empty(), "{:?}", stored.problems);
     assert_eq!(stored.ops.len(), 6, "six appends, six records");
     fencepost::oplog::verify_log(&stored.ops).unwrap();
+}
+
+/// A relay that hands over, for one device, a forged twin of each record: the same `op_id`, other
+/// content (as a buggy or hostile relay could).
+struct Forging {
+    inner: InMemoryRelay,
+    device: &'static str,
+}
+
+impl Relay for Forging {
+    fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
+        self.inner.push(ops)
+    }
+    fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError> {
+        let mut batch = self.inner.pull(since)?;
+        for op in batch.ops.iter_mut().filter(|op| &*op.device_id == self.device) {
+            if let Some(mut intent) = op.payload.intent() {
+                intent.status = IntentStatus::Pending;
+                intent.epoch += 5;
+                op.payload = intent.payload().into(); // the op_id stays: a forged twin
+            }
+        }
+        Ok(batch)
+    }
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut MakeRecords<'_>,
+    ) -> Result<Appended, RelayError> {
+        self.inner.append(device_id, since_seq, make)
+    }
+}
+
+/// O1 before the fold (issue 13, item 8): a record whose `op_id` does not match its content never
+/// reaches the ledger's fold. The forged twin of the phone's `committed` would otherwise have
+/// hidden the commit (the oracle) and raised the fencing epoch; instead the phone's device is
+/// damage, and nothing is dispatched on it.
+#[test]
+fn o1_a_record_whose_id_does_not_match_its_content_never_reaches_the_fold() {
+    let inner = InMemoryRelay::new();
+    let clock = ManualClock::new(START_MS);
+    let mut phone = Ledger::open("phone", clock.wall_clock(), Arc::new(inner.clone())).unwrap();
+    phone
+        .record(&Intent::new("run-1", "milo", 1, IntentStatus::Committed))
+        .unwrap();
+    let forging = Arc::new(Forging {
+        inner,
+        device: "phone",
+    });
+    let laptop = Ledger::open("laptop", clock.wall_clock(), forging).unwrap();
+    assert_eq!(
+        laptop.state().intent("milo", "run-1"),
+        None,
+        "O1: the twin is not folded"
+    );
+    assert_eq!(laptop.state().fencing_epoch("milo"), 0, "O1: nor its epoch");
+    let damage = laptop.damage();
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert_eq!(damage[0].device_id.as_deref(), Some("phone"));
+    assert!(
+        damage[0].detail.contains("does not match"),
+        "{}",
+        damage[0].detail
+    );
+}
+
+/// Rule L8 at the fence, and the epoch domain at the ledger (issue 13, item 9): an empty run id is
+/// never a `Proceed` (the fold would ignore its records as malformed), and an intent at an epoch
+/// no coordinator mints is refused before it is written.
+#[test]
+fn l8_the_fence_refuses_an_empty_run_id_and_the_ledger_an_epoch_out_of_range() {
+    let world = World::new();
+    let mut laptop = world.ledger("laptop");
+    let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    let decision = fencepost::fence::check_dispatch(
+        &*world.coordinator,
+        laptop.state(),
+        "milo",
+        "",
+        "laptop",
+        keeper.epoch(),
+    );
+    assert!(
+        matches!(decision, Err(fencepost::lease::LeaseError::InvalidId(_))),
+        "L8: {decision:?}"
+    );
+    for epoch in [0, fencepost::lease::MAX_EPOCH + 1, u64::MAX] {
+        match laptop.record(&Intent::new("run-1", "milo", epoch, IntentStatus::Pending)) {
+            Err(DispatchError::InvalidEpoch { epoch: refused }) => assert_eq!(refused, epoch),
+            other => panic!("epoch {epoch}: {other:?}"),
+        }
+    }
+    assert_eq!(laptop.unsent(), 0, "nothing queued");
+    assert!(laptop.state().agent("milo").is_none(), "nothing written");
+    keeper.shutdown().unwrap();
 }

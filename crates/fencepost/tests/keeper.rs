@@ -18,6 +18,8 @@ struct Flaky {
     renewals: AtomicUsize,
     /// While locked by the test, renewals wait.
     gate: Mutex<()>,
+    /// While locked by the test, releases wait.
+    release_gate: Mutex<()>,
 }
 
 impl Flaky {
@@ -27,6 +29,7 @@ impl Flaky {
             fail_renewals: AtomicBool::new(false),
             renewals: AtomicUsize::new(0),
             gate: Mutex::new(()),
+            release_gate: Mutex::new(()),
         })
     }
 
@@ -55,6 +58,7 @@ impl LeaseCoordinator for Flaky {
         outcome
     }
     fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        drop(self.release_gate.lock().unwrap());
         self.inner.release(agent_id, device_id, epoch)
     }
     fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
@@ -242,7 +246,7 @@ fn keeper_holds_by_its_own_clock_even_while_a_renewal_hangs() {
         matches!(loss.reason, LossReason::DeadlinePassed { last_error: None }),
         "{loss:?}"
     );
-    assert_eq!(losses.load(Ordering::SeqCst), 1);
+    eventually("on_lost ran once", || losses.load(Ordering::SeqCst) == 1);
 }
 
 /// A steal: the coordinator's clock steps past the TTL (its keeper cannot see that) and the phone
@@ -406,4 +410,238 @@ fn l5_keeper_raises_the_epoch_floor_from_the_ledger_before_acquiring() {
         .acquire()
         .unwrap();
     assert_eq!(keeper.epoch(), 42);
+}
+
+/// Issue 13, item 5: a renewal that hangs in the coordinator does not hide the loss. It is
+/// delivered at the deadline (to `wait_lost` and `on_lost`) while the renewal is still hanging,
+/// and `shutdown` returns at once. Before, `wait_lost` returned `None`, `on_lost` never fired and
+/// `shutdown` hung until the renewal returned.
+#[test]
+fn keeper_a_hung_renewal_is_lost_at_the_deadline_and_shutdown_is_bounded() {
+    let clock = ManualClock::new(START_MS);
+    let coordinator = Flaky::new(&clock);
+    let losses = Arc::new(AtomicUsize::new(0));
+    let keeper = keeper(Arc::clone(&coordinator), &clock, &losses);
+    let gate = coordinator.gate.lock().unwrap(); // held to the end: the renewal never answers
+    clock.advance(300); // the renewal is sent and hangs
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        keeper.wait_lost(Duration::from_millis(50)),
+        None,
+        "not before the deadline"
+    );
+    clock.advance(400); // the deadline
+    let loss = keeper
+        .wait_lost(Duration::from_secs(10))
+        .expect("lost at the deadline, the renewal still hanging");
+    assert!(
+        matches!(loss.reason, LossReason::DeadlinePassed { .. }),
+        "{loss:?}"
+    );
+    eventually("on_lost ran", || losses.load(Ordering::SeqCst) == 1);
+    let started = Instant::now();
+    assert!(matches!(keeper.shutdown().unwrap(), Shutdown::Lost(_)));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "shutdown did not wait for the renewal"
+    );
+    drop(gate);
+}
+
+/// Issue 13, item 5: a release that hangs is waited for until the renew deadline, then reported:
+/// the lease ends by its TTL.
+#[test]
+fn keeper_a_hung_release_ends_the_shutdown_at_the_deadline_with_an_error() {
+    let clock = ManualClock::new(START_MS);
+    let coordinator = Flaky::new(&clock);
+    let losses = Arc::new(AtomicUsize::new(0));
+    let keeper = keeper(Arc::clone(&coordinator), &clock, &losses);
+    let gate = coordinator.release_gate.lock().unwrap();
+    std::thread::scope(|scope| {
+        let shutting_down = scope.spawn(|| keeper.shutdown());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!shutting_down.is_finished(), "the release is awaited");
+        clock.advance(700); // the renew deadline of the last renewal (at acquire)
+        match shutting_down.join().unwrap() {
+            Err(KeeperError::ReleaseUnanswered { epoch: 1, waited_ms }) => assert!(waited_ms >= 700),
+            other => panic!("{other:?}"),
+        }
+    });
+    assert!(!keeper.holds());
+    assert_eq!(
+        losses.load(Ordering::SeqCst),
+        0,
+        "a release that times out is no loss"
+    );
+    drop(gate);
+}
+
+/// Issue 13, item 4: `shutdown` during a long guarded effect keeps the lease renewed until the
+/// guard drops; meanwhile no other site acquires it, however long the effect runs. Before, the
+/// renewals stopped at `shutdown`, and another site acquired epoch 2 while the guard was held.
+#[test]
+fn keeper_shutdown_keeps_renewing_until_the_last_guard_drops() {
+    let clock = ManualClock::new(START_MS);
+    let coordinator = Flaky::new(&clock); // one clock for keeper and coordinator
+    let losses = Arc::new(AtomicUsize::new(0));
+    let keeper = keeper(Arc::clone(&coordinator), &clock, &losses);
+    let guard = keeper.guard().expect("held");
+    std::thread::scope(|scope| {
+        let shutting_down = scope.spawn(|| keeper.shutdown());
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(keeper.guard().is_none(), "no new work once shutdown began");
+        for step in 0..20 {
+            // 20 × 100 ms: twice the TTL.
+            let renewals = coordinator.renewals();
+            clock.advance(100);
+            if step % 3 == 2 {
+                eventually("a renewal", || coordinator.renewals() > renewals);
+            }
+            assert!(
+                matches!(
+                    coordinator.acquire("milo", "phone", 1_000),
+                    Err(LeaseError::Held { .. })
+                ),
+                "step {step}: the lease stays with the guarded work"
+            );
+            assert!(guard.holds(), "step {step}");
+        }
+        assert!(!shutting_down.is_finished(), "shutdown waits for the guard");
+        drop(guard);
+        assert_eq!(
+            shutting_down.join().unwrap().unwrap(),
+            Shutdown::Released { epoch: 1 }
+        );
+    });
+    assert_eq!(coordinator.acquire("milo", "phone", 1_000).unwrap().epoch, 2);
+    assert_eq!(losses.load(Ordering::SeqCst), 0);
+}
+
+/// Issue 13, item 6: an `on_lost` that panics does not keep the loss from anyone: `wait_lost`
+/// returns it at once (before, it waited for its whole timeout), and the panic is contained.
+#[test]
+fn keeper_a_panicking_on_lost_is_contained_and_waiters_still_learn_the_loss() {
+    let (keeper_clock, coordinator_clock) = (ManualClock::new(START_MS), ManualClock::new(START_MS));
+    let coordinator = Flaky::new(&coordinator_clock);
+    let keeper = LeaseKeeper::builder(coordinator.clone(), "milo", "laptop")
+        .config(config())
+        .clock(KeeperClock::manual(&keeper_clock))
+        .on_lost(|_| panic!("a callback bug"))
+        .acquire()
+        .unwrap();
+    let stolen = steal(&coordinator, &coordinator_clock);
+    keeper_clock.advance(300);
+    let started = Instant::now();
+    let loss = keeper.wait_lost(Duration::from_secs(30)).expect("lost");
+    assert!(started.elapsed() < Duration::from_secs(5), "woken, not timed out");
+    assert_eq!(
+        loss.reason,
+        LossReason::Stolen {
+            current_epoch: stolen
+        }
+    );
+    assert!(!keeper.holds());
+    assert!(matches!(keeper.shutdown().unwrap(), Shutdown::Lost(_)));
+}
+
+/// Issue 13, item 6: an `on_lost` that blocks delays nothing but itself: waiters learn the loss,
+/// and `shutdown` returns, while it is still blocked.
+#[test]
+fn keeper_a_blocking_on_lost_delays_no_waiter_and_no_shutdown() {
+    let (keeper_clock, coordinator_clock) = (ManualClock::new(START_MS), ManualClock::new(START_MS));
+    let coordinator = Flaky::new(&coordinator_clock);
+    let blocker = Arc::new(Mutex::new(()));
+    let held = blocker.lock().unwrap();
+    let finished = Arc::new(AtomicBool::new(false));
+    let keeper = {
+        let (blocker, finished) = (Arc::clone(&blocker), Arc::clone(&finished));
+        LeaseKeeper::builder(coordinator.clone(), "milo", "laptop")
+            .config(config())
+            .clock(KeeperClock::manual(&keeper_clock))
+            .on_lost(move |_| {
+                drop(blocker.lock().unwrap());
+                finished.store(true, Ordering::SeqCst);
+            })
+            .acquire()
+            .unwrap()
+    };
+    steal(&coordinator, &coordinator_clock);
+    keeper_clock.advance(300);
+    assert!(keeper.wait_lost(Duration::from_secs(10)).is_some());
+    let started = Instant::now();
+    assert!(matches!(keeper.shutdown().unwrap(), Shutdown::Lost(_)));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(!finished.load(Ordering::SeqCst), "the callback is still blocked");
+    drop(held);
+    eventually("the callback ends", || finished.load(Ordering::SeqCst));
+}
+
+/// Issue 13, item 6: `shutdown` from inside `on_lost` (on the keeper's own thread) returns the
+/// loss instead of joining itself; from a thread that holds a guard (inside an effect) it is an
+/// error instead of waiting for itself.
+#[test]
+fn keeper_shutdown_from_on_lost_or_under_a_guard_never_deadlocks() {
+    let (keeper_clock, coordinator_clock) = (ManualClock::new(START_MS), ManualClock::new(START_MS));
+    let coordinator = Flaky::new(&coordinator_clock);
+    let slot: Arc<std::sync::OnceLock<Arc<LeaseKeeper>>> = Arc::new(std::sync::OnceLock::new());
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let keeper = {
+        let slot = Arc::clone(&slot);
+        Arc::new(
+            LeaseKeeper::builder(coordinator.clone(), "milo", "laptop")
+                .config(config())
+                .clock(KeeperClock::manual(&keeper_clock))
+                .on_lost(move |_| {
+                    let keeper = slot.get().expect("set before the loss");
+                    sender
+                        .send(keeper.shutdown().map_err(|error| error.to_string()))
+                        .unwrap();
+                })
+                .acquire()
+                .unwrap(),
+        )
+    };
+    slot.set(Arc::clone(&keeper)).unwrap();
+
+    let guard = keeper.guard().expect("held");
+    assert!(
+        matches!(keeper.shutdown(), Err(KeeperError::ShutdownWhileGuarding)),
+        "inside guarded work"
+    );
+    assert!(guard.holds(), "the refused shutdown changed nothing");
+    drop(guard);
+
+    steal(&coordinator, &coordinator_clock);
+    keeper_clock.advance(300);
+    match receiver.recv_timeout(Duration::from_secs(10)) {
+        Ok(Ok(Shutdown::Lost(_))) => {}
+        other => panic!("shutdown inside on_lost: {other:?}"),
+    }
+}
+
+/// L5 at the top of the epoch domain (issue 13, item 3): a ledger that has seen the last epoch
+/// there is leaves nothing to grant. Before, the keeper clamped the floor to one below, and the
+/// coordinator granted that last epoch a second time.
+#[test]
+fn l5_keeper_never_regrants_the_last_epoch_a_ledger_has_seen() {
+    use fencepost::lease::{MAX_EPOCH, MAX_EPOCH_FLOOR};
+    let clock = ManualClock::new(START_MS);
+    let coordinator = Flaky::new(&clock);
+    let builder = |ledger_epoch| {
+        LeaseKeeper::builder(coordinator.clone(), "milo", "laptop")
+            .config(config())
+            .clock(KeeperClock::manual(&clock))
+            .ledger_epoch(ledger_epoch)
+    };
+    for seen in [MAX_EPOCH, u64::MAX] {
+        match builder(seen).acquire() {
+            Err(KeeperError::Lease(LeaseError::EpochsExhausted { last_epoch, .. })) => {
+                assert_eq!(last_epoch, seen)
+            }
+            other => panic!("ledger epoch {seen}: {other:?}"),
+        }
+    }
+    assert_eq!(coordinator.current("milo").unwrap(), None, "nothing granted");
+    let last = builder(MAX_EPOCH_FLOOR).acquire().unwrap();
+    assert_eq!(last.epoch(), MAX_EPOCH);
 }

@@ -430,3 +430,110 @@ fn r1_fs_an_over_long_op_is_refused_with_a_clear_error() {
     assert!(error.to_string().contains("make the payload smaller"));
     assert!(relay.pull(&Frontier::new()).unwrap().ops.is_empty());
 }
+
+/// A payload nested `depth` deep (arrays and objects), whose canonical JSON is `bytes` long.
+fn payload_of(depth: usize, bytes: usize) -> serde_json::Value {
+    use fencepost::oplog::Payload;
+    let mut value = json!({"text": ""});
+    for level in 1..depth {
+        value = if level % 2 == 0 {
+            json!({ "n": value })
+        } else {
+            json!([value])
+        };
+    }
+    let mut canonical = Vec::new();
+    Payload::new(value.clone()).write_canonical_json(&mut canonical);
+    let filler = bytes.checked_sub(canonical.len()).expect("room for the filler");
+    fn fill(value: &mut serde_json::Value, filler: usize) {
+        match value {
+            serde_json::Value::Array(items) => fill(&mut items[0], filler),
+            serde_json::Value::Object(map) if map.contains_key("text") => {
+                map.insert("text".into(), json!("x".repeat(filler)));
+            }
+            serde_json::Value::Object(map) => fill(map.get_mut("n").unwrap(), filler),
+            _ => unreachable!(),
+        }
+    }
+    fill(&mut value, filler);
+    value
+}
+
+/// R1 and O1 (issue 13, item 7): whatever a log accepts, every reader reads back. The largest
+/// record accepted (a payload at the depth limit and the size limit, the longest surface kind)
+/// round-trips through a fresh `FsRelay`; one level deeper or one byte longer is refused when the
+/// record is made, and by a relay it is pushed to, so no relay ever stores a record no reader
+/// can parse. Before the limits, a payload nested ~127 deep was stored and then reported as
+/// damage by every fresh reader.
+#[test]
+fn r1_the_largest_accepted_record_reads_back_through_a_fresh_relay() {
+    use fencepost::oplog::{MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, MAX_SURFACE_KIND_BYTES};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(10_000);
+    let mut log = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
+    let kind = "k".repeat(MAX_SURFACE_KIND_BYTES);
+    let largest = log
+        .try_append(
+            Surface::log(kind.as_str()),
+            payload_of(MAX_PAYLOAD_DEPTH, MAX_PAYLOAD_BYTES),
+        )
+        .expect("the largest record is accepted");
+    let after = log.try_append(Surface::log("note"), json!({"n": 1})).unwrap();
+    FsRelay::open(dir.path())
+        .unwrap()
+        .push(&[largest.clone(), after.clone()])
+        .unwrap();
+    let batch = FsRelay::open(dir.path()).unwrap().pull(&Frontier::new()).unwrap();
+    assert!(batch.problems.is_empty(), "{:?}", batch.problems);
+    assert_eq!(batch.ops, vec![largest, after], "R1: read back as written");
+
+    for (what, surface, payload) in [
+        (
+            "one level deeper",
+            Surface::log("note"),
+            payload_of(MAX_PAYLOAD_DEPTH + 1, 1_000),
+        ),
+        (
+            "one byte longer",
+            Surface::log("note"),
+            payload_of(2, MAX_PAYLOAD_BYTES + 1),
+        ),
+        ("a longer kind", Surface::log(kind.clone() + "k"), json!({"n": 2})),
+        ("far deeper", Surface::log("note"), payload_of(1_000, 20_000)),
+    ] {
+        let next_seq = log.head().next_seq();
+        match log.try_append(surface.clone(), payload.clone()) {
+            Err(LogError::OverLimit { .. }) => {}
+            other => panic!("O1: {what} must be refused when made, got {other:?}"),
+        }
+        assert_eq!(log.head().next_seq(), next_seq, "{what}: nothing appended");
+        // Made by hand (fields are public) and pushed: every relay refuses it too.
+        let mut forged = DeviceLog::new("phone", clock.wall_clock())
+            .unwrap()
+            .try_append(Surface::log("note"), json!({}))
+            .unwrap();
+        forged.surface = surface;
+        forged.payload = payload.into();
+        forged.op_id = forged.content_id();
+        for_each_relay(|relay| {
+            assert!(
+                matches!(
+                    relay.push(std::slice::from_ref(&forged)),
+                    Err(RelayError::Log(LogError::OverLimit { .. }))
+                ),
+                "R1: a relay refuses {what}"
+            );
+        });
+    }
+}
+
+/// R1 (issue 13, item 9): a frontier that observes a record claiming the last seq there is does
+/// not overflow (it panicked).
+#[test]
+fn r1_a_frontier_observes_the_largest_seq_without_overflow() {
+    let mut op = ops_of("laptop", 1).remove(0);
+    op.seq = u64::MAX;
+    let mut frontier = Frontier::new();
+    frontier.observe(&op);
+    assert_eq!(frontier.next_seq("laptop"), u64::MAX);
+}

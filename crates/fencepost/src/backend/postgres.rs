@@ -363,10 +363,16 @@ fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
     u64::try_from(value).map_err(|_| failure(format!("corrupt row: {column} is {value}"), false, None))
 }
 
-/// Converts a validated `u64` (TTLs and floors are bounded far below `i64::MAX`; an epoch beyond it
-/// matches no row) for a `bigint` parameter.
-fn storable(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
+/// Converts a validated `u64` (TTLs and floors are bounded far below `i64::MAX`) for a `bigint`
+/// parameter; one beyond `i64::MAX` is an error, never clamped onto a real value (rule L5).
+fn storable(value: u64, what: &str) -> Result<i64, LeaseError> {
+    i64::try_from(value).map_err(|_| {
+        failure(
+            format!("{what} {value} is out of the storable range"),
+            false,
+            None,
+        )
+    })
 }
 
 /// Converts an epoch a caller claims: one beyond `i64::MAX` was never minted, so it becomes -1,
@@ -700,7 +706,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let ttl = storable(ttl_ms);
+        let ttl = storable(ttl_ms, "ttl_ms")?;
         let parameters: [Param; 3] = [&agent_id, &device_id, &ttl];
         for attempt in 0..ACQUIRE_ATTEMPTS {
             // The first attempts are one autocommit statement, and a refusal reads the holder in a
@@ -778,7 +784,8 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let parameters: [Param; 4] = [&agent_id, &device_id, &claimed(epoch), &storable(ttl_ms)];
+        let ttl = storable(ttl_ms, "ttl_ms")?;
+        let parameters: [Param; 4] = [&agent_id, &device_id, &claimed(epoch), &ttl];
         let outcome = self
             .with_session(
                 |session| match session.query_opt(&self.statements, Sql::Renew, &parameters)? {
@@ -845,8 +852,9 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_epoch_floor(floor)?;
+        let floor = storable(floor, "epoch floor")?;
         self.with_session(|session| {
-            session.query_opt(&self.statements, Sql::RaiseFloor, &[&agent_id, &storable(floor)])
+            session.query_opt(&self.statements, Sql::RaiseFloor, &[&agent_id, &floor])
         })
         .map(drop)
         .map_err(|error| self.explain("raise_epoch_floor", error, true))

@@ -164,10 +164,17 @@ fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
     u64::try_from(value).map_err(|_| failure(format!("corrupt row: {column} is {value}"), false, None))
 }
 
-/// Converts a value to store; TTLs, expiries, floors and minted epochs are bounded by the lease
-/// module's limits (`MAX_TTL_MS`, `MAX_EXPIRES_AT_MS`, `MAX_EPOCH`), so this never clamps them.
-fn storable(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
+/// Converts a value to store. TTLs, expiries, floors and minted epochs are bounded by the lease
+/// module's limits (`MAX_TTL_MS`, `MAX_EXPIRES_AT_MS`, `MAX_EPOCH`); one beyond `i64::MAX` is an
+/// error, never clamped onto a real value (rule L5).
+fn storable(value: u64, what: &str) -> Result<i64, LeaseError> {
+    i64::try_from(value).map_err(|_| {
+        failure(
+            format!("{what} {value} is out of the storable range"),
+            false,
+            None,
+        )
+    })
 }
 
 /// Converts an epoch a caller claims: one beyond `i64::MAX` was never minted, so it becomes -1,
@@ -470,15 +477,11 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         }
         let epoch = last_epoch + 1;
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
+        let (stored_epoch, stored_expiry) = (storable(epoch, "epoch")?, storable(expires_at_ms, "expiry")?);
         transaction
             .prepare_cached(GRANT)
             .and_then(|mut statement| {
-                statement.execute(params![
-                    agent_id,
-                    device_id,
-                    storable(epoch),
-                    storable(expires_at_ms)
-                ])
+                statement.execute(params![agent_id, device_id, stored_epoch, stored_expiry])
             })
             .map_err(|error| sqlite_failure("acquire", error, false))?;
         transaction
@@ -501,6 +504,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         // instant the renew takes effect (another connection may commit in between otherwise).
         let (transaction, now_ms) = self.begin_write(&mut connection, "renew")?;
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
+        let stored_expiry = storable(expires_at_ms, "expiry")?;
         // One statement: extends the expiry only for the holder at its epoch, and returns the row
         // either way, so that a Lost verdict reports the epoch of the same instant.
         let row: Option<(Option<String>, i64, i64)> = transaction
@@ -508,7 +512,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             .and_then(|mut statement| {
                 statement
                     .query_row(
-                        params![agent_id, device_id, claimed(epoch), storable(expires_at_ms)],
+                        params![agent_id, device_id, claimed(epoch), stored_expiry],
                         |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
                     )
                     .optional()
@@ -595,10 +599,11 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_epoch_floor(floor)?;
+        let stored_floor = storable(floor, "epoch floor")?;
         let connection = self.lock();
         connection
             .prepare_cached(RAISE_FLOOR)
-            .and_then(|mut statement| statement.execute(params![agent_id, storable(floor)]))
+            .and_then(|mut statement| statement.execute(params![agent_id, stored_floor]))
             .map(drop)
             .map_err(|error| sqlite_failure("raise_epoch_floor", error, true))
     }

@@ -184,7 +184,9 @@ impl Frontier {
     /// Records that `op` is had (and so are all earlier records of its device).
     pub fn observe(&mut self, op: &OpRecord) {
         let next = self.next_seq.entry(Arc::clone(&op.device_id)).or_insert(0);
-        *next = (*next).max(op.seq + 1);
+        // `u64::MAX` is no seq a log reaches (a chain would need 2^64 records); a record claiming it
+        // must not overflow the frontier.
+        *next = (*next).max(op.seq.saturating_add(1));
     }
 
     /// [`observe`](Self::observe) for each record.
