@@ -330,6 +330,13 @@ Check whether its effect happened, then rerun with --retry-in-doubt, or record i
             );
             EXIT_IN_DOUBT
         }
+        DispatchOutcome::ConcurrentAttempt { run } => {
+            err!(
+                "fencepost: {run_id} of {agent} was started at epoch {} by another process with device id {} just before this one; not running it again (see `fencepost ledger runs`)",
+                run.epoch, run.device_id
+            );
+            EXIT_IN_DOUBT
+        }
         DispatchOutcome::StaleEpoch {
             current_epoch,
             current_holder,

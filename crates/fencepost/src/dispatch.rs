@@ -10,7 +10,10 @@
 //! 3. refuses to write below the agent's known fencing epoch (an error: such a `pending` would be
 //!    fenced on arrival, and the effect would run unrecorded);
 //! 4. appends `pending` at the held epoch and pushes it to the relay **before** the effect, so that
-//!    every other site can see the attempt even if this one dies mid-effect;
+//!    every other site can see the attempt even if this one dies mid-effect; if another writer of
+//!    this device (a thread or process sharing the device id) appended a `pending` of the same run
+//!    since this ledger last looked, the first one in the log runs and this call returns
+//!    `ConcurrentAttempt`;
 //! 5. asks [`check_dispatch`] (oracle, then coordinator); anything but `Proceed` records `failed`
 //!    and returns the verdict, without running the effect;
 //! 6. runs the effect with a [`FencingToken`] `{agent_id, run_id, epoch}` to pass to any resource
@@ -172,6 +175,14 @@ pub enum DispatchOutcome<T, E> {
         /// The attempt in doubt.
         run: InDoubtRun,
     },
+    /// Another writer of this device (another thread or process with the same device id, under
+    /// the same lease) started the same run just before this call: its `pending` precedes this
+    /// call's in the device's log. Nothing ran; this call's `pending` stays, and the other
+    /// attempt's outcome settles both (they share the epoch).
+    ConcurrentAttempt {
+        /// The other attempt.
+        run: InDoubtRun,
+    },
 }
 
 impl<T, E> DispatchOutcome<T, E> {
@@ -264,6 +275,9 @@ pub struct Ledger {
     /// Per device, the head of the records folded: every record is checked against it (its
     /// `op_id`, seq, chain and limits) before it reaches the fold.
     heads: BTreeMap<String, LogHead>,
+    /// Intent records of this device that other writers appended since this ledger's previous
+    /// append, as found by the last append (see [`DispatchOutcome::ConcurrentAttempt`]).
+    others_appended: Vec<OpRecord>,
     /// Per device, the record the relay handed over that did not verify (a forged or damaged
     /// one): damage until the relay hands over a valid record in its place.
     rejected: BTreeMap<String, RelayProblem>,
@@ -330,6 +344,7 @@ impl Ledger {
             seen,
             heads: BTreeMap::new(),
             rejected: BTreeMap::new(),
+            others_appended: Vec::new(),
         };
         ledger.take_pull(batch)?;
         Ok(ledger)
@@ -459,6 +474,12 @@ impl Ledger {
             self.log = next;
         }
         self.unsent.clear();
+        self.others_appended = appended
+            .tail
+            .iter()
+            .filter(|op| op.surface == Surface::Intent)
+            .cloned()
+            .collect();
         self.absorb(&appended.tail);
         self.absorb(&appended.appended);
         self.recompute_problems();
@@ -668,6 +689,35 @@ impl Ledger {
             .filter_map(|(_, attempts)| attempts.unsettled.range(..held_epoch).next_back())
             .map(|(_, run)| run.clone())
             .collect()
+    }
+
+    /// A `pending` of `run_id` that another writer of this device appended just before this
+    /// ledger's last append (found in that append's catch-up), if any.
+    /// A `committed` of the run among them is left to the fence (`AlreadyCommitted`).
+    fn concurrent_attempt(&self, agent_id: &str, run_id: &str) -> Option<InDoubtRun> {
+        let of_run = |op: &OpRecord| {
+            op.payload
+                .intent()
+                .filter(|intent| intent.agent_id == agent_id && intent.run_id == run_id)
+        };
+        if self
+            .others_appended
+            .iter()
+            .filter_map(of_run)
+            .any(|intent| intent.status == IntentStatus::Committed)
+        {
+            return None;
+        }
+        self.others_appended.iter().rev().find_map(|op| {
+            let intent = op.payload.intent()?;
+            (intent.agent_id == agent_id && intent.run_id == run_id && intent.status == IntentStatus::Pending)
+                .then(|| InDoubtRun {
+                    run_id: intent.run_id,
+                    epoch: intent.epoch,
+                    device_id: op.device_id.to_string(),
+                    op_id: op.op_id,
+                })
+        })
     }
 
     /// Whether `run_id` of `agent_id` is in doubt for a holder at `held_epoch`: like
@@ -965,6 +1015,20 @@ pub fn dispatch_effect<T, E>(
     }
     let intent = |status| Intent::new(run_id, agent_id, epoch, status);
     ledger.record(&intent(IntentStatus::Pending))?;
+    // Another writer of this device (a thread or process sharing the device id and the lease)
+    // may have started the same run since this ledger last looked: its `pending` then arrived in
+    // this append's catch-up, before ours. The first `pending` in the log runs; this one does
+    // not, and records nothing more (a `failed` at this epoch would settle the other attempt).
+    if let Some(run) = ledger.concurrent_attempt(agent_id, run_id) {
+        tracing::warn!(
+            agent_id,
+            run_id,
+            epoch,
+            other_op_id = %run.op_id,
+            "another writer of this device started the run first; not running it"
+        );
+        return Ok(DispatchOutcome::ConcurrentAttempt { run });
+    }
     let refuse = |ledger: &mut Ledger| -> Result<(), DispatchError> {
         if let Err(error) = ledger.record(&intent(IntentStatus::Failed)) {
             tracing::warn!(%error, run_id, "could not store a failed intent; it stays queued");

@@ -635,3 +635,62 @@ fn l8_the_fence_refuses_an_empty_run_id_and_the_ledger_an_epoch_out_of_range() {
     assert!(laptop.state().agent("milo").is_none(), "nothing written");
     keeper.shutdown().unwrap();
 }
+
+/// R1 and D1 (issue 13, item 1): two worker threads share one keeper, each with its own `Ledger`
+/// of the same device, and dispatch the same run at the same instant, 200 times. Every trial runs
+/// the effect once, and the ledger shows every attempt (no two executions recorded as one).
+/// Before issue 12's serialized appends the effect ran twice in 196 of 200 trials with one
+/// `pending` and one `committed` in the relay; with them but without the concurrent-attempt check
+/// it still ran twice (visibly) in some trials.
+#[test]
+fn r1_two_ledgers_of_one_device_sharing_a_keeper_run_a_run_once() {
+    let mut twice = 0;
+    for trial in 0..200 {
+        let world = World::new();
+        let clock = fencepost::clock::system_clock();
+        let open = || Ledger::open("laptop", clock.clone(), world.relay.clone()).unwrap();
+        let (mut first, mut second) = (open(), open());
+        let keeper = world.keeper("laptop", &ManualClock::new(0), &first);
+        let effects = AtomicUsize::new(0);
+        let barrier = std::sync::Barrier::new(2);
+        let outcomes: Vec<DispatchOutcome<u64, String>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = [&mut first, &mut second]
+                .into_iter()
+                .map(|ledger| {
+                    let (keeper, effects, barrier) = (&keeper, &effects, &barrier);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        dispatch(keeper, ledger, "run-a", counting(effects)).unwrap()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|worker| worker.join().unwrap()).collect()
+        });
+        let ran = effects.load(Ordering::SeqCst);
+        if ran != 1 {
+            twice += 1;
+        }
+        let executed = outcomes.iter().filter(|outcome| outcome.executed()).count();
+        assert_eq!(executed, ran, "trial {trial}: {outcomes:?}");
+        let stored = world.relay.pull(&Frontier::new()).unwrap().ops;
+        fencepost::oplog::verify_log(&stored).unwrap();
+        let statuses: Vec<IntentStatus> = stored
+            .iter()
+            .filter_map(|op| op.payload.intent())
+            .map(|intent| intent.status)
+            .collect();
+        let count = |status| statuses.iter().filter(|found| **found == status).count();
+        assert_eq!(
+            count(IntentStatus::Committed),
+            ran,
+            "trial {trial}: every execution is recorded: {statuses:?}"
+        );
+        assert_eq!(
+            count(IntentStatus::Pending),
+            2,
+            "trial {trial}: both attempts show"
+        );
+        keeper.shutdown().unwrap();
+    }
+    assert_eq!(twice, 0, "D1: the effect ran twice in {twice} of 200 trials");
+}
