@@ -101,7 +101,8 @@ coordinator spec every process would have privately)\n  \
 4   not run: another host holds the agent's lease (see --wait); also when --wait ran out after \
 a refusal and the last attempt then failed\n  \
 5   not run: in doubt, an earlier attempt started and never recorded an outcome (its host \
-may have died mid-command); check whether the effect happened, then rerun with --retry-in-doubt, \
+may have died mid-command), or another process with the same device id started it just before; \
+check whether the effect happened, then rerun with --retry-in-doubt, \
 or record it with `fencepost ledger resolve`\n  \
 6   the lease was lost: before the command could start (not run), or while it ran (it was \
 stopped, and the run is in doubt)\n  \
