@@ -323,8 +323,8 @@ It may have done its effect, or part of it, so it is in doubt: check, then recor
         }
         DispatchOutcome::InDoubt { run } => {
             err!(
-                "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {} and never recorded an outcome. \
-Check whether its effect happened, then rerun with --retry-in-doubt, or record it with \
+                "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {} and has recorded no outcome \
+(it may still be running there, or its host died mid-command). Check whether its effect happened, then rerun with --retry-in-doubt, or record it with \
 `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed`",
                 run.device_id, run.epoch
             );
@@ -361,6 +361,26 @@ fn release_quietly(keeper: &LeaseKeeper) {
 }
 
 /// `fencepost lease …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum AdminCommand {
+    /// Create the coordinator's schema, or upgrade it to this fencepost's version. For PostgreSQL,
+    /// run it once per database as a role that may create the schema (or owns it); the roles that
+    /// run `fencepost run` then need only the grants in the README. Idempotent. For SQLite the
+    /// file's schema is created on first use; this creates it now.
+    Migrate,
+}
+
+/// `fencepost admin …`.
+pub fn admin(settings: &Settings, command: AdminCommand) -> Result<i32> {
+    match command {
+        AdminCommand::Migrate => {
+            settings.migrate_coordinator()?;
+            out!("the coordinator's schema is ready");
+            Ok(EXIT_RAN_OK)
+        }
+    }
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub enum LeaseCommand {
     /// Take the agent's lease for this device (exit 4 if another holds it).

@@ -122,6 +122,11 @@ Example, the same line in the crontab of three hosts that share a synced ledger 
         #[command(subcommand)]
         command: commands::LedgerCommand,
     },
+    /// Administration: create or upgrade the coordinator's schema.
+    Admin {
+        #[command(subcommand)]
+        command: commands::AdminCommand,
+    },
     /// Run the protocol through a deterministic chaos simulation and count what each layer prevents.
     #[command(
         long_about = "Run the protocol through a deterministic chaos simulation and count what each layer prevents.\n\n\
@@ -174,6 +179,7 @@ fn main() {
             Command::Run(args) => commands::run(&settings, args),
             Command::Lease { command } => commands::lease(&settings, command),
             Command::Ledger { command } => commands::ledger(&settings, command),
+            Command::Admin { command } => commands::admin(&settings, command),
             Command::Simulate(_) => unreachable!("handled above"),
         })
     };

@@ -140,9 +140,15 @@ impl Settings {
         )))
     }
 
-    /// Connects to the coordinator.
+    /// Connects to the coordinator; for PostgreSQL, checks that the schema exists at the version
+    /// this fencepost needs (one read; creating it is `fencepost admin migrate`).
     pub fn coordinator(&self) -> Result<Arc<Backend>> {
-        Backend::open(&self.coordinator).map(Arc::new)
+        Backend::open(&self.coordinator, Schema::Check).map(Arc::new)
+    }
+
+    /// Connects to the coordinator and creates or upgrades its schema (`fencepost admin migrate`).
+    pub fn migrate_coordinator(&self) -> Result<Arc<Backend>> {
+        Backend::open(&self.coordinator, Schema::Migrate).map(Arc::new)
     }
 }
 
@@ -232,8 +238,17 @@ pub enum Backend {
     Postgres(Box<fencepost::backend::postgres::PostgresLeaseCoordinator>),
 }
 
+/// What opening a coordinator does about its schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schema {
+    /// Check it (PostgreSQL: one read; SQLite creates its own file's schema).
+    Check,
+    /// Create or upgrade it.
+    Migrate,
+}
+
 impl Backend {
-    fn open(spec: &str) -> Result<Self> {
+    fn open(spec: &str, schema: Schema) -> Result<Self> {
         if let Some(path) = spec.strip_prefix("sqlite:") {
             // SQLite opens a private, throw-away database for these: every process would have a
             // coordinator of its own, and every host would run the command.
@@ -279,9 +294,12 @@ impl Backend {
                 use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
                 let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig::new(spec))
                     .context("cannot connect to the PostgreSQL coordinator (check the URL, the password, and that the server runs)")?;
-                coordinator
-                    .migrate()
-                    .context("cannot create the fencepost schema (the role needs CREATE on the database, or run it once as its owner)")?;
+                match schema {
+                    Schema::Check => coordinator.check_schema()?,
+                    Schema::Migrate => coordinator
+                        .migrate()
+                        .context("cannot create or upgrade the fencepost schema (run this as a role that may create it in the database, or as the schema's owner)")?,
+                }
                 return Ok(Backend::Postgres(Box::new(coordinator)));
             }
             #[cfg(not(feature = "postgres"))]

@@ -141,7 +141,9 @@ pub enum DispatchOutcome<T, E> {
         /// The effect's result.
         result: Result<T, E>,
     },
-    /// The run already committed (on any site, at any epoch): nothing ran, nothing was written.
+    /// The run already committed (on any site, at any epoch): nothing ran. Nothing was written
+    /// when the ledger knew it before the attempt; when the commit arrived with this attempt's
+    /// `pending` (another writer's records), a `failed` of this attempt was recorded too.
     AlreadyCommitted {
         /// The commit record.
         committed_op_id: OpId,
@@ -168,8 +170,9 @@ pub enum DispatchOutcome<T, E> {
         /// What interrupted it.
         error: E,
     },
-    /// The run is in doubt (rule D2): an earlier attempt started and never recorded an outcome.
-    /// Nothing ran, nothing was written; decide (see the [module docs](self)), then record the
+    /// The run is in doubt (rule D2): an earlier attempt started and has recorded no outcome: it
+    /// may still be running (another thread or process of this device, under this lease), or its
+    /// site died mid-effect. Nothing ran, nothing was written; decide (see the [module docs](self)), then record the
     /// outcome with [`Ledger::record`] or retry with [`DispatchOptions::retry_in_doubt`].
     InDoubt {
         /// The attempt in doubt.
@@ -643,6 +646,11 @@ impl Ledger {
                     });
                 }
             }
+            // Only intent records are attempts: a record of another surface with the same fields
+            // (an audit mirror, say) settles nothing, exactly as the fold ignores it.
+            if op.surface != Surface::Intent {
+                continue;
+            }
             let Some(intent) = op.payload.intent() else {
                 continue;
             };
@@ -1071,6 +1079,19 @@ pub fn dispatch_effect<T, E>(
         refuse(ledger)?;
         return Ok(outcome);
     }
+    // The fence may have waited on the coordinator past the keeper's renew deadline: the lease
+    // can then be gone although the coordinator had not given it away yet. Never act after the
+    // keeper reported the loss.
+    if !guard.holds() {
+        tracing::warn!(
+            agent_id,
+            run_id,
+            epoch,
+            "the lease was lost while the fence was checked"
+        );
+        refuse(ledger)?;
+        return Ok(DispatchOutcome::NotHeld { claimed_epoch: epoch });
+    }
     let token = FencingToken {
         agent_id: agent_id.to_owned(),
         run_id: run_id.to_owned(),
@@ -1120,6 +1141,17 @@ pub enum ResourceRefusal {
         epoch: u64,
         /// The highest epoch the resource has seen for the agent.
         highest_epoch: u64,
+    },
+    /// The token's epoch is outside `1..=`[`MAX_EPOCH`](crate::lease::MAX_EPOCH): no coordinator
+    /// minted it, and accepting it would make every real epoch look stale.
+    #[error(
+        "fencing token epoch {epoch} of {agent_id:?} is outside the epoch range: no coordinator minted it"
+    )]
+    EpochOutOfRange {
+        /// The agent.
+        agent_id: String,
+        /// The token's epoch.
+        epoch: u64,
     },
     /// The run was applied before (under `applied_epoch`): the run id is the idempotency key, so a
     /// second execution of a run, whoever sends it, changes nothing.
@@ -1203,6 +1235,12 @@ impl<T: Clone> FencedResource<T> {
     /// # Errors
     /// [`ResourceRefusal`]: nothing applied, nothing remembered.
     pub fn apply(&self, token: &FencingToken, effect: T) -> Result<(), ResourceRefusal> {
+        if !(1..=crate::lease::MAX_EPOCH).contains(&token.epoch) {
+            return Err(ResourceRefusal::EpochOutOfRange {
+                agent_id: token.agent_id.clone(),
+                epoch: token.epoch,
+            });
+        }
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let highest = inner.highest_epoch.get(&token.agent_id).copied().unwrap_or(0);
         if token.epoch < highest {

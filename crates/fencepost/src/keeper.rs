@@ -258,6 +258,21 @@ impl Phase {
     }
 }
 
+/// Runs the `on_lost` callback, containing a panic (reported, never propagated: not even one
+/// raised while dropping the panic's payload, which is leaked instead).
+fn call_on_lost(callback: OnLost, loss: &Loss) {
+    let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(loss)));
+    if let Err(panic) = called {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned());
+        std::mem::forget(panic);
+        tracing::error!(agent_id = %loss.agent_id, epoch = loss.epoch, panic = %message, "the on_lost callback panicked; the loss was delivered to every waiter");
+    }
+}
+
 /// The answer to a renewal, posted by the thread that sent it.
 #[derive(Debug)]
 struct Answer {
@@ -334,19 +349,34 @@ impl Shared {
             reason,
         };
         state.phase = Phase::Lost(loss.clone());
+        let on_keeper_thread = state.keeper_thread == Some(std::thread::current().id());
         drop(state);
         self.changed.notify_all();
         tracing::warn!(agent_id = %loss.agent_id, epoch = loss.epoch, reason = ?loss.reason, "lease lost");
         let callback = self.on_lost.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(callback) = callback {
-            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| callback(&loss)));
-            if let Err(panic) = called {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|text| (*text).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".to_owned());
-                tracing::error!(agent_id = %loss.agent_id, epoch = loss.epoch, panic = %message, "the on_lost callback panicked; the loss was delivered to every waiter");
+        let Some(callback) = callback else {
+            return;
+        };
+        if on_keeper_thread {
+            call_on_lost(callback, &loss);
+            return;
+        }
+        // Found by a caller (a shutdown whose release found the lease lost): the callback runs on
+        // a thread of its own, so that one that blocks delays no caller.
+        let slot = Arc::new(Mutex::new(Some(callback)));
+        let spawned = {
+            let (slot, loss) = (Arc::clone(&slot), loss.clone());
+            std::thread::Builder::new()
+                .name(format!("fencepost-on-lost-{}", loss.agent_id))
+                .spawn(move || {
+                    if let Some(callback) = slot.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                        call_on_lost(callback, &loss);
+                    }
+                })
+        };
+        if spawned.is_err() {
+            if let Some(callback) = slot.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                call_on_lost(callback, &loss);
             }
         }
     }
@@ -486,8 +516,9 @@ impl KeeperBuilder {
         self
     }
 
-    /// Called once, on the thread that detects it, when the lease is lost. Not called for a
-    /// release by [`LeaseKeeper::shutdown`].
+    /// Called once when the lease is lost: on the keeper's thread, or on a thread of its own
+    /// when a [`LeaseKeeper::shutdown`]'s release finds the lease lost. Not called for a release
+    /// by a shutdown. A panic is contained; a callback that blocks delays no other call.
     pub fn on_lost(mut self, callback: impl FnOnce(&Loss) + Send + 'static) -> Self {
         self.on_lost = Some(Box::new(callback));
         self
@@ -623,8 +654,8 @@ impl KeeperBuilder {
 /// The keeper's own thread keeps the time: it sends each renewal from a short-lived thread of its
 /// own and waits for the answer only until the renew deadline, so a coordinator call that hangs
 /// never hides a loss. The loss is delivered at the deadline at the latest: waiters of
-/// [`wait_lost`](Self::wait_lost) are woken first, then `on_lost` runs on the keeper's thread (or
-/// on the thread of a [`shutdown`](Self::shutdown) whose release finds the lease lost). A panic in
+/// [`wait_lost`](Self::wait_lost) are woken first, then `on_lost` runs on the keeper's thread (or,
+/// when a [`shutdown`](Self::shutdown)'s release finds the lease lost, on a thread of its own). A panic in
 /// `on_lost` is caught and logged; a callback that blocks delays nothing but itself.
 ///
 /// * `holds`, `epoch`, `loss`, `wait_lost` and `guard` may be called from anywhere, `on_lost`
@@ -667,12 +698,29 @@ impl std::fmt::Debug for LeaseKeeper {
 }
 
 /// Work in progress under a [`LeaseKeeper`]'s lease: [`LeaseKeeper::shutdown`] keeps renewing
-/// until every guard is dropped.
+/// until every guard is dropped. A guard stays on the thread that took it (it is not `Send`), so
+/// that [`LeaseKeeper::shutdown`] can refuse to wait for a guard of its own thread:
+///
+/// ```compile_fail
+/// # use std::sync::Arc;
+/// # use fencepost::clock::system_clock;
+/// # use fencepost::keeper::LeaseKeeper;
+/// # use fencepost::lease::InMemoryLeaseCoordinator;
+/// let coordinator = Arc::new(InMemoryLeaseCoordinator::new(system_clock()));
+/// let keeper = LeaseKeeper::builder(coordinator, "milo", "laptop").acquire().unwrap();
+/// let guard = keeper.guard().unwrap();
+/// std::thread::scope(|scope| {
+///     scope.spawn(move || drop(guard)); // a guard cannot move to another thread
+/// });
+/// ```
 #[derive(Debug)]
 pub struct WorkGuard<'keeper> {
     keeper: &'keeper LeaseKeeper,
     epoch: u64,
     thread: ThreadId,
+    /// Not `Send`: a guard stays on the thread that took it, so that a `shutdown` on that thread
+    /// can tell that it would wait for itself.
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl WorkGuard<'_> {
@@ -790,6 +838,7 @@ impl LeaseKeeper {
             keeper: self,
             epoch: state.epoch,
             thread,
+            _not_send: std::marker::PhantomData,
         })
     }
 

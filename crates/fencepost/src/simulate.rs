@@ -850,10 +850,16 @@ impl World<'_> {
                     self.sites[index].backlog.insert(key);
                     IntentStatus::Failed
                 }
-                Err(_) => {
+                Err(ResourceRefusal::AlreadyApplied { .. }) => {
                     // Already applied under this run id: idempotent success.
                     self.report.refused_at_resource += 1;
                     IntentStatus::Committed
+                }
+                Err(_) => {
+                    // An epoch no coordinator minted: refused, nothing applied.
+                    self.report.refused_at_resource += 1;
+                    self.sites[index].backlog.insert(key);
+                    IntentStatus::Failed
                 }
             }
         } else {

@@ -694,3 +694,144 @@ fn r1_two_ledgers_of_one_device_sharing_a_keeper_run_a_run_once() {
     }
     assert_eq!(twice, 0, "D1: the effect ran twice in {twice} of 200 trials");
 }
+
+/// D2 (found by an adversarial run): a record of another surface that carries an intent's fields
+/// (an audit mirror, say) settles no attempt: the run stays in doubt, as the fold says. It used to
+/// hide the in-doubt run, and the effect ran twice.
+#[test]
+fn d2_a_record_of_another_surface_never_settles_an_attempt() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
+    let first = world.keeper("laptop", &ManualClock::new(0), &laptop);
+    let outcome = dispatch_effect(&first, &mut laptop, "run-r", DispatchOptions::default(), |_| {
+        effects.fetch_add(1, Ordering::SeqCst);
+        EffectOutcome::<(), &str>::Unknown("the laptop died")
+    })
+    .unwrap();
+    assert!(matches!(outcome, DispatchOutcome::Interrupted { .. }));
+    drop(first);
+    let mut mirror =
+        fencepost::oplog::DeviceLog::new("auditor", world.coordinator_clock.wall_clock()).unwrap();
+    let mirrored = mirror.append(
+        fencepost::oplog::Surface::log("audit"),
+        Intent::new("run-r", "milo", 1, IntentStatus::Failed).payload(),
+    );
+    world.relay.push(&[mirrored]).unwrap();
+    world.coordinator_clock.advance(TTL_MS);
+    phone.sync().unwrap();
+    let second = world.keeper("phone", &ManualClock::new(0), &phone);
+    assert_eq!(
+        phone.in_doubt("milo", second.epoch()).len(),
+        1,
+        "D2: still in doubt"
+    );
+    let outcome = dispatch(&second, &mut phone, "run-r", counting(&effects)).unwrap();
+    assert!(matches!(outcome, DispatchOutcome::InDoubt { .. }), "{outcome:?}");
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    second.shutdown().unwrap();
+}
+
+/// A coordinator whose `current` waits while `gate` is held (a fence check that hangs).
+struct SlowFence {
+    inner: Arc<InMemoryLeaseCoordinator>,
+    gate: std::sync::Mutex<()>,
+    entered: AtomicBool,
+}
+
+impl LeaseCoordinator for SlowFence {
+    fn acquire(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<fencepost::lease::Lease, fencepost::lease::LeaseError> {
+        self.inner.acquire(agent_id, device_id, ttl_ms)
+    }
+    fn renew(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<fencepost::lease::Lease, fencepost::lease::LeaseError> {
+        self.inner.renew(agent_id, device_id, epoch, ttl_ms)
+    }
+    fn release(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+    ) -> Result<(), fencepost::lease::LeaseError> {
+        self.inner.release(agent_id, device_id, epoch)
+    }
+    fn current(
+        &self,
+        agent_id: &str,
+    ) -> Result<Option<fencepost::lease::Lease>, fencepost::lease::LeaseError> {
+        self.entered.store(true, Ordering::SeqCst);
+        drop(self.gate.lock().unwrap());
+        self.inner.current(agent_id)
+    }
+    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), fencepost::lease::LeaseError> {
+        self.inner.raise_epoch_floor(agent_id, floor)
+    }
+}
+
+/// D1 with the keeper's clock (found by an adversarial run): a fence check that answers after the
+/// keeper's renew deadline does not authorize the effect, even when the coordinator (whose lease
+/// had not yet been taken) said `Proceed`. The effect ran after the loss had been reported.
+#[test]
+fn d1_no_effect_runs_once_the_keeper_has_lost_the_lease_during_the_fence() {
+    let world = World::new();
+    let slow = Arc::new(SlowFence {
+        inner: world.coordinator.clone(),
+        gate: std::sync::Mutex::new(()),
+        entered: AtomicBool::new(false),
+    });
+    let mut laptop = world.ledger("laptop");
+    let keeper_clock = ManualClock::new(0);
+    let keeper = LeaseKeeper::builder(slow.clone(), "milo", "laptop")
+        .config(KeeperConfig::new(TTL_MS))
+        .clock(KeeperClock::manual(&keeper_clock))
+        .acquire()
+        .unwrap();
+    let effects = AtomicUsize::new(0);
+    let gate = slow.gate.lock().unwrap();
+    let outcome = std::thread::scope(|scope| {
+        let dispatching = scope.spawn(|| dispatch(&keeper, &mut laptop, "run-1", counting(&effects)));
+        while !slow.entered.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        keeper_clock.advance(TTL_MS); // past the renew deadline while the fence waits
+        assert!(keeper.wait_lost(std::time::Duration::from_secs(10)).is_some());
+        drop(gate);
+        dispatching.join().unwrap().unwrap()
+    });
+    assert!(matches!(outcome, DispatchOutcome::NotHeld { .. }), "{outcome:?}");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        0,
+        "D1: nothing ran after the loss"
+    );
+}
+
+/// D1 at the resource (found by an adversarial run): a token whose epoch no coordinator mints
+/// (0, or above the range) is refused and changes nothing; it used to make every real epoch stale.
+#[test]
+fn d1_a_fenced_resource_refuses_an_epoch_out_of_range() {
+    let resource: FencedResource<&str> = FencedResource::new();
+    let token = |epoch| fencepost::dispatch::FencingToken {
+        agent_id: "milo".into(),
+        run_id: format!("run-{epoch}"),
+        epoch,
+    };
+    for epoch in [0, fencepost::lease::MAX_EPOCH + 1, u64::MAX] {
+        assert!(matches!(
+            resource.apply(&token(epoch), "x"),
+            Err(ResourceRefusal::EpochOutOfRange { .. })
+        ));
+    }
+    assert_eq!(resource.highest_epoch("milo"), 0, "nothing remembered");
+    resource.apply(&token(1), "x").unwrap();
+}

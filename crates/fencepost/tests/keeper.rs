@@ -273,7 +273,7 @@ fn keeper_detects_a_steal_on_the_next_renewal() {
         }
     );
     assert!(!keeper.holds());
-    assert_eq!(losses.load(Ordering::SeqCst), 1);
+    eventually("on_lost ran once", || losses.load(Ordering::SeqCst) == 1);
     assert!(matches!(keeper.shutdown().unwrap(), Shutdown::Lost(_)));
     assert_eq!(
         coordinator.current("milo").unwrap().unwrap().holder,
@@ -304,6 +304,7 @@ fn keeper_lost_signal_fires_once_under_concurrent_renewal_and_shutdown() {
             Shutdown::Lost(loss) => assert_eq!(loss.reason, expected),
             other => panic!("round {round}: {other:?}"),
         }
+        eventually("the loss signalled", || losses.load(Ordering::SeqCst) >= 1);
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(
             losses.load(Ordering::SeqCst),
@@ -644,4 +645,36 @@ fn l5_keeper_never_regrants_the_last_epoch_a_ledger_has_seen() {
     assert_eq!(coordinator.current("milo").unwrap(), None, "nothing granted");
     let last = builder(MAX_EPOCH_FLOOR).acquire().unwrap();
     assert_eq!(last.epoch(), MAX_EPOCH);
+}
+
+/// Issue 13, item 6 (found by an adversarial run): when a shutdown's release finds the lease
+/// lost, a blocking `on_lost` runs on a thread of its own: the shutdown returns at once (it hung).
+#[test]
+fn keeper_a_blocking_on_lost_found_by_the_release_does_not_hold_up_shutdown() {
+    let (keeper_clock, coordinator_clock) = (ManualClock::new(START_MS), ManualClock::new(START_MS));
+    let coordinator = Flaky::new(&coordinator_clock);
+    let blocker = Arc::new(Mutex::new(()));
+    let held = blocker.lock().unwrap();
+    let called = Arc::new(AtomicBool::new(false));
+    let keeper = {
+        let (blocker, called) = (Arc::clone(&blocker), Arc::clone(&called));
+        LeaseKeeper::builder(coordinator.clone(), "milo", "laptop")
+            .config(config())
+            .clock(KeeperClock::manual(&keeper_clock))
+            .on_lost(move |_| {
+                called.store(true, Ordering::SeqCst);
+                drop(blocker.lock().unwrap());
+            })
+            .acquire()
+            .unwrap()
+    };
+    steal(&coordinator, &coordinator_clock); // the keeper has not renewed since: it cannot know
+    let started = Instant::now();
+    assert!(matches!(keeper.shutdown().unwrap(), Shutdown::Lost(_)));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "shutdown returned while on_lost blocks"
+    );
+    eventually("on_lost ran", || called.load(Ordering::SeqCst));
+    drop(held);
 }

@@ -3,7 +3,9 @@
 //! These tests need a server: `scripts/test` starts a throw-away one and runs them with
 //! `--include-ignored`. A plain `cargo test` lists them as ignored, with the reason, and runs nothing
 //! against PostgreSQL. With `FENCEPOST_POSTGRES_URL` set, `cargo test --test postgres --
-//! --include-ignored` runs them against that server (they create and drop their own schemas).
+//! --include-ignored` runs them against that server (they create and drop their own schemas);
+//! with `FENCEPOST_POSTGRES_COORDINATOR_URL` set as well, the coordinators connect through that
+//! URL (a PgBouncer), and the set-up still connects to the server directly.
 
 #[macro_use]
 mod common;
@@ -26,6 +28,13 @@ fn url() -> String {
     std::env::var("FENCEPOST_POSTGRES_URL").expect(
         "FENCEPOST_POSTGRES_URL is not set: these tests need a PostgreSQL server (scripts/test starts one)",
     )
+}
+
+/// What coordinators connect through: `FENCEPOST_POSTGRES_COORDINATOR_URL` (scripts/test sets it
+/// to a PgBouncer in transaction and in session mode in further passes), else the server itself.
+/// Test set-up (schemas, clocks, ending sessions) always connects to the server directly.
+fn coordinator_url() -> String {
+    std::env::var("FENCEPOST_POSTGRES_COORDINATOR_URL").unwrap_or_else(|_| url())
 }
 
 fn admin() -> Client {
@@ -68,7 +77,7 @@ impl TestSchema {
             schema: self.name.clone(),
             // Volatile, like clock_timestamp(): each evaluation reads the clock afresh.
             clock_sql: format!("{}.test_now()", self.name),
-            ..PostgresConfig::new(url())
+            ..PostgresConfig::new(coordinator_url())
         }
     }
 
@@ -154,7 +163,57 @@ fn l7_postgres_failures_are_backend_errors_not_verdicts() {
     let coordinator = PostgresLeaseCoordinator::connect(schema.config()).unwrap();
     conformance::l7_a_backend_failure_is_an_error_not_a_verdict(&coordinator);
     let message = coordinator.current("milo").unwrap_err().to_string();
-    assert!(message.contains("run migrate() first"), "{message}");
+    assert!(message.contains("fencepost admin migrate"), "{message}");
+}
+
+/// Least privilege (issue 14, item 3): a coordinator never creates the schema itself; it says
+/// whether the schema is there, at which version, and what to run when it is not.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn schema_version_is_checked_and_migrate_is_the_explicit_step() {
+    use fencepost::backend::postgres::{SchemaState, SCHEMA_VERSION};
+    let schema = TestSchema::new();
+    let coordinator = PostgresLeaseCoordinator::connect(schema.config()).unwrap();
+    assert_eq!(coordinator.schema_version().unwrap(), SchemaState::Missing);
+    let message = coordinator.check_schema().unwrap_err().to_string();
+    assert!(message.contains("fencepost admin migrate"), "{message}");
+    coordinator.migrate().unwrap();
+    assert_eq!(
+        coordinator.schema_version().unwrap(),
+        SchemaState::Version(SCHEMA_VERSION)
+    );
+    coordinator.check_schema().unwrap();
+    // A schema from a newer fencepost is not downgraded, and is named.
+    schema
+        .admin
+        .lock()
+        .unwrap()
+        .batch_execute(&format!("UPDATE {}.schema_version SET version = 99", schema.name))
+        .unwrap();
+    let message = coordinator.check_schema().unwrap_err().to_string();
+    assert!(message.contains("newer"), "{message}");
+    assert!(coordinator.migrate().is_err(), "migrate never downgrades");
+}
+
+/// Rule L8 in SQL (issue 14, item 1): ids travel as literals, so quotes, backslashes and
+/// anything else an id may hold are escaped, never interpreted.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn l8_postgres_ids_with_quotes_and_backslashes_round_trip() {
+    let schema = TestSchema::new();
+    let coordinator = schema.coordinator();
+    for (agent, device) in [
+        ("it's", "o'reilly\\"),
+        ("back\\slash'); DROP TABLE x; --", "E'\\x41'"),
+        ("ünï €", "$1 $2 $$ $fencepost$"),
+    ] {
+        let lease = coordinator.acquire(agent, device, 1_000).unwrap();
+        assert_eq!((lease.agent_id.as_str(), lease.holder.as_str()), (agent, device));
+        assert_eq!(coordinator.current(agent).unwrap(), Some(lease.clone()));
+        coordinator.renew(agent, device, lease.epoch, 1_000).unwrap();
+        coordinator.release(agent, device, lease.epoch).unwrap();
+        assert_eq!(coordinator.current(agent).unwrap(), None);
+    }
 }
 
 #[test]
@@ -209,6 +268,18 @@ fn l8_postgres_bad_urls_passwords_schemas_and_ids_are_clear_errors() {
     };
     let message = connect_error(unreachable);
     assert!(message.contains("cannot connect"), "{message}");
+    assert!(
+        message.contains("Connection refused"),
+        "the cause is kept: {message}"
+    );
+
+    let message = connect_error(PostgresConfig::new(format!("{}?operation_timeout=soon", url())));
+    assert!(message.contains("operation_timeout"), "{message}");
+    for (suffix, ms) in [("5000", 5_000), ("250ms", 250), ("3s", 3_000)] {
+        let config = PostgresConfig::new(format!("{}?operation_timeout={suffix}", url()));
+        assert_eq!(config.operation_timeout_ms, ms);
+        assert!(!config.url.contains("operation_timeout"), "{}", config.url);
+    }
 
     let message = connect_error(PostgresConfig {
         schema: String::new(),
@@ -222,7 +293,10 @@ fn l8_postgres_bad_urls_passwords_schemas_and_ids_are_clear_errors() {
     })
     .unwrap();
     let message = missing.acquire("milo", "laptop", 1_000).unwrap_err().to_string();
-    assert!(message.contains("schema or table is missing"), "{message}");
+    assert!(
+        message.contains("schema or a table of it is missing"),
+        "{message}"
+    );
 
     // A schema name with quotes and spaces is quoted, not injected.
     let odd = TestSchema::new();
@@ -738,7 +812,7 @@ fn postgres_child_process() {
         "client" => {
             let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig {
                 schema,
-                ..PostgresConfig::new(url())
+                ..PostgresConfig::new(coordinator_url())
             })
             .unwrap();
             let (operation, device) = (args[0].as_str(), args[1].as_str());
@@ -767,7 +841,7 @@ fn postgres_child_process() {
             let config = PostgresConfig {
                 clock_sql: format!("{schema}.test_now()"),
                 schema: schema.clone(),
-                ..PostgresConfig::new(url())
+                ..PostgresConfig::new(coordinator_url())
             };
             let coordinator = PostgresLeaseCoordinator::connect(config).unwrap();
             let clock = Mutex::new(admin());

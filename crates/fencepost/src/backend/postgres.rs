@@ -45,8 +45,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use postgres::error::SqlState;
-use postgres::types::ToSql;
-use postgres::{Client, NoTls, Statement};
+use postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryRow};
 
 /// The `postgres` client crate this backend uses, for the types of
 /// [`PostgresLeaseCoordinator::fenced_transaction`]'s closure (`driver::Transaction`, parameter
@@ -60,18 +59,11 @@ use crate::lease::{
     MAX_EXPIRES_AT_MS,
 };
 
-/// A statement parameter.
-type Param<'a> = &'a (dyn ToSql + Sync);
-
 /// The database server's clock in milliseconds since the Unix epoch: the coordinator clock.
 pub const SERVER_CLOCK_SQL: &str = "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
 
 /// The longest schema name PostgreSQL keeps (longer names are truncated, silently).
 const MAX_SCHEMA_BYTES: usize = 63;
-
-/// How many times `acquire` runs its statement: once more after creating the agent's row, and once
-/// more, in a transaction, when a refusal's lease was gone by the time it was read.
-const ACQUIRE_ATTEMPTS: usize = 3;
 
 /// Settings of a [`PostgresLeaseCoordinator`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,10 +77,14 @@ pub struct PostgresConfig {
     pub connect_timeout_ms: u64,
     /// How many times one call tries to (re)connect before failing (at least 1).
     pub connect_attempts: u32,
-    /// The longest one statement may run, including a wait for the lease row's lock (held, for
+    /// The library's bound on one operation, including a wait for the lease row's lock (held, for
     /// example, by a [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction)); past it
-    /// the statement is cancelled and has not applied. 0 means no limit.
-    pub statement_timeout_ms: u64,
+    /// the operation is cancelled and has not applied. It is set per transaction (`SET LOCAL` of
+    /// `statement_timeout` and `lock_timeout`), never for the session, and never above what the
+    /// role, database or server already set: a lower `statement_timeout` or `lock_timeout` of the
+    /// operator's wins. 0 sets nothing (the operator's settings alone apply). In a URL:
+    /// `?operation_timeout=5000` (milliseconds), `500ms` or `5s`.
+    pub operation_timeout_ms: u64,
     /// The SQL expression of the coordinator clock, in milliseconds. Leave it at
     /// [`SERVER_CLOCK_SQL`]: expiry must be decided by the server's clock, never a client's. Tests
     /// replace it with a clock they can move, still read by the server; it must be volatile (read
@@ -97,18 +93,64 @@ pub struct PostgresConfig {
 }
 
 impl PostgresConfig {
-    /// The defaults for `url`: schema `fencepost`, 5 s connect timeout, 3 attempts, 10 s statement
-    /// timeout, the server clock.
+    /// The defaults for `url`: schema `fencepost`, 5 s connect timeout, 3 attempts, 10 s operation
+    /// timeout (or the URL's `operation_timeout`, which is taken out of the URL), the server clock.
+    /// A malformed `operation_timeout` stays in the URL, and [`PostgresLeaseCoordinator::connect`]
+    /// reports it.
     pub fn new(url: impl Into<String>) -> Self {
+        let url = url.into();
+        let (url, operation_timeout_ms) = match take_operation_timeout(&url) {
+            Some((rest, Some(ms))) => (rest, ms),
+            _ => (url, DEFAULT_OPERATION_TIMEOUT_MS),
+        };
         Self {
-            url: url.into(),
+            url,
             schema: "fencepost".to_owned(),
             connect_timeout_ms: 5_000,
             connect_attempts: 3,
-            statement_timeout_ms: 10_000,
+            operation_timeout_ms,
             clock_sql: SERVER_CLOCK_SQL.to_owned(),
         }
     }
+}
+
+/// The default [`PostgresConfig::operation_timeout_ms`].
+pub const DEFAULT_OPERATION_TIMEOUT_MS: u64 = 10_000;
+
+/// The URL parameter of [`PostgresConfig::operation_timeout_ms`].
+const OPERATION_TIMEOUT_PARAMETER: &str = "operation_timeout";
+
+/// Splits `operation_timeout=…` off a URL's query: the URL without it, and its value in
+/// milliseconds (`None` when the value does not parse). `None` when the URL has no such parameter.
+fn take_operation_timeout(url: &str) -> Option<(String, Option<u64>)> {
+    let (base, query) = url.split_once('?')?;
+    let mut value = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((OPERATION_TIMEOUT_PARAMETER, text)) => value = Some(parse_duration_ms(text)),
+            _ => kept.push(pair),
+        }
+    }
+    let value = value?;
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Some((rest, value))
+}
+
+/// `5000`, `500ms` or `5s` in milliseconds.
+fn parse_duration_ms(text: &str) -> Option<u64> {
+    let (digits, scale) = if let Some(digits) = text.strip_suffix("ms") {
+        (digits, 1)
+    } else if let Some(digits) = text.strip_suffix('s') {
+        (digits, 1_000)
+    } else {
+        (text, 1)
+    };
+    digits.parse::<u64>().ok()?.checked_mul(scale)
 }
 
 /// Why a [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction) committed nothing, or
@@ -167,6 +209,8 @@ pub enum FencedError<E> {
 pub struct PostgresLeaseCoordinator {
     config: PostgresConfig,
     statements: Statements,
+    /// The statement that opens every transaction: the operation timeout.
+    prologue: String,
     session: Mutex<Option<Session>>,
 }
 
@@ -182,7 +226,10 @@ impl std::fmt::Debug for PostgresLeaseCoordinator {
 /// The SQL of each operation, built once from the schema and clock of the config.
 #[derive(Debug)]
 struct Statements {
+    /// Creates or upgrades the schema to [`SCHEMA_VERSION`] (several statements).
     migrate: String,
+    /// Returns the schema's version.
+    version: String,
     /// `$1` agent, `$2` device, `$3` ttl. Inserts an unheld row for a new agent (no clock read
     /// outside the row lock); grants on a free or expired row. Returns `holder, epoch, expires`.
     acquire: String,
@@ -198,22 +245,42 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(schema: &str, clock: &str) -> Self {
-        let schema = quote_identifier(schema);
+    fn new(schema_name: &str, clock: &str) -> Self {
+        let schema = quote_identifier(schema_name);
         let table = format!("{schema}.leases");
+        let versions = format!("{schema}.schema_version");
+        // The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on
+        // the database even when the schema exists, which its owner may not have.
+        let mut tag = "$fencepost$".to_owned();
+        while schema_name.contains(&tag) || schema.contains(&tag) {
+            tag.insert(tag.len() - 1, '_');
+        }
+        let mut schema_literal = String::new();
+        Literal::Text(schema_name).write(&mut schema_literal);
         let expiry = |ttl: &str| format!("least(({clock})::numeric + {ttl}, {MAX_EXPIRES_AT_MS})::bigint");
         Self {
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(7046837213749);
-                 CREATE SCHEMA IF NOT EXISTS {schema};
+                 DO {tag} BEGIN
+                     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = {schema_literal}) THEN
+                         CREATE SCHEMA {schema};
+                     END IF;
+                 END {tag};
                  CREATE TABLE IF NOT EXISTS {table} (
                      agent_id text PRIMARY KEY,
                      holder text,
                      epoch bigint NOT NULL CHECK (epoch >= 0),
                      expires_at_ms bigint NOT NULL CHECK (expires_at_ms >= 0),
                      floor bigint NOT NULL DEFAULT 0 CHECK (floor >= 0)
-                 );"
+                 );
+                 CREATE TABLE IF NOT EXISTS {versions} (
+                     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+                     version integer NOT NULL
+                 );
+                 INSERT INTO {versions} AS current (version) VALUES ({SCHEMA_VERSION})
+                     ON CONFLICT (singleton) DO UPDATE SET version = greatest(current.version, excluded.version)"
             ),
+            version: format!("SELECT version FROM {versions}"),
             // PostgreSQL evaluates the conflict branch's WHERE and SET after it has locked the
             // row, so the decision and the new expiry read the clock at one locked instant. The
             // insert branch writes an unheld row and reads no clock: its values are computed
@@ -266,60 +333,92 @@ impl Statements {
 /// now_ms)`.
 type Row = (Option<String>, i64, i64, i64);
 
-/// The coordinator's statements that run through a prepared, cached statement.
+/// A value spliced into a statement as an SQL literal. Statements travel in the simple query
+/// protocol, so that an operation is one round trip with no prepared statement and no session
+/// state (it works through a transaction-pooling proxy such as PgBouncer); values are therefore
+/// literals, never parameters.
 #[derive(Debug, Clone, Copy)]
-enum Sql {
-    Acquire,
-    Renew,
-    Release,
-    Read,
-    RaiseFloor,
+enum Literal<'a> {
+    /// Text (ids are validated: no control characters, rule L8).
+    Text(&'a str),
+    Int(i64),
 }
 
-impl Statements {
-    fn sql(&self, which: Sql) -> &str {
-        match which {
-            Sql::Acquire => &self.acquire,
-            Sql::Renew => &self.renew,
-            Sql::Release => &self.release,
-            Sql::Read => &self.read,
-            Sql::RaiseFloor => &self.raise_floor,
+impl Literal<'_> {
+    fn write(self, out: &mut String) {
+        match self {
+            Literal::Text(text) => {
+                // An escape string constant means the same whatever `standard_conforming_strings`
+                // says; ids hold no control characters, so quotes and backslashes are all there
+                // is to escape.
+                out.push_str("E'");
+                for character in text.chars() {
+                    match character {
+                        '\\' => out.push_str("\\\\"),
+                        '\'' => out.push_str("''"),
+                        other => out.push(other),
+                    }
+                }
+                out.push('\'');
+            }
+            Literal::Int(value) => {
+                use std::fmt::Write as _;
+                let _ = write!(out, "({value})::bigint");
+            }
         }
     }
 }
 
-/// A connection, with the statements prepared on it so far: each operation is then one round
-/// trip (bind and execute), never a parse.
+/// `template` with `$1`, `$2`, … replaced by `literals` (at most 9).
+fn bind(template: &str, literals: &[Literal<'_>]) -> String {
+    debug_assert!(literals.len() <= 9);
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let index = rest[at + 1..]
+            .chars()
+            .next()
+            .and_then(|digit| digit.to_digit(10))
+            .filter(|digit| (1..=literals.len() as u32).contains(digit));
+        match index {
+            Some(digit) => {
+                literals[digit as usize - 1].write(&mut out);
+                rest = &rest[at + 2..];
+            }
+            None => {
+                out.push('$');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A connection. It keeps nothing between operations: no prepared statement, no setting.
 struct Session {
     client: Client,
-    prepared: [Option<Statement>; 5],
 }
 
-impl Session {
-    fn prepare(&mut self, statements: &Statements, which: Sql) -> Result<Statement, postgres::Error> {
-        let slot = &mut self.prepared[which as usize];
-        if let Some(statement) = slot {
-            return Ok(statement.clone());
-        }
-        let statement = self.client.prepare(statements.sql(which))?;
-        *slot = Some(statement.clone());
-        Ok(statement)
-    }
+/// The rows of each statement of a batch, in order.
+type ResultSets = Vec<Vec<SimpleQueryRow>>;
 
-    fn query_opt(
-        &mut self,
-        statements: &Statements,
-        which: Sql,
-        parameters: &[Param],
-    ) -> Result<Option<postgres::Row>, postgres::Error> {
-        let statement = self.prepare(statements, which)?;
-        self.client.query_opt(&statement, parameters)
-    }
+/// A column of a simple-query row as an integer.
+fn integer(row: &SimpleQueryRow, column: usize) -> Result<i64, LeaseError> {
+    let text = row.get(column).unwrap_or("");
+    text.parse()
+        .map_err(|_| failure(format!("corrupt row: column {column} is {text:?}"), false, None))
 }
 
 /// The columns of the `read` statement.
-fn lease_row(row: &postgres::Row) -> Row {
-    (row.get(0), row.get(1), row.get(2), row.get(3))
+fn lease_row(row: &SimpleQueryRow) -> Result<Row, LeaseError> {
+    Ok((
+        row.get(0).map(str::to_owned),
+        integer(row, 1)?,
+        integer(row, 2)?,
+        integer(row, 3)?,
+    ))
 }
 
 fn failure(
@@ -384,7 +483,21 @@ fn claimed(epoch: u64) -> i64 {
 fn describe(error: &postgres::Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => error.to_string(),
+        None => {
+            // The driver's own message ("error connecting to server") says little; its causes
+            // ("Connection refused") say what happened.
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(error);
+            while let Some(cause) = source {
+                let cause_text = cause.to_string();
+                if !text.contains(&cause_text) {
+                    text.push_str(": ");
+                    text.push_str(&cause_text);
+                }
+                source = cause.source();
+            }
+            text
+        }
     }
 }
 
@@ -392,6 +505,8 @@ fn describe(error: &postgres::Error) -> String {
 enum CallError {
     Connect(LeaseError),
     Statement(postgres::Error),
+    /// The server answered something this code cannot read (a corrupt row).
+    Reply(LeaseError),
 }
 
 impl From<postgres::Error> for CallError {
@@ -400,13 +515,34 @@ impl From<postgres::Error> for CallError {
     }
 }
 
+impl From<LeaseError> for CallError {
+    fn from(error: LeaseError) -> Self {
+        CallError::Reply(error)
+    }
+}
+
+/// The version of the schema this code reads and writes ([`PostgresLeaseCoordinator::migrate`]
+/// brings a database to it).
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// What [`PostgresLeaseCoordinator::schema_version`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemaState {
+    /// The schema or its tables do not exist: run [`PostgresLeaseCoordinator::migrate`].
+    Missing,
+    /// The schema is at this version ([`SCHEMA_VERSION`] is what this code needs).
+    Version(i32),
+}
+
 impl PostgresLeaseCoordinator {
-    /// Connects (a bounded number of attempts). Call [`migrate`](Self::migrate) once per database
-    /// before the first use.
+    /// Connects (a bounded number of attempts). Creating the schema is a separate, explicit step
+    /// ([`migrate`](Self::migrate)); [`check_schema`](Self::check_schema) says whether it was done.
     ///
     /// # Errors
     /// [`LeaseError::Backend`] for a schema name that is empty or longer than 63 bytes, a URL that
-    /// does not parse, a wrong password or database, or a server that cannot be reached.
+    /// does not parse (or a malformed `operation_timeout`), a wrong password or database, or a
+    /// server that cannot be reached (with the cause: `Connection refused`, a timeout, …).
     pub fn connect(config: PostgresConfig) -> Result<Self, LeaseError> {
         if config.schema.is_empty() || config.schema.len() > MAX_SCHEMA_BYTES || config.schema.contains('\0')
         {
@@ -419,10 +555,19 @@ impl PostgresLeaseCoordinator {
                 None,
             ));
         }
+        if take_operation_timeout(&config.url).is_some() {
+            return Err(failure(
+                format!("{OPERATION_TIMEOUT_PARAMETER}= in the URL must be a duration such as 5000 (milliseconds), 500ms or 5s"),
+                false,
+                None,
+            ));
+        }
         let statements = Statements::new(&config.schema, &config.clock_sql);
+        let prologue = prologue(config.operation_timeout_ms);
         let coordinator = Self {
             config,
             statements,
+            prologue,
             session: Mutex::new(None),
         };
         let session = coordinator.new_session()?;
@@ -436,35 +581,24 @@ impl PostgresLeaseCoordinator {
     }
 
     fn new_session(&self) -> Result<Session, LeaseError> {
-        let mut settings: postgres::Config = self
-            .config
-            .url
-            .parse()
-            .map_err(|error| failure(format!("invalid PostgreSQL URL: {error}"), false, Some(error)))?;
+        let mut settings: postgres::Config = self.config.url.parse().map_err(|error: postgres::Error| {
+            failure(
+                format!("invalid PostgreSQL URL: {}", describe(&error)),
+                false,
+                Some(error),
+            )
+        })?;
         settings.connect_timeout(Duration::from_millis(self.config.connect_timeout_ms));
         if settings.get_application_name().is_none() {
             settings.application_name("fencepost");
         }
-        let session = format!(
-            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED;
-             SET statement_timeout = {}",
-            self.config.statement_timeout_ms
-        );
         let mut last = None;
         for attempt in 0..self.config.connect_attempts.max(1) {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
             }
-            match settings
-                .connect(NoTls)
-                .and_then(|mut client| client.batch_execute(&session).map(|()| client))
-            {
-                Ok(client) => {
-                    return Ok(Session {
-                        client,
-                        prepared: Default::default(),
-                    })
-                }
+            match settings.connect(NoTls) {
+                Ok(client) => return Ok(Session { client }),
                 Err(error) => {
                     let permanent = error.code().is_some_and(|code| {
                         *code == SqlState::INVALID_PASSWORD
@@ -489,19 +623,121 @@ impl PostgresLeaseCoordinator {
         ))
     }
 
-    /// Creates the schema and the `leases` table if they do not exist. Idempotent, and safe to run
-    /// from several processes at once.
+    /// Runs `statements` as one transaction in one round trip (one simple-query message): `BEGIN`
+    /// at READ COMMITTED, the operation timeout (`SET LOCAL`), the statements, `COMMIT`. Returns
+    /// each statement's rows. After an error the transaction is rolled back (so that a pooling
+    /// proxy gets its server connection back at once).
+    fn batch(&self, session: &mut Session, statements: &[String]) -> Result<ResultSets, postgres::Error> {
+        let mut text = String::with_capacity(256 + statements.iter().map(String::len).sum::<usize>());
+        text.push_str("BEGIN ISOLATION LEVEL READ COMMITTED;");
+        text.push_str(&self.prologue);
+        for statement in statements {
+            text.push_str(statement);
+            text.push(';');
+        }
+        text.push_str("COMMIT");
+        let messages = match session.client.simple_query(&text) {
+            Ok(messages) => messages,
+            Err(error) => {
+                if !session.client.is_closed() {
+                    let _ = session.client.batch_execute("ROLLBACK");
+                }
+                return Err(error);
+            }
+        };
+        let mut sets: ResultSets = Vec::with_capacity(statements.len() + 3);
+        let mut rows = Vec::new();
+        for message in messages {
+            match message {
+                SimpleQueryMessage::Row(row) => rows.push(row),
+                SimpleQueryMessage::CommandComplete(_) => sets.push(std::mem::take(&mut rows)),
+                _ => {}
+            }
+        }
+        // BEGIN, the prologue (when there is one), the statements, COMMIT.
+        let skip = 1 + usize::from(!self.prologue.is_empty());
+        Ok(sets.into_iter().skip(skip).take(statements.len()).collect())
+    }
+
+    /// Creates or upgrades the schema: the schema, the `leases` table and a `schema_version`
+    /// table, to [`SCHEMA_VERSION`]. Idempotent, and safe to run from several processes at once.
+    /// An administration step (`fencepost admin migrate`), run as a role that may create the
+    /// schema (or owns it); the roles that then run coordinators need only the grants listed in
+    /// the [module docs](self).
     ///
     /// # Errors
     /// [`LeaseError::Backend`] when the database refuses (for example, the role may not create the
-    /// schema) or the connection fails.
+    /// schema), the schema is newer than this code, or the connection fails.
     pub fn migrate(&self) -> Result<(), LeaseError> {
+        let statements = [self.statements.migrate.clone()];
         self.with_session(|session| {
-            let mut transaction = session.client.transaction()?;
-            transaction.batch_execute(&self.statements.migrate)?;
-            transaction.commit()
+            let sets = self.batch(session, &statements)?;
+            let _ = sets;
+            Ok(())
         })
-        .map_err(|error| self.explain("migrate", error, false))
+        .map_err(|error| self.explain("migrate", error, false))?;
+        match self.schema_version()? {
+            SchemaState::Version(SCHEMA_VERSION) => Ok(()),
+            found => Err(failure(
+                format!("migrate: the schema is at {found:?} after migrating, this code needs version {SCHEMA_VERSION}"),
+                false,
+                None,
+            )),
+        }
+    }
+
+    /// The state of the schema (one cheap read): missing, or at which version.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] when the database cannot be read.
+    pub fn schema_version(&self) -> Result<SchemaState, LeaseError> {
+        let statements = [self.statements.version.clone()];
+        let outcome = self.with_session(|session| match self.batch(session, &statements) {
+            Ok(sets) => {
+                let version = sets
+                    .first()
+                    .and_then(|rows| rows.first())
+                    .map(|row| integer(row, 0))
+                    .transpose()?;
+                Ok(match version {
+                    Some(version) => SchemaState::Version(i32::try_from(version).unwrap_or(i32::MAX)),
+                    None => SchemaState::Missing,
+                })
+            }
+            Err(error)
+                if error.code() == Some(&SqlState::UNDEFINED_TABLE)
+                    || error.code() == Some(&SqlState::INVALID_SCHEMA_NAME) =>
+            {
+                Ok(SchemaState::Missing)
+            }
+            Err(error) => Err(error.into()),
+        });
+        outcome.map_err(|error| self.explain("schema_version", error, false))
+    }
+
+    /// Checks that the schema exists at [`SCHEMA_VERSION`]; what every command does before it
+    /// uses the coordinator, instead of creating the schema itself (a least-privilege role could
+    /// not).
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] saying what to do: the schema is missing or older (run
+    /// [`migrate`](Self::migrate), `fencepost admin migrate`, as its owner), or newer than this code
+    /// (upgrade it).
+    pub fn check_schema(&self) -> Result<(), LeaseError> {
+        let schema = &self.config.schema;
+        let problem = match self.schema_version()? {
+            SchemaState::Version(SCHEMA_VERSION) => return Ok(()),
+            SchemaState::Version(found) if found > SCHEMA_VERSION => format!(
+                "the fencepost schema {schema:?} is at version {found}, newer than this fencepost knows ({SCHEMA_VERSION}): upgrade fencepost"
+            ),
+            SchemaState::Version(found) => format!(
+                "the fencepost schema {schema:?} is at version {found}, this fencepost needs {SCHEMA_VERSION}: run `fencepost admin migrate --coordinator URL` (or migrate()) once, as the schema's owner"
+            ),
+            SchemaState::Missing => format!(
+                "the fencepost schema {schema:?} does not exist in this database (or this role cannot see it): run `fencepost admin migrate --coordinator URL` (or migrate()) once, as a role that may create it, and grant this role what the deployment docs list"
+            ),
+        };
+        Err(failure(problem, false, None))
     }
 
     /// Every lease with a holder (expired or not), in agent order: what an operator lists.
@@ -509,23 +745,26 @@ impl PostgresLeaseCoordinator {
     /// # Errors
     /// [`LeaseError::Backend`] when the table cannot be read.
     pub fn list(&self) -> Result<Vec<Lease>, LeaseError> {
-        let statement = format!(
+        let statements = [format!(
             "SELECT agent_id, holder, epoch, expires_at_ms FROM {}.leases WHERE holder IS NOT NULL ORDER BY agent_id",
             quote_identifier(&self.config.schema)
-        );
-        let rows = self
-            .with_session(|session| session.client.query(&statement, &[]))
-            .map_err(|error| self.explain("list", error, false))?;
-        rows.iter()
-            .map(|row| {
-                Ok(Lease {
-                    agent_id: row.get(0),
-                    holder: row.get(1),
-                    epoch: stored(row.get(2), "epoch")?,
-                    expires_at_ms: stored(row.get(3), "expires_at_ms")?,
+        )];
+        let outcome = self.with_session(|session| {
+            let sets = self.batch(session, &statements)?;
+            let rows = sets.into_iter().next().unwrap_or_default();
+            rows.iter()
+                .map(|row| {
+                    Ok(Lease {
+                        agent_id: row.get(0).unwrap_or("").to_owned(),
+                        holder: row.get(1).unwrap_or("").to_owned(),
+                        epoch: stored(integer(row, 2)?, "epoch")?,
+                        expires_at_ms: stored(integer(row, 3)?, "expires_at_ms")?,
+                    })
                 })
-            })
-            .collect()
+                .collect::<Result<Vec<_>, LeaseError>>()
+                .map_err(CallError::Reply)
+        });
+        outcome.map_err(|error| self.explain("list", error, false))
     }
 
     /// Runs `work` in one transaction that commits only if `device_id` holds `agent_id`'s lease at
@@ -537,7 +776,13 @@ impl PostgresLeaseCoordinator {
     /// between: `work`'s writes commit if and only if the caller held the lease at its epoch
     /// throughout. A zombie holder whose lease was taken commits nothing. While the transaction
     /// runs, other writes to this agent's lease (including the holder's own renewals) wait, up to
-    /// [`PostgresConfig::statement_timeout_ms`]: keep the work short.
+    /// [`PostgresConfig::operation_timeout_ms`], which bounds `work`'s statements too: keep the
+    /// work short.
+    ///
+    /// **Through a transaction-pooling proxy** (PgBouncer's `pool_mode = transaction`), `work`
+    /// must not use named prepared statements, which the proxy can hand to another client's
+    /// server connection: use `query_typed`, `execute_typed` (unnamed statements, one round trip)
+    /// or `simple_query` / `batch_execute`, not `query` / `execute` / `prepare`.
     ///
     /// It protects effects that are rows of this database only; see the [module docs](self) for
     /// what it cannot cover. It does not consult the ledger: make the effect idempotent by run id
@@ -550,15 +795,15 @@ impl PostgresLeaseCoordinator {
     ///   commit was sent and its answer lost; then look for the effect's rows to learn the outcome.
     ///
     /// ```no_run
-    /// use fencepost::backend::postgres::{FencedError, PostgresConfig, PostgresLeaseCoordinator};
+    /// use fencepost::backend::postgres::{driver::types::Type, FencedError, PostgresConfig, PostgresLeaseCoordinator};
     /// use fencepost::lease::LeaseCoordinator;
     ///
     /// let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig::new("postgres://app@db/app"))?;
     /// let lease = coordinator.acquire("billing-agent", "laptop", 30_000)?;
     /// let outcome = coordinator.fenced_transaction("billing-agent", "laptop", lease.epoch, |transaction| {
-    ///     transaction.execute(
+    ///     transaction.execute_typed(
     ///         "INSERT INTO outbox (run_id, body) VALUES ($1, $2) ON CONFLICT (run_id) DO NOTHING",
-    ///         &[&"run-42", &"invoice #42"],
+    ///         &[(&"run-42", Type::TEXT), (&"invoice #42", Type::TEXT)],
     ///     )
     /// });
     /// match outcome {
@@ -584,11 +829,26 @@ impl PostgresLeaseCoordinator {
             Done(T),
         }
         let mut commit_sent = false;
+        let read = bind(&self.statements.read, &[Literal::Text(agent_id)]);
         let outcome = self.with_session(|session| {
-            let read = session.prepare(&self.statements, Sql::Read)?;
-            let mut transaction = session.client.transaction()?;
-            let row = transaction.query_opt(&read, &[&agent_id as Param])?;
-            let decision = match row.map(|row| (row.get::<_, Option<String>>(0), row.get::<_, i64>(1))) {
+            let mut transaction = session
+                .client
+                .build_transaction()
+                .isolation_level(postgres::IsolationLevel::ReadCommitted)
+                .start()?;
+            let mut opening = self.prologue.clone();
+            opening.push_str(&read);
+            let messages = transaction.simple_query(&opening)?;
+            let row = messages
+                .iter()
+                .filter_map(|message| match message {
+                    SimpleQueryMessage::Row(row) => Some(row),
+                    _ => None,
+                })
+                .nth(usize::from(!self.prologue.is_empty()))
+                .map(lease_row)
+                .transpose()?;
+            let decision = match row.map(|row| (row.0, row.1)) {
                 Some((Some(holder), current)) if holder == device_id && current == claimed(epoch) => None,
                 Some((Some(holder), current)) => Some(FenceDecision::StaleEpoch {
                     claimed_epoch: epoch,
@@ -598,7 +858,8 @@ impl PostgresLeaseCoordinator {
                 _ => Some(FenceDecision::NotHeld { claimed_epoch: epoch }),
             };
             if let Some(decision) = decision {
-                return Ok(Step::Refused(decision)); // dropping the transaction rolls it back
+                transaction.rollback()?;
+                return Ok(Step::Refused(decision));
             }
             match work(&mut transaction) {
                 Ok(value) => {
@@ -606,7 +867,10 @@ impl PostgresLeaseCoordinator {
                     transaction.commit()?;
                     Ok(Step::Done(value))
                 }
-                Err(error) => Ok(Step::Work(error)),
+                Err(error) => {
+                    transaction.rollback()?;
+                    Ok(Step::Work(error))
+                }
             }
         });
         match outcome {
@@ -624,7 +888,8 @@ impl PostgresLeaseCoordinator {
     /// Runs `work` with the coordinator's connection, reconnecting first if it broke.
     ///
     /// For statements of the caller's own (a health check, a query next to the lease table); the
-    /// lease table itself is the coordinator's to write.
+    /// lease table itself is the coordinator's to write. Through a transaction-pooling proxy, use
+    /// unnamed statements only (see [`fenced_transaction`](Self::fenced_transaction)).
     ///
     /// # Errors
     /// [`LeaseError::Backend`] when no connection can be made, or `work` fails; `may_have_applied`
@@ -633,14 +898,14 @@ impl PostgresLeaseCoordinator {
         &self,
         work: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, LeaseError> {
-        self.with_session(|session| work(&mut session.client))
+        self.with_session(|session| work(&mut session.client).map_err(CallError::Statement))
             .map_err(|error| self.explain("with_connection", error, true))
     }
 
     /// Runs `work` with a connected session, reconnecting first if the last connection broke.
     fn with_session<T>(
         &self,
-        work: impl FnOnce(&mut Session) -> Result<T, postgres::Error>,
+        work: impl FnOnce(&mut Session) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
         let mut slot = self.session.lock().unwrap_or_else(PoisonError::into_inner);
         if slot.as_ref().is_none_or(|session| session.client.is_closed()) {
@@ -650,11 +915,10 @@ impl PostgresLeaseCoordinator {
         let Some(session) = slot.as_mut() else {
             unreachable!("connected above");
         };
-        work(session).map_err(|error| {
-            if outcome_unknown(&error) {
+        work(session).inspect_err(|error| {
+            if matches!(error, CallError::Statement(error) if outcome_unknown(error)) {
                 *slot = None; // reconnect on the next call
             }
-            CallError::Statement(error)
         })
     }
 
@@ -662,25 +926,32 @@ impl PostgresLeaseCoordinator {
     /// lost.
     fn explain(&self, operation: &str, error: CallError, write: bool) -> LeaseError {
         match error {
-            CallError::Connect(error) => error,
+            CallError::Connect(error) | CallError::Reply(error) => error,
             CallError::Statement(error) => {
                 let unknown = outcome_unknown(&error);
+                let described = describe(&error);
                 let hint = match error.code() {
                     Some(code) if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME => {
-                        " (the schema or table is missing: run migrate() first, or check the schema name)"
+                        " (the fencepost schema or a table of it is missing: run `fencepost admin migrate` or migrate() once as its owner, or check the schema name)"
                     }
                     Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => {
-                        " (the role lacks privileges on the fencepost schema)"
+                        " (the role lacks a grant on the fencepost schema: see the grants in the deployment docs)"
                     }
-                    Some(code) if *code == SqlState::QUERY_CANCELED => {
-                        " (statement_timeout: the lease row stayed locked, or the server is slow; not applied)"
+                    Some(code) if *code == SqlState::READ_ONLY_SQL_TRANSACTION => {
+                        " (the server is read-only: a standby, or default_transaction_read_only is set; point the coordinator at the primary)"
+                    }
+                    Some(code) if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE => {
+                        " (timed out: the lease row stayed locked, or the server is slow; not applied. The bound is the lower of operation_timeout and the role's statement_timeout/lock_timeout)"
+                    }
+                    _ if described.contains("pooling mode") || described.contains("pool_mode") => {
+                        " (a pooling proxy in a mode that cannot run transactions, such as PgBouncer's statement mode: use transaction or session pooling)"
                     }
                     _ if unknown => " (the connection was lost; the next call reconnects)",
                     _ => "",
                 };
-                tracing::warn!(operation, error = %describe(&error), may_have_applied = write && unknown, "PostgreSQL call failed");
+                tracing::warn!(operation, error = %described, may_have_applied = write && unknown, "PostgreSQL call failed");
                 failure(
-                    format!("{operation}: {}{hint}", describe(&error)),
+                    format!("{operation}: {described}{hint}"),
                     write && unknown,
                     Some(error),
                 )
@@ -688,17 +959,50 @@ impl PostgresLeaseCoordinator {
         }
     }
 
-    /// Reads the row, share-locked, with the server clock.
-    fn read(&self, session: &mut Session, agent_id: &str) -> Result<Option<Row>, postgres::Error> {
-        let row = session.query_opt(&self.statements, Sql::Read, &[&agent_id])?;
-        Ok(row.as_ref().map(lease_row))
+    /// Runs one write statement followed by the share-locked read of the agent's row, in one
+    /// transaction and one round trip: the write's rows, and the row as it is right after it
+    /// (locked by the write when it touched it, so a verdict reads the same instant).
+    fn write_then_read(
+        &self,
+        operation: &str,
+        write: String,
+        agent_id: &str,
+    ) -> Result<(Vec<SimpleQueryRow>, Option<Row>), LeaseError> {
+        let statements = [write, bind(&self.statements.read, &[Literal::Text(agent_id)])];
+        self.with_session(|session| {
+            let mut sets = self.batch(session, &statements)?.into_iter();
+            let written = sets.next().unwrap_or_default();
+            let read = sets
+                .next()
+                .unwrap_or_default()
+                .first()
+                .map(lease_row)
+                .transpose()?;
+            Ok((written, read))
+        })
+        .map_err(|error| self.explain(operation, error, true))
     }
+}
 
-    /// The current epoch, for a `Lost`: read after the failed write, when it is still not the
-    /// caller's (epochs never repeat, so it never will be again).
-    fn lost(&self, session: &mut Session, agent_id: &str) -> Result<i64, postgres::Error> {
-        Ok(self.read(session, agent_id)?.map_or(0, |row| row.1))
+/// The statement that bounds one transaction by `operation_timeout_ms`, without ever raising a
+/// lower `statement_timeout` or `lock_timeout` the operator set (0 there means no limit); empty
+/// when `operation_timeout_ms` is 0.
+fn prologue(operation_timeout_ms: u64) -> String {
+    if operation_timeout_ms == 0 {
+        return String::new();
     }
+    let bound = |setting: &str| {
+        format!(
+            "set_config('{setting}', (SELECT CASE WHEN current_ms = 0 OR current_ms > {operation_timeout_ms} \
+             THEN '{operation_timeout_ms}' ELSE ceil(current_ms)::text END \
+             FROM (SELECT extract(epoch FROM current_setting('{setting}')::interval) * 1000 AS current_ms) AS setting), true)"
+        )
+    };
+    format!(
+        "SELECT {}, {};",
+        bound("statement_timeout"),
+        bound("lock_timeout")
+    )
 }
 
 impl LeaseCoordinator for PostgresLeaseCoordinator {
@@ -707,74 +1011,51 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
         let ttl = storable(ttl_ms, "ttl_ms")?;
-        let parameters: [Param; 3] = [&agent_id, &device_id, &ttl];
-        for attempt in 0..ACQUIRE_ATTEMPTS {
-            // The first attempts are one autocommit statement, and a refusal reads the holder in a
-            // second one. Should the lease change between the two, the last attempt runs both in
-            // one transaction: the refusal keeps the row locked, so the read sees what it saw.
-            let locked = attempt + 1 == ACQUIRE_ATTEMPTS;
-            let outcome = self
-                .with_session(|session| {
-                    let granted = |row: postgres::Row| (row.get(0), row.get(1), row.get(2));
-                    if !locked {
-                        return match session.query_opt(&self.statements, Sql::Acquire, &parameters)? {
-                            Some(row) => Ok(Ok(granted(row))),
-                            None => Ok(Err(self.read(session, agent_id)?)),
-                        };
-                    }
-                    let acquire = session.prepare(&self.statements, Sql::Acquire)?;
-                    let read = session.prepare(&self.statements, Sql::Read)?;
-                    let mut transaction = session.client.transaction()?;
-                    let outcome = match transaction.query_opt(&acquire, &parameters)? {
-                        Some(row) => Ok(granted(row)),
-                        None => Err(transaction
-                            .query_opt(&read, &[&agent_id as Param])?
-                            .as_ref()
-                            .map(lease_row)),
-                    };
-                    transaction.commit()?;
-                    Ok(outcome)
-                })
-                .map_err(|error| self.explain("acquire", error, true))?;
-            let outcome: Result<(Option<String>, i64, i64), Option<Row>> = outcome;
-            match outcome {
-                Ok((Some(holder), epoch, expires_at_ms)) => {
-                    debug_assert_eq!(holder, device_id);
-                    return Ok(Lease {
-                        agent_id: agent_id.to_owned(),
-                        holder,
-                        epoch: stored(epoch, "epoch")?,
-                        expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
-                    });
+        let write = bind(
+            &self.statements.acquire,
+            &[
+                Literal::Text(agent_id),
+                Literal::Text(device_id),
+                Literal::Int(ttl),
+            ],
+        );
+        // The first try creates the agent's row (unheld) when it has none; the second grants.
+        for _ in 0..2 {
+            let (written, read) = self.write_then_read("acquire", write.clone(), agent_id)?;
+            if let Some(row) = written.first() {
+                let holder = row.get(0);
+                if holder.is_none() {
+                    continue; // the agent's row was just created, unheld: grant in the conflict branch
                 }
-                // The agent's row was just created, unheld: grant in the conflict branch.
-                Ok((None, _, _)) => continue,
-                // Held at the refusal (locked), or still held at the read.
-                Err(Some((Some(holder), epoch, expires_at_ms, now_ms)))
-                    if locked || now_ms < expires_at_ms =>
-                {
-                    return Err(LeaseError::Held {
-                        agent_id: agent_id.to_owned(),
-                        holder,
-                        epoch: stored(epoch, "epoch")?,
-                        expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
-                    })
-                }
-                // Free, but the last epoch was minted (floors stop one below it): refused by the
-                // statement's epoch condition, not by a holder.
-                Err(Some((_, epoch, _, _))) if epoch == i64::MAX => {
-                    return Err(LeaseError::EpochsExhausted {
-                        agent_id: agent_id.to_owned(),
-                        last_epoch: MAX_EPOCH,
-                    })
-                }
-                // Released or expired in between: try to take it again.
-                Err(_) => continue,
+                debug_assert_eq!(holder, Some(device_id));
+                return Ok(Lease {
+                    agent_id: agent_id.to_owned(),
+                    holder: device_id.to_owned(),
+                    epoch: stored(integer(row, 1)?, "epoch")?,
+                    expires_at_ms: stored(integer(row, 2)?, "expires_at_ms")?,
+                });
             }
+            // Refused: the write locked the row, and the read saw it under that lock.
+            return match read {
+                Some((_, epoch, _, _)) if epoch == i64::MAX => Err(LeaseError::EpochsExhausted {
+                    agent_id: agent_id.to_owned(),
+                    last_epoch: MAX_EPOCH,
+                }),
+                Some((Some(holder), epoch, expires_at_ms, _)) => Err(LeaseError::Held {
+                    agent_id: agent_id.to_owned(),
+                    holder,
+                    epoch: stored(epoch, "epoch")?,
+                    expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+                }),
+                other => Err(failure(
+                    format!("acquire: refused, but the lease row of {agent_id:?} reads {other:?}"),
+                    false,
+                    None,
+                )),
+            };
         }
-        // Only when the agent's row vanished under the locked attempt (deleted by hand).
         Err(failure(
-            format!("acquire: the lease row of {agent_id:?} changed under a locked attempt; was it deleted?"),
+            format!("acquire: the lease row of {agent_id:?} was created but could not be granted; was it deleted?"),
             false,
             None,
         ))
@@ -785,16 +1066,27 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
         let ttl = storable(ttl_ms, "ttl_ms")?;
-        let parameters: [Param; 4] = [&agent_id, &device_id, &claimed(epoch), &ttl];
+        let write = bind(
+            &self.statements.renew,
+            &[
+                Literal::Text(agent_id),
+                Literal::Text(device_id),
+                Literal::Int(claimed(epoch)),
+                Literal::Int(ttl),
+            ],
+        );
+        let statements = [write];
         let outcome = self
-            .with_session(
-                |session| match session.query_opt(&self.statements, Sql::Renew, &parameters)? {
-                    Some(row) if row.get::<_, Option<String>>(0).is_some() => Ok(Ok(row.get::<_, i64>(2))),
+            .with_session(|session| {
+                let sets = self.batch(session, &statements)?;
+                match sets.into_iter().next().unwrap_or_default().first() {
+                    Some(row) if row.get(0).is_some() => Ok(Ok(integer(row, 2)?)),
                     // The agent had no row: epoch 0.
-                    Some(row) => Ok(Err(row.get::<_, i64>(1))),
+                    Some(row) => Ok(Err(integer(row, 1)?)),
+                    // Refused: read the current epoch (never the caller's again).
                     None => Ok(Err(self.lost(session, agent_id)?)),
-                },
-            )
+                }
+            })
             .map_err(|error| self.explain("renew", error, true))?;
         match outcome {
             Ok(expires_at_ms) => Ok(Lease {
@@ -814,23 +1106,23 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
-        let parameters: [Param; 3] = [&agent_id, &device_id, &claimed(epoch)];
-        let outcome = self
-            .with_session(
-                |session| match session.query_opt(&self.statements, Sql::Release, &parameters)? {
-                    Some(_) => Ok(None),
-                    None => Ok(Some(self.lost(session, agent_id)?)),
-                },
-            )
-            .map_err(|error| self.explain("release", error, true))?;
-        match outcome {
-            None => Ok(()),
-            Some(current_epoch) => Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch: stored(current_epoch, "epoch")?,
-            }),
+        let write = bind(
+            &self.statements.release,
+            &[
+                Literal::Text(agent_id),
+                Literal::Text(device_id),
+                Literal::Int(claimed(epoch)),
+            ],
+        );
+        let (written, read) = self.write_then_read("release", write, agent_id)?;
+        if !written.is_empty() {
+            return Ok(());
         }
+        Err(LeaseError::Lost {
+            agent_id: agent_id.to_owned(),
+            claimed_epoch: epoch,
+            current_epoch: stored(read.map_or(0, |row| row.1), "epoch")?,
+        })
     }
 
     fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
@@ -853,10 +1145,33 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_epoch_floor(floor)?;
         let floor = storable(floor, "epoch floor")?;
-        self.with_session(|session| {
-            session.query_opt(&self.statements, Sql::RaiseFloor, &[&agent_id, &floor])
-        })
-        .map(drop)
-        .map_err(|error| self.explain("raise_epoch_floor", error, true))
+        let statements = [bind(
+            &self.statements.raise_floor,
+            &[Literal::Text(agent_id), Literal::Int(floor)],
+        )];
+        self.with_session(|session| self.batch(session, &statements).map_err(CallError::from))
+            .map(drop)
+            .map_err(|error| self.explain("raise_epoch_floor", error, true))
+    }
+}
+
+impl PostgresLeaseCoordinator {
+    /// Reads the row, share-locked, with the server clock.
+    fn read(&self, session: &mut Session, agent_id: &str) -> Result<Option<Row>, CallError> {
+        let statements = [bind(&self.statements.read, &[Literal::Text(agent_id)])];
+        let sets = self.batch(session, &statements)?;
+        Ok(sets
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+            .first()
+            .map(lease_row)
+            .transpose()?)
+    }
+
+    /// The current epoch, for a `Lost`: read after the failed write, when it is still not the
+    /// caller's (epochs never repeat, so it never will be again).
+    fn lost(&self, session: &mut Session, agent_id: &str) -> Result<i64, CallError> {
+        Ok(self.read(session, agent_id)?.map_or(0, |row| row.1))
     }
 }
