@@ -1,21 +1,72 @@
-//! `fencepost run` end to end with a PostgreSQL coordinator: several hosts, one occurrence, once;
-//! a host killed mid-command leaves an in-doubt run. Needs a server: `scripts/test` starts one
+//! `fencepost` end to end with a PostgreSQL coordinator: several hosts, one occurrence, once; a
+//! host killed mid-command leaves an in-doubt run; a least-privilege role; the operator's timeouts;
+//! a read-only server. Needs a server: `scripts/test` starts one (and PgBouncers in front of it)
 //! and runs these with `--include-ignored`; a plain `cargo test` lists them as ignored.
+//!
+//! `FENCEPOST_POSTGRES_URL` is the server (set-up connects there, as its superuser);
+//! `FENCEPOST_POSTGRES_COORDINATOR_URL`, when set, is what the hosts of the multi-host tests
+//! connect through (scripts/test sets it to PgBouncer in transaction and in session mode).
 
 mod common;
 
-use common::{killed_host_leaves_an_in_doubt_run, three_hosts_at_once, Shared};
+use std::time::{Duration, Instant};
+
+use common::{killed_host_leaves_an_in_doubt_run, text, three_hosts_at_once, Shared};
+use postgres::{Client, NoTls};
+
+fn server_url() -> String {
+    std::env::var("FENCEPOST_POSTGRES_URL").expect(
+        "FENCEPOST_POSTGRES_URL is not set: these tests need a PostgreSQL server (scripts/test starts one)",
+    )
+}
+
+fn admin() -> Client {
+    Client::connect(&server_url(), NoTls).expect("cannot connect to the test server")
+}
+
+/// `fencepost admin migrate` against the server, as its superuser (the explicit admin step).
+fn migrate() {
+    let folder = tempfile::tempdir().unwrap();
+    let admin = Shared::with(folder, server_url(), "admin");
+    let output = admin.run("admin-host", &["admin", "migrate"]);
+    assert!(output.status.success(), "migrate: {}", text(&output.stderr));
+}
 
 fn shared(test: &str) -> Shared {
-    let url = std::env::var("FENCEPOST_POSTGRES_URL").expect(
-        "FENCEPOST_POSTGRES_URL is not set: these tests need a PostgreSQL server (scripts/test starts one)",
-    );
+    migrate();
+    let url = std::env::var("FENCEPOST_POSTGRES_COORDINATOR_URL").unwrap_or_else(|_| server_url());
     // The coordinator's table is shared by every test on the server: one agent per test and run.
     Shared::with(
         tempfile::tempdir().unwrap(),
         url,
         &format!("reports-{test}-{}", std::process::id()),
     )
+}
+
+/// The server URL as `role` (password `secret`), in `database`.
+fn url_as(role: &str, database: &str) -> String {
+    let url = server_url();
+    let (_, host) = url.split_once('@').expect("a URL with credentials");
+    let host = host.split_once('/').map_or(host, |(host, _)| host);
+    format!("postgres://{role}:secret@{host}/{database}")
+}
+
+/// A role with exactly the runtime grants the deployment docs list (README, "PostgreSQL"), and
+/// `settings` (`ALTER ROLE … SET …`).
+fn runtime_role(name: &str, settings: &[&str]) -> String {
+    let mut admin = admin();
+    let mut statements = format!(
+        "DROP ROLE IF EXISTS {name};
+         CREATE ROLE {name} LOGIN PASSWORD 'secret';
+         GRANT USAGE ON SCHEMA fencepost TO {name};
+         GRANT SELECT, INSERT, UPDATE ON fencepost.leases TO {name};
+         GRANT SELECT ON fencepost.schema_version TO {name};"
+    );
+    for setting in settings {
+        statements.push_str(&format!("ALTER ROLE {name} SET {setting};"));
+    }
+    admin.batch_execute(&statements).unwrap();
+    url_as(name, "postgres")
 }
 
 #[test]
@@ -34,4 +85,165 @@ fn run_postgres_three_hosts_run_the_same_occurrence_and_the_effect_happens_once(
 #[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_a_host_killed_mid_command_leaves_an_in_doubt_run() {
     killed_host_leaves_an_in_doubt_run(&shared("killed"), "2026-11-29");
+}
+
+/// Least privilege (issue 14, item 3): a role with exactly the documented runtime grants runs
+/// `run`, `lease …` and `ledger …`; it cannot migrate; and a database without the schema gets a
+/// message naming `fencepost admin migrate`, not "permission denied for database".
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn run_postgres_a_least_privilege_role_runs_every_command_but_migrate() {
+    migrate();
+    let role = format!("fp_runtime_{}", std::process::id());
+    let url = runtime_role(&role, &[]);
+    let host = Shared::with(
+        tempfile::tempdir().unwrap(),
+        url.clone(),
+        &format!("{role}-agent"),
+    );
+    let agent = host.agent.clone();
+    let ok = |args: &[&str]| {
+        let output = host.run("laptop", args);
+        assert!(
+            output.status.success(),
+            "{args:?}: {} {}",
+            text(&output.stdout),
+            text(&output.stderr)
+        );
+        text(&output.stdout)
+    };
+    ok(&[
+        "run", "--agent", &agent, "--intent", "report", "--salt", "1", "--", "true",
+    ]);
+    ok(&["lease", "acquire", "--agent", &agent, "--json"]);
+    let current = ok(&["lease", "current", "--agent", &agent, "--json"]);
+    let epoch = serde_json::from_str::<serde_json::Value>(&current).unwrap()["epoch"]
+        .as_u64()
+        .expect("an epoch");
+    ok(&["lease", "renew", "--agent", &agent, "--epoch", &epoch.to_string()]);
+    ok(&["lease", "list"]);
+    ok(&[
+        "lease",
+        "release",
+        "--agent",
+        &agent,
+        "--epoch",
+        &epoch.to_string(),
+    ]);
+    ok(&["ledger", "show"]);
+    ok(&["ledger", "runs"]);
+    ok(&["ledger", "verify"]);
+
+    let output = host.run("laptop", &["admin", "migrate"]);
+    assert_eq!(output.status.code(), Some(10), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("permission denied"),
+        "{}",
+        text(&output.stderr)
+    );
+
+    let database = format!("fp_empty_{}", std::process::id());
+    let mut server = admin();
+    server
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database}"))
+        .unwrap();
+    server
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .unwrap();
+    let empty = Shared::with(tempfile::tempdir().unwrap(), url_as(&role, &database), "empty");
+    let output = empty.run("laptop", &["lease", "current", "--agent", "x"]);
+    assert_eq!(output.status.code(), Some(10));
+    let message = text(&output.stderr);
+    assert!(message.contains("fencepost admin migrate"), "{message}");
+    assert!(!message.contains("permission denied for database"), "{message}");
+    server
+        .batch_execute(&format!("DROP DATABASE {database}"))
+        .unwrap();
+    server
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .unwrap();
+}
+
+/// Locks `agent`'s lease row from another session until the returned client is dropped.
+fn lock_row(agent: &str) -> Client {
+    let mut locker = admin();
+    locker
+        .batch_execute(&format!(
+            "INSERT INTO fencepost.leases (agent_id, holder, epoch, expires_at_ms) VALUES ('{agent}', NULL, 0, 0)
+                 ON CONFLICT DO NOTHING;
+             BEGIN; SELECT * FROM fencepost.leases WHERE agent_id = '{agent}' FOR UPDATE;"
+        ))
+        .unwrap();
+    locker
+}
+
+/// The operator's timeouts (issue 14, item 4): with the lease row locked by another session,
+/// `run --wait D` gives up within D plus one operation timeout, whichever bounds the operation:
+/// the role's `lock_timeout` of 50 ms or `statement_timeout` of 300 ms (the library's own 10 s
+/// bound replaces neither), or the URL's `operation_timeout`. Before, the library's session `SET statement_timeout` replaced the
+/// role's, and `--wait 30s` ended after 10 s on the first locked statement.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn run_postgres_wait_is_bounded_by_the_roles_timeout_or_the_operation_timeout() {
+    migrate();
+    let (hasty, patient) = (
+        format!("fp_hasty_{}", std::process::id()),
+        format!("fp_patient_{}", std::process::id()),
+    );
+    let locks = runtime_role(&hasty, &["lock_timeout = '50ms'"]);
+    let statements = runtime_role(&patient, &["statement_timeout = '300ms'"]);
+    let operation = format!("{}?operation_timeout=300ms", server_url());
+    for (case, url, bound) in [
+        ("lock", locks, Duration::from_millis(50)),
+        ("statement", statements, Duration::from_millis(300)),
+        ("operation", operation, Duration::from_millis(300)),
+    ] {
+        let agent = format!("locked-{case}-{}", std::process::id());
+        let host = Shared::with(tempfile::tempdir().unwrap(), url, &agent);
+        let locker = lock_row(&agent);
+        let wait = Duration::from_secs(2);
+        let started = Instant::now();
+        let output = host.run(
+            "laptop",
+            &[
+                "run", "--agent", &agent, "--intent", "i", "--salt", "1", "--wait", "2s", "--", "true",
+            ],
+        );
+        let elapsed = started.elapsed();
+        drop(locker);
+        let message = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(10), "{message}");
+        assert!(
+            message.contains("timed out") || message.contains("timeout"),
+            "{message}"
+        );
+        assert!(
+            elapsed >= wait && elapsed < wait + bound + Duration::from_millis(1_500),
+            "{case}: --wait 2s with a {bound:?} bound took {elapsed:?}"
+        );
+    }
+    admin()
+        .batch_execute(&format!(
+            "DROP OWNED BY {hasty}; DROP ROLE {hasty}; DROP OWNED BY {patient}; DROP ROLE {patient}"
+        ))
+        .unwrap();
+}
+
+/// Clear errors (issue 14, item 5): a read-only server (a standby, or a role with
+/// `default_transaction_read_only`) is named as such, not as a missing privilege.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn run_postgres_a_read_only_server_is_named() {
+    migrate();
+    let role = format!("fp_reader_{}", std::process::id());
+    let url = runtime_role(&role, &["default_transaction_read_only = on"]);
+    let host = Shared::with(tempfile::tempdir().unwrap(), url, "read-only");
+    let output = host.run("laptop", &["lease", "acquire", "--agent", "read-only"]);
+    let message = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(10), "{message}");
+    assert!(message.contains("read-only"), "{message}");
+    assert!(!message.contains("CREATE"), "{message}");
+    admin()
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .unwrap();
 }

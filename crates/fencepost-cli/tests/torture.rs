@@ -375,6 +375,14 @@ fn torture_sqlite_no_effect_twice_none_lost_under_stop_kill_and_term() {
 fn torture_postgres_no_effect_twice_none_lost_under_stop_kill_and_term() {
     let url = std::env::var("FENCEPOST_POSTGRES_URL")
         .expect("FENCEPOST_POSTGRES_URL must name a server (scripts/test starts one)");
+    // The schema is an explicit admin step (the hosts only check it).
+    let admin = Shared::with(tempfile::tempdir().unwrap(), url.clone(), "admin");
+    let migrated = admin.run("admin-host", &["admin", "migrate"]);
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
     let folder = tempfile::tempdir().unwrap();
     let shared = Shared::with(folder, url, "torture");
     torture(&shared);

@@ -1,24 +1,27 @@
-//! PostgreSQL coordinator benchmarks (DESIGN §7, issue 5):
+//! PostgreSQL coordinator benchmarks (DESIGN §7, issues 5 and 14):
 //!
-//! * `postgres/renew` against `postgres/select_1`, a bare one-statement round trip on the same
-//!   connection (target: renew ≥ 80 % of its rate); `postgres/bare_update` (a one-row autocommit
-//!   `UPDATE`, which flushes the WAL like every durable renew) for context. The three are
-//!   interleaved (every iteration runs each and times one) so that drift in fsync latency hits them
-//!   alike. `postgres/renew_without_wal_flush` is the renew on a `synchronous_commit = off`
-//!   session, to show what the flush costs.
+//! * `postgres/<path>/renew` against `postgres/<path>/bare_update` (a one-row autocommit `UPDATE`
+//!   in one round trip, which flushes the WAL like every durable renew; target: renew ≥ 80 % of
+//!   its rate) and `postgres/<path>/select_1` (a bare round trip), where `<path>` is `direct` (the
+//!   server) and `pgbouncer_transaction` (PgBouncer in transaction mode in front of it). Every
+//!   statement is unnamed or simple, as the coordinator's own are, so each works through the
+//!   pooler. The three are interleaved (every iteration runs each and times one) so that drift in
+//!   fsync latency hits them alike. `postgres/direct/renew_without_wal_flush` is the renew on a
+//!   `synchronous_commit = off` session, to show what the flush costs.
 //! * `postgres_contention/acquire_8_way`: 8 threads, each with its own coordinator, acquire one
 //!   agent over and over (a winner releases at once); the time is per acquire, all threads
 //!   together.
 //!
-//! Uses the server at `FENCEPOST_POSTGRES_URL`, or starts a throw-away one with
-//! `scripts/postgres-sandbox` (and stops it at the end). Run: `cargo bench --bench postgres`.
+//! Uses the server at `FENCEPOST_POSTGRES_URL` and the pooler at
+//! `FENCEPOST_PGBOUNCER_TRANSACTION_URL`, or starts throw-away ones with `scripts/postgres-sandbox`
+//! (and stops them at the end). Run: `cargo bench --bench postgres`.
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fencepost::backend::postgres::{driver, PostgresConfig, PostgresLeaseCoordinator};
+use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
 use fencepost::lease::{LeaseCoordinator, LeaseError};
 
 /// A throw-away server, stopped on drop.
@@ -36,9 +39,13 @@ impl Drop for Sandbox {
     }
 }
 
-fn server() -> (String, Option<Sandbox>) {
-    if let Ok(url) = std::env::var("FENCEPOST_POSTGRES_URL") {
-        return (url, None);
+/// The server's URL and the transaction pooler's.
+fn server() -> (String, String, Option<Sandbox>) {
+    if let (Ok(url), Ok(pooled)) = (
+        std::env::var("FENCEPOST_POSTGRES_URL"),
+        std::env::var("FENCEPOST_PGBOUNCER_TRANSACTION_URL"),
+    ) {
+        return (url, pooled, None);
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/postgres-sandbox");
     let folder = tempfile::tempdir().unwrap();
@@ -57,13 +64,19 @@ fn server() -> (String, Option<Sandbox>) {
         String::from_utf8_lossy(&output.stderr)
     );
     let exports = String::from_utf8(output.stdout).unwrap();
-    let url = exports
-        .lines()
-        .find_map(|line| line.strip_prefix("export FENCEPOST_POSTGRES_URL='"))
-        .and_then(|rest| rest.strip_suffix('\''))
-        .expect("the sandbox prints the URL")
-        .to_owned();
-    (url, Some(sandbox))
+    let export = |name: &str| {
+        exports
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("export {name}='")))
+            .and_then(|rest| rest.strip_suffix('\''))
+            .expect("the sandbox prints its URLs")
+            .to_owned()
+    };
+    (
+        export("FENCEPOST_POSTGRES_URL"),
+        export("FENCEPOST_PGBOUNCER_TRANSACTION_URL"),
+        Some(sandbox),
+    )
 }
 
 fn coordinator(url: &str) -> PostgresLeaseCoordinator {
@@ -90,36 +103,33 @@ fn timed(iterations: u64, others: &[&dyn Fn()], measured: &dyn Fn()) -> Duration
     elapsed
 }
 
-fn benchmarks(criterion: &mut Criterion) {
-    let (url, _sandbox) = server();
-    let coordinator = coordinator(&url);
-    let (select, update) = coordinator
+/// `renew`, `bare_update` and `select_1` through `url`, as `postgres/<path>/…`.
+fn renew_against_a_bare_write(criterion: &mut Criterion, path: &str, url: &str) {
+    let coordinator = coordinator(url);
+    coordinator
         .with_connection(|client| {
             client.batch_execute(
                 "CREATE TABLE IF NOT EXISTS fencepost_bench.counter (id int PRIMARY KEY, n bigint NOT NULL);
                  INSERT INTO fencepost_bench.counter VALUES (1, 0) ON CONFLICT DO NOTHING;",
-            )?;
-            Ok((
-                client.prepare("SELECT 1")?,
-                client.prepare("UPDATE fencepost_bench.counter SET n = n + 1 WHERE id = 1")?,
-            ))
+            )
         })
         .unwrap();
-    let lease = match coordinator.acquire("bench-renew", "bench", 3_600_000) {
+    let agent = format!("bench-renew-{path}");
+    let lease = match coordinator.acquire(&agent, "bench", 3_600_000) {
         Ok(lease) => lease,
-        Err(LeaseError::Held { epoch, .. }) => coordinator
-            .renew("bench-renew", "bench", epoch, 3_600_000)
-            .unwrap(),
+        Err(LeaseError::Held { epoch, .. }) => coordinator.renew(&agent, "bench", epoch, 3_600_000).unwrap(),
         Err(other) => panic!("{other}"),
     };
     let select_1 = || {
         coordinator
-            .with_connection(|client: &mut driver::Client| client.query_one(&select, &[]))
+            .with_connection(|client| client.simple_query("SELECT 1"))
             .unwrap();
     };
     let bare_update = || {
         coordinator
-            .with_connection(|client| client.execute(&update, &[]))
+            .with_connection(|client| {
+                client.simple_query("UPDATE fencepost_bench.counter SET n = n + 1 WHERE id = 1")
+            })
             .unwrap();
     };
     let renew = || {
@@ -127,8 +137,7 @@ fn benchmarks(criterion: &mut Criterion) {
             .renew(&lease.agent_id, &lease.holder, lease.epoch, 3_600_000)
             .unwrap();
     };
-
-    let mut group = criterion.benchmark_group("postgres");
+    let mut group = criterion.benchmark_group(format!("postgres/{path}"));
     group.throughput(Throughput::Elements(1));
     group.bench_function("select_1", |bencher| {
         bencher.iter_custom(|iterations| timed(iterations, &[&renew, &bare_update], &select_1))
@@ -139,22 +148,31 @@ fn benchmarks(criterion: &mut Criterion) {
     group.bench_function("bare_update", |bencher| {
         bencher.iter_custom(|iterations| timed(iterations, &[&select_1, &renew], &bare_update))
     });
-    // For comparison only: the same renew on a session that does not wait for the WAL flush
-    // (`synchronous_commit = off`), which the coordinator never sets (a renewal lost in a crash
-    // would shorten a lease its holder believes it has).
-    let unflushed = self::coordinator(&url);
-    unflushed
-        .with_connection(|client| client.batch_execute("SET synchronous_commit = off"))
-        .unwrap();
-    let renew_unflushed = || {
+    if path == "direct" {
+        // For comparison only: the same renew on a session that does not wait for the WAL flush
+        // (`synchronous_commit = off`, session state a pooler would not keep), which the
+        // coordinator never sets (a renewal lost in a crash would shorten a lease its holder
+        // believes it has).
+        let unflushed = self::coordinator(url);
         unflushed
-            .renew(&lease.agent_id, &lease.holder, lease.epoch, 3_600_000)
+            .with_connection(|client| client.batch_execute("SET synchronous_commit = off"))
             .unwrap();
-    };
-    group.bench_function("renew_without_wal_flush", |bencher| {
-        bencher.iter_custom(|iterations| timed(iterations, &[&select_1, &renew], &renew_unflushed))
-    });
+        let renew_unflushed = || {
+            unflushed
+                .renew(&lease.agent_id, &lease.holder, lease.epoch, 3_600_000)
+                .unwrap();
+        };
+        group.bench_function("renew_without_wal_flush", |bencher| {
+            bencher.iter_custom(|iterations| timed(iterations, &[&select_1, &renew], &renew_unflushed))
+        });
+    }
     group.finish();
+}
+
+fn benchmarks(criterion: &mut Criterion) {
+    let (url, pooled, _sandbox) = server();
+    renew_against_a_bare_write(criterion, "direct", &url);
+    renew_against_a_bare_write(criterion, "pgbouncer_transaction", &pooled);
 
     const THREADS: usize = 8;
     let contenders: Vec<_> = (0..THREADS).map(|_| self::coordinator(&url)).collect();

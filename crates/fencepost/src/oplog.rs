@@ -404,7 +404,7 @@ impl OpRecord {
     /// The `op_id` this record's other fields hash to.
     ///
     /// Computes it whatever the record's size; [`LogHead`] and [`DeviceLog`] check the record
-    /// limits first ([`check_limits`](Self::check_limits)).
+    /// limits first ([`checked_content_id`](Self::checked_content_id)).
     pub fn content_id(&self) -> OpId {
         let mut canonical = Vec::with_capacity(128);
         self.payload.write_canonical_json(&mut canonical);

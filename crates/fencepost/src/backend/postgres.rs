@@ -3,19 +3,31 @@
 //!
 //! # Deploying it
 //!
-//! * **Schema and roles.** Run [`PostgresLeaseCoordinator::migrate`] once per database, as a role
-//!   that may create the schema (it is idempotent and safe to run from several hosts at once). The
-//!   coordinators then need only `USAGE` on the schema and `SELECT, INSERT, UPDATE` on its `leases`
-//!   table:
+//! * **Schema and roles.** Creating the schema is an administration step:
+//!   [`PostgresLeaseCoordinator::migrate`] (`fencepost admin migrate`), once per database and after
+//!   an upgrade, as the schema's owner or a role with `CREATE` on the database (idempotent, safe
+//!   from several hosts at once, never a downgrade). Coordinators only check it
+//!   ([`check_schema`](PostgresLeaseCoordinator::check_schema): one read of the `schema_version`
+//!   table) and need only these grants:
 //!
 //!   ```sql
 //!   CREATE ROLE fencepost_agent LOGIN PASSWORD '…';
 //!   GRANT USAGE ON SCHEMA fencepost TO fencepost_agent;
 //!   GRANT SELECT, INSERT, UPDATE ON fencepost.leases TO fencepost_agent;
+//!   GRANT SELECT ON fencepost.schema_version TO fencepost_agent;
 //!   ```
 //!
 //!   Never grant `DELETE` or `TRUNCATE` on `leases`: a deleted row forgets its epoch, and the next
 //!   grant would repeat epoch 1.
+//! * **Poolers.** Every operation is one simple-query message: its statements run as one implicit
+//!   transaction in one round trip, with values as escaped literals, no prepared statement and no
+//!   session setting. So it works through PgBouncer in transaction and in session mode (statement
+//!   mode cannot run transactions, and the error says so), and every reply is checked to be about
+//!   the agent asked for.
+//! * **Timeouts.** [`PostgresConfig::operation_timeout_ms`] bounds each operation with `SET LOCAL`
+//!   (this transaction only), and only where the role's own `statement_timeout` / `lock_timeout`
+//!   is unlimited or longer: the operator's lower setting wins. The role's defaults are read once
+//!   per connection.
 //! * **Replication.** A granted epoch must survive a fail-over, or the new primary can grant it a
 //!   second time to another site. Run a synchronous standby (`synchronous_standby_names` set and
 //!   `synchronous_commit = on` or `remote_apply`) and fail over only to a synchronous standby. With
@@ -175,13 +187,16 @@ pub enum FencedError<E> {
 /// A lease coordinator in PostgreSQL: linearizable across hosts, durable, expiry by the server's
 /// clock.
 ///
-/// * One table, `<schema>.leases`, made by the idempotent [`migrate`](Self::migrate).
-/// * Each write is one statement, serialized by the lease row's lock, and reads the clock only
+/// * One table, `<schema>.leases` (and `<schema>.schema_version`), made by the idempotent
+///   [`migrate`](Self::migrate).
+/// * Each operation is one round trip (one simple-query message, one implicit transaction); each
+///   write is one statement, serialized by the lease row's lock, and reads the clock only
 ///   after it holds that lock: `acquire` is `INSERT … ON CONFLICT … DO UPDATE … WHERE <free or
 ///   expired> RETURNING …`, `renew` the same with `WHERE <holder and epoch>`, and `release` is
 ///   `UPDATE … WHERE <holder and epoch> RETURNING …`.
-///   A verdict that needs the current row (`Held`, `Lost`) reads it in a second statement, at an
-///   instant where the verdict still holds.
+///   A verdict that needs the current row (`Held`, `Lost`) reads it in a second statement of the
+///   same transaction (`acquire`, `release`) or a second round trip (`renew`), at an instant where
+///   the verdict still holds.
 /// * Reads take a share lock on the row (`FOR SHARE`), so a read never returns the state a write
 ///   has already replaced but not yet committed: `current` and the fence are linearizable, not
 ///   merely snapshot reads.
@@ -201,7 +216,7 @@ pub enum FencedError<E> {
 ///
 /// let config = PostgresConfig::new("postgres://fencepost_agent:secret@db.internal/app");
 /// let coordinator = PostgresLeaseCoordinator::connect(config)?;
-/// coordinator.migrate()?; // once per database; idempotent
+/// coordinator.check_schema()?; // `migrate()` is the administrator's step, once per database
 /// let lease = coordinator.acquire("billing-agent", "laptop", 30_000)?;
 /// println!("epoch {} until {} ms (server time)", lease.epoch, lease.expires_at_ms);
 /// # Ok::<(), fencepost::lease::LeaseError>(())
@@ -209,8 +224,6 @@ pub enum FencedError<E> {
 pub struct PostgresLeaseCoordinator {
     config: PostgresConfig,
     statements: Statements,
-    /// The statement that opens every transaction: the operation timeout.
-    prologue: String,
     session: Mutex<Option<Session>>,
 }
 
@@ -296,7 +309,7 @@ impl Statements {
                          expires_at_ms = {expires}
                      WHERE (lease.holder IS NULL OR lease.expires_at_ms <= ({clock}))
                        AND greatest(lease.epoch, lease.floor) < {max_epoch}
-                 RETURNING holder, epoch, expires_at_ms",
+                 RETURNING agent_id, holder, epoch, expires_at_ms",
                 expires = expiry("$3::bigint"),
                 max_epoch = i64::MAX
             ),
@@ -310,15 +323,15 @@ impl Statements {
                  ON CONFLICT (agent_id) DO UPDATE
                      SET expires_at_ms = {expires}
                      WHERE lease.holder = $2 AND lease.epoch = $3
-                 RETURNING holder, epoch, expires_at_ms",
+                 RETURNING agent_id, holder, epoch, expires_at_ms",
                 expires = expiry("$4::bigint")
             ),
             release: format!(
                 "UPDATE {table} SET holder = NULL
-                 WHERE agent_id = $1 AND holder = $2 AND epoch = $3 RETURNING epoch"
+                 WHERE agent_id = $1 AND holder = $2 AND epoch = $3 RETURNING agent_id, epoch"
             ),
             read: format!(
-                "SELECT holder, epoch, expires_at_ms, ({clock}) FROM {table} WHERE agent_id = $1 FOR SHARE"
+                "SELECT agent_id, holder, epoch, expires_at_ms, ({clock}) FROM {table} WHERE agent_id = $1 FOR SHARE"
             ),
             raise_floor: format!(
                 "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor)
@@ -396,9 +409,15 @@ fn bind(template: &str, literals: &[Literal<'_>]) -> String {
     out
 }
 
-/// A connection. It keeps nothing between operations: no prepared statement, no setting.
+/// A connection. It keeps nothing on the server between operations: no prepared statement, no
+/// setting.
 struct Session {
     client: Client,
+    /// What opens each transaction: the isolation level and the operation timeout, where the
+    /// server's defaults for this role do not already give them ([`opening`]).
+    prologue: String,
+    /// The operation-timeout part of the prologue alone (for a transaction opened explicitly).
+    timeouts: String,
 }
 
 /// The rows of each statement of a batch, in order.
@@ -411,13 +430,28 @@ fn integer(row: &SimpleQueryRow, column: usize) -> Result<i64, LeaseError> {
         .map_err(|_| failure(format!("corrupt row: column {column} is {text:?}"), false, None))
 }
 
-/// The columns of the `read` statement.
-fn lease_row(row: &SimpleQueryRow) -> Result<Row, LeaseError> {
+/// Checks that a row answers for `agent_id` (its first column): every statement returns the agent
+/// it is about, so that a reply to someone else's statement (a pooling proxy mixing two clients'
+/// statements) is an error, never a verdict.
+fn for_agent(row: &SimpleQueryRow, agent_id: &str) -> Result<(), LeaseError> {
+    match row.get(0) {
+        Some(found) if found == agent_id => Ok(()),
+        found => Err(failure(
+            format!("the server answered for agent {found:?}, not {agent_id:?}: statements of two clients were mixed (a pooling proxy?); nothing is trusted from this reply"),
+            true,
+            None,
+        )),
+    }
+}
+
+/// The columns of the `read` statement, checked to be `agent_id`'s.
+fn lease_row(row: &SimpleQueryRow, agent_id: &str) -> Result<Row, LeaseError> {
+    for_agent(row, agent_id)?;
     Ok((
-        row.get(0).map(str::to_owned),
-        integer(row, 1)?,
+        row.get(1).map(str::to_owned),
         integer(row, 2)?,
         integer(row, 3)?,
+        integer(row, 4)?,
     ))
 }
 
@@ -563,11 +597,9 @@ impl PostgresLeaseCoordinator {
             ));
         }
         let statements = Statements::new(&config.schema, &config.clock_sql);
-        let prologue = prologue(config.operation_timeout_ms);
         let coordinator = Self {
             config,
             statements,
-            prologue,
             session: Mutex::new(None),
         };
         let session = coordinator.new_session()?;
@@ -597,8 +629,30 @@ impl PostgresLeaseCoordinator {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
             }
-            match settings.connect(NoTls) {
-                Ok(client) => return Ok(Session { client }),
+            let connected = settings.connect(NoTls).and_then(|mut client| {
+                // What this role gets by default (the role's, database's or server's settings; a
+                // pooler connects every server connection of this client as the same role).
+                let defaults = client.simple_query(
+                    "SELECT current_setting('default_transaction_isolation'), current_setting('statement_timeout'), current_setting('lock_timeout')",
+                )?;
+                let row = defaults.iter().find_map(|message| match message {
+                    SimpleQueryMessage::Row(row) => Some(row),
+                    _ => None,
+                });
+                let (isolation, timeouts) = opening(
+                    row.and_then(|row| row.get(0)),
+                    row.and_then(|row| row.get(1)),
+                    row.and_then(|row| row.get(2)),
+                    self.config.operation_timeout_ms,
+                );
+                Ok(Session {
+                    client,
+                    prologue: format!("{isolation}{timeouts}"),
+                    timeouts,
+                })
+            });
+            match connected {
+                Ok(session) => return Ok(session),
                 Err(error) => {
                     let permanent = error.code().is_some_and(|code| {
                         *code == SqlState::INVALID_PASSWORD
@@ -623,29 +677,21 @@ impl PostgresLeaseCoordinator {
         ))
     }
 
-    /// Runs `statements` as one transaction in one round trip (one simple-query message): `BEGIN`
-    /// at READ COMMITTED, the operation timeout (`SET LOCAL`), the statements, `COMMIT`. Returns
-    /// each statement's rows. After an error the transaction is rolled back (so that a pooling
-    /// proxy gets its server connection back at once).
+    /// Runs `statements` as one transaction in one round trip: one simple-query message, whose
+    /// statements PostgreSQL runs as one implicit transaction (committed after the last one, rolled
+    /// back at the first error, so the connection is never left inside a transaction): the
+    /// session's prologue (READ COMMITTED and the operation timeout, local to the transaction,
+    /// where the role's defaults do not already give them), then the statements. Returns each
+    /// statement's rows.
     fn batch(&self, session: &mut Session, statements: &[String]) -> Result<ResultSets, postgres::Error> {
         let mut text = String::with_capacity(256 + statements.iter().map(String::len).sum::<usize>());
-        text.push_str("BEGIN ISOLATION LEVEL READ COMMITTED;");
-        text.push_str(&self.prologue);
+        text.push_str(&session.prologue);
         for statement in statements {
             text.push_str(statement);
             text.push(';');
         }
-        text.push_str("COMMIT");
-        let messages = match session.client.simple_query(&text) {
-            Ok(messages) => messages,
-            Err(error) => {
-                if !session.client.is_closed() {
-                    let _ = session.client.batch_execute("ROLLBACK");
-                }
-                return Err(error);
-            }
-        };
-        let mut sets: ResultSets = Vec::with_capacity(statements.len() + 3);
+        let messages = session.client.simple_query(&text)?;
+        let mut sets: ResultSets = Vec::with_capacity(statements.len() + 2);
         let mut rows = Vec::new();
         for message in messages {
             match message {
@@ -654,8 +700,8 @@ impl PostgresLeaseCoordinator {
                 _ => {}
             }
         }
-        // BEGIN, the prologue (when there is one), the statements, COMMIT.
-        let skip = 1 + usize::from(!self.prologue.is_empty());
+        // The prologue's statements, then the statements.
+        let skip = session.prologue.matches(';').count();
         Ok(sets.into_iter().skip(skip).take(statements.len()).collect())
     }
 
@@ -831,22 +877,22 @@ impl PostgresLeaseCoordinator {
         let mut commit_sent = false;
         let read = bind(&self.statements.read, &[Literal::Text(agent_id)]);
         let outcome = self.with_session(|session| {
+            let mut opening = session.timeouts.clone();
+            opening.push_str(&read);
             let mut transaction = session
                 .client
                 .build_transaction()
                 .isolation_level(postgres::IsolationLevel::ReadCommitted)
                 .start()?;
-            let mut opening = self.prologue.clone();
-            opening.push_str(&read);
             let messages = transaction.simple_query(&opening)?;
+            // The timeouts are `SET`s, which return no rows: the first row is the read's.
             let row = messages
                 .iter()
-                .filter_map(|message| match message {
+                .find_map(|message| match message {
                     SimpleQueryMessage::Row(row) => Some(row),
                     _ => None,
                 })
-                .nth(usize::from(!self.prologue.is_empty()))
-                .map(lease_row)
+                .map(|row| lease_row(row, agent_id))
                 .transpose()?;
             let decision = match row.map(|row| (row.0, row.1)) {
                 Some((Some(holder), current)) if holder == device_id && current == claimed(epoch) => None,
@@ -976,7 +1022,7 @@ impl PostgresLeaseCoordinator {
                 .next()
                 .unwrap_or_default()
                 .first()
-                .map(lease_row)
+                .map(|row| lease_row(row, agent_id))
                 .transpose()?;
             Ok((written, read))
         })
@@ -984,25 +1030,56 @@ impl PostgresLeaseCoordinator {
     }
 }
 
-/// The statement that bounds one transaction by `operation_timeout_ms`, without ever raising a
-/// lower `statement_timeout` or `lock_timeout` the operator set (0 there means no limit); empty
-/// when `operation_timeout_ms` is 0.
-fn prologue(operation_timeout_ms: u64) -> String {
-    if operation_timeout_ms == 0 {
-        return String::new();
-    }
-    let bound = |setting: &str| {
-        format!(
-            "set_config('{setting}', (SELECT CASE WHEN current_ms = 0 OR current_ms > {operation_timeout_ms} \
-             THEN '{operation_timeout_ms}' ELSE ceil(current_ms)::text END \
-             FROM (SELECT extract(epoch FROM current_setting('{setting}')::interval) * 1000 AS current_ms) AS setting), true)"
-        )
+/// The statements that open each transaction of a session, from what the role gets by default
+/// (read once per connection): `SET TRANSACTION ISOLATION LEVEL READ COMMITTED` unless that is the
+/// default, and for `statement_timeout` and `lock_timeout` a `SET LOCAL` to `operation_timeout_ms`
+/// where the default is no limit or a longer one: the operator's lower timeout is never raised,
+/// and nothing outlives the transaction. Returns the isolation part and the timeouts part; both
+/// are `SET`s (no rows).
+fn opening(
+    isolation: Option<&str>,
+    statement_timeout: Option<&str>,
+    lock_timeout: Option<&str>,
+    operation_timeout_ms: u64,
+) -> (&'static str, String) {
+    let isolation = if isolation == Some("read committed") {
+        ""
+    } else {
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;"
     };
-    format!(
-        "SELECT {}, {};",
-        bound("statement_timeout"),
-        bound("lock_timeout")
-    )
+    let mut timeouts = String::new();
+    if operation_timeout_ms > 0 {
+        for (setting, current) in [
+            ("statement_timeout", statement_timeout),
+            ("lock_timeout", lock_timeout),
+        ] {
+            let current_ms = current.and_then(setting_ms).unwrap_or(0);
+            if current_ms == 0 || current_ms > operation_timeout_ms {
+                timeouts.push_str(&format!("SET LOCAL {setting} = {operation_timeout_ms};"));
+            }
+        }
+    }
+    (isolation, timeouts)
+}
+
+/// A time setting as `current_setting` shows it (`0`, `500us`, `50ms`, `10s`, `2min`, `1h`,
+/// `1d`), in milliseconds rounded up; `None` when it does not parse.
+fn setting_ms(text: &str) -> Option<u64> {
+    let split = text
+        .find(|character: char| !character.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let value: u64 = digits.parse().ok()?;
+    let scaled = match unit.trim() {
+        "" | "ms" => Some(value),
+        "us" => Some(value.div_ceil(1_000)),
+        "s" => value.checked_mul(1_000),
+        "min" => value.checked_mul(60_000),
+        "h" => value.checked_mul(3_600_000),
+        "d" => value.checked_mul(86_400_000),
+        _ => None,
+    };
+    scaled
 }
 
 impl LeaseCoordinator for PostgresLeaseCoordinator {
@@ -1023,16 +1100,22 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         for _ in 0..2 {
             let (written, read) = self.write_then_read("acquire", write.clone(), agent_id)?;
             if let Some(row) = written.first() {
-                let holder = row.get(0);
-                if holder.is_none() {
+                for_agent(row, agent_id)?;
+                let Some(holder) = row.get(1) else {
                     continue; // the agent's row was just created, unheld: grant in the conflict branch
+                };
+                if holder != device_id {
+                    return Err(failure(
+                        format!("acquire: the server granted {agent_id:?} to {holder:?}, not {device_id:?}: statements of two clients were mixed (a pooling proxy?)"),
+                        true,
+                        None,
+                    ));
                 }
-                debug_assert_eq!(holder, Some(device_id));
                 return Ok(Lease {
                     agent_id: agent_id.to_owned(),
-                    holder: device_id.to_owned(),
-                    epoch: stored(integer(row, 1)?, "epoch")?,
-                    expires_at_ms: stored(integer(row, 2)?, "expires_at_ms")?,
+                    holder: holder.to_owned(),
+                    epoch: stored(integer(row, 2)?, "epoch")?,
+                    expires_at_ms: stored(integer(row, 3)?, "expires_at_ms")?,
                 });
             }
             // Refused: the write locked the row, and the read saw it under that lock.
@@ -1079,10 +1162,15 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         let outcome = self
             .with_session(|session| {
                 let sets = self.batch(session, &statements)?;
-                match sets.into_iter().next().unwrap_or_default().first() {
-                    Some(row) if row.get(0).is_some() => Ok(Ok(integer(row, 2)?)),
+                let rows = sets.into_iter().next().unwrap_or_default();
+                let row = rows.first();
+                if let Some(row) = row {
+                    for_agent(row, agent_id)?;
+                }
+                match row {
+                    Some(row) if row.get(1) == Some(device_id) => Ok(Ok(integer(row, 3)?)),
                     // The agent had no row: epoch 0.
-                    Some(row) => Ok(Err(integer(row, 1)?)),
+                    Some(row) => Ok(Err(integer(row, 2)?)),
                     // Refused: read the current epoch (never the caller's again).
                     None => Ok(Err(self.lost(session, agent_id)?)),
                 }
@@ -1115,8 +1203,8 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
             ],
         );
         let (written, read) = self.write_then_read("release", write, agent_id)?;
-        if !written.is_empty() {
-            return Ok(());
+        if let Some(row) = written.first() {
+            return for_agent(row, agent_id);
         }
         Err(LeaseError::Lost {
             agent_id: agent_id.to_owned(),
@@ -1165,7 +1253,7 @@ impl PostgresLeaseCoordinator {
             .next()
             .unwrap_or_default()
             .first()
-            .map(lease_row)
+            .map(|row| lease_row(row, agent_id))
             .transpose()?)
     }
 
@@ -1173,5 +1261,55 @@ impl PostgresLeaseCoordinator {
     /// caller's (epochs never repeat, so it never will be again).
     fn lost(&self, session: &mut Session, agent_id: &str) -> Result<i64, CallError> {
         Ok(self.read(session, agent_id)?.map_or(0, |row| row.1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 14, item 4: the operator's lower timeouts are kept, unlimited or longer ones are
+    /// bounded, and READ COMMITTED is set only where it is not the default.
+    #[test]
+    fn the_operation_timeout_never_raises_the_operators() {
+        assert_eq!(setting_ms("0"), Some(0));
+        assert_eq!(setting_ms("50ms"), Some(50));
+        assert_eq!(setting_ms("1500"), Some(1_500));
+        assert_eq!(setting_ms("10s"), Some(10_000));
+        assert_eq!(setting_ms("2min"), Some(120_000));
+        assert_eq!(setting_ms("1h"), Some(3_600_000));
+        assert_eq!(setting_ms("1d"), Some(86_400_000));
+        assert_eq!(setting_ms("500us"), Some(1));
+        assert_eq!(setting_ms("soon"), None);
+        let (isolation, timeouts) = opening(Some("read committed"), Some("0"), Some("0"), 10_000);
+        assert_eq!(isolation, "");
+        assert_eq!(
+            timeouts,
+            "SET LOCAL statement_timeout = 10000;SET LOCAL lock_timeout = 10000;"
+        );
+        let (isolation, timeouts) = opening(Some("serializable"), Some("50ms"), Some("1min"), 10_000);
+        assert_eq!(isolation, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED;");
+        assert_eq!(
+            timeouts, "SET LOCAL lock_timeout = 10000;",
+            "the role's 50 ms stays"
+        );
+        assert_eq!(opening(Some("read committed"), Some("0"), Some("0"), 0).1, "");
+        assert_eq!(
+            opening(None, Some("what"), None, 300).1,
+            "SET LOCAL statement_timeout = 300;SET LOCAL lock_timeout = 300;"
+        );
+    }
+
+    /// Rule L8 in SQL: literals are escaped, placeholders replaced once, other dollars kept.
+    #[test]
+    fn literals_are_escaped_and_bound_once() {
+        let bound = bind(
+            "SELECT $1, $2, $$x$$, $9",
+            &[Literal::Text("it's a \\ back'slash"), Literal::Int(-1)],
+        );
+        assert_eq!(
+            bound,
+            "SELECT E'it''s a \\\\ back''slash', (-1)::bigint, $$x$$, $9"
+        );
     }
 }
