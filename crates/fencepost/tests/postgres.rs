@@ -1189,3 +1189,38 @@ fn l6_contended_acquires_are_verdicts_never_errors_and_grant_distinct_epochs() {
         "the lease changed hands"
     );
 }
+
+/// Clear errors (issue 14, item 5): behind PgBouncer in statement mode, which runs no transaction
+/// block, every lease operation still works (each is one message, one implicit transaction), and
+/// the transactional fence, which needs a transaction block, fails with an error that names the
+/// pooling mode. scripts/test starts that pooler (`FENCEPOST_PGBOUNCER_STATEMENT_URL`).
+#[test]
+#[ignore = "needs PostgreSQL and PgBouncer: run scripts/test (or set FENCEPOST_PGBOUNCER_STATEMENT_URL too)"]
+fn a_pooler_in_statement_mode_runs_leases_and_the_fence_names_the_mode() {
+    let pooled = std::env::var("FENCEPOST_PGBOUNCER_STATEMENT_URL").expect(
+        "FENCEPOST_PGBOUNCER_STATEMENT_URL is not set: this test needs PgBouncer in statement mode (scripts/test starts one)",
+    );
+    let schema = TestSchema::new();
+    schema.coordinator(); // migrated directly
+    let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig {
+        url: pooled,
+        ..schema.config()
+    })
+    .unwrap();
+    coordinator.check_schema().unwrap();
+    let lease = coordinator.acquire("milo", "laptop", 1_000).unwrap();
+    coordinator.renew("milo", "laptop", lease.epoch, 1_000).unwrap();
+    assert_eq!(
+        coordinator.current("milo").unwrap().map(|lease| lease.epoch),
+        Some(1)
+    );
+    let fenced = coordinator.fenced_transaction("milo", "laptop", lease.epoch, |_| Ok::<_, String>(()));
+    match fenced {
+        Err(FencedError::Lease(error)) => {
+            let message = error.to_string();
+            assert!(message.contains("statement mode"), "{message}");
+        }
+        other => panic!("the fence cannot run in statement mode: {other:?}"),
+    }
+    coordinator.release("milo", "laptop", lease.epoch).unwrap();
+}

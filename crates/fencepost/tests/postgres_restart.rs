@@ -64,7 +64,7 @@ fn l5_epochs_continue_after_a_server_restart_mid_run() {
     // One site acquires and releases without pause; the server restarts under it.
     let (epochs, failures) = std::thread::scope(|scope| {
         let worker = scope.spawn(|| {
-            let (mut epochs, mut failures) = (Vec::new(), 0usize);
+            let (mut epochs, mut failures) = (Vec::new(), Vec::new());
             let deadline = Instant::now() + Duration::from_secs(60);
             while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
                 let epoch = match coordinator.acquire("restart", "laptop", 60_000) {
@@ -72,8 +72,8 @@ fn l5_epochs_continue_after_a_server_restart_mid_run() {
                     // Its own lease: an acquire whose answer was lost in the restart but that had
                     // applied, or a release that was lost.
                     Err(LeaseError::Held { holder, epoch, .. }) if holder == "laptop" => epoch,
-                    Err(LeaseError::Backend(_)) => {
-                        failures += 1;
+                    Err(LeaseError::Backend(error)) => {
+                        failures.push(error.to_string());
                         std::thread::sleep(Duration::from_millis(50));
                         continue;
                     }
@@ -83,8 +83,8 @@ fn l5_epochs_continue_after_a_server_restart_mid_run() {
                 if epochs.last() != Some(&epoch) {
                     epochs.push(epoch);
                 }
-                if let Err(LeaseError::Backend(_)) = coordinator.release("restart", "laptop", epoch) {
-                    failures += 1;
+                if let Err(LeaseError::Backend(error)) = coordinator.release("restart", "laptop", epoch) {
+                    failures.push(error.to_string());
                 }
             }
             (epochs, failures)
@@ -96,9 +96,18 @@ fn l5_epochs_continue_after_a_server_restart_mid_run() {
         worker.join().unwrap()
     });
     assert!(
-        failures > 0,
+        !failures.is_empty(),
         "the restart went unnoticed: the test did not restart the server mid-run"
     );
+    // Issue 14, item 5: a lost connection keeps its cause, not only "error connecting".
+    for failure in &failures {
+        assert!(
+            !failure.contains("error connecting")
+                || failure.contains("os error")
+                || failure.contains("refused"),
+            "a connection error without its cause: {failure}"
+        );
+    }
     assert!(epochs.len() > 10, "too few grants: {}", epochs.len());
     for pair in epochs.windows(2) {
         assert!(pair[0] < pair[1], "L5: epoch {} after {}", pair[1], pair[0]);

@@ -21,9 +21,10 @@
 //!   grant would repeat epoch 1.
 //! * **Poolers.** Every operation is one simple-query message: its statements run as one implicit
 //!   transaction in one round trip, with values as escaped literals, no prepared statement and no
-//!   session setting. So it works through PgBouncer in transaction and in session mode (statement
-//!   mode cannot run transactions, and the error says so), and every reply is checked to be about
-//!   the agent asked for.
+//!   session setting. So it works through PgBouncer in transaction and in session mode, and every
+//!   reply is checked to be about the agent asked for. Statement mode runs the lease operations
+//!   too, but not [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction), which needs
+//!   a transaction block (its error names the mode).
 //! * **Timeouts.** [`PostgresConfig::operation_timeout_ms`] bounds each operation with `SET LOCAL`
 //!   (this transaction only), and only where the role's own `statement_timeout` / `lock_timeout`
 //!   is unlimited or longer: the operator's lower setting wins. The role's defaults are read once
@@ -879,11 +880,27 @@ impl PostgresLeaseCoordinator {
         let outcome = self.with_session(|session| {
             let mut opening = session.timeouts.clone();
             opening.push_str(&read);
-            let mut transaction = session
+            let started = session
                 .client
                 .build_transaction()
                 .isolation_level(postgres::IsolationLevel::ReadCommitted)
-                .start()?;
+                .start();
+            let mut transaction = match started {
+                Ok(transaction) => transaction,
+                // PgBouncer in statement mode answers a transaction block by closing the
+                // connection, often before its message can be read.
+                Err(error) if error.is_closed() || describe(&error).contains("pooling mode") => {
+                    return Err(CallError::Reply(failure(
+                        format!(
+                            "fenced_transaction: the connection was closed as the transaction began ({}): a pooler in statement mode (PgBouncer's pool_mode = statement) runs no transaction block; use transaction or session pooling for the fence",
+                            describe(&error)
+                        ),
+                        false,
+                        Some(error),
+                    )))
+                }
+                Err(error) => return Err(error.into()),
+            };
             let messages = transaction.simple_query(&opening)?;
             // The timeouts are `SET`s, which return no rows: the first row is the read's.
             let row = messages
@@ -962,8 +979,12 @@ impl PostgresLeaseCoordinator {
             unreachable!("connected above");
         };
         work(session).inspect_err(|error| {
-            if matches!(error, CallError::Statement(error) if outcome_unknown(error)) {
-                *slot = None; // reconnect on the next call
+            // Reconnect on the next call after a lost connection, and after a reply that could
+            // not be used (about another agent, unreadable, a connection the server closed).
+            if matches!(error, CallError::Statement(error) if outcome_unknown(error))
+                || matches!(error, CallError::Reply(_))
+            {
+                *slot = None;
             }
         })
     }
