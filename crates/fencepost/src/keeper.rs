@@ -424,7 +424,9 @@ impl Shared {
             Err(LeaseError::Backend(error)) => {
                 tracing::warn!(agent_id = %self.agent_id, epoch = state.epoch, %error, "lease renewal failed; retrying");
                 state.last_error = Some(error.to_string());
-                state.next_attempt_ms = now_ms.saturating_add(self.config.retry_every_ms);
+                // Counted from when the failed renewal was sent, not from when its answer was
+                // taken in: the retry times do not drift with the keeper thread's own delays.
+                state.next_attempt_ms = answer.sent_ms.saturating_add(self.config.retry_every_ms);
                 None
             }
             Err(error) => Some(LossReason::Refused {
