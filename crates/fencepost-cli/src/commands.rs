@@ -700,7 +700,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 IntentStatus::Failed
             };
             ledger
-                .record(&Intent::new(&run, &agent, doubt.epoch, status))
+                .record(&Intent::new(&agent, &run, doubt.epoch, status))
                 .context("cannot write the outcome to the ledger folder")?;
             out!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
         }

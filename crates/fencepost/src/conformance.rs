@@ -623,7 +623,7 @@ pub fn d1_the_fence_reads_the_oracle_then_the_coordinator(harness: &dyn Harness)
     let mut log = DeviceLog::new("phone", clock.wall_clock()).expect("D1 setup");
     let commit = log.append(
         Surface::Intent,
-        Intent::new("run-1", "d1", holder.epoch, IntentStatus::Committed).payload(),
+        Intent::new("d1", "run-1", holder.epoch, IntentStatus::Committed).payload(),
     );
     let state = fold(std::slice::from_ref(&commit));
     for (device, epoch) in [("phone", holder.epoch), ("laptop", zombie.epoch)] {

@@ -1021,7 +1021,7 @@ pub fn dispatch_effect<T, E>(
             "retrying an in-doubt run"
         );
     }
-    let intent = |status| Intent::new(run_id, agent_id, epoch, status);
+    let intent = |status| Intent::new(agent_id, run_id, epoch, status);
     ledger.record(&intent(IntentStatus::Pending))?;
     // Another writer of this device (a thread or process sharing the device id and the lease)
     // may have started the same run since this ledger last looked: its `pending` then arrived in

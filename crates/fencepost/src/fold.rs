@@ -271,11 +271,11 @@ pub struct SyncState {
 /// let mut laptop = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
 /// let mut phone = DeviceLog::new("phone", clock.wall_clock()).unwrap();
 /// let ops = vec![
-///     laptop.append(Surface::Intent, Intent::new("run-1", "milo", 1, IntentStatus::Pending).payload()),
-///     laptop.append(Surface::Intent, Intent::new("run-1", "milo", 1, IntentStatus::Committed).payload()),
+///     laptop.append(Surface::Intent, Intent::new("milo", "run-1", 1, IntentStatus::Pending).payload()),
+///     laptop.append(Surface::Intent, Intent::new("milo", "run-1", 1, IntentStatus::Committed).payload()),
 ///     // The laptop paused past its TTL; the phone took the lease at epoch 2.
-///     phone.append(Surface::Intent, Intent::new("run-2", "milo", 2, IntentStatus::Pending).payload()),
-///     laptop.append(Surface::Intent, Intent::new("run-3", "milo", 1, IntentStatus::Pending).payload()),
+///     phone.append(Surface::Intent, Intent::new("milo", "run-2", 2, IntentStatus::Pending).payload()),
+///     laptop.append(Surface::Intent, Intent::new("milo", "run-3", 1, IntentStatus::Pending).payload()),
 /// ];
 /// let state = fold(&ops);
 /// assert_eq!(state.fencing_epoch("milo"), 2);

@@ -119,7 +119,7 @@ impl std::fmt::Display for IntentStatus {
 ///
 /// ```
 /// use fencepost::lease::{Intent, IntentStatus};
-/// let intent = Intent::new("run-1", "milo", 3, IntentStatus::Pending);
+/// let intent = Intent::new("milo", "run-1", 3, IntentStatus::Pending);
 /// assert_eq!(Intent::from_payload(&intent.payload()), Some(intent));
 /// assert_eq!(Intent::from_payload(&serde_json::json!({"id": "run-1"})), None);
 /// ```
@@ -136,10 +136,11 @@ pub struct Intent {
 }
 
 impl Intent {
-    /// An intent.
+    /// An intent of `agent_id` for `run_id` (the argument order of the seed's `lease` module:
+    /// agent first).
     pub fn new(
-        run_id: impl Into<String>,
         agent_id: impl Into<String>,
+        run_id: impl Into<String>,
         epoch: u64,
         status: IntentStatus,
     ) -> Self {
@@ -166,8 +167,8 @@ impl Intent {
     pub fn from_payload(payload: &Value) -> Option<Self> {
         let fields = IntentFields::read(payload)?;
         Some(Self::new(
-            fields.run_id,
             fields.agent_id,
+            fields.run_id,
             fields.epoch,
             fields.status,
         ))

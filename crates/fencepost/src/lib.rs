@@ -98,13 +98,13 @@
 //!
 //! // The laptop holds epoch 1, writes its pending intent, then pauses past its TTL.
 //! let first = coordinator.acquire("milo", "laptop", 10_000)?;
-//! let mut ledger = vec![laptop.append(Surface::Intent, Intent::new(run, "milo", first.epoch, IntentStatus::Pending).payload())];
+//! let mut ledger = vec![laptop.append(Surface::Intent, Intent::new("milo", run, first.epoch, IntentStatus::Pending).payload())];
 //! clock.advance(10_000);
 //!
 //! // The phone takes over at epoch 2, passes the fence, acts, and commits.
 //! let second = coordinator.acquire("milo", "phone", 10_000)?;
 //! assert_eq!(check_dispatch(&coordinator, &fold(&ledger), "milo", run, "phone", second.epoch)?, FenceDecision::Proceed);
-//! ledger.push(phone.append(Surface::Intent, Intent::new(run, "milo", second.epoch, IntentStatus::Committed).payload()));
+//! ledger.push(phone.append(Surface::Intent, Intent::new("milo", run, second.epoch, IntentStatus::Committed).payload()));
 //!
 //! // The laptop wakes up: the fence refuses it, whatever it believes.
 //! let decision = check_dispatch(&coordinator, &fold(&ledger), "milo", run, "laptop", first.epoch)?;
@@ -137,3 +137,9 @@ pub mod relay;
 pub mod rng;
 pub mod run_id;
 pub mod simulate;
+
+/// The README's Rust examples, compiled (and, where they need no server, run) as doctests, so
+/// that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;

@@ -255,8 +255,8 @@ impl Payload {
     pub fn intent(&self) -> Option<Intent> {
         match &self.repr {
             PayloadRepr::Intent(intent) => Some(Intent::new(
-                intent.run.to_string(),
                 intent.agent.as_str(),
+                intent.run.to_string(),
                 intent.epoch,
                 intent.status,
             )),

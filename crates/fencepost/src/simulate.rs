@@ -683,7 +683,7 @@ impl World<'_> {
         let Some(ledger) = self.sites[index].ledger.as_mut() else {
             return;
         };
-        let Ok(op) = ledger.record(&Intent::new(run_id, agent_name(agent), epoch, status)) else {
+        let Ok(op) = ledger.record(&Intent::new(agent_name(agent), run_id, epoch, status)) else {
             return;
         };
         let _ = ledger.flush();

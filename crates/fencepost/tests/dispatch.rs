@@ -336,8 +336,8 @@ fn dispatch_lists_in_doubt_runs_after_a_fail_over_and_a_retry_settles_them() {
     // The laptop writes its pending for "charge-7" and dies before it knows the outcome.
     laptop
         .record(&Intent::new(
-            "charge-7",
             "milo",
+            "charge-7",
             laptop_keeper.epoch(),
             IntentStatus::Pending,
         ))
@@ -397,7 +397,7 @@ fn dispatch_refuses_to_write_below_the_known_fencing_epoch_and_checks_its_input(
     let mut laptop = world.ledger("laptop");
     // The ledger has seen epoch 5; the keeper was started without raising the floor from it.
     laptop
-        .record(&Intent::new("old", "milo", 5, IntentStatus::Committed))
+        .record(&Intent::new("milo", "old", 5, IntentStatus::Committed))
         .unwrap();
     let keeper = LeaseKeeper::builder(world.coordinator.clone(), "milo", "laptop")
         .config(KeeperConfig::new(TTL_MS))
@@ -457,7 +457,7 @@ fn device_log(device: &str, intents: &[(u64, IntentStatus)]) -> Vec<OpRecord> {
         .map(|(epoch, status)| {
             log.append(
                 fencepost::oplog::Surface::Intent,
-                Intent::new("run-d2", "milo", *epoch, *status).payload(),
+                Intent::new("milo", "run-d2", *epoch, *status).payload(),
             )
         })
         .collect()
@@ -530,7 +530,7 @@ fn r1_two_ledgers_of_one_device_interleave_and_never_merge_two_records() {
     for round in 0..3 {
         for ledger in [&mut first, &mut second] {
             ledger
-                .record(&Intent::new("run-a", "milo", 1, IntentStatus::Pending))
+                .record(&Intent::new("milo", "run-a", 1, IntentStatus::Pending))
                 .unwrap_or_else(|error| panic!("round {round}: {error}"));
         }
     }
@@ -582,7 +582,7 @@ fn o1_a_record_whose_id_does_not_match_its_content_never_reaches_the_fold() {
     let clock = ManualClock::new(START_MS);
     let mut phone = Ledger::open("phone", clock.wall_clock(), Arc::new(inner.clone())).unwrap();
     phone
-        .record(&Intent::new("run-1", "milo", 1, IntentStatus::Committed))
+        .record(&Intent::new("milo", "run-1", 1, IntentStatus::Committed))
         .unwrap();
     let forging = Arc::new(Forging {
         inner,
@@ -626,7 +626,7 @@ fn l8_the_fence_refuses_an_empty_run_id_and_the_ledger_an_epoch_out_of_range() {
         "L8: {decision:?}"
     );
     for epoch in [0, fencepost::lease::MAX_EPOCH + 1, u64::MAX] {
-        match laptop.record(&Intent::new("run-1", "milo", epoch, IntentStatus::Pending)) {
+        match laptop.record(&Intent::new("milo", "run-1", epoch, IntentStatus::Pending)) {
             Err(DispatchError::InvalidEpoch { epoch: refused }) => assert_eq!(refused, epoch),
             other => panic!("epoch {epoch}: {other:?}"),
         }
@@ -715,7 +715,7 @@ fn d2_a_record_of_another_surface_never_settles_an_attempt() {
         fencepost::oplog::DeviceLog::new("auditor", world.coordinator_clock.wall_clock()).unwrap();
     let mirrored = mirror.append(
         fencepost::oplog::Surface::log("audit"),
-        Intent::new("run-r", "milo", 1, IntentStatus::Failed).payload(),
+        Intent::new("milo", "run-r", 1, IntentStatus::Failed).payload(),
     );
     world.relay.push(&[mirrored]).unwrap();
     world.coordinator_clock.advance(TTL_MS);

@@ -34,7 +34,7 @@ fn d1_a_committed_run_is_refused_before_the_coordinator_is_asked() {
     let mut log = DeviceLog::new("phone", clock.wall_clock()).unwrap();
     let commit = log.append(
         Surface::Intent,
-        Intent::new("run-1", "milo", 1, IntentStatus::Committed).payload(),
+        Intent::new("milo", "run-1", 1, IntentStatus::Committed).payload(),
     );
     let state = fold(std::slice::from_ref(&commit));
     // A coordinator that fails on every call: the oracle answers first, so it is never reached.

@@ -37,7 +37,7 @@ impl Sites {
         epoch: u64,
         status: IntentStatus,
     ) -> OpRecord {
-        self.raw(device, Intent::new(run, agent, epoch, status).payload())
+        self.raw(device, Intent::new(agent, run, epoch, status).payload())
     }
 
     fn raw(&mut self, device: &'static str, payload: Value) -> OpRecord {
@@ -61,7 +61,7 @@ fn f1_intent_payload_round_trips_with_the_frozen_keys() {
         ["id", "agent_id", "epoch", "status"]
     );
     for status in [Pending, Committed, Failed] {
-        let intent = Intent::new("run-abc", "milo", 7, status);
+        let intent = Intent::new("milo", "run-abc", 7, status);
         let payload = intent.payload();
         assert_eq!(
             payload,
@@ -73,7 +73,7 @@ fn f1_intent_payload_round_trips_with_the_frozen_keys() {
 
 #[test]
 fn f1_from_payload_is_none_on_anything_missing_or_malformed() {
-    let good = Intent::new("run-1", "milo", 2, Committed).payload();
+    let good = Intent::new("milo", "run-1", 2, Committed).payload();
     for key in [
         INTENT_FIELD_ID,
         INTENT_FIELD_AGENT,
@@ -264,11 +264,11 @@ fn f5_the_greatest_record_wins_by_rank_then_epoch_then_hlc_then_op_id() {
     let mut b = DeviceLog::new("b", clock.wall_clock()).unwrap();
     let from_a = a.append(
         Surface::Intent,
-        Intent::new("run-1", "milo", 1, Committed).payload(),
+        Intent::new("milo", "run-1", 1, Committed).payload(),
     );
     let from_b = b.append(
         Surface::Intent,
-        Intent::new("run-1", "milo", 1, Committed).payload(),
+        Intent::new("milo", "run-1", 1, Committed).payload(),
     );
     assert_eq!(from_a.hlc.wall_ms, from_b.hlc.wall_ms);
     assert_eq!(
@@ -346,7 +346,7 @@ fn f7_malformed_intents_never_panic_are_fenced_and_never_promoted() {
 #[test]
 fn f7_an_intent_with_extra_fields_folds_like_the_plain_one() {
     let mut sites = Sites::new();
-    let mut payload = Intent::new("run-1", "milo", 2, Committed).payload();
+    let mut payload = Intent::new("milo", "run-1", 2, Committed).payload();
     payload["note"] = json!("extra");
     let op = sites.raw("laptop", payload);
     let state = fold(std::slice::from_ref(&op));

@@ -34,3 +34,15 @@ fn coordinators_are_object_safe_send_sync_and_shareable() {
     assert_eq!(handle.acquire("milo", "laptop", 1_000).unwrap().epoch, 1);
     assert_eq!(shared.current("milo").unwrap().map(|lease| lease.epoch), Some(1));
 }
+
+/// Rule F1 and the seed's signature (issue 15, item 4): `Intent::new` takes the agent first, then
+/// the run, as the seed's `lease` module does. Both are strings, so a swap would compile and file
+/// intents under the wrong agent; this pins the order.
+#[test]
+fn f1_intent_new_takes_the_agent_first_as_the_seed_does() {
+    let intent = fencepost::lease::Intent::new("agent", "run", 3, fencepost::lease::IntentStatus::Pending);
+    assert_eq!(intent.agent_id, "agent");
+    assert_eq!(intent.run_id, "run");
+    assert_eq!(intent.payload()["agent_id"], "agent");
+    assert_eq!(intent.payload()["id"], "run");
+}

@@ -40,7 +40,7 @@ pub fn build() -> Workload {
             let run_id = deterministic_run_id(&agent_id, "scheduled job", &run.to_string()).unwrap();
             let (epoch, device) = placement(agent, run);
             let log = &mut logs[device];
-            let pending = Intent::new(run_id.as_str(), agent_id.as_str(), epoch, IntentStatus::Pending);
+            let pending = Intent::new(agent_id.as_str(), run_id.as_str(), epoch, IntentStatus::Pending);
             ops.push(log.append(Surface::Intent, pending.payload()));
             let terminal = match (run + agent) % 10 {
                 0 => None, // pending only: in doubt, or fenced after the next fail-over
@@ -50,7 +50,7 @@ pub fn build() -> Workload {
             if let Some(status) = terminal {
                 ops.push(log.append(
                     Surface::Intent,
-                    Intent::new(run_id, agent_id, epoch, status).payload(),
+                    Intent::new(agent_id, run_id, epoch, status).payload(),
                 ));
             }
         }
@@ -74,7 +74,7 @@ pub fn tail(workload: &mut Workload, start: usize, count: usize) -> Vec<OpRecord
         for status in [IntentStatus::Pending, IntentStatus::Committed] {
             ops.push(log.append(
                 Surface::Intent,
-                Intent::new(run_id.as_str(), agent_id.as_str(), epoch, status).payload(),
+                Intent::new(agent_id.as_str(), run_id.as_str(), epoch, status).payload(),
             ));
         }
         index += 1;
