@@ -235,6 +235,174 @@ pub enum Shutdown {
     AlreadyShutDown,
 }
 
+/// The renewal protocol of one held lease, as a state machine with no threads, no clock reads and
+/// no I/O (in the manner of raft-rs's `RawNode`): the caller passes the time and the coordinator's
+/// answers in, and gets back what to do next. [`LeaseKeeper`] drives it with a thread, a monotonic
+/// clock and the real coordinator; a simulator can drive the same machine with simulated time.
+///
+/// Every timing decision of renewal is here, from [`KeeperConfig`]: renew `renew_every_ms` after
+/// the last successful renewal was sent; after a transient error, retry `retry_every_ms` after
+/// the failed renewal was sent; lost once `renew_deadline_ms` have passed since the last
+/// successful renewal was sent (whether or not a renewal is still on its way), or at once on a
+/// `Lost` verdict or an error retrying cannot fix.
+///
+/// ```
+/// use fencepost::keeper::{KeeperConfig, LossReason, Renewal, RenewalStep};
+/// use fencepost::lease::Lease;
+///
+/// let config = KeeperConfig::new(900); // renew every 300, deadline 600, retry every 75
+/// let lease = Lease { agent_id: "milo".into(), holder: "laptop".into(), epoch: 1, expires_at_ms: 900 };
+/// let mut renewal = Renewal::new(config, &lease, 0);
+/// assert_eq!(renewal.step(10), RenewalStep::WaitUntil { at_ms: 300 });
+/// assert_eq!(renewal.step(300), RenewalStep::Renew { epoch: 1, ttl_ms: 900, sent_ms: 300 });
+/// renewal.answered(305, 300, Ok(Lease { expires_at_ms: 1_200, ..lease.clone() }));
+/// assert_eq!(renewal.step(305), RenewalStep::WaitUntil { at_ms: 600 });
+/// assert!(renewal.holds(899));
+/// assert!(matches!(renewal.step(2_000), RenewalStep::Lost(LossReason::DeadlinePassed { .. })));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    config: KeeperConfig,
+    epoch: u64,
+    /// The coordinator's expiry after the last successful acquire or renewal.
+    expires_at_ms: u64,
+    /// When the last successful acquire or renewal was sent.
+    renewed_at_ms: u64,
+    /// When to send the next renewal.
+    next_attempt_ms: u64,
+    last_error: Option<String>,
+    /// A renewal was sent and has not been answered.
+    in_flight: bool,
+    lost: Option<LossReason>,
+}
+
+/// What a [`Renewal`] asks its driver to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RenewalStep {
+    /// Send `renew(epoch, ttl_ms)` now, and pass its answer to [`Renewal::answered`] with this
+    /// `sent_ms`.
+    Renew {
+        /// The epoch to renew.
+        epoch: u64,
+        /// The TTL to ask for.
+        ttl_ms: u64,
+        /// The time the renewal counts as sent.
+        sent_ms: u64,
+    },
+    /// Nothing to do before `at_ms` (or before the renewal in flight is answered).
+    WaitUntil {
+        /// When to call [`Renewal::step`] again at the latest.
+        at_ms: u64,
+    },
+    /// The lease is lost; the machine stays lost.
+    Lost(LossReason),
+}
+
+impl Renewal {
+    /// The machine of `lease`, granted (or last renewed) by a call sent at `sent_ms`.
+    pub fn new(config: KeeperConfig, lease: &crate::lease::Lease, sent_ms: u64) -> Self {
+        Self {
+            config,
+            epoch: lease.epoch,
+            expires_at_ms: lease.expires_at_ms,
+            renewed_at_ms: sent_ms,
+            next_attempt_ms: sent_ms.saturating_add(config.renew_every_ms),
+            last_error: None,
+            in_flight: false,
+            lost: None,
+        }
+    }
+
+    /// The epoch held.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The coordinator's expiry after the last successful renewal (coordinator time).
+    pub fn expires_at_ms(&self) -> u64 {
+        self.expires_at_ms
+    }
+
+    /// When the lease counts as lost unless a renewal succeeds first.
+    pub fn deadline_ms(&self) -> u64 {
+        self.renewed_at_ms.saturating_add(self.config.renew_deadline_ms)
+    }
+
+    /// Whether the lease is held at `now_ms`: not lost, and before the deadline.
+    pub fn holds(&self, now_ms: u64) -> bool {
+        self.lost.is_none() && now_ms < self.deadline_ms()
+    }
+
+    /// The loss, once lost.
+    pub fn loss(&self) -> Option<&LossReason> {
+        self.lost.as_ref()
+    }
+
+    /// What to do at `now_ms`.
+    pub fn step(&mut self, now_ms: u64) -> RenewalStep {
+        if let Some(reason) = &self.lost {
+            return RenewalStep::Lost(reason.clone());
+        }
+        let deadline = self.deadline_ms();
+        if now_ms >= deadline {
+            let reason = LossReason::DeadlinePassed {
+                last_error: self.last_error.clone(),
+            };
+            self.lost = Some(reason.clone());
+            return RenewalStep::Lost(reason);
+        }
+        if !self.in_flight && now_ms >= self.next_attempt_ms {
+            self.in_flight = true;
+            return RenewalStep::Renew {
+                epoch: self.epoch,
+                ttl_ms: self.config.ttl_ms,
+                sent_ms: now_ms,
+            };
+        }
+        let at_ms = if self.in_flight {
+            deadline
+        } else {
+            self.next_attempt_ms.min(deadline)
+        };
+        RenewalStep::WaitUntil { at_ms }
+    }
+
+    /// Takes in the answer, at `now_ms`, to the renewal sent at `sent_ms`. A success after the
+    /// deadline comes too late to extend anything (the lease already counted as lost); `Lost`
+    /// and errors that retrying cannot fix lose the lease at once; a transient error is retried
+    /// (and is the `last_error` a later loss reports).
+    pub fn answered(&mut self, now_ms: u64, sent_ms: u64, outcome: Result<crate::lease::Lease, LeaseError>) {
+        self.in_flight = false;
+        if self.lost.is_some() {
+            return;
+        }
+        match outcome {
+            Err(LeaseError::Lost { current_epoch, .. }) => {
+                self.lost = Some(LossReason::Stolen { current_epoch });
+            }
+            Err(LeaseError::Backend(error)) => {
+                self.last_error = Some(error.to_string());
+                // Counted from when the failed renewal was sent, not from when its answer came
+                // in: the retry times do not drift with the driver's own delays.
+                self.next_attempt_ms = sent_ms.saturating_add(self.config.retry_every_ms);
+            }
+            Ok(_) if now_ms >= self.deadline_ms() => {}
+            Ok(lease) => {
+                self.renewed_at_ms = sent_ms.max(self.renewed_at_ms);
+                self.expires_at_ms = lease.expires_at_ms;
+                self.next_attempt_ms = sent_ms.saturating_add(self.config.renew_every_ms);
+                self.last_error = None;
+            }
+            Err(error) => {
+                self.lost = Some(LossReason::Refused {
+                    error: error.to_string(),
+                });
+            }
+        }
+    }
+}
+
 /// The callback that receives the one [`Loss`].
 type OnLost = Box<dyn FnOnce(&Loss) + Send>;
 
@@ -284,16 +452,8 @@ struct Answer {
 #[derive(Debug)]
 struct State {
     phase: Phase,
-    epoch: u64,
-    /// The coordinator's expiry after the last successful acquire or renewal.
-    expires_at_ms: u64,
-    /// The keeper clock when the last successful acquire or renewal was sent.
-    renewed_at_ms: u64,
-    /// When to send the next renewal (keeper clock).
-    next_attempt_ms: u64,
-    last_error: Option<String>,
-    /// A renewal was sent and has not answered yet.
-    renewal_in_flight: bool,
+    /// The renewal protocol (keeper clock), which this driver runs.
+    renewal: Renewal,
     /// The answer to the last renewal, until the keeper's thread takes it.
     answer: Option<Answer>,
     /// The answer to the release, until the shutdown takes it.
@@ -327,12 +487,8 @@ impl Shared {
             .0
     }
 
-    fn deadline_ms(&self, state: &State) -> u64 {
-        state.renewed_at_ms.saturating_add(self.config.renew_deadline_ms)
-    }
-
     fn holds(&self, state: &State) -> bool {
-        state.phase.renewing() && self.clock.now_ms() < self.deadline_ms(state)
+        state.phase.renewing() && state.renewal.holds(self.clock.now_ms())
     }
 
     /// Moves to `Lost` and delivers the loss, unless the keeper is already lost or shut down.
@@ -345,7 +501,7 @@ impl Shared {
         }
         let loss = Loss {
             agent_id: self.agent_id.clone(),
-            epoch: state.epoch,
+            epoch: state.renewal.epoch(),
             reason,
         };
         state.phase = Phase::Lost(loss.clone());
@@ -383,60 +539,24 @@ impl Shared {
 
     /// Sends a renewal from a thread of its own, which posts the answer: however long the
     /// coordinator takes, the keeper's thread stays free to declare the loss at the deadline.
-    fn send_renewal(self: &Arc<Self>, state: &mut State) -> Result<(), std::io::Error> {
-        let sent_ms = self.clock.now_ms();
-        let epoch = state.epoch;
+    fn send_renewal(self: &Arc<Self>, epoch: u64, ttl_ms: u64, sent_ms: u64) -> Result<(), std::io::Error> {
         let shared = Arc::clone(self);
         std::thread::Builder::new()
             .name(format!("fencepost-renew-{}", self.agent_id))
             .spawn(move || {
-                let outcome = shared.coordinator.renew(
-                    &shared.agent_id,
-                    &shared.device_id,
-                    epoch,
-                    shared.config.ttl_ms,
-                );
-                let mut state = shared.lock();
-                state.renewal_in_flight = false;
-                state.answer = Some(Answer { sent_ms, outcome });
-                drop(state);
+                let outcome = shared
+                    .coordinator
+                    .renew(&shared.agent_id, &shared.device_id, epoch, ttl_ms);
+                shared.lock().answer = Some(Answer { sent_ms, outcome });
                 shared.changed.notify_all();
-            })?;
-        state.renewal_in_flight = true;
-        Ok(())
+            })
+            .map(drop)
     }
 
-    /// Takes a renewal's answer into the state; returns the loss it reveals, if any.
-    fn take_answer(&self, state: &mut State, answer: Answer, now_ms: u64) -> Option<LossReason> {
-        let deadline = self.deadline_ms(state);
-        match answer.outcome {
-            Err(LeaseError::Lost { current_epoch, .. }) => Some(LossReason::Stolen { current_epoch }),
-            // A renewal that answers after the deadline comes too late: `holds` said no.
-            _ if now_ms >= deadline => None,
-            Ok(lease) => {
-                tracing::debug!(agent_id = %self.agent_id, epoch = state.epoch, expires_at_ms = lease.expires_at_ms, "lease renewed");
-                state.renewed_at_ms = answer.sent_ms.max(state.renewed_at_ms);
-                state.expires_at_ms = lease.expires_at_ms;
-                state.next_attempt_ms = answer.sent_ms.saturating_add(self.config.renew_every_ms);
-                state.last_error = None;
-                None
-            }
-            Err(LeaseError::Backend(error)) => {
-                tracing::warn!(agent_id = %self.agent_id, epoch = state.epoch, %error, "lease renewal failed; retrying");
-                state.last_error = Some(error.to_string());
-                // Counted from when the failed renewal was sent, not from when its answer was
-                // taken in: the retry times do not drift with the keeper thread's own delays.
-                state.next_attempt_ms = answer.sent_ms.saturating_add(self.config.retry_every_ms);
-                None
-            }
-            Err(error) => Some(LossReason::Refused {
-                error: error.to_string(),
-            }),
-        }
-    }
-
-    /// The keeper's thread: renews while the keeper is holding or draining, and declares the loss
-    /// at the deadline, whether or not a renewal is still on its way.
+    /// The keeper's thread: the driver of the [`Renewal`] machine while the keeper is holding or
+    /// draining. It sends what the machine asks for, waits as long as it says, feeds it the
+    /// answers, and delivers the loss it reports (at the deadline at the latest, whether or not a
+    /// renewal is still on its way).
     fn run(self: &Arc<Self>) {
         let mut state = self.lock();
         state.keeper_thread = Some(std::thread::current().id());
@@ -445,32 +565,44 @@ impl Shared {
                 return;
             }
             let now = self.clock.now_ms();
-            if let Some(answer) = state.answer.take() {
-                if let Some(reason) = self.take_answer(&mut state, answer, now) {
+            if let Some(Answer { sent_ms, outcome }) = state.answer.take() {
+                let epoch = state.renewal.epoch();
+                match &outcome {
+                    Ok(lease) => {
+                        tracing::debug!(agent_id = %self.agent_id, epoch, expires_at_ms = lease.expires_at_ms, "lease renewed")
+                    }
+                    Err(LeaseError::Backend(error)) => {
+                        tracing::warn!(agent_id = %self.agent_id, epoch, %error, "lease renewal failed; retrying")
+                    }
+                    Err(_) => {}
+                }
+                state.renewal.answered(now, sent_ms, outcome);
+            }
+            match state.renewal.step(now) {
+                RenewalStep::Lost(reason) => {
                     self.lose(state, reason);
                     return;
                 }
-            }
-            let deadline = self.deadline_ms(&state);
-            if now >= deadline {
-                let last_error = state.last_error.clone();
-                self.lose(state, LossReason::DeadlinePassed { last_error });
-                return;
-            }
-            if !state.renewal_in_flight && now >= state.next_attempt_ms {
-                if let Err(error) = self.send_renewal(&mut state) {
-                    tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a renewal; retrying");
-                    state.last_error = Some(format!("cannot start a renewal: {error}"));
-                    state.next_attempt_ms = now.saturating_add(self.config.retry_every_ms);
+                RenewalStep::Renew {
+                    epoch,
+                    ttl_ms,
+                    sent_ms,
+                } => {
+                    if let Err(error) = self.send_renewal(epoch, ttl_ms, sent_ms) {
+                        tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a renewal; retrying");
+                        let failure = LeaseError::Backend(crate::lease::BackendError {
+                            backend: "keeper",
+                            message: format!("cannot start a renewal: {error}"),
+                            may_have_applied: false,
+                            source: None,
+                        });
+                        state.renewal.answered(now, sent_ms, Err(failure));
+                    }
                 }
-                continue;
+                RenewalStep::WaitUntil { at_ms } => {
+                    state = self.wait(state, at_ms.saturating_sub(now));
+                }
             }
-            let due = if state.renewal_in_flight {
-                deadline
-            } else {
-                state.next_attempt_ms.min(deadline)
-            };
-            state = self.wait(state, due.saturating_sub(now));
         }
     }
 }
@@ -614,12 +746,7 @@ impl KeeperBuilder {
             clock: self.clock,
             state: Mutex::new(State {
                 phase: Phase::Holding,
-                epoch: lease.epoch,
-                expires_at_ms: lease.expires_at_ms,
-                renewed_at_ms: sent_ms,
-                next_attempt_ms: sent_ms.saturating_add(self.config.renew_every_ms),
-                last_error: None,
-                renewal_in_flight: false,
+                renewal: Renewal::new(self.config, &lease, sent_ms),
                 answer: None,
                 released: None,
                 guard_threads: Vec::new(),
@@ -787,12 +914,12 @@ impl LeaseKeeper {
 
     /// The epoch granted to this keeper (the fencing token), held or not.
     pub fn epoch(&self) -> u64 {
-        self.shared.lock().epoch
+        self.shared.lock().renewal.epoch()
     }
 
     /// The coordinator's expiry after the last successful renewal (coordinator time).
     pub fn expires_at_ms(&self) -> u64 {
-        self.shared.lock().expires_at_ms
+        self.shared.lock().renewal.expires_at_ms()
     }
 
     /// Whether the keeper still holds the lease: not lost, not released, and less than
@@ -838,7 +965,7 @@ impl LeaseKeeper {
         state.guard_threads.push(thread);
         Some(WorkGuard {
             keeper: self,
-            epoch: state.epoch,
+            epoch: state.renewal.epoch(),
             thread,
             _not_send: std::marker::PhantomData,
         })
@@ -883,9 +1010,10 @@ impl LeaseKeeper {
             return Ok(Shutdown::Lost(loss.clone()));
         }
         state.phase = Phase::Releasing;
-        let epoch = state.epoch;
-        let give_up_ms = shared
-            .deadline_ms(&state)
+        let epoch = state.renewal.epoch();
+        let give_up_ms = state
+            .renewal
+            .deadline_ms()
             .max(shared.clock.now_ms().saturating_add(shared.config.retry_every_ms));
         shared.changed.notify_all();
         let releaser = Arc::clone(shared);

@@ -202,6 +202,7 @@ fn keeper_errors_longer_than_the_deadline_lose_the_lease_once() {
     coordinator.fail_renewals.store(true, Ordering::SeqCst);
     clock.advance(300);
     eventually("the failed renewal", || coordinator.renewals() == 1);
+    std::thread::sleep(Duration::from_millis(50)); // its answer reaches the keeper
     for _ in 0..3 {
         clock.advance(100);
         assert!(keeper.holds());
@@ -219,6 +220,7 @@ fn keeper_errors_longer_than_the_deadline_lose_the_lease_once() {
     );
     assert_eq!(loss.epoch, 1);
     clock.advance(10_000);
+    eventually("on_lost ran", || losses.load(Ordering::SeqCst) >= 1);
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(
         losses.load(Ordering::SeqCst),
@@ -677,4 +679,88 @@ fn keeper_a_blocking_on_lost_found_by_the_release_does_not_hold_up_shutdown() {
     );
     eventually("on_lost ran", || called.load(Ordering::SeqCst));
     drop(held);
+}
+
+/// The renewal machine (issue 15, item 1) on its own, with no thread and no clock: the timing the
+/// keeper runs, step by step. TTL 1000, renew every 300, deadline 700, retry every 100.
+#[test]
+fn renewal_machine_renews_retries_and_loses_by_the_config_alone() {
+    use fencepost::keeper::{Renewal, RenewalStep};
+    let lease = Lease {
+        agent_id: "milo".into(),
+        holder: "laptop".into(),
+        epoch: 4,
+        expires_at_ms: 1_000,
+    };
+    let transient = || {
+        Err(LeaseError::Backend(BackendError {
+            backend: "test",
+            message: "connection reset".into(),
+            may_have_applied: false,
+            source: None,
+        }))
+    };
+    let renew_at = |sent_ms| RenewalStep::Renew {
+        epoch: 4,
+        ttl_ms: 1_000,
+        sent_ms,
+    };
+    let mut renewal = Renewal::new(config(), &lease, 0);
+    assert_eq!(renewal.step(0), RenewalStep::WaitUntil { at_ms: 300 });
+    assert_eq!(renewal.step(300), renew_at(300));
+    // In flight: nothing more is sent; the next thing due is the deadline.
+    assert_eq!(renewal.step(350), RenewalStep::WaitUntil { at_ms: 700 });
+    renewal.answered(
+        360,
+        300,
+        Ok(Lease {
+            expires_at_ms: 1_300,
+            ..lease.clone()
+        }),
+    );
+    assert_eq!((renewal.deadline_ms(), renewal.expires_at_ms()), (1_000, 1_300));
+    assert_eq!(renewal.step(360), RenewalStep::WaitUntil { at_ms: 600 });
+    // Transient errors are retried every 100 ms after each failed renewal was sent.
+    assert_eq!(renewal.step(600), renew_at(600));
+    renewal.answered(650, 600, transient());
+    assert_eq!(renewal.step(650), RenewalStep::WaitUntil { at_ms: 700 });
+    assert_eq!(renewal.step(700), renew_at(700));
+    renewal.answered(990, 700, transient());
+    assert!(renewal.holds(999));
+    match renewal.step(1_000) {
+        RenewalStep::Lost(LossReason::DeadlinePassed {
+            last_error: Some(error),
+        }) => {
+            assert!(error.contains("connection reset"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!renewal.holds(1_000));
+    // An answer after the deadline changes nothing.
+    renewal.answered(1_001, 800, Ok(lease.clone()));
+    assert!(matches!(renewal.step(1_001), RenewalStep::Lost(_)));
+
+    // A `Lost` verdict loses at once; a renewal that hangs is lost at the deadline.
+    let mut stolen = Renewal::new(config(), &lease, 0);
+    assert_eq!(stolen.step(300), renew_at(300));
+    stolen.answered(
+        301,
+        300,
+        Err(LeaseError::Lost {
+            agent_id: "milo".into(),
+            claimed_epoch: 4,
+            current_epoch: 5,
+        }),
+    );
+    assert_eq!(
+        stolen.step(301),
+        RenewalStep::Lost(LossReason::Stolen { current_epoch: 5 })
+    );
+    let mut hung = Renewal::new(config(), &lease, 0);
+    assert_eq!(hung.step(300), renew_at(300));
+    assert_eq!(hung.step(699), RenewalStep::WaitUntil { at_ms: 700 });
+    assert_eq!(
+        hung.step(700),
+        RenewalStep::Lost(LossReason::DeadlinePassed { last_error: None })
+    );
 }
