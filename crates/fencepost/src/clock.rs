@@ -19,6 +19,7 @@ use thiserror::Error;
 pub type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// The operating system's clock as a [`WallClock`]. A time before 1970 reads as 0.
+#[allow(clippy::disallowed_methods)] // the wall clock, read here and nowhere else
 pub fn system_clock() -> WallClock {
     Arc::new(|| {
         SystemTime::now()
@@ -31,10 +32,42 @@ pub fn system_clock() -> WallClock {
 /// A monotonic clock in milliseconds since its first read in this process (from
 /// [`std::time::Instant`]): for measuring durations, such as how long ago a lease was renewed, where
 /// the wall clock could step. Like [`system_clock`], for callers at the edge.
+#[allow(clippy::disallowed_methods)] // the monotonic clock, read here and nowhere else
 pub fn monotonic_clock() -> WallClock {
     static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let origin = *ORIGIN.get_or_init(std::time::Instant::now);
     Arc::new(move || u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A bound in real time on a wait at the I/O edge (a file lock held by another process, a
+/// database file another process is creating): never a protocol decision, which goes by a
+/// [`WallClock`]. With [`system_clock`] and [`monotonic_clock`], the only reads of the OS clock in
+/// the library (clippy's `disallowed-methods` refuses any other).
+#[derive(Debug, Clone, Copy)]
+pub struct RealTimeLimit {
+    started: std::time::Instant,
+    limit: std::time::Duration,
+}
+
+impl RealTimeLimit {
+    /// A limit of `limit` from now.
+    #[allow(clippy::disallowed_methods)] // the one place a real-time wait starts
+    pub fn starting_now(limit: std::time::Duration) -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            limit,
+        }
+    }
+
+    /// How long since it started.
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// Whether the limit has passed.
+    pub fn passed(&self) -> bool {
+        self.elapsed() >= self.limit
+    }
 }
 
 /// A clock that moves only when told to: for tests and the simulator.

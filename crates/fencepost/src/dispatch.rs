@@ -825,11 +825,11 @@ impl SeenFile {
         // Held only to merge and rename; a holder that does not let go for this long is stopped
         // (SIGSTOP) or stuck: skip this update rather than wait for it (the marks only ever grow,
         // so a skipped update weakens the check a little and breaks nothing).
-        let started = std::time::Instant::now();
+        let limit = crate::clock::RealTimeLimit::starting_now(SEEN_LOCK_WAIT);
         loop {
             match lock.try_lock() {
                 Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < SEEN_LOCK_WAIT => {
+                Err(std::fs::TryLockError::WouldBlock) if !limit.passed() => {
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
                 Err(std::fs::TryLockError::WouldBlock) => {

@@ -246,14 +246,13 @@ impl SqliteLeaseCoordinator {
         // Switching to WAL needs the file to itself, and SQLite does not wait for that through the
         // busy handler when another process opens the same new file at the same moment: wait here,
         // up to the busy timeout.
-        let give_up = std::time::Instant::now() + Duration::from_millis(config.busy_timeout_ms);
+        let limit = crate::clock::RealTimeLimit::starting_now(Duration::from_millis(config.busy_timeout_ms));
         let switch_to_wal = || loop {
             match connection
                 .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
             {
                 Err(rusqlite::Error::SqliteFailure(error, _))
-                    if error.code == rusqlite::ErrorCode::DatabaseBusy
-                        && std::time::Instant::now() < give_up =>
+                    if error.code == rusqlite::ErrorCode::DatabaseBusy && !limit.passed() =>
                 {
                     std::thread::sleep(Duration::from_millis(10));
                 }

@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -193,20 +193,20 @@ impl FsRelay {
 
     /// Takes the exclusive advisory lock of an open device file, waiting at most the configured time.
     fn lock_exclusive(&self, file: &File, path: &Path) -> Result<(), RelayError> {
-        let started = Instant::now();
-        let limit = Duration::from_millis(self.config.lock_timeout_ms);
+        let limit =
+            crate::clock::RealTimeLimit::starting_now(Duration::from_millis(self.config.lock_timeout_ms));
         let mut pause = Duration::from_millis(1);
         loop {
             match file.try_lock() {
                 Ok(()) => return Ok(()),
-                Err(TryLockError::WouldBlock) if started.elapsed() < limit => {
+                Err(TryLockError::WouldBlock) if !limit.passed() => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(20));
                 }
                 Err(TryLockError::WouldBlock) => {
                     return Err(RelayError::LockTimeout {
                         path: path.to_path_buf(),
-                        waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        waited_ms: u64::try_from(limit.elapsed().as_millis()).unwrap_or(u64::MAX),
                     })
                 }
                 Err(TryLockError::Error(source)) => return Err(io_error("lock", path)(source)),
