@@ -292,13 +292,19 @@ impl Backend {
             #[cfg(feature = "postgres")]
             {
                 use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
-                let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig::new(spec))
+                let config = PostgresConfig::new(spec);
+                if config.url.contains("operation_timeout=") {
+                    crate::usage!(
+                        "--coordinator: operation_timeout= must be given once, as a duration such as 5000 (milliseconds), 500ms or 5s"
+                    );
+                }
+                let coordinator = PostgresLeaseCoordinator::connect(config)
                     .context("cannot connect to the PostgreSQL coordinator (check the URL, the password, and that the server runs)")?;
                 match schema {
                     Schema::Check => coordinator.check_schema()?,
                     Schema::Migrate => coordinator
                         .migrate()
-                        .context("cannot create or upgrade the fencepost schema (run this as a role that may create it in the database, or as the schema's owner)")?,
+                        .context("fencepost admin migrate failed (it runs as a role that may create the schema in the database, or as the schema's owner)")?,
                 }
                 return Ok(Backend::Postgres(Box::new(coordinator)));
             }

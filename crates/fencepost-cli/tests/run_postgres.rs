@@ -229,6 +229,25 @@ fn run_postgres_wait_is_bounded_by_the_roles_timeout_or_the_operation_timeout() 
         .unwrap();
 }
 
+/// A malformed or repeated `operation_timeout` in the coordinator URL is a usage error (exit 2),
+/// not a connection failure (found by an adversarial run).
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn run_postgres_a_malformed_operation_timeout_is_a_usage_error() {
+    for malformed in ["abc", "1s&operation_timeout=20s", "1.5s"] {
+        let url = format!("{}?operation_timeout={malformed}", server_url());
+        let host = Shared::with(tempfile::tempdir().unwrap(), url, "usage");
+        let output = host.run("laptop", &["lease", "current", "--agent", "x"]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{malformed}: {}",
+            text(&output.stderr)
+        );
+        assert!(text(&output.stderr).contains("operation_timeout"));
+    }
+}
+
 /// Clear errors (issue 14, item 5): a read-only server (a standby, or a role with
 /// `default_transaction_read_only`) is named as such, not as a missing privilege.
 #[test]

@@ -196,7 +196,11 @@ fn schema_version_is_checked_and_migrate_is_the_explicit_step() {
         .unwrap();
     let message = coordinator.check_schema().unwrap_err().to_string();
     assert!(message.contains("newer"), "{message}");
-    assert!(coordinator.migrate().is_err(), "migrate never downgrades");
+    let message = coordinator.migrate().unwrap_err().to_string();
+    assert!(
+        message.contains("newer") && message.contains("upgrade fencepost"),
+        "migrate never downgrades: {message}"
+    );
 }
 
 /// Rule L8 in SQL (issue 14, item 1): ids travel as literals, so quotes, backslashes and
@@ -277,8 +281,13 @@ fn l8_postgres_bad_urls_passwords_schemas_and_ids_are_clear_errors() {
         "the cause is kept: {message}"
     );
 
-    let message = connect_error(PostgresConfig::new(format!("{}?operation_timeout=soon", url())));
-    assert!(message.contains("operation_timeout"), "{message}");
+    for malformed in ["soon", "1s&operation_timeout=20s", "", "-5", "1.5s"] {
+        let message = connect_error(PostgresConfig::new(format!(
+            "{}?operation_timeout={malformed}",
+            url()
+        )));
+        assert!(message.contains("operation_timeout"), "{malformed}: {message}");
+    }
     for (suffix, ms) in [("5000", 5_000), ("250ms", 250), ("3s", 3_000)] {
         let config = PostgresConfig::new(format!("{}?operation_timeout={suffix}", url()));
         assert_eq!(config.operation_timeout_ms, ms);

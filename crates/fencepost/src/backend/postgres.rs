@@ -95,8 +95,11 @@ pub struct PostgresConfig {
     /// the operation is cancelled and has not applied. It is set per transaction (`SET LOCAL` of
     /// `statement_timeout` and `lock_timeout`), never for the session, and never above what the
     /// role, database or server already set: a lower `statement_timeout` or `lock_timeout` of the
-    /// operator's wins. 0 sets nothing (the operator's settings alone apply). In a URL:
-    /// `?operation_timeout=5000` (milliseconds), `500ms` or `5s`.
+    /// operator's wins. The client itself gives a call up at this plus [`CLIENT_MARGIN_MS`] (a
+    /// pooler's queue, a stopped server or pooler, which no server-side timeout covers). 0 means
+    /// **no bound** from the library: no `SET LOCAL`, no client-side limit (only the operator's
+    /// settings, and the connect timeout, apply). In a URL: `?operation_timeout=5000`
+    /// (milliseconds), `500ms` or `5s`, given once.
     pub operation_timeout_ms: u64,
     /// The SQL expression of the coordinator clock, in milliseconds. Leave it at
     /// [`SERVER_CLOCK_SQL`]: expiry must be decided by the server's clock, never a client's. Tests
@@ -130,6 +133,11 @@ impl PostgresConfig {
 /// The default [`PostgresConfig::operation_timeout_ms`].
 pub const DEFAULT_OPERATION_TIMEOUT_MS: u64 = 10_000;
 
+/// How much longer than the operation timeout the client itself waits for an answer (the server
+/// cancels the operation at the timeout; the client gives the connection up at the timeout plus
+/// this, for waits no server-side timeout covers: a pooler's queue, a stopped server or pooler).
+pub const CLIENT_MARGIN_MS: u64 = 1_000;
+
 /// The URL parameter of [`PostgresConfig::operation_timeout_ms`].
 const OPERATION_TIMEOUT_PARAMETER: &str = "operation_timeout";
 
@@ -141,7 +149,14 @@ fn take_operation_timeout(url: &str) -> Option<(String, Option<u64>)> {
     let mut kept = Vec::new();
     for pair in query.split('&') {
         match pair.split_once('=') {
-            Some((OPERATION_TIMEOUT_PARAMETER, text)) => value = Some(parse_duration_ms(text)),
+            // Given twice, it is ambiguous: malformed.
+            Some((OPERATION_TIMEOUT_PARAMETER, text)) => {
+                value = Some(if value.is_some() {
+                    None
+                } else {
+                    parse_duration_ms(text)
+                });
+            }
             _ => kept.push(pair),
         }
     }
@@ -413,12 +428,104 @@ fn bind(template: &str, literals: &[Literal<'_>]) -> String {
 /// A connection. It keeps nothing on the server between operations: no prepared statement, no
 /// setting.
 struct Session {
-    client: Client,
+    /// `None` once given up (a call that did not answer in time still holds it, on its thread).
+    client: Option<Client>,
     /// What opens each transaction: the isolation level and the operation timeout, where the
     /// server's defaults for this role do not already give them ([`opening`]).
     prologue: String,
     /// The operation-timeout part of the prologue alone (for a transaction opened explicitly).
     timeouts: String,
+    /// The thread that runs calls with a client-side limit (started on first use; replaced when
+    /// a call it runs does not answer in time).
+    runner: Option<Runner>,
+}
+
+/// A thread that runs jobs one at a time, so that a call can be waited for with a limit without
+/// starting a thread per call.
+struct Runner {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Runner {
+    fn start() -> std::io::Result<Self> {
+        let (jobs, receiver) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::Builder::new()
+            .name("fencepost-postgres-call".to_owned())
+            .spawn(move || {
+                // Ends once the session drops its sender (or gave this runner up).
+                for job in receiver {
+                    job();
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+}
+
+impl Session {
+    /// The connection, unless it was given up.
+    fn client(&mut self) -> Result<&mut Client, CallError> {
+        self.client.as_mut().ok_or_else(|| {
+            CallError::Reply(failure(
+                "the connection was given up after a call that did not answer",
+                true,
+                None,
+            ))
+        })
+    }
+
+    /// Runs `text` as one simple query. With a `limit`, from a thread of its own, waiting at most
+    /// `limit`: a pooler that queues the client (no free server connection, a server it cannot
+    /// log in to) or a server or pooler that stopped answering cannot hold the caller past it.
+    /// Then the connection is given up (its thread drops it when the call ends, and a cancel
+    /// request is sent), and the outcome is unknown.
+    fn simple_query_within(
+        &mut self,
+        text: String,
+        limit: Option<Duration>,
+    ) -> Result<Vec<SimpleQueryMessage>, CallError> {
+        let Some(limit) = limit else {
+            return Ok(self.client()?.simple_query(&text)?);
+        };
+        let Some(mut client) = self.client.take() else {
+            return Err(self.client().err().unwrap_or_else(|| unreachable!("no client")));
+        };
+        let cancel = client.cancel_token();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+            let outcome = client.simple_query(&text);
+            let _ = sender.send((client, outcome)); // given up: the connection closes here
+        });
+        if self.runner.is_none() {
+            self.runner = Some(Runner::start().map_err(|error| {
+                CallError::Reply(failure(
+                    format!("cannot start a thread for the call: {error}"),
+                    false,
+                    None,
+                ))
+            })?);
+        }
+        let sent = self.runner.as_ref().map(|runner| runner.jobs.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            self.runner = None;
+            return Err(CallError::Reply(failure("the call thread is gone", false, None)));
+        }
+        match receiver.recv_timeout(limit) {
+            Ok((client, outcome)) => {
+                self.client = Some(client);
+                Ok(outcome?)
+            }
+            Err(_) => {
+                // The runner is stuck in the call: the next call gets a thread of its own. The
+                // cancel is best effort, and never waited for: the server (or pooler) may not
+                // answer.
+                self.runner = None;
+                let _ = std::thread::Builder::new()
+                    .name("fencepost-postgres-cancel".to_owned())
+                    .spawn(move || cancel.cancel_query(NoTls));
+                Err(CallError::NoAnswer(limit))
+            }
+        }
+    }
 }
 
 /// The rows of each statement of a batch, in order.
@@ -536,12 +643,21 @@ fn describe(error: &postgres::Error) -> String {
     }
 }
 
+/// Why a connection attempt failed.
+enum ConnectFailure {
+    Driver(postgres::Error),
+    /// No answer within the bound.
+    NoAnswer(Duration),
+}
+
 /// Why a call failed: before a statement could be sent, or in a statement.
 enum CallError {
     Connect(LeaseError),
     Statement(postgres::Error),
     /// The server answered something this code cannot read (a corrupt row).
     Reply(LeaseError),
+    /// No answer within the client's own bound: the connection was given up.
+    NoAnswer(Duration),
 }
 
 impl From<postgres::Error> for CallError {
@@ -630,52 +746,101 @@ impl PostgresLeaseCoordinator {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
             }
-            let connected = settings.connect(NoTls).and_then(|mut client| {
-                // What this role gets by default (the role's, database's or server's settings; a
-                // pooler connects every server connection of this client as the same role).
-                let defaults = client.simple_query(
-                    "SELECT current_setting('default_transaction_isolation'), current_setting('statement_timeout'), current_setting('lock_timeout')",
-                )?;
-                let row = defaults.iter().find_map(|message| match message {
-                    SimpleQueryMessage::Row(row) => Some(row),
-                    _ => None,
-                });
-                let (isolation, timeouts) = opening(
-                    row.and_then(|row| row.get(0)),
-                    row.and_then(|row| row.get(1)),
-                    row.and_then(|row| row.get(2)),
-                    self.config.operation_timeout_ms,
-                );
-                Ok(Session {
-                    client,
-                    prologue: format!("{isolation}{timeouts}"),
-                    timeouts,
-                })
-            });
-            match connected {
+            match self.connect_within(&settings) {
                 Ok(session) => return Ok(session),
-                Err(error) => {
+                Err(ConnectFailure::NoAnswer(limit)) => {
+                    tracing::debug!(
+                        attempt,
+                        waited_ms = limit.as_millis() as u64,
+                        "PostgreSQL connection attempt did not answer"
+                    );
+                    last = Some(ConnectFailure::NoAnswer(limit));
+                }
+                Err(ConnectFailure::Driver(error)) => {
                     let permanent = error.code().is_some_and(|code| {
                         *code == SqlState::INVALID_PASSWORD
                             || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
                             || *code == SqlState::INVALID_CATALOG_NAME
                     });
                     tracing::debug!(attempt, error = %describe(&error), "PostgreSQL connection attempt failed");
-                    last = Some(error);
+                    last = Some(ConnectFailure::Driver(error));
                     if permanent {
                         break;
                     }
                 }
             }
         }
-        let Some(error) = last else {
-            unreachable!("at least one connection attempt was made");
+        match last {
+            Some(ConnectFailure::Driver(error)) => Err(failure(
+                format!("cannot connect to PostgreSQL: {}", describe(&error)),
+                false,
+                Some(error),
+            )),
+            Some(ConnectFailure::NoAnswer(limit)) => Err(failure(
+                format!(
+                    "cannot connect to PostgreSQL: no answer within {} ms (a stopped server or pooler, or a pooler that cannot log in to its server)",
+                    limit.as_millis()
+                ),
+                false,
+                None,
+            )),
+            None => unreachable!("at least one connection attempt was made"),
+        }
+    }
+
+    /// The client's own bound on one call: the operation timeout plus [`CLIENT_MARGIN_MS`]; none
+    /// when the operation timeout is 0.
+    fn client_limit(&self) -> Option<Duration> {
+        (self.config.operation_timeout_ms > 0)
+            .then(|| Duration::from_millis(self.config.operation_timeout_ms.saturating_add(CLIENT_MARGIN_MS)))
+    }
+
+    /// One connection attempt, with the read of the role's defaults, bounded (from a thread of
+    /// its own) by the connect timeout plus the client's bound on a call: the driver's
+    /// `connect_timeout` covers only the TCP connection, not a pooler or server that accepts it
+    /// and then never answers.
+    fn connect_within(&self, settings: &postgres::Config) -> Result<Session, ConnectFailure> {
+        let settings = settings.clone();
+        let operation_timeout_ms = self.config.operation_timeout_ms;
+        let attempt = move || {
+            let mut client = settings.connect(NoTls)?;
+            // What this role gets by default (the role's, database's or server's settings; a
+            // pooler connects every server connection of this client as the same role).
+            let defaults = client.simple_query(
+                "SELECT current_setting('default_transaction_isolation'), current_setting('statement_timeout'), current_setting('lock_timeout')",
+            )?;
+            let row = defaults.iter().find_map(|message| match message {
+                SimpleQueryMessage::Row(row) => Some(row),
+                _ => None,
+            });
+            let (isolation, timeouts) = opening(
+                row.and_then(|row| row.get(0)),
+                row.and_then(|row| row.get(1)),
+                row.and_then(|row| row.get(2)),
+                operation_timeout_ms,
+            );
+            Ok::<_, postgres::Error>(Session {
+                client: Some(client),
+                prologue: format!("{isolation}{timeouts}"),
+                timeouts,
+                runner: None,
+            })
         };
-        Err(failure(
-            format!("cannot connect to PostgreSQL: {}", describe(&error)),
-            false,
-            Some(error),
-        ))
+        let Some(call_limit) = self.client_limit() else {
+            return attempt().map_err(ConnectFailure::Driver);
+        };
+        let limit = Duration::from_millis(self.config.connect_timeout_ms) + call_limit;
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("fencepost-postgres-connect".to_owned())
+            .spawn(move || {
+                let _ = sender.send(attempt());
+            })
+            .map_err(|_| ConnectFailure::NoAnswer(Duration::ZERO))?;
+        match receiver.recv_timeout(limit) {
+            Ok(outcome) => outcome.map_err(ConnectFailure::Driver),
+            Err(_) => Err(ConnectFailure::NoAnswer(limit)),
+        }
     }
 
     /// Runs `statements` as one transaction in one round trip: one simple-query message, whose
@@ -684,14 +849,14 @@ impl PostgresLeaseCoordinator {
     /// session's prologue (READ COMMITTED and the operation timeout, local to the transaction,
     /// where the role's defaults do not already give them), then the statements. Returns each
     /// statement's rows.
-    fn batch(&self, session: &mut Session, statements: &[String]) -> Result<ResultSets, postgres::Error> {
+    fn batch(&self, session: &mut Session, statements: &[String]) -> Result<ResultSets, CallError> {
         let mut text = String::with_capacity(256 + statements.iter().map(String::len).sum::<usize>());
         text.push_str(&session.prologue);
         for statement in statements {
             text.push_str(statement);
             text.push(';');
         }
-        let messages = session.client.simple_query(&text)?;
+        let messages = session.simple_query_within(text, self.client_limit())?;
         let mut sets: ResultSets = Vec::with_capacity(statements.len() + 2);
         let mut rows = Vec::new();
         for message in messages {
@@ -716,6 +881,15 @@ impl PostgresLeaseCoordinator {
     /// [`LeaseError::Backend`] when the database refuses (for example, the role may not create the
     /// schema), the schema is newer than this code, or the connection fails.
     pub fn migrate(&self) -> Result<(), LeaseError> {
+        if let Ok(SchemaState::Version(found)) = self.schema_version() {
+            if found > SCHEMA_VERSION {
+                return Err(failure(
+                    format!("migrate: the fencepost schema {:?} is at version {found}, newer than this fencepost knows ({SCHEMA_VERSION}): upgrade fencepost; nothing was changed", self.config.schema),
+                    false,
+                    None,
+                ));
+            }
+        }
         let statements = [self.statements.migrate.clone()];
         self.with_session(|session| {
             let sets = self.batch(session, &statements)?;
@@ -725,8 +899,13 @@ impl PostgresLeaseCoordinator {
         .map_err(|error| self.explain("migrate", error, false))?;
         match self.schema_version()? {
             SchemaState::Version(SCHEMA_VERSION) => Ok(()),
-            found => Err(failure(
-                format!("migrate: the schema is at {found:?} after migrating, this code needs version {SCHEMA_VERSION}"),
+            SchemaState::Version(found) => Err(failure(
+                format!("migrate: the schema is at version {found} after migrating, this code needs version {SCHEMA_VERSION}"),
+                false,
+                None,
+            )),
+            SchemaState::Missing => Err(failure(
+                "migrate: the schema is still missing after migrating (does this role see the schema it created?)",
                 false,
                 None,
             )),
@@ -751,13 +930,13 @@ impl PostgresLeaseCoordinator {
                     None => SchemaState::Missing,
                 })
             }
-            Err(error)
+            Err(CallError::Statement(error))
                 if error.code() == Some(&SqlState::UNDEFINED_TABLE)
                     || error.code() == Some(&SqlState::INVALID_SCHEMA_NAME) =>
             {
                 Ok(SchemaState::Missing)
             }
-            Err(error) => Err(error.into()),
+            Err(error) => Err(error),
         });
         outcome.map_err(|error| self.explain("schema_version", error, false))
     }
@@ -881,7 +1060,7 @@ impl PostgresLeaseCoordinator {
             let mut opening = session.timeouts.clone();
             opening.push_str(&read);
             let started = session
-                .client
+                .client()?
                 .build_transaction()
                 .isolation_level(postgres::IsolationLevel::ReadCommitted)
                 .start();
@@ -961,7 +1140,7 @@ impl PostgresLeaseCoordinator {
         &self,
         work: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, LeaseError> {
-        self.with_session(|session| work(&mut session.client).map_err(CallError::Statement))
+        self.with_session(|session| work(session.client()?).map_err(CallError::Statement))
             .map_err(|error| self.explain("with_connection", error, true))
     }
 
@@ -971,7 +1150,10 @@ impl PostgresLeaseCoordinator {
         work: impl FnOnce(&mut Session) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
         let mut slot = self.session.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_none_or(|session| session.client.is_closed()) {
+        if slot
+            .as_ref()
+            .is_none_or(|session| session.client.as_ref().is_none_or(Client::is_closed))
+        {
             *slot = None;
             *slot = Some(self.new_session().map_err(CallError::Connect)?);
         }
@@ -982,7 +1164,7 @@ impl PostgresLeaseCoordinator {
             // Reconnect on the next call after a lost connection, and after a reply that could
             // not be used (about another agent, unreadable, a connection the server closed).
             if matches!(error, CallError::Statement(error) if outcome_unknown(error))
-                || matches!(error, CallError::Reply(_))
+                || matches!(error, CallError::Reply(_) | CallError::NoAnswer(_))
             {
                 *slot = None;
             }
@@ -994,6 +1176,21 @@ impl PostgresLeaseCoordinator {
     fn explain(&self, operation: &str, error: CallError, write: bool) -> LeaseError {
         match error {
             CallError::Connect(error) | CallError::Reply(error) => error,
+            CallError::NoAnswer(limit) => {
+                tracing::warn!(
+                    operation,
+                    waited_ms = limit.as_millis() as u64,
+                    "PostgreSQL did not answer in time"
+                );
+                failure(
+                    format!(
+                        "{operation}: no answer within {} ms (operation_timeout plus {CLIENT_MARGIN_MS} ms): a pooler with no free server connection or unable to log in to its server, or a server or pooler that stopped answering; the connection was given up",
+                        limit.as_millis()
+                    ),
+                    write,
+                    None,
+                )
+            }
             CallError::Statement(error) => {
                 let unknown = outcome_unknown(&error);
                 let described = describe(&error);
@@ -1258,7 +1455,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
             &self.statements.raise_floor,
             &[Literal::Text(agent_id), Literal::Int(floor)],
         )];
-        self.with_session(|session| self.batch(session, &statements).map_err(CallError::from))
+        self.with_session(|session| self.batch(session, &statements))
             .map(drop)
             .map_err(|error| self.explain("raise_epoch_floor", error, true))
     }
