@@ -99,7 +99,7 @@ pub struct PostgresConfig {
     /// pooler's queue, a stopped server or pooler, which no server-side timeout covers). 0 means
     /// **no bound** from the library: no `SET LOCAL`, no client-side limit (only the operator's
     /// settings, and the connect timeout, apply). In a URL: `?operation_timeout=5000`
-    /// (milliseconds), `500ms` or `5s`, given once.
+    /// (milliseconds), `500ms`, `5s` or `2min` (PostgreSQL's units), given once.
     pub operation_timeout_ms: u64,
     /// The SQL expression of the coordinator clock, in milliseconds. Leave it at
     /// [`SERVER_CLOCK_SQL`]: expiry must be decided by the server's clock, never a client's. Tests
@@ -151,11 +151,7 @@ fn take_operation_timeout(url: &str) -> Option<(String, Option<u64>)> {
         match pair.split_once('=') {
             // Given twice, it is ambiguous: malformed.
             Some((OPERATION_TIMEOUT_PARAMETER, text)) => {
-                value = Some(if value.is_some() {
-                    None
-                } else {
-                    parse_duration_ms(text)
-                });
+                value = Some(if value.is_some() { None } else { setting_ms(text) });
             }
             _ => kept.push(pair),
         }
@@ -167,18 +163,6 @@ fn take_operation_timeout(url: &str) -> Option<(String, Option<u64>)> {
         format!("{base}?{}", kept.join("&"))
     };
     Some((rest, value))
-}
-
-/// `5000`, `500ms` or `5s` in milliseconds.
-fn parse_duration_ms(text: &str) -> Option<u64> {
-    let (digits, scale) = if let Some(digits) = text.strip_suffix("ms") {
-        (digits, 1)
-    } else if let Some(digits) = text.strip_suffix('s') {
-        (digits, 1_000)
-    } else {
-        (text, 1)
-    };
-    digits.parse::<u64>().ok()?.checked_mul(scale)
 }
 
 /// Why a [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction) committed nothing, or
@@ -464,13 +448,7 @@ impl Runner {
 impl Session {
     /// The connection, unless it was given up.
     fn client(&mut self) -> Result<&mut Client, CallError> {
-        self.client.as_mut().ok_or_else(|| {
-            CallError::Reply(failure(
-                "the connection was given up after a call that did not answer",
-                true,
-                None,
-            ))
-        })
+        self.client.as_mut().ok_or_else(|| CallError::Reply(given_up()))
     }
 
     /// Runs `text` as one simple query. With a `limit`, from a thread of its own, waiting at most
@@ -487,7 +465,7 @@ impl Session {
             return Ok(self.client()?.simple_query(&text)?);
         };
         let Some(mut client) = self.client.take() else {
-            return Err(self.client().err().unwrap_or_else(|| unreachable!("no client")));
+            return Err(CallError::Reply(given_up()));
         };
         let cancel = client.cancel_token();
         let (sender, receiver) = std::sync::mpsc::channel();
@@ -708,7 +686,7 @@ impl PostgresLeaseCoordinator {
         }
         if take_operation_timeout(&config.url).is_some() {
             return Err(failure(
-                format!("{OPERATION_TIMEOUT_PARAMETER}= in the URL must be a duration such as 5000 (milliseconds), 500ms or 5s"),
+                format!("{OPERATION_TIMEOUT_PARAMETER}= in the URL must be a duration such as 5000 (milliseconds), 500ms, 5s or 2min"),
                 false,
                 None,
             ));
@@ -1280,8 +1258,18 @@ fn opening(
     (isolation, timeouts)
 }
 
+/// The error of a call on a connection that was given up.
+fn given_up() -> LeaseError {
+    failure(
+        "the connection was given up after a call that did not answer",
+        true,
+        None,
+    )
+}
+
 /// A time setting as `current_setting` shows it (`0`, `500us`, `50ms`, `10s`, `2min`, `1h`,
-/// `1d`), in milliseconds rounded up; `None` when it does not parse.
+/// `1d`; also the URL's `operation_timeout`, in the same units), in milliseconds rounded up;
+/// `None` when it does not parse.
 fn setting_ms(text: &str) -> Option<u64> {
     let split = text
         .find(|character: char| !character.is_ascii_digit())
