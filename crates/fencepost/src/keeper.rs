@@ -254,8 +254,8 @@ pub enum Shutdown {
 /// let lease = Lease { agent_id: "milo".into(), holder: "laptop".into(), epoch: 1, expires_at_ms: 900 };
 /// let mut renewal = Renewal::new(config, &lease, 0);
 /// assert_eq!(renewal.step(10), RenewalStep::WaitUntil { at_ms: 300 });
-/// assert_eq!(renewal.step(300), RenewalStep::Renew { epoch: 1, ttl_ms: 900, sent_ms: 300 });
-/// renewal.answered(305, 300, Ok(Lease { expires_at_ms: 1_200, ..lease.clone() }));
+/// assert_eq!(renewal.step(300), RenewalStep::Renew { epoch: 1, ttl_ms: 900 });
+/// renewal.answered(305, Ok(Lease { expires_at_ms: 1_200, ..lease.clone() }));
 /// assert_eq!(renewal.step(305), RenewalStep::WaitUntil { at_ms: 600 });
 /// assert!(renewal.holds(899));
 /// assert!(matches!(renewal.step(2_000), RenewalStep::Lost(LossReason::DeadlinePassed { .. })));
@@ -271,8 +271,8 @@ pub struct Renewal {
     /// When to send the next renewal.
     next_attempt_ms: u64,
     last_error: Option<String>,
-    /// A renewal was sent and has not been answered.
-    in_flight: bool,
+    /// When the renewal that was sent and has not been answered was sent.
+    in_flight: Option<u64>,
     lost: Option<LossReason>,
 }
 
@@ -280,15 +280,13 @@ pub struct Renewal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RenewalStep {
-    /// Send `renew(epoch, ttl_ms)` now, and pass its answer to [`Renewal::answered`] with this
-    /// `sent_ms`.
+    /// Send `renew(epoch, ttl_ms)` now, and pass its answer to [`Renewal::answered`] (the
+    /// machine remembers when it asked: the time the renewal counts as sent).
     Renew {
         /// The epoch to renew.
         epoch: u64,
         /// The TTL to ask for.
         ttl_ms: u64,
-        /// The time the renewal counts as sent.
-        sent_ms: u64,
     },
     /// Nothing to do before `at_ms` (or before the renewal in flight is answered).
     WaitUntil {
@@ -309,7 +307,7 @@ impl Renewal {
             renewed_at_ms: sent_ms,
             next_attempt_ms: sent_ms.saturating_add(config.renew_every_ms),
             last_error: None,
-            in_flight: false,
+            in_flight: None,
             lost: None,
         }
     }
@@ -352,15 +350,14 @@ impl Renewal {
             self.lost = Some(reason.clone());
             return RenewalStep::Lost(reason);
         }
-        if !self.in_flight && now_ms >= self.next_attempt_ms {
-            self.in_flight = true;
+        if self.in_flight.is_none() && now_ms >= self.next_attempt_ms {
+            self.in_flight = Some(now_ms);
             return RenewalStep::Renew {
                 epoch: self.epoch,
                 ttl_ms: self.config.ttl_ms,
-                sent_ms: now_ms,
             };
         }
-        let at_ms = if self.in_flight {
+        let at_ms = if self.in_flight.is_some() {
             deadline
         } else {
             self.next_attempt_ms.min(deadline)
@@ -368,12 +365,15 @@ impl Renewal {
         RenewalStep::WaitUntil { at_ms }
     }
 
-    /// Takes in the answer, at `now_ms`, to the renewal sent at `sent_ms`. A success after the
-    /// deadline comes too late to extend anything (the lease already counted as lost); `Lost`
-    /// and errors that retrying cannot fix lose the lease at once; a transient error is retried
-    /// (and is the `last_error` a later loss reports).
-    pub fn answered(&mut self, now_ms: u64, sent_ms: u64, outcome: Result<crate::lease::Lease, LeaseError>) {
-        self.in_flight = false;
+    /// Takes in the answer, at `now_ms`, to the renewal [`step`](Self::step) asked for (an
+    /// answer when none was asked for is ignored). A success after the deadline comes too late
+    /// to extend anything (the lease already counted as lost); `Lost` and errors that retrying
+    /// cannot fix lose the lease at once; a transient error is retried (and is the `last_error` a
+    /// later loss reports).
+    pub fn answered(&mut self, now_ms: u64, outcome: Result<crate::lease::Lease, LeaseError>) {
+        let Some(sent_ms) = self.in_flight.take() else {
+            return;
+        };
         if self.lost.is_some() {
             return;
         }
@@ -400,6 +400,218 @@ impl Renewal {
                 });
             }
         }
+    }
+}
+
+/// The acquisition of a lease, as a state machine with no threads, no clock reads and no I/O:
+/// the first half of a tenure, before [`Renewal`]. [`KeeperBuilder::acquire`] and
+/// [`KeeperBuilder::wait_to_acquire`] drive it with the keeper's clock and the real coordinator;
+/// the simulator drives the same machine with simulated time.
+///
+/// Its rules, from [`KeeperConfig`] and the [`AcquirePlan`]: raise the coordinator's epoch floor
+/// to the ledger's epoch once, before the first acquire (rule L5; skipped when the ledger has seen
+/// no epoch); try again `acquire_every_ms` after a refusal (`Held`) or a transient error, until
+/// `max_wait_ms` after the start; give up at once on any other error, and at the start when the
+/// ledger has seen the last epoch there is ([`LeaseError::EpochsExhausted`]: granting "floor + 1"
+/// would repeat it).
+///
+/// ```
+/// use fencepost::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig};
+/// use fencepost::lease::{Lease, LeaseError};
+///
+/// let config = KeeperConfig::new(900); // try to acquire every 225 ms
+/// let plan = AcquirePlan { agent_id: "milo".into(), ledger_epoch: 7, started_ms: 0, max_wait_ms: 1_000 };
+/// let mut acquisition = Acquisition::new(config, plan);
+/// assert_eq!(acquisition.step(0), AcquireStep::RaiseFloor { floor: 7 });
+/// acquisition.floor_raised(0, Ok(()));
+/// assert_eq!(acquisition.step(0), AcquireStep::Acquire { ttl_ms: 900 });
+/// let held = LeaseError::Held { agent_id: "milo".into(), holder: "phone".into(), epoch: 8, expires_at_ms: 900 };
+/// acquisition.acquired(2, Err(held));
+/// assert_eq!(acquisition.step(2), AcquireStep::WaitUntil { at_ms: 227 });
+/// assert_eq!(acquisition.step(227), AcquireStep::Acquire { ttl_ms: 900 });
+/// let lease = Lease { agent_id: "milo".into(), holder: "laptop".into(), epoch: 9, expires_at_ms: 1_130 };
+/// acquisition.acquired(230, Ok(lease));
+/// let AcquireStep::Granted(renewal) = acquisition.step(230) else { unreachable!() };
+/// // The renewal counts from when the acquire was sent.
+/// assert_eq!((renewal.epoch(), renewal.deadline_ms()), (9, 227 + 600));
+/// assert_eq!(acquisition.step(231), AcquireStep::Spent);
+/// ```
+#[derive(Debug)]
+pub struct Acquisition {
+    config: KeeperConfig,
+    agent_id: String,
+    ledger_epoch: u64,
+    give_up_ms: u64,
+    floor_raised: bool,
+    next_attempt_ms: u64,
+    /// What was asked for and not answered yet, and when.
+    in_flight: Option<u64>,
+    /// The last `Held` refusal.
+    last_held: Option<LeaseError>,
+    /// The grant (with when its acquire was sent) or the error that ended the wait, until
+    /// [`step`](Acquisition::step) hands it over.
+    ended: Option<Result<(crate::lease::Lease, u64), KeeperError>>,
+    spent: bool,
+}
+
+/// What an [`Acquisition`] is for: the agent, the highest epoch of the agent its ledger has seen
+/// ([`SyncState::fencing_epoch`](crate::fold::SyncState::fencing_epoch); 0 for none), when it
+/// starts and how long it may wait (0: one attempt), in the driver's clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquirePlan {
+    /// The agent (for the errors).
+    pub agent_id: String,
+    /// The floor to raise first.
+    pub ledger_epoch: u64,
+    /// When the acquisition starts.
+    pub started_ms: u64,
+    /// How long it may go on trying.
+    pub max_wait_ms: u64,
+}
+
+/// What an [`Acquisition`] asks its driver to do next.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AcquireStep {
+    /// Call `raise_epoch_floor(agent, floor)` now and pass the answer to
+    /// [`Acquisition::floor_raised`].
+    RaiseFloor {
+        /// The floor: the highest epoch of the agent in the ledger.
+        floor: u64,
+    },
+    /// Call `acquire(agent, device, ttl_ms)` now and pass the answer to
+    /// [`Acquisition::acquired`].
+    Acquire {
+        /// The TTL to ask for.
+        ttl_ms: u64,
+    },
+    /// Nothing to do before `at_ms` (or before the call asked for is answered).
+    WaitUntil {
+        /// When to call [`Acquisition::step`] again.
+        at_ms: u64,
+    },
+    /// The lease is held: drive this [`Renewal`] from now on.
+    Granted(Renewal),
+    /// The lease was not obtained.
+    GaveUp(KeeperError),
+    /// `Granted` or `GaveUp` was handed over already.
+    Spent,
+}
+
+impl PartialEq for AcquireStep {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::RaiseFloor { floor: a }, Self::RaiseFloor { floor: b }) => a == b,
+            (Self::Acquire { ttl_ms: a }, Self::Acquire { ttl_ms: b }) => a == b,
+            (Self::WaitUntil { at_ms: a }, Self::WaitUntil { at_ms: b }) => a == b,
+            (Self::Granted(a), Self::Granted(b)) => a == b,
+            (Self::GaveUp(a), Self::GaveUp(b)) => a.to_string() == b.to_string(),
+            (Self::Spent, Self::Spent) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Acquisition {
+    /// The machine of `plan`.
+    pub fn new(config: KeeperConfig, plan: AcquirePlan) -> Self {
+        let ended = (plan.ledger_epoch > MAX_EPOCH_FLOOR).then(|| {
+            Err(KeeperError::Lease(LeaseError::EpochsExhausted {
+                agent_id: plan.agent_id.clone(),
+                last_epoch: plan.ledger_epoch,
+            }))
+        });
+        Self {
+            config,
+            give_up_ms: plan.started_ms.saturating_add(plan.max_wait_ms),
+            floor_raised: plan.ledger_epoch == 0,
+            next_attempt_ms: plan.started_ms,
+            agent_id: plan.agent_id,
+            ledger_epoch: plan.ledger_epoch,
+            in_flight: None,
+            last_held: None,
+            ended,
+            spent: false,
+        }
+    }
+
+    /// What to do at `now_ms`.
+    pub fn step(&mut self, now_ms: u64) -> AcquireStep {
+        if self.spent {
+            return AcquireStep::Spent;
+        }
+        if let Some(ended) = self.ended.take() {
+            self.spent = true;
+            return match ended {
+                Ok((lease, sent_ms)) => AcquireStep::Granted(Renewal::new(self.config, &lease, sent_ms)),
+                Err(error) => AcquireStep::GaveUp(error),
+            };
+        }
+        if self.in_flight.is_some() || now_ms < self.next_attempt_ms {
+            return AcquireStep::WaitUntil {
+                at_ms: self.next_attempt_ms.max(now_ms),
+            };
+        }
+        self.in_flight = Some(now_ms);
+        if self.floor_raised {
+            AcquireStep::Acquire {
+                ttl_ms: self.config.ttl_ms,
+            }
+        } else {
+            AcquireStep::RaiseFloor {
+                floor: self.ledger_epoch,
+            }
+        }
+    }
+
+    /// Takes in the answer, at `now_ms`, to [`AcquireStep::RaiseFloor`].
+    pub fn floor_raised(&mut self, now_ms: u64, outcome: Result<(), LeaseError>) {
+        if self.in_flight.take().is_none() || self.ended.is_some() || self.spent {
+            return;
+        }
+        match outcome {
+            Ok(()) => self.floor_raised = true,
+            Err(error) => self.refused(now_ms, error),
+        }
+    }
+
+    /// Takes in the answer, at `now_ms`, to [`AcquireStep::Acquire`].
+    pub fn acquired(&mut self, now_ms: u64, outcome: Result<crate::lease::Lease, LeaseError>) {
+        let Some(sent_ms) = self.in_flight.take() else {
+            return;
+        };
+        if self.ended.is_some() || self.spent {
+            return;
+        }
+        match outcome {
+            Ok(lease) => self.ended = Some(Ok((lease, sent_ms))),
+            Err(error) => self.refused(now_ms, error),
+        }
+    }
+
+    /// A refusal or failure: wait and try again (within the wait), or give up.
+    fn refused(&mut self, now_ms: u64, error: LeaseError) {
+        if !matches!(error, LeaseError::Held { .. } | LeaseError::Backend(_)) {
+            self.ended = Some(Err(error.into()));
+            return;
+        }
+        if now_ms >= self.give_up_ms {
+            self.ended = Some(Err(match (self.last_held.take(), error) {
+                (Some(held), last_error @ LeaseError::Backend(_)) => KeeperError::HeldThenFailed {
+                    held: Box::new(held),
+                    last_error: Box::new(last_error),
+                },
+                (_, error) => error.into(),
+            }));
+            return;
+        }
+        tracing::debug!(agent_id = %self.agent_id, %error, "waiting to acquire");
+        if matches!(error, LeaseError::Held { .. }) {
+            self.last_held = Some(error);
+        }
+        self.next_attempt_ms = now_ms
+            .saturating_add(self.config.acquire_every_ms)
+            .min(self.give_up_ms);
     }
 }
 
@@ -444,8 +656,6 @@ fn call_on_lost(callback: OnLost, loss: &Loss) {
 /// The answer to a renewal, posted by the thread that sent it.
 #[derive(Debug)]
 struct Answer {
-    /// The keeper clock when the renewal was sent.
-    sent_ms: u64,
     outcome: Result<crate::lease::Lease, LeaseError>,
 }
 
@@ -539,7 +749,7 @@ impl Shared {
 
     /// Sends a renewal from a thread of its own, which posts the answer: however long the
     /// coordinator takes, the keeper's thread stays free to declare the loss at the deadline.
-    fn send_renewal(self: &Arc<Self>, epoch: u64, ttl_ms: u64, sent_ms: u64) -> Result<(), std::io::Error> {
+    fn send_renewal(self: &Arc<Self>, epoch: u64, ttl_ms: u64) -> Result<(), std::io::Error> {
         let shared = Arc::clone(self);
         std::thread::Builder::new()
             .name(format!("fencepost-renew-{}", self.agent_id))
@@ -547,7 +757,7 @@ impl Shared {
                 let outcome = shared
                     .coordinator
                     .renew(&shared.agent_id, &shared.device_id, epoch, ttl_ms);
-                shared.lock().answer = Some(Answer { sent_ms, outcome });
+                shared.lock().answer = Some(Answer { outcome });
                 shared.changed.notify_all();
             })
             .map(drop)
@@ -565,7 +775,7 @@ impl Shared {
                 return;
             }
             let now = self.clock.now_ms();
-            if let Some(Answer { sent_ms, outcome }) = state.answer.take() {
+            if let Some(Answer { outcome }) = state.answer.take() {
                 let epoch = state.renewal.epoch();
                 match &outcome {
                     Ok(lease) => {
@@ -576,19 +786,15 @@ impl Shared {
                     }
                     Err(_) => {}
                 }
-                state.renewal.answered(now, sent_ms, outcome);
+                state.renewal.answered(now, outcome);
             }
             match state.renewal.step(now) {
                 RenewalStep::Lost(reason) => {
                     self.lose(state, reason);
                     return;
                 }
-                RenewalStep::Renew {
-                    epoch,
-                    ttl_ms,
-                    sent_ms,
-                } => {
-                    if let Err(error) = self.send_renewal(epoch, ttl_ms, sent_ms) {
+                RenewalStep::Renew { epoch, ttl_ms } => {
+                    if let Err(error) = self.send_renewal(epoch, ttl_ms) {
                         tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a renewal; retrying");
                         let failure = LeaseError::Backend(crate::lease::BackendError {
                             backend: "keeper",
@@ -596,7 +802,7 @@ impl Shared {
                             may_have_applied: false,
                             source: None,
                         });
-                        state.renewal.answered(now, sent_ms, Err(failure));
+                        state.renewal.answered(now, Err(failure));
                     }
                 }
                 RenewalStep::WaitUntil { at_ms } => {
@@ -678,66 +884,43 @@ impl KeeperBuilder {
         self.start(max_wait_ms)
     }
 
+    /// The driver of the [`Acquisition`] machine: the keeper's clock and the real coordinator.
     fn start(self, max_wait_ms: u64) -> Result<LeaseKeeper, KeeperError> {
         self.config.validate()?;
         validate_id(IdKind::Agent, &self.agent_id).map_err(LeaseError::from)?;
         validate_id(IdKind::Device, &self.device_id).map_err(LeaseError::from)?;
-        let started_ms = self.clock.now_ms();
-        let give_up_ms = started_ms.saturating_add(max_wait_ms);
-        if self.ledger_epoch > MAX_EPOCH_FLOOR {
-            // The ledger has seen the last epoch there is: granting "floor + 1" would repeat it.
-            return Err(LeaseError::EpochsExhausted {
-                agent_id: self.agent_id,
-                last_epoch: self.ledger_epoch,
-            }
-            .into());
-        }
-        let mut last_held: Option<LeaseError> = None;
-        let mut floor_raised = self.ledger_epoch == 0;
-        let (lease, sent_ms) = loop {
-            let sent_ms = self.clock.now_ms();
-            // The floor first (once), within the same wait: a coordinator that is busy or
-            // unreachable for a while gets the same patience as an acquire.
-            let attempt = if floor_raised {
-                self.coordinator
-                    .acquire(&self.agent_id, &self.device_id, self.config.ttl_ms)
-            } else {
-                self.coordinator
-                    .raise_epoch_floor(&self.agent_id, self.ledger_epoch)
-                    .and_then(|()| {
-                        floor_raised = true;
-                        self.coordinator
-                            .acquire(&self.agent_id, &self.device_id, self.config.ttl_ms)
-                    })
-            };
-            match attempt {
-                Ok(lease) => break (lease, sent_ms),
-                Err(error @ (LeaseError::Held { .. } | LeaseError::Backend(_))) => {
-                    let now = self.clock.now_ms();
-                    if now >= give_up_ms {
-                        return Err(match (last_held, error) {
-                            (Some(held), last_error @ LeaseError::Backend(_)) => {
-                                KeeperError::HeldThenFailed {
-                                    held: Box::new(held),
-                                    last_error: Box::new(last_error),
-                                }
-                            }
-                            (_, error) => error.into(),
-                        });
-                    }
-                    tracing::debug!(agent_id = %self.agent_id, %error, "waiting to acquire");
-                    if matches!(error, LeaseError::Held { .. }) {
-                        last_held = Some(error);
-                    }
-                    let retry_at = now.saturating_add(self.config.acquire_every_ms).min(give_up_ms);
-                    while self.clock.now_ms() < retry_at {
-                        std::thread::sleep(self.clock.slice(retry_at - self.clock.now_ms()));
+        let mut acquisition = Acquisition::new(
+            self.config,
+            AcquirePlan {
+                agent_id: self.agent_id.clone(),
+                ledger_epoch: self.ledger_epoch,
+                started_ms: self.clock.now_ms(),
+                max_wait_ms,
+            },
+        );
+        let renewal = loop {
+            let now = self.clock.now_ms();
+            match acquisition.step(now) {
+                AcquireStep::RaiseFloor { floor } => {
+                    let outcome = self.coordinator.raise_epoch_floor(&self.agent_id, floor);
+                    acquisition.floor_raised(self.clock.now_ms(), outcome);
+                }
+                AcquireStep::Acquire { ttl_ms } => {
+                    let outcome = self.coordinator.acquire(&self.agent_id, &self.device_id, ttl_ms);
+                    acquisition.acquired(self.clock.now_ms(), outcome);
+                }
+                AcquireStep::WaitUntil { at_ms } => {
+                    while self.clock.now_ms() < at_ms {
+                        std::thread::sleep(self.clock.slice(at_ms - self.clock.now_ms()));
                     }
                 }
-                Err(error) => return Err(error.into()),
+                AcquireStep::Granted(renewal) => break renewal,
+                AcquireStep::GaveUp(error) => return Err(error),
+                AcquireStep::Spent => unreachable!("the driver stops at Granted or GaveUp"),
             }
         };
-        tracing::info!(agent_id = %self.agent_id, device_id = %self.device_id, epoch = lease.epoch, "lease acquired");
+        let epoch = renewal.epoch();
+        tracing::info!(agent_id = %self.agent_id, device_id = %self.device_id, epoch, "lease acquired");
         let shared = Arc::new(Shared {
             coordinator: self.coordinator,
             agent_id: self.agent_id,
@@ -746,7 +929,7 @@ impl KeeperBuilder {
             clock: self.clock,
             state: Mutex::new(State {
                 phase: Phase::Holding,
-                renewal: Renewal::new(self.config, &lease, sent_ms),
+                renewal,
                 answer: None,
                 released: None,
                 guard_threads: Vec::new(),
@@ -763,7 +946,7 @@ impl KeeperBuilder {
             // Nobody would renew the lease: give it back rather than leave it to expire.
             let _ = shared
                 .coordinator
-                .release(&shared.agent_id, &shared.device_id, lease.epoch);
+                .release(&shared.agent_id, &shared.device_id, epoch);
             return Err(LeaseError::Backend(crate::lease::BackendError {
                 backend: "keeper",
                 message: format!("cannot start the renewal thread: {error}"),

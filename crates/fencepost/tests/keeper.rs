@@ -704,19 +704,17 @@ fn renewal_machine_renews_retries_and_loses_by_the_config_alone() {
             source: None,
         }))
     };
-    let renew_at = |sent_ms| RenewalStep::Renew {
+    let renew = || RenewalStep::Renew {
         epoch: 4,
         ttl_ms: 1_000,
-        sent_ms,
     };
     let mut renewal = Renewal::new(config(), &lease, 0);
     assert_eq!(renewal.step(0), RenewalStep::WaitUntil { at_ms: 300 });
-    assert_eq!(renewal.step(300), renew_at(300));
+    assert_eq!(renewal.step(300), renew());
     // In flight: nothing more is sent; the next thing due is the deadline.
     assert_eq!(renewal.step(350), RenewalStep::WaitUntil { at_ms: 700 });
     renewal.answered(
         360,
-        300,
         Ok(Lease {
             expires_at_ms: 1_300,
             ..lease.clone()
@@ -725,11 +723,11 @@ fn renewal_machine_renews_retries_and_loses_by_the_config_alone() {
     assert_eq!((renewal.deadline_ms(), renewal.expires_at_ms()), (1_000, 1_300));
     assert_eq!(renewal.step(360), RenewalStep::WaitUntil { at_ms: 600 });
     // Transient errors are retried every 100 ms after each failed renewal was sent.
-    assert_eq!(renewal.step(600), renew_at(600));
-    renewal.answered(650, 600, transient());
+    assert_eq!(renewal.step(600), renew());
+    renewal.answered(650, transient());
     assert_eq!(renewal.step(650), RenewalStep::WaitUntil { at_ms: 700 });
-    assert_eq!(renewal.step(700), renew_at(700));
-    renewal.answered(990, 700, transient());
+    assert_eq!(renewal.step(700), renew());
+    renewal.answered(990, transient());
     assert!(renewal.holds(999));
     match renewal.step(1_000) {
         RenewalStep::Lost(LossReason::DeadlinePassed {
@@ -741,15 +739,14 @@ fn renewal_machine_renews_retries_and_loses_by_the_config_alone() {
     }
     assert!(!renewal.holds(1_000));
     // An answer after the deadline changes nothing.
-    renewal.answered(1_001, 800, Ok(lease.clone()));
+    renewal.answered(1_001, Ok(lease.clone()));
     assert!(matches!(renewal.step(1_001), RenewalStep::Lost(_)));
 
     // A `Lost` verdict loses at once; a renewal that hangs is lost at the deadline.
     let mut stolen = Renewal::new(config(), &lease, 0);
-    assert_eq!(stolen.step(300), renew_at(300));
+    assert_eq!(stolen.step(300), renew());
     stolen.answered(
         301,
-        300,
         Err(LeaseError::Lost {
             agent_id: "milo".into(),
             claimed_epoch: 4,
@@ -761,10 +758,112 @@ fn renewal_machine_renews_retries_and_loses_by_the_config_alone() {
         RenewalStep::Lost(LossReason::Stolen { current_epoch: 5 })
     );
     let mut hung = Renewal::new(config(), &lease, 0);
-    assert_eq!(hung.step(300), renew_at(300));
+    assert_eq!(hung.step(300), renew());
     assert_eq!(hung.step(699), RenewalStep::WaitUntil { at_ms: 700 });
     assert_eq!(
         hung.step(700),
         RenewalStep::Lost(LossReason::DeadlinePassed { last_error: None })
     );
+}
+
+/// The acquisition machine (issue 15, item 1; rule L5) on its own: the floor is raised once,
+/// before the first acquire; `Held` and transient errors are retried every `acquire_every_ms`
+/// within the wait; the wait's end reports the refusal seen during it; an error retrying cannot
+/// fix ends it at once; a ledger that has seen the last epoch never asks for a grant.
+#[test]
+fn l5_acquisition_machine_raises_the_floor_once_then_retries_within_the_wait() {
+    use fencepost::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperError};
+    let transient = || {
+        LeaseError::Backend(BackendError {
+            backend: "test",
+            message: "connection reset".into(),
+            may_have_applied: false,
+            source: None,
+        })
+    };
+    let held = || LeaseError::Held {
+        agent_id: "milo".into(),
+        holder: "phone".into(),
+        epoch: 3,
+        expires_at_ms: 5_000,
+    };
+    let plan = |ledger_epoch, max_wait_ms| AcquirePlan {
+        agent_id: "milo".into(),
+        ledger_epoch,
+        started_ms: 1_000,
+        max_wait_ms,
+    };
+    let acquire = AcquireStep::Acquire { ttl_ms: 1_000 };
+    // acquire_every_ms is 250 here.
+    let every_250 = KeeperConfig {
+        acquire_every_ms: 250,
+        ..config()
+    };
+    let mut machine = Acquisition::new(every_250, plan(2, 600));
+    assert_eq!(machine.step(1_000), AcquireStep::RaiseFloor { floor: 2 });
+    assert_eq!(
+        machine.step(1_001),
+        AcquireStep::WaitUntil { at_ms: 1_001 },
+        "one call at a time"
+    );
+    machine.floor_raised(1_005, Ok(()));
+    assert_eq!(machine.step(1_005), acquire);
+    machine.acquired(1_010, Err(held()));
+    assert_eq!(machine.step(1_010), AcquireStep::WaitUntil { at_ms: 1_260 });
+    assert_eq!(machine.step(1_260), acquire, "the floor is not raised again");
+    machine.acquired(1_270, Err(transient()));
+    assert_eq!(machine.step(1_520), acquire);
+    machine.acquired(1_530, Err(held()));
+    // The next try is clamped to the end of the wait, then the wait is over.
+    assert_eq!(machine.step(1_530), AcquireStep::WaitUntil { at_ms: 1_600 });
+    assert_eq!(machine.step(1_600), acquire);
+    machine.acquired(1_601, Err(transient()));
+    match machine.step(1_601) {
+        AcquireStep::GaveUp(KeeperError::HeldThenFailed { held, .. }) => {
+            assert!(matches!(*held, LeaseError::Held { epoch: 3, .. }))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(machine.step(1_602), AcquireStep::Spent);
+
+    // A floor that cannot be raised (its error is not transient) ends it at once.
+    let mut refused = Acquisition::new(config(), plan(9, 60_000));
+    assert_eq!(refused.step(1_000), AcquireStep::RaiseFloor { floor: 9 });
+    refused.floor_raised(
+        1_001,
+        Err(LeaseError::InvalidEpochFloor {
+            floor: 9,
+            max_floor: 8,
+        }),
+    );
+    assert!(matches!(
+        refused.step(1_001),
+        AcquireStep::GaveUp(KeeperError::Lease(LeaseError::InvalidEpochFloor { .. }))
+    ));
+
+    // No ledger epoch: no floor to raise. A grant starts the renewal from when it was sent.
+    let mut granted = Acquisition::new(config(), plan(0, 0));
+    assert_eq!(granted.step(1_000), acquire);
+    granted.acquired(
+        1_040,
+        Ok(Lease {
+            agent_id: "milo".into(),
+            holder: "laptop".into(),
+            epoch: 1,
+            expires_at_ms: 2_000,
+        }),
+    );
+    match granted.step(1_040) {
+        AcquireStep::Granted(renewal) => {
+            assert_eq!((renewal.epoch(), renewal.deadline_ms()), (1, 1_700));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // The last epoch there is was seen: nothing is asked of the coordinator.
+    let mut exhausted = Acquisition::new(config(), plan(fencepost::lease::MAX_EPOCH, 60_000));
+    assert!(matches!(
+        exhausted.step(1_000),
+        AcquireStep::GaveUp(KeeperError::Lease(LeaseError::EpochsExhausted { .. }))
+    ));
 }
