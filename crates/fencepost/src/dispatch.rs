@@ -983,146 +983,330 @@ pub fn dispatch_effect<T, E>(
             ledger: ledger.device_id().to_owned(),
         });
     }
-    let agent_id = keeper.agent_id();
     let Some(guard) = keeper.guard() else {
         return Ok(DispatchOutcome::NotHeld {
             claimed_epoch: keeper.epoch(),
         });
     };
-    let epoch = guard.epoch();
-    if let Some(committed) = ledger.state().committed_run(agent_id, run_id) {
-        return Ok(DispatchOutcome::AlreadyCommitted {
-            committed_op_id: committed.op_id,
-        });
-    }
-    let fencing_epoch = ledger.state().fencing_epoch(agent_id);
-    if epoch < fencing_epoch {
-        return Err(DispatchError::BelowFencingEpoch {
-            agent_id: agent_id.to_owned(),
-            epoch,
-            fencing_epoch,
-        });
-    }
-    let damage = ledger.damage();
-    if !damage.is_empty() {
-        return Err(DispatchError::Damaged {
-            problems: damage.into_iter().cloned().collect(),
-        });
-    }
-    if let Some(run) = ledger.in_doubt_run(agent_id, run_id, epoch) {
-        if !options.retry_in_doubt {
-            return Ok(DispatchOutcome::InDoubt { run });
-        }
-        tracing::info!(
-            agent_id,
-            run_id,
-            epoch,
-            earlier_epoch = run.epoch,
-            "retrying an in-doubt run"
-        );
-    }
-    let intent = |status| Intent::new(agent_id, run_id, epoch, status);
-    ledger.record(&intent(IntentStatus::Pending))?;
-    // Another writer of this device (a thread or process sharing the device id and the lease)
-    // may have started the same run since this ledger last looked: its `pending` then arrived in
-    // this append's catch-up, before ours. The first `pending` in the log runs; this one does
-    // not, and records nothing more (a `failed` at this epoch would settle the other attempt).
-    if let Some(run) = ledger.concurrent_attempt(agent_id, run_id) {
-        tracing::warn!(
-            agent_id,
-            run_id,
-            epoch,
-            other_op_id = %run.op_id,
-            "another writer of this device started the run first; not running it"
-        );
-        return Ok(DispatchOutcome::ConcurrentAttempt { run });
-    }
-    let refuse = |ledger: &mut Ledger| -> Result<(), DispatchError> {
-        if let Err(error) = ledger.record(&intent(IntentStatus::Failed)) {
-            tracing::warn!(%error, run_id, "could not store a failed intent; it stays queued");
-        }
-        Ok(())
+    let permit = match ledger.begin(&guard, run_id, options) {
+        Ok(permit) => permit,
+        Err(refusal) => return refusal.into_outcome(),
     };
-    let decision = match check_dispatch(
-        keeper.coordinator(),
-        ledger.state(),
-        agent_id,
-        run_id,
-        keeper.device_id(),
-        epoch,
-    ) {
-        Ok(decision) => decision,
-        Err(error) => {
-            refuse(ledger)?;
-            return Err(error.into());
-        }
-    };
-    tracing::debug!(agent_id, run_id, epoch, ?decision, "fence decision");
-    let outcome = match decision {
-        FenceDecision::Proceed => None,
-        FenceDecision::AlreadyCommitted { committed_op_id } => {
-            Some(DispatchOutcome::AlreadyCommitted { committed_op_id })
-        }
-        FenceDecision::StaleEpoch {
-            claimed_epoch,
-            current_epoch,
-            current_holder,
-        } => Some(DispatchOutcome::StaleEpoch {
-            claimed_epoch,
-            current_epoch,
-            current_holder,
-        }),
-        FenceDecision::NotHeld { claimed_epoch } => Some(DispatchOutcome::NotHeld { claimed_epoch }),
-    };
-    if let Some(outcome) = outcome {
-        tracing::info!(agent_id, run_id, epoch, "the fence refused the run");
-        refuse(ledger)?;
-        return Ok(outcome);
-    }
-    // The fence may have waited on the coordinator past the keeper's renew deadline: the lease
-    // can then be gone although the coordinator had not given it away yet. Never act after the
-    // keeper reported the loss.
-    if !guard.holds() {
-        tracing::warn!(
-            agent_id,
-            run_id,
-            epoch,
-            "the lease was lost while the fence was checked"
-        );
-        refuse(ledger)?;
-        return Ok(DispatchOutcome::NotHeld { claimed_epoch: epoch });
-    }
-    let token = FencingToken {
-        agent_id: agent_id.to_owned(),
-        run_id: run_id.to_owned(),
-        epoch,
-    };
-    let (status, result) = match effect(&token) {
-        EffectOutcome::Succeeded(value) => (IntentStatus::Committed, Ok(value)),
-        EffectOutcome::Failed(error) => (IntentStatus::Failed, Err(error)),
+    let epoch = permit.token().epoch;
+    let (outcome, result) = match effect(permit.token()) {
+        EffectOutcome::Succeeded(value) => (RunOutcome::Committed, Ok(value)),
+        EffectOutcome::Failed(error) => (RunOutcome::Failed, Err(error)),
         EffectOutcome::Unknown(error) => {
-            tracing::warn!(
-                agent_id,
-                run_id,
-                epoch,
-                "the effect was interrupted; the run stays in doubt"
-            );
+            permit.abandon();
             drop(guard);
             return Ok(DispatchOutcome::Interrupted { epoch, error });
         }
     };
-    if let Err(error) = ledger.record(&intent(status)) {
+    if let Err(error) = permit.finish(ledger, outcome) {
         tracing::warn!(%error, run_id, "could not store the outcome; it stays queued for the next sync");
     }
-    tracing::info!(
-        agent_id,
-        run_id,
-        epoch,
-        status = status.as_str(),
-        "run dispatched"
-    );
     drop(guard);
     Ok(DispatchOutcome::Executed { epoch, result })
+}
+
+/// Why [`Ledger::begin`] gave no [`Permit`]: the refusals of [`DispatchOutcome`], and the errors
+/// of [`dispatch`]. Nothing ran; what was recorded is said per variant.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// As [`DispatchOutcome::AlreadyCommitted`].
+    AlreadyCommitted {
+        /// The commit record.
+        committed_op_id: OpId,
+    },
+    /// As [`DispatchOutcome::StaleEpoch`]: the fence found another holder or epoch; `failed`
+    /// was recorded for this attempt.
+    StaleEpoch {
+        /// The epoch claimed.
+        claimed_epoch: u64,
+        /// The agent's epoch.
+        current_epoch: u64,
+        /// Its holder.
+        current_holder: String,
+    },
+    /// As [`DispatchOutcome::NotHeld`] (before the `pending`: nothing written; at or after the
+    /// fence: `failed` recorded).
+    NotHeld {
+        /// The epoch claimed.
+        claimed_epoch: u64,
+    },
+    /// As [`DispatchOutcome::InDoubt`]: nothing written.
+    InDoubt {
+        /// The attempt in doubt.
+        run: InDoubtRun,
+    },
+    /// As [`DispatchOutcome::ConcurrentAttempt`]: this attempt's `pending` stays.
+    ConcurrentAttempt {
+        /// The other attempt.
+        run: InDoubtRun,
+    },
+    /// As the errors of [`dispatch`].
+    Error(DispatchError),
+}
+
+impl From<DispatchError> for Refusal {
+    fn from(error: DispatchError) -> Self {
+        Refusal::Error(error)
+    }
+}
+
+impl From<LeaseError> for Refusal {
+    fn from(error: LeaseError) -> Self {
+        Refusal::Error(error.into())
+    }
+}
+
+impl Refusal {
+    /// The [`DispatchOutcome`] of this refusal, or its error.
+    ///
+    /// # Errors
+    /// [`Refusal::Error`]'s error.
+    pub fn into_outcome<T, E>(self) -> Result<DispatchOutcome<T, E>, DispatchError> {
+        Ok(match self {
+            Refusal::AlreadyCommitted { committed_op_id } => {
+                DispatchOutcome::AlreadyCommitted { committed_op_id }
+            }
+            Refusal::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            } => DispatchOutcome::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            },
+            Refusal::NotHeld { claimed_epoch } => DispatchOutcome::NotHeld { claimed_epoch },
+            Refusal::InDoubt { run } => DispatchOutcome::InDoubt { run },
+            Refusal::ConcurrentAttempt { run } => DispatchOutcome::ConcurrentAttempt { run },
+            Refusal::Error(error) => return Err(error),
+        })
+    }
+}
+
+/// How a run that a [`Permit`] let through ended: what [`Permit::finish`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// The effect happened: `committed`.
+    Committed,
+    /// The effect did not happen: `failed`.
+    Failed,
+}
+
+/// The right to perform one run's effect, from [`Ledger::begin`]: its `pending` is stored and the
+/// fence said `Proceed`. Pass [`token`](Self::token) to the resource, then end it with
+/// [`finish`](Self::finish) (the outcome is known) or [`abandon`](Self::abandon) (it is not: the
+/// run stays in doubt). Time may pass between the steps; the permit holds no lock and no borrow.
+#[derive(Debug)]
+#[must_use = "end a permit with finish (the outcome is known) or abandon (it is not)"]
+pub struct Permit {
+    token: FencingToken,
+    device_id: String,
+}
+
+impl Permit {
+    /// The fencing token of the run: agent, run id and epoch.
+    pub fn token(&self) -> &FencingToken {
+        &self.token
+    }
+
+    /// Records the run's outcome (`committed` or `failed` at the permit's epoch) in `ledger`,
+    /// which must be the ledger of the device that began it.
+    ///
+    /// # Errors
+    /// [`DispatchError::DeviceMismatch`] for another device's ledger (nothing written);
+    /// [`DispatchError::Relay`] or [`DispatchError::Log`] when the record could not be stored: it
+    /// stays queued and is stored by the ledger's next flush, sync or record.
+    pub fn finish(self, ledger: &mut Ledger, outcome: RunOutcome) -> Result<OpRecord, DispatchError> {
+        if ledger.device_id() != self.device_id {
+            return Err(DispatchError::DeviceMismatch {
+                keeper: self.device_id,
+                ledger: ledger.device_id().to_owned(),
+            });
+        }
+        let status = match outcome {
+            RunOutcome::Committed => IntentStatus::Committed,
+            RunOutcome::Failed => IntentStatus::Failed,
+        };
+        let FencingToken {
+            agent_id,
+            run_id,
+            epoch,
+        } = &self.token;
+        let stored = ledger.record(&Intent::new(agent_id.as_str(), run_id.as_str(), *epoch, status));
+        tracing::info!(
+            agent_id = %agent_id,
+            run_id = %run_id,
+            epoch,
+            status = status.as_str(),
+            "run dispatched"
+        );
+        stored
+    }
+
+    /// Ends the permit without an outcome: nobody knows whether the effect happened (it was
+    /// interrupted: killed, timed out, its lease lost). Nothing is recorded, so the run stays in
+    /// doubt (rule D2). Returns the token.
+    pub fn abandon(self) -> FencingToken {
+        tracing::warn!(
+            agent_id = %self.token.agent_id,
+            run_id = %self.token.run_id,
+            epoch = self.token.epoch,
+            "the effect was interrupted; the run stays in doubt"
+        );
+        self.token
+    }
+}
+
+impl Ledger {
+    /// The first half of a dispatch, as a step (rules D1, D2, F4, F6): checks, in order, that the
+    /// holder still holds the lease, that the run has not committed (the oracle), that the
+    /// holder's epoch is not below the ledger's fencing epoch, that the ledger is not damaged, and
+    /// that the run is not in doubt (unless `options` retry it); then stores the `pending`,
+    /// checks that no other writer of this device began the same run first, asks the fence
+    /// ([`check_dispatch`]) and checks the holder's own timing once more. A refusal at the fence
+    /// or after it records `failed`. On success, the effect may run: see [`Permit`].
+    ///
+    /// [`dispatch`] is this, the effect, and [`Permit::finish`].
+    ///
+    /// # Errors
+    /// A [`Refusal`]; see each variant for what was written.
+    pub fn begin(
+        &mut self,
+        holder: &dyn crate::fence::Holder,
+        run_id: &str,
+        options: DispatchOptions,
+    ) -> Result<Permit, Refusal> {
+        validate_id(IdKind::Run, run_id).map_err(DispatchError::from)?;
+        if holder.device_id() != self.device_id() {
+            return Err(DispatchError::DeviceMismatch {
+                keeper: holder.device_id().to_owned(),
+                ledger: self.device_id().to_owned(),
+            }
+            .into());
+        }
+        let agent_id = holder.agent_id();
+        let epoch = holder.epoch();
+        if !holder.holds() {
+            return Err(Refusal::NotHeld { claimed_epoch: epoch });
+        }
+        if let Some(committed) = self.state().committed_run(agent_id, run_id) {
+            return Err(Refusal::AlreadyCommitted {
+                committed_op_id: committed.op_id,
+            });
+        }
+        let fencing_epoch = self.state().fencing_epoch(agent_id);
+        if epoch < fencing_epoch {
+            return Err(DispatchError::BelowFencingEpoch {
+                agent_id: agent_id.to_owned(),
+                epoch,
+                fencing_epoch,
+            }
+            .into());
+        }
+        let damage = self.damage();
+        if !damage.is_empty() {
+            return Err(DispatchError::Damaged {
+                problems: damage.into_iter().cloned().collect(),
+            }
+            .into());
+        }
+        if let Some(run) = self.in_doubt_run(agent_id, run_id, epoch) {
+            if !options.retry_in_doubt {
+                return Err(Refusal::InDoubt { run });
+            }
+            tracing::info!(
+                agent_id,
+                run_id,
+                epoch,
+                earlier_epoch = run.epoch,
+                "retrying an in-doubt run"
+            );
+        }
+        let intent = |status| Intent::new(agent_id, run_id, epoch, status);
+        self.record(&intent(IntentStatus::Pending))?;
+        // Another writer of this device (a thread or process sharing the device id and the lease)
+        // may have started the same run since this ledger last looked: its `pending` then arrived
+        // in this append's catch-up, before ours. The first `pending` in the log runs; this one
+        // does not, and records nothing more (a `failed` at this epoch would settle the other
+        // attempt).
+        if let Some(run) = self.concurrent_attempt(agent_id, run_id) {
+            tracing::warn!(
+                agent_id,
+                run_id,
+                epoch,
+                other_op_id = %run.op_id,
+                "another writer of this device started the run first; not running it"
+            );
+            return Err(Refusal::ConcurrentAttempt { run });
+        }
+        let refuse = |ledger: &mut Ledger| {
+            if let Err(error) = ledger.record(&intent(IntentStatus::Failed)) {
+                tracing::warn!(%error, run_id, "could not store a failed intent; it stays queued");
+            }
+        };
+        let decision = match check_dispatch(
+            holder.coordinator(),
+            self.state(),
+            agent_id,
+            run_id,
+            holder.device_id(),
+            epoch,
+        ) {
+            Ok(decision) => decision,
+            Err(error) => {
+                refuse(self);
+                return Err(error.into());
+            }
+        };
+        tracing::debug!(agent_id, run_id, epoch, ?decision, "fence decision");
+        let refusal = match decision {
+            FenceDecision::Proceed => None,
+            FenceDecision::AlreadyCommitted { committed_op_id } => {
+                Some(Refusal::AlreadyCommitted { committed_op_id })
+            }
+            FenceDecision::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            } => Some(Refusal::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            }),
+            FenceDecision::NotHeld { claimed_epoch } => Some(Refusal::NotHeld { claimed_epoch }),
+        };
+        if let Some(refusal) = refusal {
+            tracing::info!(agent_id, run_id, epoch, "the fence refused the run");
+            refuse(self);
+            return Err(refusal);
+        }
+        // The fence may have waited on the coordinator past the holder's renew deadline: the
+        // lease can then be gone although the coordinator had not given it away yet. Never act
+        // after the holder reported the loss.
+        if !holder.holds() {
+            tracing::warn!(
+                agent_id,
+                run_id,
+                epoch,
+                "the lease was lost while the fence was checked"
+            );
+            refuse(self);
+            return Err(Refusal::NotHeld { claimed_epoch: epoch });
+        }
+        Ok(Permit {
+            token: FencingToken {
+                agent_id: agent_id.to_owned(),
+                run_id: run_id.to_owned(),
+                epoch,
+            },
+            device_id: self.device_id().to_owned(),
+        })
+    }
 }
 
 /// Why a [`FencedResource`] refused an effect; nothing was applied.

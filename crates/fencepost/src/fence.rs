@@ -92,3 +92,22 @@ pub fn check_dispatch(
         },
     })
 }
+
+/// Who a dispatch runs for: the agent, the device, the epoch it holds, whether the lease still
+/// counts as held by the holder's own timing (its renew deadline), and the coordinator the fence
+/// asks. [`WorkGuard`](crate::keeper::WorkGuard) is the holder under a
+/// [`LeaseKeeper`](crate::keeper::LeaseKeeper); the simulator has its own, over the same
+/// [`Renewal`](crate::keeper::Renewal) machine in simulated time.
+pub trait Holder {
+    /// The agent.
+    fn agent_id(&self) -> &str;
+    /// The device that holds the lease (a ledger of another device refuses to dispatch for it).
+    fn device_id(&self) -> &str;
+    /// The epoch held: the fencing token.
+    fn epoch(&self) -> u64;
+    /// Whether the lease still counts as held (the holder's renew deadline has not passed and no
+    /// loss was reported).
+    fn holds(&self) -> bool;
+    /// The coordinator to check the lease with.
+    fn coordinator(&self) -> &dyn LeaseCoordinator;
+}

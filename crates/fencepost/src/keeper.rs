@@ -1047,6 +1047,28 @@ impl WorkGuard<'_> {
     }
 }
 
+impl crate::fence::Holder for WorkGuard<'_> {
+    fn agent_id(&self) -> &str {
+        self.keeper.agent_id()
+    }
+
+    fn device_id(&self) -> &str {
+        self.keeper.device_id()
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn holds(&self) -> bool {
+        self.keeper.holds()
+    }
+
+    fn coordinator(&self) -> &dyn LeaseCoordinator {
+        self.keeper.coordinator()
+    }
+}
+
 impl Drop for WorkGuard<'_> {
     fn drop(&mut self) {
         let mut state = self.keeper.shared.lock();

@@ -835,3 +835,137 @@ fn d1_a_fenced_resource_refuses_an_epoch_out_of_range() {
     assert_eq!(resource.highest_epoch("milo"), 0, "nothing remembered");
     resource.apply(&token(1), "x").unwrap();
 }
+
+/// A holder without a keeper (as the simulator and an async runtime have): a lease the test
+/// acquired itself, and a switch for the holder's own timing.
+struct StepHolder {
+    coordinator: Arc<InMemoryLeaseCoordinator>,
+    device: &'static str,
+    epoch: u64,
+    holds: bool,
+}
+
+impl fencepost::fence::Holder for StepHolder {
+    fn agent_id(&self) -> &str {
+        "milo"
+    }
+    fn device_id(&self) -> &str {
+        self.device
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn holds(&self) -> bool {
+        self.holds
+    }
+    fn coordinator(&self) -> &dyn LeaseCoordinator {
+        &*self.coordinator
+    }
+}
+
+/// Issue 15, item 2 (rules D1, D2): dispatch in steps, with time passing between them. `begin`
+/// stores the `pending` before it lets the effect run, so another site that syncs sees the run in
+/// doubt while the effect is under way, and refuses it; `finish` records the outcome, which the
+/// other site's oracle then refuses; `abandon` records nothing. A holder whose own timing says
+/// the lease is gone gets nothing, and writes nothing.
+#[test]
+fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_after() {
+    use fencepost::dispatch::{Refusal, RunOutcome};
+    let world = World::new();
+    let mut laptop = world.ledger("laptop");
+    let mut phone = world.ledger("phone");
+    let lease = world.coordinator.acquire("milo", "laptop", TTL_MS).unwrap();
+    let mut holder = StepHolder {
+        coordinator: world.coordinator.clone(),
+        device: "laptop",
+        epoch: lease.epoch,
+        holds: false,
+    };
+    assert!(matches!(
+        laptop.begin(&holder, "report-1", DispatchOptions::default()),
+        Err(Refusal::NotHeld { claimed_epoch: 1 })
+    ));
+    phone.sync().unwrap();
+    assert!(
+        phone.in_doubt("milo", u64::MAX).is_empty(),
+        "a refused begin writes nothing"
+    );
+
+    holder.holds = true;
+    let permit = laptop
+        .begin(&holder, "report-1", DispatchOptions::default())
+        .unwrap();
+    assert_eq!(
+        (permit.token().run_id.as_str(), permit.token().epoch),
+        ("report-1", 1)
+    );
+    // The effect is under way; the laptop's lease runs out and the phone takes over.
+    world.coordinator_clock.advance(TTL_MS + 1);
+    let taken = world.coordinator.acquire("milo", "phone", TTL_MS).unwrap();
+    let successor = StepHolder {
+        coordinator: world.coordinator.clone(),
+        device: "phone",
+        epoch: taken.epoch,
+        holds: true,
+    };
+    phone.sync().unwrap();
+    match phone.begin(&successor, "report-1", DispatchOptions::default()) {
+        Err(Refusal::InDoubt { run }) => assert_eq!((run.epoch, run.device_id.as_str()), (1, "laptop")),
+        other => panic!("the phone must see the run in doubt: {other:?}"),
+    }
+    // The outcome goes to the ledger that began it, only.
+    let permit = match permit.finish(&mut phone, RunOutcome::Committed) {
+        Err(DispatchError::DeviceMismatch { .. }) => {
+            laptop.begin(&holder, "report-2", DispatchOptions::default())
+        }
+        other => panic!("another device's ledger must be refused: {other:?}"),
+    };
+    // (The permit of report-1 was consumed by the refused finish; its run stays in doubt, as an
+    // interrupted one does. report-2 is begun by a holder the coordinator no longer knows.)
+    assert!(matches!(
+        permit,
+        Err(Refusal::StaleEpoch {
+            claimed_epoch: 1,
+            current_epoch: 2,
+            ..
+        })
+    ));
+    let permit = phone
+        .begin(&successor, "report-3", DispatchOptions::default())
+        .unwrap();
+    permit.finish(&mut phone, RunOutcome::Committed).unwrap();
+    laptop.sync().unwrap();
+    let laptop_again = StepHolder {
+        coordinator: world.coordinator.clone(),
+        device: "laptop",
+        epoch: 1,
+        holds: true,
+    };
+    assert!(matches!(
+        laptop.begin(&laptop_again, "report-3", DispatchOptions::default()),
+        Err(Refusal::AlreadyCommitted { .. })
+    ));
+    // An abandoned permit leaves its run in doubt, to be retried only on purpose.
+    let abandoned = phone
+        .begin(&successor, "report-4", DispatchOptions::default())
+        .unwrap();
+    let token = abandoned.abandon();
+    assert_eq!(token.epoch, 2);
+    assert_eq!(
+        phone.in_doubt_run("milo", "report-4", 2).map(|run| run.epoch),
+        Some(2)
+    );
+    assert!(matches!(
+        phone.begin(&successor, "report-4", DispatchOptions::default()),
+        Err(Refusal::InDoubt { .. })
+    ));
+    let retried = phone
+        .begin(
+            &successor,
+            "report-4",
+            DispatchOptions::default().retry_in_doubt(true),
+        )
+        .unwrap();
+    retried.finish(&mut phone, RunOutcome::Failed).unwrap();
+    assert!(phone.in_doubt_run("milo", "report-4", 2).is_none());
+}
