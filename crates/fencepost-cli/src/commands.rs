@@ -8,12 +8,11 @@ use anyhow::{bail, Context, Result};
 use fencepost::clock::system_clock;
 use fencepost::dispatch::{
     dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
+    RunOutcome,
 };
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
-use fencepost::lease::{
-    Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR,
-};
+use fencepost::lease::{Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
 use fencepost::oplog::Surface;
 use fencepost::relay::{Frontier, ProblemKind, Relay};
 use fencepost::run_id::deterministic_run_id;
@@ -694,13 +693,13 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                     }
                 }
             }
-            let status = if outcome == "committed" {
-                IntentStatus::Committed
+            let settled = if outcome == "committed" {
+                RunOutcome::Committed
             } else {
-                IntentStatus::Failed
+                RunOutcome::Failed
             };
             ledger
-                .record(&Intent::new(&agent, &run, doubt.epoch, status))
+                .resolve(&agent, &run, settled)
                 .context("cannot write the outcome to the ledger folder")?;
             out!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
         }
@@ -894,6 +893,8 @@ pub fn simulate(args: SimulateArgs) -> Result<i32> {
             total.duplicates += mode.duplicates;
             total.never_executed += mode.never_executed;
             total.in_doubt += mode.in_doubt;
+            total.in_doubt_retried += mode.in_doubt_retried;
+            total.in_doubt_resolved += mode.in_doubt_resolved;
             total.refused_at_fence += mode.refused_at_fence;
             total.refused_at_resource += mode.refused_at_resource;
             total.converged &= mode.converged;

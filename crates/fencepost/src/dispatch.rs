@@ -99,6 +99,14 @@ pub enum DispatchError {
         /// The ledger's fencing epoch.
         fencing_epoch: u64,
     },
+    /// [`Ledger::resolve`] was asked to settle a run that is not in doubt.
+    #[error("{run_id} of {agent_id} is not in doubt")]
+    NotInDoubt {
+        /// The agent.
+        agent_id: String,
+        /// The run.
+        run_id: String,
+    },
     /// The keeper and the ledger belong to different devices.
     #[error("the keeper acts as {keeper:?} but the ledger writes as {ledger:?}")]
     DeviceMismatch {
@@ -1163,6 +1171,33 @@ impl Permit {
 }
 
 impl Ledger {
+    /// Settles a run in doubt (rule D2) by someone who found out whether its effect happened
+    /// (an operator who checked the resource; `fencepost ledger resolve`): records `outcome` at
+    /// the epoch of the attempt in doubt (the newest, when several are), which ends the doubt.
+    /// Make sure that attempt is no longer running first (its lease has ended).
+    ///
+    /// # Errors
+    /// [`DispatchError::NotInDoubt`] (nothing written), and the errors of
+    /// [`record`](Self::record).
+    pub fn resolve(
+        &mut self,
+        agent_id: &str,
+        run_id: &str,
+        outcome: RunOutcome,
+    ) -> Result<OpRecord, DispatchError> {
+        let Some(doubt) = self.in_doubt_run(agent_id, run_id, u64::MAX) else {
+            return Err(DispatchError::NotInDoubt {
+                agent_id: agent_id.to_owned(),
+                run_id: run_id.to_owned(),
+            });
+        };
+        let status = match outcome {
+            RunOutcome::Committed => IntentStatus::Committed,
+            RunOutcome::Failed => IntentStatus::Failed,
+        };
+        self.record(&Intent::new(agent_id, run_id, doubt.epoch, status))
+    }
+
     /// The first half of a dispatch, as a step (rules D1, D2, F4, F6): checks, in order, that the
     /// holder still holds the lease, that the run has not committed (the oracle), that the
     /// holder's epoch is not below the ledger's fencing epoch, that the ledger is not damaged, and

@@ -9,7 +9,8 @@
 //!   between the effect and its `committed` record;
 //! * **clock skew**: each site's clock is off by a constant up to `max_skew_ms`;
 //! * **crashes**: a site loses its memory (lease, ledger object) and restarts from what the relay
-//!   holds of its log;
+//!   holds of its log; an effect on its way reaches the resource or not, and no outcome is
+//!   recorded, so its run is in doubt;
 //! * **coordinator state loss**: the coordinator forgets every lease; sites raise its epoch floor from
 //!   their ledgers before acquiring (rule L5), and from a resource's highest epoch when it refuses
 //!   a token;
@@ -18,23 +19,36 @@
 //! After `run_ms` every fault has ended; the simulation runs `settle_ms` more, syncs every site with
 //! every other, and checks that all folded ledgers have the same `state_hash`.
 //!
+//! The sites run the shipped code, not a model of it: each site's lease is the keeper's
+//! [`Acquisition`] and [`Renewal`] machines (timing from [`SimConfig::keeper_config`]), driven in
+//! simulated time; its ledger is a [`Ledger`] over a simulated relay (a replica of its own that
+//! the network fills); it dispatches through [`Ledger::begin`] and [`Permit::finish`]. The
+//! simulator holds only the world: time, faults, the network, the coordinator's storage and the
+//! resource, and the bookkeeping that attributes duplicates.
+//!
 //! Guard modes, compared on the same seed ([`compare`]): `none` (every site fires every
 //! occurrence), `lease` (the holder of the agent's lease fires its backlog, nothing else),
-//! `fence` (lease, a `pending` intent, then [`check_dispatch`] right before the effect) and
-//! `token` (fence, and a resource that refuses a stale fencing token and an already-applied run id,
-//! as an API with idempotency keys does). Every duplicate effect is attributed to a [`Cause`].
+//! `fence` (lease, then the dispatch steps; a run in doubt is settled by an operator who checks the
+//! resource once the attempt's lease has ended, [`Ledger::resolve`]) and `token` (fence, and a
+//! resource that refuses a stale fencing token and an already-applied run id, as an API with
+//! idempotency keys does; runs in doubt are retried). Every duplicate effect is attributed to a
+//! [`Cause`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
 use crate::clock::ManualClock;
-use crate::dispatch::{FencedResource, FencingToken, Ledger, ResourceRefusal};
-use crate::fence::{check_dispatch, FenceDecision};
+use crate::dispatch::{
+    DispatchError, DispatchOptions, FencedResource, FencingToken, Ledger, Permit, Refusal, ResourceRefusal,
+    RunOutcome,
+};
+use crate::fence::Holder;
+use crate::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig, Renewal, RenewalStep};
 use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
-use crate::relay::{InMemoryRelay, Relay};
+use crate::relay::{InMemoryRelay, Relay, RelayError};
 use crate::rng::{mix, Rng};
 use crate::run_id::deterministic_run_id;
 
@@ -87,8 +101,9 @@ pub enum Cause {
     /// so another site was granted the agent before the effect landed: the same window as a pause,
     /// opened by a coordinator fail-over instead.
     LeaseLostInFlight,
-    /// The site held the lease and passed the fence, but the previous holder's `committed` had not
-    /// reached its ledger through the relay yet.
+    /// The site held the lease and passed the fence, but an earlier attempt's `committed` (or its
+    /// `pending`, when that attempt's site died mid-effect) had not reached its ledger through the
+    /// relay yet.
     LedgerLag,
     /// None of the above: a bug in the protocol or the simulator.
     Unexplained,
@@ -109,7 +124,9 @@ pub struct SimConfig {
     pub settle_ms: u64,
     /// The period of each agent's occurrences.
     pub occurrence_every_ms: u64,
-    /// The lease TTL; sites renew every third of it and give up at two thirds.
+    /// The lease TTL; every other timing of a site's lease comes from
+    /// [`KeeperConfig::new`] of it (renew every third, give up at two thirds, retry every
+    /// twelfth, try to acquire every quarter), as for a [`LeaseKeeper`](crate::keeper::LeaseKeeper).
     pub ttl_ms: u64,
     /// The simulation step.
     pub step_ms: u64,
@@ -138,6 +155,11 @@ pub struct SimConfig {
 }
 
 impl SimConfig {
+    /// The timing of every site's lease: the keeper's, from [`ttl_ms`](Self::ttl_ms).
+    pub fn keeper_config(&self) -> KeeperConfig {
+        KeeperConfig::new(self.ttl_ms)
+    }
+
     /// 3 sites, 2 agents, 20 s of faults (4 pauses, 2 crashes, 2 partitions, one coordinator state
     /// loss, skew up to 150 ms, 15 % loss, delays up to 400 ms), occurrences every second, TTL 600
     /// ms, 15 s to settle.
@@ -332,6 +354,11 @@ pub struct ModeReport {
     pub never_executed: u64,
     /// Runs still in doubt at the end (a `pending` without outcome).
     pub in_doubt: u64,
+    /// Runs in doubt that a site dispatched again on purpose (`token` mode: the resource makes a
+    /// second attempt harmless).
+    pub in_doubt_retried: u64,
+    /// Runs in doubt that an operator settled after checking the resource (`fence` mode).
+    pub in_doubt_resolved: u64,
     /// Dispatches the fence refused (the site no longer held the lease at its epoch).
     pub refused_at_fence: u64,
     /// Effects the resource refused (a stale token, or a run it had applied).
@@ -370,22 +397,51 @@ pub fn compare(config: &SimConfig) -> SimReport {
     }
 }
 
-/// A site's lease of one agent, by its own view.
-#[derive(Debug, Clone, Copy)]
-struct Held {
+/// A site's lease of one agent: the library's machines, driven in simulated time.
+#[derive(Debug, Clone)]
+enum LeaseState {
+    /// Not held; the next [`Acquisition`] starts at `next_try_local_ms` (site clock).
+    Idle { next_try_local_ms: u64 },
+    /// Held, by the [`Renewal`] machine's view.
+    Holding { renewal: Renewal, since_ms: u64 },
+}
+
+/// The holder a site dispatches as: its lease of the agent, by its [`Renewal`] machine.
+struct SimHolder<'a> {
+    coordinator: &'a dyn LeaseCoordinator,
+    agent_id: String,
+    device_id: &'a str,
     epoch: u64,
-    renewed_local_ms: u64,
-    next_renew_local_ms: u64,
-    since_ms: u64,
+    holds: bool,
+}
+
+impl Holder for SimHolder<'_> {
+    fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+    fn device_id(&self) -> &str {
+        self.device_id
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn holds(&self) -> bool {
+        self.holds
+    }
+    fn coordinator(&self) -> &dyn LeaseCoordinator {
+        self.coordinator
+    }
 }
 
 /// An effect between the fence and the resource.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct InFlight {
     agent: usize,
     occurrence: u64,
     run_id: String,
     epoch: u64,
+    /// The ledger's permit (modes `fence` and `token`).
+    permit: Option<Permit>,
     land_at_ms: u64,
     /// The run had committed somewhere the site's ledger had not heard of, at the fence.
     lagging: bool,
@@ -393,16 +449,108 @@ struct InFlight {
     paused: bool,
 }
 
+/// The network between the sites' relay replicas: what each site pushed and when, and how much
+/// of it each other site has received. Links delay each record, lose whole sync attempts and
+/// are cut by partitions, all drawn from the seed.
+struct Network {
+    seed: u64,
+    max_link_delay_ms: u64,
+    loss_percent: u64,
+    schedule: Schedule,
+    now_ms: u64,
+    /// Every link works (the end of the run).
+    healed: bool,
+    /// Per site, every record it appended, with when.
+    pushed: Vec<Vec<(crate::oplog::OpRecord, u64)>>,
+    /// `received[to][from]`: how many of `from`'s records `to`'s replica has.
+    received: Vec<Vec<usize>>,
+}
+
+/// A site's relay: its own replica (which survives its crashes), filled from the other sites'
+/// through the [`Network`] whenever the site's ledger pulls. The ledger is the library's
+/// [`Ledger`], unchanged; only the relay under it is simulated.
+struct SiteRelay {
+    site: usize,
+    replica: InMemoryRelay,
+    network: Arc<Mutex<Network>>,
+}
+
+impl SiteRelay {
+    fn network(&self) -> std::sync::MutexGuard<'_, Network> {
+        self.network
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Moves into the replica what the links to this site let through now.
+    fn deliver(&self) {
+        let mut network = self.network();
+        let now = network.now_ms;
+        for origin in 0..network.pushed.len() {
+            if origin == self.site {
+                continue;
+            }
+            let link = mix(network.seed ^ mix(now) ^ ((origin as u64) << 32 | self.site as u64));
+            if !network.healed
+                && (network.schedule.partitioned(origin, self.site, now) || link % 100 < network.loss_percent)
+            {
+                continue;
+            }
+            let from = network.received[self.site][origin];
+            let ready: Vec<_> = network.pushed[origin][from..]
+                .iter()
+                .take_while(|(op, pushed_ms)| {
+                    let delay =
+                        mix(network.seed ^ op.seq ^ ((origin as u64) << 40) ^ ((self.site as u64) << 48))
+                            % network.max_link_delay_ms.max(1);
+                    network.healed || pushed_ms + delay <= now
+                })
+                .map(|(op, _)| op.clone())
+                .collect();
+            if ready.is_empty() {
+                continue;
+            }
+            network.received[self.site][origin] += ready.len();
+            if let Err(error) = self.replica.push(&ready) {
+                unreachable!("a site's records continue their chain: {error}");
+            }
+        }
+    }
+}
+
+impl Relay for SiteRelay {
+    fn push(&self, ops: &[crate::oplog::OpRecord]) -> Result<crate::relay::PushReport, RelayError> {
+        self.replica.push(ops)
+    }
+
+    fn pull(&self, since: &crate::relay::Frontier) -> Result<crate::relay::PullBatch, RelayError> {
+        self.deliver();
+        self.replica.pull(since)
+    }
+
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut crate::relay::MakeRecords<'_>,
+    ) -> Result<crate::relay::Appended, RelayError> {
+        let appended = self.replica.append(device_id, since_seq, make)?;
+        let mut network = self.network();
+        let now = network.now_ms;
+        let site = self.site;
+        network.pushed[site].extend(appended.appended.iter().map(|op| (op.clone(), now)));
+        network.received[site][site] = network.pushed[site].len();
+        Ok(appended)
+    }
+}
+
 struct Site {
     name: String,
     clock: ManualClock,
     skew_ms: i64,
-    replica: Arc<InMemoryRelay>,
+    relay: Arc<SiteRelay>,
     ledger: Option<Ledger>,
-    /// How many records of each site this one's replica has.
-    received: Vec<usize>,
-    leases: Vec<Option<Held>>,
-    next_acquire_local_ms: Vec<u64>,
+    leases: Vec<LeaseState>,
     /// Per agent, the next occurrence to trigger.
     next_occurrence: Vec<u64>,
     /// Occurrences triggered here and not settled here.
@@ -420,7 +568,7 @@ impl Site {
         let ledger = Ledger::open(
             &self.name,
             self.clock.wall_clock(),
-            self.replica.clone() as Arc<dyn Relay>,
+            self.relay.clone() as Arc<dyn Relay>,
         )
         .unwrap_or_else(|error| unreachable!("a site's own replica verifies: {error}"));
         self.ledger = Some(ledger);
@@ -429,18 +577,19 @@ impl Site {
 
 struct World<'a> {
     config: &'a SimConfig,
-    schedule: &'a Schedule,
     mode: GuardMode,
+    keeper: KeeperConfig,
     now_ms: u64,
     coordinator_clock: ManualClock,
     coordinator: Box<dyn LeaseCoordinator>,
     /// How many times the coordinator lost its state.
     generation: u32,
     sites: Vec<Site>,
-    /// Every record pushed by each site, with when it was pushed.
-    pushed: Vec<Vec<(crate::oplog::OpRecord, u64)>>,
+    network: Arc<Mutex<Network>>,
     /// Runs committed anywhere, by the time they were.
     committed: BTreeSet<String>,
+    /// Runs some site began (its `pending` stored), by the time they were.
+    begun: BTreeSet<String>,
     /// Per run, the effects that landed (in every mode: what the duplicates are counted from).
     applied: BTreeMap<(usize, u64), u64>,
     /// In `token` mode, the resource: the library's [`FencedResource`], which checks the token's
@@ -484,17 +633,30 @@ fn new_coordinator(
 pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeReport {
     let occurrences_per_agent = config.run_ms.div_ceil(config.occurrence_every_ms.max(1));
     let coordinator_clock = ManualClock::new(0);
-    let sites = (0..config.sites.max(1))
+    let site_count = config.sites.max(1);
+    let network = Arc::new(Mutex::new(Network {
+        seed: config.seed,
+        max_link_delay_ms: config.max_link_delay_ms,
+        loss_percent: config.loss_percent,
+        schedule: schedule.clone(),
+        now_ms: 0,
+        healed: false,
+        pushed: vec![Vec::new(); site_count],
+        received: vec![vec![0; site_count]; site_count],
+    }));
+    let sites = (0..site_count)
         .map(|index| {
             let mut site = Site {
                 name: format!("site-{index}"),
                 clock: ManualClock::new(0),
                 skew_ms: schedule.skew_ms.get(index).copied().unwrap_or(0),
-                replica: Arc::new(InMemoryRelay::new()),
+                relay: Arc::new(SiteRelay {
+                    site: index,
+                    replica: InMemoryRelay::new(),
+                    network: Arc::clone(&network),
+                }),
                 ledger: None,
-                received: vec![0; config.sites.max(1)],
-                leases: vec![None; config.agents],
-                next_acquire_local_ms: vec![0; config.agents],
+                leases: vec![LeaseState::Idle { next_try_local_ms: 0 }; config.agents],
                 next_occurrence: vec![0; config.agents],
                 backlog: BTreeSet::new(),
                 in_flight: None,
@@ -509,15 +671,16 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
         .collect();
     let mut world = World {
         config,
-        schedule,
         mode,
+        keeper: config.keeper_config(),
         now_ms: 0,
         coordinator: new_coordinator(config, &coordinator_clock, mode, 0),
         generation: 0,
         coordinator_clock,
         sites,
-        pushed: vec![Vec::new(); config.sites.max(1)],
+        network,
         committed: BTreeSet::new(),
+        begun: BTreeSet::new(),
         applied: BTreeMap::new(),
         resource: FencedResource::new(),
         stale_landings: BTreeMap::new(),
@@ -529,6 +692,8 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
             duplicates_by_cause: BTreeMap::new(),
             never_executed: 0,
             in_doubt: 0,
+            in_doubt_retried: 0,
+            in_doubt_resolved: 0,
             refused_at_fence: 0,
             refused_at_resource: 0,
             converged: false,
@@ -540,6 +705,7 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
     let mut next_fault = 0;
     while world.now_ms < end_ms {
         world.coordinator_clock.set(world.now_ms);
+        world.network().now_ms = world.now_ms;
         while let Some(fault) = schedule.faults.get(next_fault) {
             if fault.at_ms() > world.now_ms {
                 break;
@@ -556,6 +722,12 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
 }
 
 impl World<'_> {
+    fn network(&self) -> std::sync::MutexGuard<'_, Network> {
+        self.network
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn begin_fault(&mut self, fault: &Fault) {
         match fault {
             Fault::Pause {
@@ -586,12 +758,16 @@ impl World<'_> {
     }
 
     fn end_tenure(&mut self, site: usize, agent: usize) {
-        if let Some(held) = self.sites[site].leases[agent].take() {
+        let state = std::mem::replace(
+            &mut self.sites[site].leases[agent],
+            LeaseState::Idle { next_try_local_ms: 0 },
+        );
+        if let LeaseState::Holding { renewal, since_ms } = state {
             self.report.tenures.push(Tenure {
                 site,
                 agent,
-                epoch: held.epoch,
-                from_ms: held.since_ms,
+                epoch: renewal.epoch(),
+                from_ms: since_ms,
                 until_ms: self.now_ms,
             });
         }
@@ -599,9 +775,18 @@ impl World<'_> {
 
     fn step(&mut self, index: usize, occurrences_per_agent: u64) {
         let now = self.now_ms;
-        if self.sites[index].crash_pending && self.sites[index].in_flight.is_none() {
-            // The crash: memory is gone; what was pushed to the relay stays.
+        if self.sites[index].crash_pending {
+            // The crash: memory is gone; what was pushed to the relay stays. An effect on its way
+            // reached the resource or not (drawn from the seed); either way no outcome is
+            // recorded: the run is in doubt (rule D2).
             self.sites[index].crash_pending = false;
+            if let Some(mut flight) = self.sites[index].in_flight.take() {
+                if mix(self.config.seed ^ mix(now) ^ flight.occurrence ^ (index as u64) << 32) % 2 == 0 {
+                    self.deliver_effect(index, &flight);
+                }
+                // The process is gone: its permit ends with it, recording nothing.
+                drop(flight.permit.take());
+            }
             for agent in 0..self.config.agents {
                 self.end_tenure(index, agent);
             }
@@ -618,7 +803,9 @@ impl World<'_> {
         }
         self.land(index);
         if local >= self.sites[index].next_sync_local_ms {
-            self.sync(index, false);
+            if let Some(ledger) = self.sites[index].ledger.as_mut() {
+                let _ = ledger.sync();
+            }
             self.sites[index].next_sync_local_ms = local + self.config.sync_every_ms;
         }
         if self.mode != GuardMode::None {
@@ -639,234 +826,284 @@ impl World<'_> {
             }
         }
         if self.sites[index].in_flight.is_none() {
-            self.work(index);
+            self.work(index, local);
         }
     }
 
-    /// Delivers to `index` the records its links let through, then folds them.
-    fn sync(&mut self, index: usize, everything: bool) {
-        let now = self.now_ms;
-        for origin in 0..self.sites.len() {
-            if origin == index {
-                continue;
-            }
-            let link = mix(self.config.seed ^ mix(now) ^ ((origin as u64) << 32 | index as u64));
-            if !everything
-                && (self.schedule.partitioned(origin, index, now) || link % 100 < self.config.loss_percent)
-            {
-                continue;
-            }
-            let from = self.sites[index].received[origin];
-            let ready: Vec<_> = self.pushed[origin][from..]
-                .iter()
-                .take_while(|(op, pushed_ms)| {
-                    let delay =
-                        mix(self.config.seed ^ op.seq ^ ((origin as u64) << 40) ^ ((index as u64) << 48))
-                            % self.config.max_link_delay_ms.max(1);
-                    everything || pushed_ms + delay <= now
-                })
-                .map(|(op, _)| op.clone())
-                .collect();
-            if ready.is_empty() {
-                continue;
-            }
-            self.sites[index].received[origin] += ready.len();
-            let _ = self.sites[index].replica.push(&ready);
-        }
-        if let Some(ledger) = self.sites[index].ledger.as_mut() {
-            let _ = ledger.sync();
-        }
-    }
-
-    fn record(&mut self, index: usize, agent: usize, run_id: &str, epoch: u64, status: IntentStatus) {
-        let now = self.now_ms;
-        let Some(ledger) = self.sites[index].ledger.as_mut() else {
-            return;
-        };
-        let Ok(op) = ledger.record(&Intent::new(agent_name(agent), run_id, epoch, status)) else {
-            return;
-        };
-        let _ = ledger.flush();
-        self.pushed[index].push((op, now));
-        self.sites[index].received[index] = self.pushed[index].len();
-        if status == IntentStatus::Committed {
-            self.committed.insert(run_id.to_owned());
-        }
-    }
-
+    /// Drives the site's lease of `agent`: the keeper's [`Renewal`] machine while held, a new
+    /// [`Acquisition`] (one attempt, raising the floor from the ledger first) every
+    /// `acquire_every_ms` while not. Coordinator calls answer at once in simulated time.
     fn keep_lease(&mut self, index: usize, agent: usize, local: u64) {
-        let ttl = self.config.ttl_ms;
         let name = agent_name(agent);
         let device = self.sites[index].name.clone();
-        if let Some(held) = self.sites[index].leases[agent] {
-            if local >= held.renewed_local_ms + ttl / 3 * 2 {
-                self.end_tenure(index, agent); // the renew deadline passed
-            } else if local >= held.next_renew_local_ms {
-                match self.coordinator.renew(&name, &device, held.epoch, ttl) {
-                    Ok(_) => {
-                        self.sites[index].leases[agent] = Some(Held {
-                            renewed_local_ms: local,
-                            next_renew_local_ms: local + ttl / 3,
-                            ..held
-                        })
+        match &mut self.sites[index].leases[agent] {
+            LeaseState::Holding { renewal, .. } => loop {
+                match renewal.step(local) {
+                    RenewalStep::Renew { epoch, ttl_ms } => {
+                        let outcome = self.coordinator.renew(&name, &device, epoch, ttl_ms);
+                        renewal.answered(local, outcome);
                     }
-                    Err(_) => self.end_tenure(index, agent),
+                    RenewalStep::Lost(_) => {
+                        self.end_tenure(index, agent);
+                        return;
+                    }
+                    _ => return,
                 }
+            },
+            LeaseState::Idle { next_try_local_ms } => {
+                if local < *next_try_local_ms {
+                    return;
+                }
+                *next_try_local_ms = local + self.keeper.acquire_every_ms;
             }
-            return;
         }
-        if local < self.sites[index].next_acquire_local_ms[agent] {
-            return;
-        }
-        self.sites[index].next_acquire_local_ms[agent] = local + ttl / 4;
-        let known = self.sites[index]
+        let ledger_epoch = self.sites[index]
             .ledger
             .as_ref()
             .map_or(0, |ledger| ledger.state().fencing_epoch(&name));
-        let _ = self.coordinator.raise_epoch_floor(&name, known);
-        if let Ok(lease) = self.coordinator.acquire(&name, &device, ttl) {
-            self.sites[index].leases[agent] = Some(Held {
-                epoch: lease.epoch,
-                renewed_local_ms: local,
-                next_renew_local_ms: local + ttl / 3,
-                since_ms: self.now_ms,
-            });
+        let mut acquisition = Acquisition::new(
+            self.keeper,
+            AcquirePlan {
+                agent_id: name.clone(),
+                ledger_epoch,
+                started_ms: local,
+                max_wait_ms: 0,
+            },
+        );
+        loop {
+            match acquisition.step(local) {
+                AcquireStep::RaiseFloor { floor } => {
+                    let outcome = self.coordinator.raise_epoch_floor(&name, floor);
+                    acquisition.floor_raised(local, outcome);
+                }
+                AcquireStep::Acquire { ttl_ms } => {
+                    let outcome = self.coordinator.acquire(&name, &device, ttl_ms);
+                    acquisition.acquired(local, outcome);
+                }
+                AcquireStep::Granted(renewal) => {
+                    self.sites[index].leases[agent] = LeaseState::Holding {
+                        renewal,
+                        since_ms: self.now_ms,
+                    };
+                    return;
+                }
+                _ => return, // not granted: the next acquisition starts acquire_every_ms later
+            }
         }
     }
 
-    /// Starts the next effect of the backlog, if the mode lets it.
-    fn work(&mut self, index: usize) {
+    /// The epoch the site holds `agent` at, by its renewal machine, at `local`.
+    fn held_epoch(&self, index: usize, agent: usize, local: u64) -> Option<u64> {
+        match &self.sites[index].leases[agent] {
+            LeaseState::Holding { renewal, .. } if renewal.holds(local) => Some(renewal.epoch()),
+            _ => None,
+        }
+    }
+
+    /// Starts the next effect of the backlog, if the mode lets it. In modes `fence` and `token`
+    /// through the library's dispatch steps ([`Ledger::begin`]); a run in doubt is retried in
+    /// `token` mode (the resource makes a second attempt harmless) and settled by an operator in
+    /// `fence` mode (who checks the resource once the attempt's lease has ended, then
+    /// [`Ledger::resolve`]s it).
+    fn work(&mut self, index: usize, local: u64) {
         let items: Vec<(usize, u64)> = self.sites[index].backlog.iter().copied().collect();
         for (agent, occurrence) in items {
             let run_id = run_id(agent, occurrence);
             let name = agent_name(agent);
-            let held = self.sites[index].leases[agent];
+            let held = self.held_epoch(index, agent, local);
             match self.mode {
                 GuardMode::None => {
-                    self.start(index, agent, occurrence, run_id, 0, false);
+                    self.start(index, (agent, occurrence), run_id, 0, None);
                     return;
                 }
                 GuardMode::Lease => {
-                    if let Some(held) = held {
-                        self.start(index, agent, occurrence, run_id, held.epoch, false);
+                    if let Some(epoch) = held {
+                        self.start(index, (agent, occurrence), run_id, epoch, None);
                         return;
                     }
                 }
                 GuardMode::Fence | GuardMode::Token => {
-                    let known = self.sites[index]
-                        .ledger
-                        .as_ref()
-                        .is_some_and(|ledger| ledger.state().committed_run(&name, &run_id).is_some());
-                    if known {
+                    let Some(ledger) = self.sites[index].ledger.as_mut() else {
+                        return;
+                    };
+                    if ledger.state().committed_run(&name, &run_id).is_some() {
                         self.sites[index].backlog.remove(&(agent, occurrence));
                         continue;
                     }
-                    let Some(held) = held else {
+                    let Some(epoch) = held else {
                         continue;
                     };
-                    self.record(index, agent, &run_id, held.epoch, IntentStatus::Pending);
-                    let device = self.sites[index].name.clone();
-                    let decision = {
-                        let Some(ledger) = self.sites[index].ledger.as_ref() else {
-                            return;
-                        };
-                        check_dispatch(
-                            &*self.coordinator,
-                            ledger.state(),
-                            &name,
-                            &run_id,
-                            &device,
-                            held.epoch,
-                        )
+                    let retry = self.mode == GuardMode::Token;
+                    let retried = retry && ledger.in_doubt_run(&name, &run_id, epoch).is_some();
+                    let site = &mut self.sites[index];
+                    let holder = SimHolder {
+                        coordinator: &*self.coordinator,
+                        agent_id: name.clone(),
+                        device_id: &site.name,
+                        epoch,
+                        holds: true,
                     };
-                    match decision {
-                        Ok(FenceDecision::Proceed) => {
-                            let lagging = self.committed.contains(&run_id);
-                            self.start(index, agent, occurrence, run_id, held.epoch, lagging);
+                    let Some(ledger) = site.ledger.as_mut() else {
+                        return;
+                    };
+                    let begun =
+                        ledger.begin(&holder, &run_id, DispatchOptions::default().retry_in_doubt(retry));
+                    match begun {
+                        Ok(permit) => {
+                            self.report.in_doubt_retried += u64::from(retried);
+                            self.start(index, (agent, occurrence), run_id, epoch, Some(permit));
+                            return;
                         }
-                        Ok(FenceDecision::AlreadyCommitted { .. }) => {
+                        Err(Refusal::AlreadyCommitted { .. }) => {
                             self.sites[index].backlog.remove(&(agent, occurrence));
                         }
-                        Ok(_) | Err(_) => {
-                            self.report.refused_at_fence += 1;
-                            self.record(index, agent, &run_id, held.epoch, IntentStatus::Failed);
-                            self.end_tenure(index, agent);
+                        Err(Refusal::InDoubt { run }) => {
+                            self.operator_resolves(index, (agent, occurrence), &run)
                         }
+                        Err(Refusal::StaleEpoch { .. } | Refusal::NotHeld { .. }) => {
+                            self.report.refused_at_fence += 1;
+                            self.end_tenure(index, agent);
+                            return;
+                        }
+                        Err(Refusal::Error(DispatchError::BelowFencingEpoch { .. })) => {
+                            // Granted an epoch the ledger has passed (the coordinator lost its
+                            // state): give it back; the next acquisition raises the floor.
+                            self.report.refused_at_fence += 1;
+                            let _ = self.coordinator.release(&name, &self.sites[index].name, epoch);
+                            self.end_tenure(index, agent);
+                            return;
+                        }
+                        // Another writer of this device (none here), or a relay failure: later.
+                        Err(_) => return,
                     }
-                    return;
                 }
             }
         }
     }
 
-    fn start(
-        &mut self,
-        index: usize,
-        agent: usize,
-        occurrence: u64,
-        run_id: String,
-        epoch: u64,
-        lagging: bool,
-    ) {
-        self.sites[index].backlog.remove(&(agent, occurrence));
+    /// The operator of `fence` mode settles a run in doubt once the attempt's lease has ended:
+    /// `committed` if the resource shows the effect, `failed` if not (then it runs again).
+    fn operator_resolves(&mut self, index: usize, key: (usize, u64), run: &crate::dispatch::InDoubtRun) {
+        let name = agent_name(key.0);
+        let live = matches!(
+            self.coordinator.current(&name),
+            Ok(Some(lease)) if lease.holder == run.device_id && lease.epoch == run.epoch
+        );
+        if live {
+            return; // it may still be running: wait
+        }
+        let outcome = if self.applied.contains_key(&key) {
+            RunOutcome::Committed
+        } else {
+            RunOutcome::Failed
+        };
+        let Some(ledger) = self.sites[index].ledger.as_mut() else {
+            return;
+        };
+        if ledger.resolve(&name, &run.run_id, outcome).is_ok() {
+            self.report.in_doubt_resolved += 1;
+            if outcome == RunOutcome::Committed {
+                self.committed.insert(run.run_id.clone());
+            }
+        }
+    }
+
+    fn start(&mut self, index: usize, key: (usize, u64), run_id: String, epoch: u64, permit: Option<Permit>) {
+        let (agent, occurrence) = key;
+        // The site's ledger let the run through although another attempt had begun or
+        // committed: what it needed had not reached it through the relay.
+        let lagging = permit.is_some() && (self.committed.contains(&run_id) || self.begun.contains(&run_id));
+        if permit.is_some() {
+            self.begun.insert(run_id.clone());
+        }
+        self.sites[index].backlog.remove(&key);
         self.sites[index].in_flight = Some(InFlight {
             agent,
             occurrence,
             run_id,
             epoch,
+            permit,
             land_at_ms: self.now_ms + self.config.effect_ms,
             lagging,
             paused: false,
         });
     }
 
-    /// Lands the in-flight effect whose time has come (late, after a pause), and records it.
+    /// Lands the in-flight effect whose time has come (late, after a pause), and records its
+    /// outcome: through its permit in modes `fence` and `token`, as a `committed` in mode `lease`.
     fn land(&mut self, index: usize) {
-        let Some(flight) = self.sites[index].in_flight.clone() else {
-            return;
-        };
-        if flight.land_at_ms > self.now_ms {
+        if self.sites[index]
+            .in_flight
+            .as_ref()
+            .is_none_or(|flight| flight.land_at_ms > self.now_ms)
+        {
             return;
         }
-        self.sites[index].in_flight = None;
-        let key = (flight.agent, flight.occurrence);
-        let status = if self.mode == GuardMode::Token {
-            let token = FencingToken {
-                agent_id: agent_name(flight.agent),
-                run_id: flight.run_id.clone(),
-                epoch: flight.epoch,
-            };
-            match self.resource.apply(&token, key) {
-                Ok(()) => {
-                    self.apply(index, &flight);
-                    IntentStatus::Committed
-                }
-                Err(ResourceRefusal::StaleEpoch { highest_epoch, .. }) => {
-                    // A stale token: refused. The site learns the highest epoch and gives the
-                    // lease up.
-                    self.report.refused_at_resource += 1;
-                    let _ = self.coordinator.raise_epoch_floor(&token.agent_id, highest_epoch);
-                    self.end_tenure(index, flight.agent);
-                    self.sites[index].backlog.insert(key);
-                    IntentStatus::Failed
-                }
-                Err(ResourceRefusal::AlreadyApplied { .. }) => {
-                    // Already applied under this run id: idempotent success.
-                    self.report.refused_at_resource += 1;
-                    IntentStatus::Committed
-                }
-                Err(_) => {
-                    // An epoch no coordinator minted: refused, nothing applied.
-                    self.report.refused_at_resource += 1;
-                    self.sites[index].backlog.insert(key);
-                    IntentStatus::Failed
-                }
-            }
-        } else {
-            self.apply(index, &flight);
-            IntentStatus::Committed
+        let Some(mut flight) = self.sites[index].in_flight.take() else {
+            return;
         };
-        self.record(index, flight.agent, &flight.run_id, flight.epoch, status);
+        let outcome = self.deliver_effect(index, &flight);
+        let Some(ledger) = self.sites[index].ledger.as_mut() else {
+            return;
+        };
+        match flight.permit.take() {
+            Some(permit) => {
+                let _ = permit.finish(ledger, outcome);
+            }
+            None if self.mode == GuardMode::Lease => {
+                let intent = Intent::new(
+                    agent_name(flight.agent),
+                    flight.run_id.as_str(),
+                    flight.epoch,
+                    IntentStatus::Committed,
+                );
+                let _ = ledger.record(&intent);
+            }
+            None => {}
+        }
+        if outcome == RunOutcome::Committed {
+            self.committed.insert(flight.run_id.clone());
+        }
+    }
+
+    /// The effect reaches the resource; in `token` mode the resource checks its token.
+    fn deliver_effect(&mut self, index: usize, flight: &InFlight) -> RunOutcome {
+        let key = (flight.agent, flight.occurrence);
+        if self.mode != GuardMode::Token {
+            self.apply(index, flight);
+            return RunOutcome::Committed;
+        }
+        let token = FencingToken {
+            agent_id: agent_name(flight.agent),
+            run_id: flight.run_id.clone(),
+            epoch: flight.epoch,
+        };
+        match self.resource.apply(&token, key) {
+            Ok(()) => {
+                self.apply(index, flight);
+                RunOutcome::Committed
+            }
+            Err(ResourceRefusal::StaleEpoch { highest_epoch, .. }) => {
+                // A stale token: refused. The site learns the highest epoch and gives the
+                // lease up.
+                self.report.refused_at_resource += 1;
+                let _ = self.coordinator.raise_epoch_floor(&token.agent_id, highest_epoch);
+                self.end_tenure(index, flight.agent);
+                self.sites[index].backlog.insert(key);
+                RunOutcome::Failed
+            }
+            Err(ResourceRefusal::AlreadyApplied { .. }) => {
+                // Already applied under this run id: idempotent success.
+                self.report.refused_at_resource += 1;
+                RunOutcome::Committed
+            }
+            Err(_) => {
+                // An epoch no coordinator minted: refused, nothing applied.
+                self.report.refused_at_resource += 1;
+                self.sites[index].backlog.insert(key);
+                RunOutcome::Failed
+            }
+        }
     }
 
     fn apply(&mut self, index: usize, flight: &InFlight) {
@@ -925,12 +1162,15 @@ impl World<'_> {
             }
         }
         // Heal completely: every site receives everything.
+        self.network().healed = true;
         for _ in 0..2 {
-            for site in 0..self.sites.len() {
-                if self.sites[site].ledger.is_none() {
-                    self.sites[site].open_ledger();
+            for site in &mut self.sites {
+                if site.ledger.is_none() {
+                    site.open_ledger();
                 }
-                self.sync(site, true);
+                if let Some(ledger) = site.ledger.as_mut() {
+                    let _ = ledger.sync();
+                }
             }
         }
         let hashes: BTreeSet<_> = self
@@ -969,8 +1209,17 @@ pub fn render_table(report: &SimReport) -> String {
     );
     let _ = writeln!(
         out,
-        "{:<6} {:>8} {:>11} {:>11} {:>10} {:>9} {:>9} {:>9}  duplicates by cause",
-        "mode", "effects", "duplicates", "never ran", "in doubt", "fence", "resource", "converged"
+        "{:<6} {:>8} {:>11} {:>11} {:>9} {:>8} {:>9} {:>6} {:>9} {:>9}  duplicates by cause",
+        "mode",
+        "effects",
+        "duplicates",
+        "never ran",
+        "in doubt",
+        "retried",
+        "resolved",
+        "fence",
+        "resource",
+        "converged"
     );
     for mode in &report.modes {
         let causes: Vec<String> = mode
@@ -980,12 +1229,14 @@ pub fn render_table(report: &SimReport) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "{:<6} {:>8} {:>11} {:>11} {:>10} {:>9} {:>9} {:>9}  {}",
+            "{:<6} {:>8} {:>11} {:>11} {:>9} {:>8} {:>9} {:>6} {:>9} {:>9}  {}",
             mode.mode.name(),
             mode.effects,
             mode.duplicates,
             mode.never_executed,
             mode.in_doubt,
+            mode.in_doubt_retried,
+            mode.in_doubt_resolved,
             mode.refused_at_fence,
             mode.refused_at_resource,
             if mode.converged { "yes" } else { "NO" },
