@@ -781,7 +781,9 @@ impl World<'_> {
             // recorded: the run is in doubt (rule D2).
             self.sites[index].crash_pending = false;
             if let Some(mut flight) = self.sites[index].in_flight.take() {
-                if mix(self.config.seed ^ mix(now) ^ flight.occurrence ^ (index as u64) << 32) % 2 == 0 {
+                if mix(self.config.seed ^ mix(now) ^ flight.occurrence ^ ((index as u64) << 32))
+                    .is_multiple_of(2)
+                {
                     self.deliver_effect(index, &flight);
                 }
                 // The process is gone: its permit ends with it, recording nothing.
