@@ -121,21 +121,52 @@
 //!   records by [`oplog::verify_log`], relay files line by line.
 #![warn(missing_docs)]
 
-pub mod backend;
-pub mod clock;
-#[cfg(feature = "conformance")]
-pub mod conformance;
-pub mod dispatch;
+// The folders say which layer a module belongs to (see ARCHITECTURE.md); the module paths stay
+// flat (`fencepost::lease`, `fencepost::dispatch`, …).
+//
+// The core: decisions over values, no I/O of its own, no thread, no OS clock.
+#[path = "core/fence.rs"]
 pub mod fence;
+#[path = "core/fold.rs"]
 pub mod fold;
+#[path = "core/hex.rs"]
 mod hex;
+#[path = "core/id.rs"]
 pub mod id;
-pub mod keeper;
+#[path = "core/intent.rs"]
+pub mod intent;
+#[path = "core/lease.rs"]
 pub mod lease;
+#[path = "core/oplog.rs"]
 pub mod oplog;
-pub mod relay;
+#[path = "core/rng.rs"]
 pub mod rng;
+#[path = "core/run_id.rs"]
 pub mod run_id;
+#[path = "core/tenure.rs"]
+pub mod tenure;
+
+// The edge: the OS clock, storage, threads.
+#[path = "edge/backend/mod.rs"]
+pub mod backend;
+#[path = "edge/clock.rs"]
+pub mod clock;
+#[path = "edge/dispatch.rs"]
+pub mod dispatch;
+#[path = "edge/keeper.rs"]
+pub mod keeper;
+#[path = "edge/ledger.rs"]
+pub mod ledger;
+#[path = "edge/relay/mod.rs"]
+pub mod relay;
+
+// The tools: built on both, deciding nothing of the protocol.
+#[cfg(feature = "conformance")]
+#[path = "tools/conformance/mod.rs"]
+pub mod conformance;
+#[path = "tools/resource.rs"]
+pub mod resource;
+#[path = "tools/simulate/mod.rs"]
 pub mod simulate;
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests, so

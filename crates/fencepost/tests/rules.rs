@@ -89,7 +89,10 @@ fn rules() -> Vec<(String, Vec<String>)> {
 fn every_rule_in_rules_md_is_named_by_a_test_and_every_test_it_names_exists() {
     let functions = test_functions();
     let rules = rules();
-    assert!(rules.len() >= 22, "the table of docs/RULES.md was not read: {rules:?}");
+    assert!(
+        rules.len() >= 22,
+        "the table of docs/RULES.md was not read: {rules:?}"
+    );
     let mut problems = Vec::new();
     for (id, named) in &rules {
         let prefix = format!("{}_", id.to_lowercase());
@@ -98,7 +101,9 @@ fn every_rule_in_rules_md_is_named_by_a_test_and_every_test_it_names_exists() {
             .iter()
             .any(|name| name.starts_with(&prefix) || name.contains(&infix))
         {
-            problems.push(format!("rule {id} is named by no test (no fn {prefix}… anywhere)"));
+            problems.push(format!(
+                "rule {id} is named by no test (no fn {prefix}… anywhere)"
+            ));
         }
         if named.is_empty() {
             problems.push(format!("rule {id} lists no test"));
@@ -109,5 +114,9 @@ fn every_rule_in_rules_md_is_named_by_a_test_and_every_test_it_names_exists() {
             }
         }
     }
-    assert!(problems.is_empty(), "docs/RULES.md is out of step:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/RULES.md is out of step:\n{}",
+        problems.join("\n")
+    );
 }

@@ -46,7 +46,7 @@ use thiserror::Error;
 
 use crate::clock::{ClockError, Hlc, HlcClock, HlcConfig, WallClock};
 use crate::id::{validate_id, IdError, IdKind};
-use crate::lease::{
+use crate::intent::{
     Intent, IntentFields, IntentStatus, INTENT_FIELD_AGENT, INTENT_FIELD_EPOCH, INTENT_FIELD_ID,
     INTENT_FIELD_STATUS,
 };
@@ -996,7 +996,7 @@ mod tests {
         fn o1_compact_intents_encode_exactly_like_their_json(
             run in prop_oneof!["run-[0-9a-f]{32}", "run-[0-9a-fA-F]{30,34}", "\\PC{1,20}"],
             agent in "\\PC{1,20}",
-            epoch in 0..=crate::lease::MAX_EPOCH,
+            epoch in 0..=crate::intent::MAX_EPOCH,
             status in 0..3usize,
         ) {
             let status = ["pending", "committed", "failed"][status];

@@ -18,7 +18,7 @@
 //! * **the idempotency oracle** ([`SyncState::committed_run`], F6): the greatest committed record,
 //!   whatever its epoch. Nothing removes it.
 //!
-//! A malformed intent record (a payload that [`Intent::from_payload`](crate::lease::Intent::from_payload)
+//! A malformed intent record (a payload that [`Intent::from_payload`](crate::intent::Intent::from_payload)
 //! refuses) changes nothing (F7): it is fenced as if its epoch were 0 and never promoted.
 //!
 //! # Other surfaces
@@ -51,7 +51,7 @@ use rustc_hash::FxHashMap;
 use sha2::{Digest, Sha256};
 
 use crate::clock::Hlc;
-use crate::lease::IntentStatus;
+use crate::intent::IntentStatus;
 use crate::oplog::{CompactIntent, OpId, OpRecord, Payload, Surface};
 use crate::run_id::RunKey;
 

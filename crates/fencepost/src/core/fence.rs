@@ -14,6 +14,20 @@ use crate::id::{validate_id, IdKind};
 use crate::lease::{LeaseCoordinator, LeaseError};
 use crate::oplog::OpId;
 
+/// What a site hands to the resource along with the effect: who acts, for which run, under which
+/// epoch. A resource that refuses an epoch lower than one it has seen for the agent, *and* a run id
+/// it has already applied, stops a zombie that passed the fence before it paused, whichever effect
+/// lands first ([`FencedResource`](crate::resource::FencedResource) shows both checks).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FencingToken {
+    /// The agent.
+    pub agent_id: String,
+    /// The run: an idempotency key for the resource.
+    pub run_id: String,
+    /// The epoch of the lease the effect runs under.
+    pub epoch: u64,
+}
+
 /// The verdict of [`check_dispatch`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FenceDecision {

@@ -1,0 +1,670 @@
+//! Guarded dispatch: run one side effect under the whole protocol ([`dispatch`]), the site's
+//! [`Ledger`] it writes to, the runs a new holder finds in doubt ([`Ledger::in_doubt`]), and a
+//! [`FencedResource`] that checks fencing tokens the way a cooperating service does.
+//!
+//! [`dispatch`] for `(agent, run_id)`:
+//!
+//! 1. takes a [`WorkGuard`](crate::keeper::WorkGuard) from the keeper (else `NotHeld`), so that a
+//!    shutdown waits for the effect;
+//! 2. refuses a run the oracle already has (`AlreadyCommitted`: nothing is written);
+//! 3. refuses to write below the agent's known fencing epoch (an error: such a `pending` would be
+//!    fenced on arrival, and the effect would run unrecorded);
+//! 4. appends `pending` at the held epoch and pushes it to the relay **before** the effect, so that
+//!    every other site can see the attempt even if this one dies mid-effect; if another writer of
+//!    this device (a thread or process sharing the device id) appended a `pending` of the same run
+//!    since this ledger last looked, the first one in the log runs and this call returns
+//!    `ConcurrentAttempt`;
+//! 5. asks [`check_dispatch`] (oracle, then coordinator); anything but `Proceed` records `failed`
+//!    and returns the verdict, without running the effect;
+//! 6. runs the effect with a [`FencingToken`] `{agent_id, run_id, epoch}` to pass to any resource
+//!    that checks tokens, and records `committed` or `failed` by its result.
+//!
+//! # What stays open, and in-doubt runs
+//!
+//! Between `Proceed` and the effect landing, the holder can pause, lose its lease, and a successor
+//! can run the same run. The fence cannot close that window; a resource that rejects stale tokens
+//! **and** runs it has already applied ([`FencedResource`] shows how; one of the two checks alone
+//! is not enough) or a database effect under the PostgreSQL transactional fence can. When a site
+//! dies between `pending` and its outcome, the run is **in doubt**: the effect may or may not have
+//! happened. A new holder lists those runs with [`Ledger::in_doubt`] right after
+//! acquiring (before it dispatches anything) and decides, per run:
+//!
+//! * **retry with the token**: dispatch again under the new epoch when the resource checks the
+//!   token's run id as an idempotency key (that is what makes a second attempt harmless; the epoch
+//!   check alone lets the retry through);
+//! * **reconcile**: ask the resource whether the effect happened (look the payment up by run id),
+//!   then record `committed` or `failed` with [`Ledger::record`];
+//! * **give up**: record `failed` and alert a human.
+//!
+//! `dispatch` does not decide for you: dispatching an in-doubt run is a retry.
+
+use crate::fence::{check_dispatch, FenceDecision};
+use crate::id::{validate_id, IdError, IdKind};
+use crate::keeper::LeaseKeeper;
+use crate::lease::{Intent, IntentStatus, LeaseError};
+use crate::oplog::{LogError, OpId, OpRecord};
+use crate::relay::{RelayError, RelayProblem};
+
+pub use crate::fence::FencingToken;
+pub use crate::ledger::{InDoubtRun, Ledger, LedgerOptions, SyncReport};
+pub use crate::resource::{FencedResource, ResourceRefusal};
+
+/// A [`Ledger`] or [`dispatch`] error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchError {
+    /// An id was invalid.
+    #[error(transparent)]
+    InvalidId(#[from] IdError),
+    /// An intent's epoch is outside `1..=`[`MAX_EPOCH`](crate::lease::MAX_EPOCH): no coordinator
+    /// mints it, and the fold would ignore the record as malformed (F7). Nothing was written.
+    #[error("epoch {epoch} is outside 1..={max}: no coordinator mints it", max = crate::lease::MAX_EPOCH)]
+    InvalidEpoch {
+        /// The epoch.
+        epoch: u64,
+    },
+    /// The relay failed: the records are kept and pushed by the next [`Ledger::sync`] or
+    /// [`Ledger::flush`]. When `dispatch` returns this before the effect, the effect did not run.
+    #[error("relay: {0}")]
+    Relay(#[from] RelayError),
+    /// The relay holds a log of this device that cannot be continued.
+    #[error("this device's log in the relay cannot be continued: {0}")]
+    Log(#[from] LogError),
+    /// The held epoch is below the agent's fencing epoch in the ledger: a `pending` written there
+    /// would be fenced on arrival. The keeper's coordinator granted an epoch the ledger already
+    /// passed; raise its floor from the ledger (the keeper does so before its first acquire).
+    #[error("epoch {epoch} of {agent_id:?} is below its fencing epoch {fencing_epoch} in the ledger")]
+    BelowFencingEpoch {
+        /// The agent.
+        agent_id: String,
+        /// The held epoch.
+        epoch: u64,
+        /// The ledger's fencing epoch.
+        fencing_epoch: u64,
+    },
+    /// [`Ledger::resolve`] was asked to settle a run that is not in doubt.
+    #[error("{run_id} of {agent_id} is not in doubt")]
+    NotInDoubt {
+        /// The agent.
+        agent_id: String,
+        /// The run.
+        run_id: String,
+    },
+    /// The keeper and the ledger belong to different devices.
+    #[error("the keeper acts as {keeper:?} but the ledger writes as {ledger:?}")]
+    DeviceMismatch {
+        /// The keeper's device.
+        keeper: String,
+        /// The ledger's device.
+        ledger: String,
+    },
+    /// The coordinator failed during the fence; the effect did not run (`failed` was recorded).
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// The ledger is incomplete: the relay reported damage ([`Ledger::damage`]), so a run that the
+    /// damaged device committed would look new. Nothing was written, nothing ran. Repair the file
+    /// from a copy, or accept the damage explicitly ([`Ledger::accept_damage`]).
+    #[error("the ledger is damaged, not dispatching on it: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Damaged {
+        /// What is damaged.
+        problems: Vec<RelayProblem>,
+    },
+    /// The seen file ([`LedgerOptions::seen_file`]) could not be read or written.
+    #[error("cannot use the seen file {path}")]
+    Seen {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What [`dispatch`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DispatchOutcome<T, E> {
+    /// The fence said `Proceed` and the effect ran; `committed` or `failed` was recorded by its
+    /// result.
+    Executed {
+        /// The epoch it ran under.
+        epoch: u64,
+        /// The effect's result.
+        result: Result<T, E>,
+    },
+    /// The run already committed (on any site, at any epoch): nothing ran. Nothing was written
+    /// when the ledger knew it before the attempt; when the commit arrived with this attempt's
+    /// `pending` (another writer's records), a `failed` of this attempt was recorded too.
+    AlreadyCommitted {
+        /// The commit record.
+        committed_op_id: OpId,
+    },
+    /// Another site holds the agent at a newer epoch: nothing ran.
+    StaleEpoch {
+        /// The epoch this site claimed.
+        claimed_epoch: u64,
+        /// The agent's epoch.
+        current_epoch: u64,
+        /// Its holder.
+        current_holder: String,
+    },
+    /// This site does not hold the agent (lost, released, or never held): nothing ran.
+    NotHeld {
+        /// The epoch this site claimed.
+        claimed_epoch: u64,
+    },
+    /// The effect started under the fence and was interrupted ([`EffectOutcome::Unknown`]): no
+    /// outcome was recorded, so the run is now in doubt (rule D2).
+    Interrupted {
+        /// The epoch it ran under.
+        epoch: u64,
+        /// What interrupted it.
+        error: E,
+    },
+    /// The run is in doubt (rule D2): an earlier attempt started and has recorded no outcome: it
+    /// may still be running (another thread or process of this device, under this lease), or its
+    /// site died mid-effect. Nothing ran, nothing was written; decide (see the [module docs](self)), then record the
+    /// outcome with [`Ledger::record`] or retry with [`DispatchOptions::retry_in_doubt`].
+    InDoubt {
+        /// The attempt in doubt.
+        run: InDoubtRun,
+    },
+    /// Another writer of this device (another thread or process with the same device id, under
+    /// the same lease) started the same run just before this call: its `pending` precedes this
+    /// call's in the device's log. Nothing ran; this call's `pending` stays, and the other
+    /// attempt's outcome settles both (they share the epoch).
+    ConcurrentAttempt {
+        /// The other attempt.
+        run: InDoubtRun,
+    },
+}
+
+impl<T, E> DispatchOutcome<T, E> {
+    /// Whether the effect ran (to the end, or until it was interrupted).
+    pub fn executed(&self) -> bool {
+        matches!(
+            self,
+            DispatchOutcome::Executed { .. } | DispatchOutcome::Interrupted { .. }
+        )
+    }
+}
+
+/// Runs `effect` for `run_id` of the keeper's agent under the whole protocol; see the
+/// [module docs](self).
+///
+/// # Errors
+/// * [`DispatchError::InvalidId`], [`DispatchError::DeviceMismatch`]: nothing written.
+/// * [`DispatchError::BelowFencingEpoch`]: nothing written, nothing ran.
+/// * [`DispatchError::Relay`] before the effect: the `pending` could not be pushed, so the effect
+///   did not run (the `pending` stays queued).
+/// * [`DispatchError::Lease`]: the coordinator failed during the fence; `failed` was recorded and
+///   the effect did not run.
+///
+/// A relay failure *after* the effect is not an error: the outcome is `Executed` and the record
+/// stays queued ([`Ledger::unsent`]) for the next [`Ledger::sync`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use fencepost::clock::system_clock;
+/// use fencepost::dispatch::{dispatch, DispatchOutcome, Ledger};
+/// use fencepost::keeper::{KeeperConfig, LeaseKeeper};
+/// use fencepost::lease::InMemoryLeaseCoordinator;
+/// use fencepost::relay::InMemoryRelay;
+/// use fencepost::run_id::deterministic_run_id;
+///
+/// // What every site shares: a coordinator and a relay.
+/// let coordinator = Arc::new(InMemoryLeaseCoordinator::new(system_clock()));
+/// let relay = Arc::new(InMemoryRelay::new());
+///
+/// // The agent runtime on the laptop.
+/// let mut ledger = Ledger::open("laptop", system_clock(), relay.clone())?;
+/// ledger.sync()?;
+/// let keeper = LeaseKeeper::builder(coordinator.clone(), "milo", "laptop")
+///     .config(KeeperConfig::new(30_000))
+///     .ledger_epoch(ledger.state().fencing_epoch("milo"))
+///     .acquire()?;
+/// for run in ledger.in_doubt("milo", keeper.epoch()) {
+///     println!("in doubt, decide before dispatching: {run:?}");
+/// }
+/// let mut sent = 0;
+/// for day in ["2026-11-30", "2026-12-01"] {
+///     let run_id = deterministic_run_id("milo", "send the daily report", day)?;
+///     let outcome = dispatch(&keeper, &mut ledger, &run_id, |token| {
+///         sent += 1; // send the report, passing `token` to a service that checks it
+///         Ok::<_, std::io::Error>(token.epoch)
+///     })?;
+///     assert!(outcome.executed());
+///     // The same run again, here or on any site that synced: the oracle refuses it.
+///     let again = dispatch(&keeper, &mut ledger, &run_id, |_| Ok::<_, std::io::Error>(0))?;
+///     assert!(matches!(again, DispatchOutcome::AlreadyCommitted { .. }));
+/// }
+/// assert_eq!(sent, 2);
+/// keeper.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn dispatch<T, E>(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    run_id: &str,
+    effect: impl FnOnce(&FencingToken) -> Result<T, E>,
+) -> Result<DispatchOutcome<T, E>, DispatchError> {
+    dispatch_with(keeper, ledger, run_id, DispatchOptions::default(), effect)
+}
+
+/// Choices a caller makes explicitly in [`dispatch_with`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DispatchOptions {
+    /// Run the effect even when the run is in doubt (rule D2): the caller checked that the earlier
+    /// attempt's effect did not happen, or the resource makes a second attempt harmless.
+    pub retry_in_doubt: bool,
+}
+
+impl DispatchOptions {
+    /// Retry an in-doubt run (see [`DispatchOptions::retry_in_doubt`]).
+    pub fn retry_in_doubt(mut self, retry: bool) -> Self {
+        self.retry_in_doubt = retry;
+        self
+    }
+}
+
+/// [`dispatch`] with explicit [`DispatchOptions`].
+///
+/// # Errors
+/// As [`dispatch`].
+pub fn dispatch_with<T, E>(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    run_id: &str,
+    options: DispatchOptions,
+    effect: impl FnOnce(&FencingToken) -> Result<T, E>,
+) -> Result<DispatchOutcome<T, E>, DispatchError> {
+    dispatch_effect(keeper, ledger, run_id, options, |token| match effect(token) {
+        Ok(value) => EffectOutcome::Succeeded(value),
+        Err(error) => EffectOutcome::Failed(error),
+    })
+}
+
+/// What an effect reports to [`dispatch_effect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectOutcome<T, E> {
+    /// It happened: `committed` is recorded.
+    Succeeded(T),
+    /// It did not happen: `failed` is recorded.
+    Failed(E),
+    /// Nobody knows whether it happened (it was interrupted mid-way: killed, timed out, its lease
+    /// lost): no outcome is recorded, so the run stays **in doubt** (rule D2) and no site runs it
+    /// again without a decision.
+    Unknown(E),
+}
+
+/// [`dispatch_with`] for an effect that may not know whether it happened ([`EffectOutcome`]).
+///
+/// # Errors
+/// As [`dispatch`].
+pub fn dispatch_effect<T, E>(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    run_id: &str,
+    options: DispatchOptions,
+    effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
+) -> Result<DispatchOutcome<T, E>, DispatchError> {
+    validate_id(IdKind::Run, run_id)?;
+    if keeper.device_id() != ledger.device_id() {
+        return Err(DispatchError::DeviceMismatch {
+            keeper: keeper.device_id().to_owned(),
+            ledger: ledger.device_id().to_owned(),
+        });
+    }
+    let Some(guard) = keeper.guard() else {
+        return Ok(DispatchOutcome::NotHeld {
+            claimed_epoch: keeper.epoch(),
+        });
+    };
+    let permit = match ledger.begin(&guard, run_id, options) {
+        Ok(permit) => permit,
+        Err(refusal) => return refusal.into_outcome(),
+    };
+    let epoch = permit.token().epoch;
+    let (outcome, result) = match effect(permit.token()) {
+        EffectOutcome::Succeeded(value) => (RunOutcome::Committed, Ok(value)),
+        EffectOutcome::Failed(error) => (RunOutcome::Failed, Err(error)),
+        EffectOutcome::Unknown(error) => {
+            permit.abandon();
+            drop(guard);
+            return Ok(DispatchOutcome::Interrupted { epoch, error });
+        }
+    };
+    if let Err(error) = permit.finish(ledger, outcome) {
+        tracing::warn!(%error, run_id, "could not store the outcome; it stays queued for the next sync");
+    }
+    drop(guard);
+    Ok(DispatchOutcome::Executed { epoch, result })
+}
+
+/// Why [`Ledger::begin`] gave no [`Permit`]: the refusals of [`DispatchOutcome`], and the errors
+/// of [`dispatch`]. Nothing ran; what was recorded is said per variant.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// As [`DispatchOutcome::AlreadyCommitted`].
+    AlreadyCommitted {
+        /// The commit record.
+        committed_op_id: OpId,
+    },
+    /// As [`DispatchOutcome::StaleEpoch`]: the fence found another holder or epoch; `failed`
+    /// was recorded for this attempt.
+    StaleEpoch {
+        /// The epoch claimed.
+        claimed_epoch: u64,
+        /// The agent's epoch.
+        current_epoch: u64,
+        /// Its holder.
+        current_holder: String,
+    },
+    /// As [`DispatchOutcome::NotHeld`] (before the `pending`: nothing written; at or after the
+    /// fence: `failed` recorded).
+    NotHeld {
+        /// The epoch claimed.
+        claimed_epoch: u64,
+    },
+    /// As [`DispatchOutcome::InDoubt`]: nothing written.
+    InDoubt {
+        /// The attempt in doubt.
+        run: InDoubtRun,
+    },
+    /// As [`DispatchOutcome::ConcurrentAttempt`]: this attempt's `pending` stays.
+    ConcurrentAttempt {
+        /// The other attempt.
+        run: InDoubtRun,
+    },
+    /// As the errors of [`dispatch`].
+    Error(DispatchError),
+}
+
+impl From<DispatchError> for Refusal {
+    fn from(error: DispatchError) -> Self {
+        Refusal::Error(error)
+    }
+}
+
+impl From<LeaseError> for Refusal {
+    fn from(error: LeaseError) -> Self {
+        Refusal::Error(error.into())
+    }
+}
+
+impl Refusal {
+    /// The [`DispatchOutcome`] of this refusal, or its error.
+    ///
+    /// # Errors
+    /// [`Refusal::Error`]'s error.
+    pub fn into_outcome<T, E>(self) -> Result<DispatchOutcome<T, E>, DispatchError> {
+        Ok(match self {
+            Refusal::AlreadyCommitted { committed_op_id } => {
+                DispatchOutcome::AlreadyCommitted { committed_op_id }
+            }
+            Refusal::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            } => DispatchOutcome::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            },
+            Refusal::NotHeld { claimed_epoch } => DispatchOutcome::NotHeld { claimed_epoch },
+            Refusal::InDoubt { run } => DispatchOutcome::InDoubt { run },
+            Refusal::ConcurrentAttempt { run } => DispatchOutcome::ConcurrentAttempt { run },
+            Refusal::Error(error) => return Err(error),
+        })
+    }
+}
+
+/// How a run that a [`Permit`] let through ended: what [`Permit::finish`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// The effect happened: `committed`.
+    Committed,
+    /// The effect did not happen: `failed`.
+    Failed,
+}
+
+/// The right to perform one run's effect, from [`Ledger::begin`]: its `pending` is stored and the
+/// fence said `Proceed`. Pass [`token`](Self::token) to the resource, then end it with
+/// [`finish`](Self::finish) (the outcome is known) or [`abandon`](Self::abandon) (it is not: the
+/// run stays in doubt). Time may pass between the steps; the permit holds no lock and no borrow.
+#[derive(Debug)]
+#[must_use = "end a permit with finish (the outcome is known) or abandon (it is not)"]
+pub struct Permit {
+    token: FencingToken,
+    device_id: String,
+}
+
+impl Permit {
+    /// The fencing token of the run: agent, run id and epoch.
+    pub fn token(&self) -> &FencingToken {
+        &self.token
+    }
+
+    /// Records the run's outcome (`committed` or `failed` at the permit's epoch) in `ledger`,
+    /// which must be the ledger of the device that began it.
+    ///
+    /// # Errors
+    /// [`DispatchError::DeviceMismatch`] for another device's ledger (nothing written);
+    /// [`DispatchError::Relay`] or [`DispatchError::Log`] when the record could not be stored: it
+    /// stays queued and is stored by the ledger's next flush, sync or record.
+    pub fn finish(self, ledger: &mut Ledger, outcome: RunOutcome) -> Result<OpRecord, DispatchError> {
+        if ledger.device_id() != self.device_id {
+            return Err(DispatchError::DeviceMismatch {
+                keeper: self.device_id,
+                ledger: ledger.device_id().to_owned(),
+            });
+        }
+        let status = match outcome {
+            RunOutcome::Committed => IntentStatus::Committed,
+            RunOutcome::Failed => IntentStatus::Failed,
+        };
+        let FencingToken {
+            agent_id,
+            run_id,
+            epoch,
+        } = &self.token;
+        let stored = ledger.record(&Intent::new(agent_id.as_str(), run_id.as_str(), *epoch, status));
+        tracing::info!(
+            agent_id = %agent_id,
+            run_id = %run_id,
+            epoch,
+            status = status.as_str(),
+            "run dispatched"
+        );
+        stored
+    }
+
+    /// Ends the permit without an outcome: nobody knows whether the effect happened (it was
+    /// interrupted: killed, timed out, its lease lost). Nothing is recorded, so the run stays in
+    /// doubt (rule D2). Returns the token.
+    pub fn abandon(self) -> FencingToken {
+        tracing::warn!(
+            agent_id = %self.token.agent_id,
+            run_id = %self.token.run_id,
+            epoch = self.token.epoch,
+            "the effect was interrupted; the run stays in doubt"
+        );
+        self.token
+    }
+}
+
+impl Ledger {
+    /// Settles a run in doubt (rule D2) by someone who found out whether its effect happened
+    /// (an operator who checked the resource; `fencepost ledger resolve`): records `outcome` at
+    /// the epoch of the attempt in doubt (the newest, when several are), which ends the doubt.
+    /// Make sure that attempt is no longer running first (its lease has ended).
+    ///
+    /// # Errors
+    /// [`DispatchError::NotInDoubt`] (nothing written), and the errors of
+    /// [`record`](Self::record).
+    pub fn resolve(
+        &mut self,
+        agent_id: &str,
+        run_id: &str,
+        outcome: RunOutcome,
+    ) -> Result<OpRecord, DispatchError> {
+        let Some(doubt) = self.in_doubt_run(agent_id, run_id, u64::MAX) else {
+            return Err(DispatchError::NotInDoubt {
+                agent_id: agent_id.to_owned(),
+                run_id: run_id.to_owned(),
+            });
+        };
+        let status = match outcome {
+            RunOutcome::Committed => IntentStatus::Committed,
+            RunOutcome::Failed => IntentStatus::Failed,
+        };
+        self.record(&Intent::new(agent_id, run_id, doubt.epoch, status))
+    }
+
+    /// The first half of a dispatch, as a step (rules D1, D2, F4, F6): checks, in order, that the
+    /// holder still holds the lease, that the run has not committed (the oracle), that the
+    /// holder's epoch is not below the ledger's fencing epoch, that the ledger is not damaged, and
+    /// that the run is not in doubt (unless `options` retry it); then stores the `pending`,
+    /// checks that no other writer of this device began the same run first, asks the fence
+    /// ([`check_dispatch`]) and checks the holder's own timing once more. A refusal at the fence
+    /// or after it records `failed`. On success, the effect may run: see [`Permit`].
+    ///
+    /// [`dispatch`] is this, the effect, and [`Permit::finish`].
+    ///
+    /// # Errors
+    /// A [`Refusal`]; see each variant for what was written.
+    pub fn begin(
+        &mut self,
+        holder: &dyn crate::fence::Holder,
+        run_id: &str,
+        options: DispatchOptions,
+    ) -> Result<Permit, Refusal> {
+        validate_id(IdKind::Run, run_id).map_err(DispatchError::from)?;
+        if holder.device_id() != self.device_id() {
+            return Err(DispatchError::DeviceMismatch {
+                keeper: holder.device_id().to_owned(),
+                ledger: self.device_id().to_owned(),
+            }
+            .into());
+        }
+        let agent_id = holder.agent_id();
+        let epoch = holder.epoch();
+        if !holder.holds() {
+            return Err(Refusal::NotHeld { claimed_epoch: epoch });
+        }
+        if let Some(committed) = self.state().committed_run(agent_id, run_id) {
+            return Err(Refusal::AlreadyCommitted {
+                committed_op_id: committed.op_id,
+            });
+        }
+        let fencing_epoch = self.state().fencing_epoch(agent_id);
+        if epoch < fencing_epoch {
+            return Err(DispatchError::BelowFencingEpoch {
+                agent_id: agent_id.to_owned(),
+                epoch,
+                fencing_epoch,
+            }
+            .into());
+        }
+        let damage = self.damage();
+        if !damage.is_empty() {
+            return Err(DispatchError::Damaged {
+                problems: damage.into_iter().cloned().collect(),
+            }
+            .into());
+        }
+        if let Some(run) = self.in_doubt_run(agent_id, run_id, epoch) {
+            if !options.retry_in_doubt {
+                return Err(Refusal::InDoubt { run });
+            }
+            tracing::info!(
+                agent_id,
+                run_id,
+                epoch,
+                earlier_epoch = run.epoch,
+                "retrying an in-doubt run"
+            );
+        }
+        let intent = |status| Intent::new(agent_id, run_id, epoch, status);
+        self.record(&intent(IntentStatus::Pending))?;
+        // Another writer of this device (a thread or process sharing the device id and the lease)
+        // may have started the same run since this ledger last looked: its `pending` then arrived
+        // in this append's catch-up, before ours. The first `pending` in the log runs; this one
+        // does not, and records nothing more (a `failed` at this epoch would settle the other
+        // attempt).
+        if let Some(run) = self.concurrent_attempt(agent_id, run_id) {
+            tracing::warn!(
+                agent_id,
+                run_id,
+                epoch,
+                other_op_id = %run.op_id,
+                "another writer of this device started the run first; not running it"
+            );
+            return Err(Refusal::ConcurrentAttempt { run });
+        }
+        let refuse = |ledger: &mut Ledger| {
+            if let Err(error) = ledger.record(&intent(IntentStatus::Failed)) {
+                tracing::warn!(%error, run_id, "could not store a failed intent; it stays queued");
+            }
+        };
+        let decision = match check_dispatch(
+            holder.coordinator(),
+            self.state(),
+            agent_id,
+            run_id,
+            holder.device_id(),
+            epoch,
+        ) {
+            Ok(decision) => decision,
+            Err(error) => {
+                refuse(self);
+                return Err(error.into());
+            }
+        };
+        tracing::debug!(agent_id, run_id, epoch, ?decision, "fence decision");
+        let refusal = match decision {
+            FenceDecision::Proceed => None,
+            FenceDecision::AlreadyCommitted { committed_op_id } => {
+                Some(Refusal::AlreadyCommitted { committed_op_id })
+            }
+            FenceDecision::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            } => Some(Refusal::StaleEpoch {
+                claimed_epoch,
+                current_epoch,
+                current_holder,
+            }),
+            FenceDecision::NotHeld { claimed_epoch } => Some(Refusal::NotHeld { claimed_epoch }),
+        };
+        if let Some(refusal) = refusal {
+            tracing::info!(agent_id, run_id, epoch, "the fence refused the run");
+            refuse(self);
+            return Err(refusal);
+        }
+        // The fence may have waited on the coordinator past the holder's renew deadline: the
+        // lease can then be gone although the coordinator had not given it away yet. Never act
+        // after the holder reported the loss.
+        if !holder.holds() {
+            tracing::warn!(
+                agent_id,
+                run_id,
+                epoch,
+                "the lease was lost while the fence was checked"
+            );
+            refuse(self);
+            return Err(Refusal::NotHeld { claimed_epoch: epoch });
+        }
+        Ok(Permit {
+            token: FencingToken {
+                agent_id: agent_id.to_owned(),
+                run_id: run_id.to_owned(),
+                epoch,
+            },
+            device_id: self.device_id().to_owned(),
+        })
+    }
+}

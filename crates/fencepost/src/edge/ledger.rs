@@ -1,0 +1,675 @@
+//! One site's view of the ledger ([`Ledger`]): its own op log, appended through the relay; the
+//! folded state of every device's intents; the index of runs in doubt (rule D2); and the damage
+//! the relay reported. The dispatch steps that write to it ([`Ledger::begin`],
+//! [`Permit`](crate::dispatch::Permit)) are in [`crate::dispatch`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::clock::{HlcConfig, WallClock};
+use crate::dispatch::DispatchError;
+use crate::fold::SyncState;
+use crate::id::{validate_id, IdKind};
+use crate::lease::{Intent, IntentStatus};
+use crate::oplog::{DeviceLog, LogHead, OpId, OpRecord, Surface};
+use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
+
+/// A run in doubt (rule D2): it has no `committed` record, and a `pending` of some epoch has no
+/// `committed` or `failed` record of that same epoch, so that attempt's effect may or may not have
+/// happened. A `failed` of an *older* epoch does not settle a newer attempt: a run whose history is
+/// `failed`@1 then `pending`@2 is in doubt at epoch 2 (the fold's view of the run, F5, still shows
+/// the `failed`@1; `fencepost ledger runs` shows `in-doubt … epoch 2 … after failed@1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InDoubtRun {
+    /// The run.
+    pub run_id: String,
+    /// The epoch of its greatest unsettled `pending`.
+    pub epoch: u64,
+    /// The device that wrote it.
+    pub device_id: String,
+    /// That record.
+    pub op_id: OpId,
+}
+
+/// What a [`Ledger::sync`] moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SyncReport {
+    /// Own records pushed.
+    pub pushed: usize,
+    /// Records pulled from other devices (and own records the relay had that this ledger lacked).
+    pub pulled: usize,
+}
+
+/// Settings of [`Ledger::open_with`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct LedgerOptions {
+    /// A file (in the site's own data directory, never in the relay) where the ledger remembers,
+    /// per device, how many records it has seen and the last one's id. A later open that finds
+    /// fewer records, or another record at that place, reports the device as damaged (a file that
+    /// shrank, was replaced or lost records), so nothing is dispatched on what is left. Shared by
+    /// every process of the site (updates merge under a file lock).
+    pub seen_file: Option<std::path::PathBuf>,
+}
+
+impl LedgerOptions {
+    /// Remember what was seen in `path` (see [`LedgerOptions::seen_file`]).
+    pub fn seen_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.seen_file = Some(path.into());
+        self
+    }
+}
+
+/// Per run: the pendings with no outcome of their epoch yet, and the epochs that have one.
+#[derive(Debug, Default)]
+struct Attempts {
+    unsettled: BTreeMap<u64, InDoubtRun>,
+    settled: BTreeSet<u64>,
+}
+
+/// One site's view of the ledger: its own op log (appended through the relay), the folded state of
+/// every device's intents, an index of the runs in doubt, and the damage the relay reported.
+///
+/// Appends go through [`Relay::append`]: under the relay's claim on this device's log, the ledger
+/// first continues past what other writers of the same device (other processes, other `Ledger`s)
+/// appended, so any number of them interleave; none forks the log or hides another's record.
+pub struct Ledger {
+    log: DeviceLog,
+    relay: Arc<dyn Relay>,
+    state: SyncState,
+    frontier: Frontier,
+    /// Records asked for but not yet stored (their append failed), in order.
+    unsent: Vec<(Surface, Value)>,
+    /// Per agent and run, the attempts, for runs with no commit.
+    attempts: BTreeMap<(String, String), Attempts>,
+    /// What the last pull reported, the replaced records, and the devices that shrank.
+    problems: Vec<RelayProblem>,
+    /// What the last pull reported.
+    relay_problems: Vec<RelayProblem>,
+    /// Records found replaced (another record where the seen file remembers one): for good.
+    replaced: Vec<RelayProblem>,
+    /// Devices (or files) whose damage the caller accepted.
+    accepted: BTreeSet<String>,
+    seen: Option<SeenFile>,
+    /// Per device, the head of the records folded: every record is checked against it (its
+    /// `op_id`, seq, chain and limits) before it reaches the fold.
+    heads: BTreeMap<String, LogHead>,
+    /// Intent records of this device that other writers appended since this ledger's previous
+    /// append, as found by the last append (see [`DispatchOutcome::ConcurrentAttempt`]).
+    others_appended: Vec<OpRecord>,
+    /// Per device, the record the relay handed over that did not verify (a forged or damaged
+    /// one): damage until the relay hands over a valid record in its place.
+    rejected: BTreeMap<String, RelayProblem>,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Ledger")
+            .field("device_id", &self.log.device_id())
+            .field("unsent", &self.unsent.len())
+            .field("problems", &self.problems.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ledger {
+    /// Opens `device_id`'s ledger on `relay`: pulls everything, folds it, and continues this
+    /// device's own log from what the relay holds of it (after a restart, too).
+    ///
+    /// # Errors
+    /// [`DispatchError::InvalidId`], [`DispatchError::Relay`] if the pull fails, and
+    /// [`DispatchError::Log`] if this device's stored log does not verify.
+    pub fn open(
+        device_id: &str,
+        wall_clock: WallClock,
+        relay: Arc<dyn Relay>,
+    ) -> Result<Self, DispatchError> {
+        Self::open_with(device_id, wall_clock, relay, LedgerOptions::default())
+    }
+
+    /// [`open`](Self::open) with options.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open), and [`DispatchError::Seen`] when the seen file cannot be read or
+    /// written, or is damaged (it is never silently started over).
+    pub fn open_with(
+        device_id: &str,
+        wall_clock: WallClock,
+        relay: Arc<dyn Relay>,
+        options: LedgerOptions,
+    ) -> Result<Self, DispatchError> {
+        validate_id(IdKind::Device, device_id)?;
+        let seen = options.seen_file.map(SeenFile::load).transpose()?;
+        let batch = relay.pull(&Frontier::new())?;
+        let own: Vec<OpRecord> = batch
+            .ops
+            .iter()
+            .filter(|op| &*op.device_id == device_id)
+            .cloned()
+            .collect();
+        let log = DeviceLog::resume(device_id, wall_clock, HlcConfig::default(), &own)?;
+        let mut ledger = Self {
+            log,
+            relay,
+            state: SyncState::new(),
+            frontier: Frontier::new(),
+            unsent: Vec::new(),
+            attempts: BTreeMap::new(),
+            problems: Vec::new(),
+            relay_problems: Vec::new(),
+            replaced: Vec::new(),
+            accepted: BTreeSet::new(),
+            seen,
+            heads: BTreeMap::new(),
+            rejected: BTreeMap::new(),
+            others_appended: Vec::new(),
+        };
+        ledger.take_pull(batch)?;
+        Ok(ledger)
+    }
+
+    /// This site's device id.
+    pub fn device_id(&self) -> &str {
+        self.log.device_id()
+    }
+
+    /// The folded state of every intent this ledger has.
+    pub fn state(&self) -> &SyncState {
+        &self.state
+    }
+
+    /// How many records wait to be stored (their append failed; [`flush`](Self::flush) retries).
+    pub fn unsent(&self) -> usize {
+        self.unsent.len()
+    }
+
+    /// Every problem the last pull reported (damage, incomplete last lines, ignored files), and
+    /// the devices found with fewer records than this site saw before.
+    pub fn problems(&self) -> &[RelayProblem] {
+        &self.problems
+    }
+
+    /// The damage that makes this ledger incomplete (rule R1): problems of kind
+    /// [`ProblemKind::Damage`](crate::relay::ProblemKind::Damage) whose device (or file) was not
+    /// accepted with [`accept_damage`](Self::accept_damage). [`dispatch`](crate::dispatch::dispatch) refuses to run anything
+    /// while there is any: a run that the damaged device committed would look new.
+    pub fn damage(&self) -> Vec<&RelayProblem> {
+        self.problems
+            .iter()
+            .filter(|problem| problem.is_damage() && !self.is_accepted(problem))
+            .collect()
+    }
+
+    fn is_accepted(&self, problem: &RelayProblem) -> bool {
+        self.accepted.iter().any(|device| names(problem, device))
+    }
+
+    /// Accepts the damage of `device` (a device id, or a device file's name): [`dispatch`](crate::dispatch::dispatch) no
+    /// longer refuses because of it, in this ledger. The operator's decision is recorded in this
+    /// device's log (surface `log/fencepost.accept-damaged`, with the problems seen), so it can be
+    /// audited. Returns how many current problems it covers; when none, nothing is recorded or
+    /// accepted.
+    ///
+    /// # Errors
+    /// [`DispatchError::Relay`] when the record cannot be stored (nothing is accepted then).
+    pub fn accept_damage(&mut self, device: &str) -> Result<usize, DispatchError> {
+        let mut accepted = self.accepted.clone();
+        accepted.insert(device.to_owned());
+        let covered: Vec<String> = self
+            .problems
+            .iter()
+            .filter(|problem| problem.is_damage() && names(problem, device))
+            .map(ToString::to_string)
+            .collect();
+        if covered.is_empty() {
+            return Ok(0); // nothing to accept, nothing recorded
+        }
+        self.append_now(
+            Surface::log("fencepost.accept-damaged"),
+            serde_json::json!({"device": device, "problems": covered}),
+        )?;
+        self.accepted = accepted;
+        Ok(covered.len())
+    }
+
+    /// Appends an intent to this device's log and stores it through the relay at once (under the
+    /// relay's claim on the device's log), then folds it. For recording the outcome of a reconciled
+    /// in-doubt run; [`dispatch`](crate::dispatch::dispatch) records its own.
+    ///
+    /// # Errors
+    /// [`DispatchError::InvalidId`] for an invalid agent or run id, [`DispatchError::InvalidEpoch`]
+    /// for an epoch no coordinator mints (nothing queued);
+    /// [`DispatchError::Relay`] or [`DispatchError::Log`] when it could not be stored: it stays
+    /// queued ([`unsent`](Self::unsent)) and is stored, in order, by the next
+    /// [`flush`](Self::flush), [`sync`](Self::sync) or record of this ledger.
+    pub fn record(&mut self, intent: &Intent) -> Result<OpRecord, DispatchError> {
+        validate_id(IdKind::Agent, &intent.agent_id)?;
+        validate_id(IdKind::Run, &intent.run_id)?;
+        if !(1..=crate::lease::MAX_EPOCH).contains(&intent.epoch) {
+            return Err(DispatchError::InvalidEpoch { epoch: intent.epoch });
+        }
+        self.append_now(Surface::Intent, intent.payload())
+    }
+
+    /// Queues one record and stores every queued one; returns the last.
+    fn append_now(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, DispatchError> {
+        // A record no log can hold (over a record limit) is refused now, not queued: it would
+        // block every record queued after it.
+        self.log.clone().try_append(surface.clone(), payload.clone())?;
+        self.unsent.push((surface, payload));
+        let mut stored = self.write_queued()?;
+        stored.pop().ok_or_else(|| {
+            DispatchError::Relay(RelayError::Io {
+                operation: "append to",
+                path: std::path::PathBuf::from(self.device_id()),
+                source: std::io::Error::other("the relay stored nothing"),
+            })
+        })
+    }
+
+    /// Stores the queued records under the relay's claim on this device's log.
+    fn write_queued(&mut self) -> Result<Vec<OpRecord>, DispatchError> {
+        if self.unsent.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut draft: Option<DeviceLog> = None;
+        let (log, unsent) = (&self.log, &self.unsent);
+        let appended = self.relay.append(
+            log.device_id(),
+            log.head().next_seq(),
+            &mut |tail: &[OpRecord]| {
+                let mut next = log.clone();
+                next.catch_up(tail)?;
+                let made = unsent
+                    .iter()
+                    .map(|(surface, payload)| next.try_append(surface.clone(), payload.clone()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                draft = Some(next);
+                Ok(made)
+            },
+        )?;
+        if let Some(next) = draft {
+            self.log = next;
+        }
+        self.unsent.clear();
+        self.others_appended = appended
+            .tail
+            .iter()
+            .filter(|op| op.surface == Surface::Intent)
+            .cloned()
+            .collect();
+        self.absorb(&appended.tail);
+        self.absorb(&appended.appended);
+        self.recompute_problems();
+        self.save_seen()?;
+        Ok(appended.appended)
+    }
+
+    /// Stores the queued records.
+    ///
+    /// # Errors
+    /// [`DispatchError::Relay`] or [`DispatchError::Log`]; the records stay queued.
+    pub fn flush(&mut self) -> Result<usize, DispatchError> {
+        Ok(self.write_queued()?.len())
+    }
+
+    /// Stores the queued records, then pulls and folds what the relay has that this ledger lacks.
+    /// The problems the pull reports replace the previous ones ([`problems`](Self::problems)).
+    ///
+    /// # Errors
+    /// [`DispatchError::Relay`] when the push or the pull fails.
+    pub fn sync(&mut self) -> Result<SyncReport, DispatchError> {
+        let pushed = self.flush()?;
+        let batch = self.relay.pull(&self.frontier)?;
+        for op in &batch.ops {
+            if &*op.device_id == self.log.device_id() {
+                continue; // own records written by another process: caught up on the next append
+            }
+            // A stamp too far ahead is refused by the clock (rule C1) but still folded.
+            if let Err(error) = self.log.observe(&op.hlc) {
+                tracing::warn!(%error, device_id = %op.device_id, "not advancing the clock to a remote stamp");
+            }
+        }
+        let pulled = batch.ops.len();
+        self.take_pull(batch)?;
+        Ok(SyncReport { pushed, pulled })
+    }
+
+    /// Folds a pull, keeps its problems, and checks and updates the seen file.
+    fn take_pull(&mut self, batch: crate::relay::PullBatch) -> Result<(), DispatchError> {
+        for problem in batch.problems.iter().filter(|problem| problem.is_damage()) {
+            tracing::debug!(%problem, "the ledger is damaged");
+        }
+        self.relay_problems = batch.problems;
+        self.absorb(&batch.ops);
+        self.recompute_problems();
+        self.save_seen()
+    }
+
+    /// The problems: the last pull's, the records found replaced (for good: a replaced record
+    /// stays damage, even once the file has grown past it), and the devices with fewer records
+    /// than the seen file remembers.
+    fn recompute_problems(&mut self) {
+        self.problems = self.relay_problems.clone();
+        self.problems.extend(self.replaced.iter().cloned());
+        self.problems.extend(self.rejected.values().cloned());
+        if let Some(seen) = &self.seen {
+            for (device, mark) in &seen.devices {
+                let has = self.frontier.next_seq(device);
+                if has < mark.next_seq {
+                    self.problems.push(RelayProblem {
+                        kind: crate::relay::ProblemKind::Damage,
+                        device_id: Some(device.clone()),
+                        file: None,
+                        line_number: None,
+                        detail: format!(
+                            "this site has seen {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",
+                            mark.next_seq
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    fn save_seen(&mut self) -> Result<(), DispatchError> {
+        let Some(seen) = &mut self.seen else {
+            return Ok(());
+        };
+        let damaged: BTreeSet<&str> = self
+            .problems
+            .iter()
+            .filter(|problem| problem.is_damage())
+            .filter_map(|problem| problem.device_id.as_deref())
+            .collect();
+        let mut marks = BTreeMap::new();
+        for (device, next_seq) in self.frontier.iter() {
+            if damaged.contains(device) {
+                continue;
+            }
+            if let Some(head) = self.heads.get(device) {
+                if let (true, Some(last_op_id)) = (head.next_seq() == next_seq, head.last_op_id()) {
+                    marks.insert(device.to_owned(), Seen { next_seq, last_op_id });
+                }
+            }
+        }
+        seen.store(marks)
+    }
+
+    /// Folds `ops` (stored in the relay), indexes their attempts, and checks them against the seen
+    /// file.
+    ///
+    /// Whatever the relay hands over is verified first (rule O1: `op_id` over the content, seq,
+    /// chain, limits), so a forged record never reaches the fold, whose laws assume records whose
+    /// ids match their content. A record that does not verify is damage of its device; the
+    /// frontier stays before it.
+    fn absorb(&mut self, ops: &[OpRecord]) {
+        let mut verified: Vec<&OpRecord> = Vec::with_capacity(ops.len());
+        for op in ops {
+            let device = &*op.device_id;
+            let head = match self.heads.get_mut(device) {
+                Some(head) => head,
+                None => self
+                    .heads
+                    .entry(device.to_owned())
+                    .or_insert_with(|| LogHead::new(Arc::clone(&op.device_id))),
+            };
+            if op.seq < head.next_seq() {
+                continue; // folded before
+            }
+            if self.rejected.contains_key(device) && op.seq > head.next_seq() {
+                continue; // after a record that did not verify
+            }
+            match head.accept(op) {
+                Ok(()) => {
+                    self.rejected.remove(device);
+                    verified.push(op);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the relay handed over a record that does not verify");
+                    self.rejected.insert(
+                        device.to_owned(),
+                        RelayProblem {
+                            kind: crate::relay::ProblemKind::Damage,
+                            device_id: Some(device.to_owned()),
+                            file: None,
+                            line_number: Some(op.seq.saturating_add(1)),
+                            detail: format!("the relay handed over a record that does not verify: {error}"),
+                        },
+                    );
+                }
+            }
+        }
+        self.frontier.observe_all(verified.iter().copied());
+        self.state.apply_all(verified.iter().copied());
+        for op in verified {
+            if let Some(mark) = self
+                .seen
+                .as_ref()
+                .and_then(|seen| seen.devices.get(&*op.device_id))
+            {
+                if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
+                    self.replaced.push(RelayProblem {
+                        kind: crate::relay::ProblemKind::Damage,
+                        device_id: Some(op.device_id.to_string()),
+                        file: None,
+                        line_number: Some(op.seq + 1),
+                        detail: format!(
+                            "record {} is {}, but this site saw {} there: the file was replaced (restore it from a copy)",
+                            op.seq, op.op_id, mark.last_op_id
+                        ),
+                    });
+                }
+            }
+            // Only intent records are attempts: a record of another surface with the same fields
+            // (an audit mirror, say) settles nothing, exactly as the fold ignores it.
+            if op.surface != Surface::Intent {
+                continue;
+            }
+            let Some(intent) = op.payload.intent() else {
+                continue;
+            };
+            let run_id = intent.run_id;
+            let key = (intent.agent_id, run_id.clone());
+            if self.state.committed_run(&key.0, &key.1).is_some() {
+                self.attempts.remove(&key);
+                continue;
+            }
+            let attempts = self.attempts.entry(key).or_default();
+            if intent.status == IntentStatus::Pending {
+                if !attempts.settled.contains(&intent.epoch) {
+                    let candidate = InDoubtRun {
+                        run_id: run_id.clone(),
+                        epoch: intent.epoch,
+                        device_id: op.device_id.to_string(),
+                        op_id: op.op_id,
+                    };
+                    let slot = attempts
+                        .unsettled
+                        .entry(intent.epoch)
+                        .or_insert_with(|| candidate.clone());
+                    if candidate.op_id > slot.op_id {
+                        *slot = candidate;
+                    }
+                }
+            } else {
+                attempts.settled.insert(intent.epoch);
+                attempts.unsettled.remove(&intent.epoch);
+            }
+        }
+    }
+
+    /// The runs of `agent_id` in doubt for a holder at `held_epoch` (rule D2): no `committed`
+    /// record, and a `pending` of an epoch below `held_epoch` with no `committed` or `failed` of
+    /// that epoch. Each run is reported once, at its greatest such epoch. Call it right after
+    /// acquiring, before dispatching; see the [module docs](self) for what to do with them.
+    /// `held_epoch = u64::MAX` lists every run in doubt.
+    pub fn in_doubt(&self, agent_id: &str, held_epoch: u64) -> Vec<InDoubtRun> {
+        let start = (agent_id.to_owned(), String::new());
+        self.attempts
+            .range(start..)
+            .take_while(|((agent, _), _)| agent == agent_id)
+            .filter_map(|(_, attempts)| attempts.unsettled.range(..held_epoch).next_back())
+            .map(|(_, run)| run.clone())
+            .collect()
+    }
+
+    /// A `pending` of `run_id` that another writer of this device appended just before this
+    /// ledger's last append (found in that append's catch-up), if any.
+    /// A `committed` of the run among them is left to the fence (`AlreadyCommitted`).
+    pub(crate) fn concurrent_attempt(&self, agent_id: &str, run_id: &str) -> Option<InDoubtRun> {
+        let of_run = |op: &OpRecord| {
+            op.payload
+                .intent()
+                .filter(|intent| intent.agent_id == agent_id && intent.run_id == run_id)
+        };
+        if self
+            .others_appended
+            .iter()
+            .filter_map(of_run)
+            .any(|intent| intent.status == IntentStatus::Committed)
+        {
+            return None;
+        }
+        self.others_appended.iter().rev().find_map(|op| {
+            let intent = op.payload.intent()?;
+            (intent.agent_id == agent_id && intent.run_id == run_id && intent.status == IntentStatus::Pending)
+                .then(|| InDoubtRun {
+                    run_id: intent.run_id,
+                    epoch: intent.epoch,
+                    device_id: op.device_id.to_string(),
+                    op_id: op.op_id,
+                })
+        })
+    }
+
+    /// Whether `run_id` of `agent_id` is in doubt for a holder at `held_epoch`: like
+    /// [`in_doubt`](Self::in_doubt), but a `pending` *at* `held_epoch` with no outcome counts too
+    /// (an earlier attempt of this tenure whose outcome was never stored).
+    pub fn in_doubt_run(&self, agent_id: &str, run_id: &str, held_epoch: u64) -> Option<InDoubtRun> {
+        let attempts = self.attempts.get(&(agent_id.to_owned(), run_id.to_owned()))?;
+        attempts
+            .unsettled
+            .range(..=held_epoch)
+            .next_back()
+            .map(|(_, run)| run.clone())
+    }
+}
+
+/// Whether `problem` concerns `device` (a device id, or the name of its file in the relay).
+fn names(problem: &RelayProblem, device: &str) -> bool {
+    let file_name = problem
+        .file
+        .as_ref()
+        .and_then(|file| file.file_name())
+        .map(|name| name.to_string_lossy().into_owned());
+    match problem.device_id.as_deref() {
+        // A device's damage is accepted by its id, and only by it.
+        Some(id) => id == device,
+        // A file that says nothing of its device (unreadable, garbage from its first line): by the
+        // file's name, or by the id whose file it is.
+        None => {
+            file_name.is_some_and(|name| name == device || name == crate::relay::device_file_name(device))
+        }
+    }
+}
+
+/// How long an update of the seen file waits for another process's lock on it.
+const SEEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a site remembers of one device's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Seen {
+    next_seq: u64,
+    last_op_id: OpId,
+}
+
+/// The seen file of [`LedgerOptions::seen_file`].
+#[derive(Debug)]
+struct SeenFile {
+    path: std::path::PathBuf,
+    devices: BTreeMap<String, Seen>,
+}
+
+impl SeenFile {
+    fn load(path: std::path::PathBuf) -> Result<Self, DispatchError> {
+        let devices = Self::read(&path)?;
+        Ok(Self { path, devices })
+    }
+
+    fn read(path: &std::path::Path) -> Result<BTreeMap<String, Seen>, DispatchError> {
+        match std::fs::read(path) {
+            // A damaged memory is no memory: say so, rather than forget silently what was seen.
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| DispatchError::Seen {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("it is damaged ({error}); remove it to start it over, knowing that a ledger file that shrank before now then goes unnoticed"),
+                ),
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(error) => Err(DispatchError::Seen {
+                path: path.to_path_buf(),
+                source: error,
+            }),
+        }
+    }
+
+    /// Merges `marks` into the file (the greater seq wins), under the file's lock.
+    fn store(&mut self, marks: BTreeMap<String, Seen>) -> Result<(), DispatchError> {
+        let failed = |source| DispatchError::Seen {
+            path: self.path.clone(),
+            source,
+        };
+        let changed = marks.iter().any(|(device, mark)| {
+            self.devices
+                .get(device)
+                .is_none_or(|known| mark.next_seq > known.next_seq)
+        });
+        if !changed {
+            return Ok(());
+        }
+        let mut lock_path = self.path.clone().into_os_string();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(failed)?;
+        // Held only to merge and rename; a holder that does not let go for this long is stopped
+        // (SIGSTOP) or stuck: skip this update rather than wait for it (the marks only ever grow,
+        // so a skipped update weakens the check a little and breaks nothing).
+        let limit = crate::clock::RealTimeLimit::starting_now(SEEN_LOCK_WAIT);
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if !limit.passed() => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    tracing::warn!(file = %self.path.display(), "another process holds the seen file's lock; not updating it this time");
+                    return Ok(());
+                }
+                Err(std::fs::TryLockError::Error(error)) => return Err(failed(error)),
+            }
+        }
+        let mut devices = Self::read(&self.path)?;
+        for (device, mark) in marks {
+            let slot = devices.entry(device).or_insert(mark);
+            if mark.next_seq > slot.next_seq {
+                *slot = mark;
+            }
+        }
+        let mut temporary = self.path.clone().into_os_string();
+        temporary.push(format!(".{}.tmp", std::process::id()));
+        let bytes = serde_json::to_vec(&devices).map_err(|error| failed(error.into()))?;
+        std::fs::write(&temporary, bytes).map_err(failed)?;
+        std::fs::rename(&temporary, &self.path).map_err(failed)?;
+        self.devices = devices;
+        Ok(())
+    }
+}
