@@ -161,14 +161,46 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     if let Err(error) = config.validate() {
         crate::usage!("--ttl {} ms: {error}", args.ttl);
     }
-    let builder = LeaseKeeper::builder(
-        coordinator.clone() as Arc<dyn LeaseCoordinator>,
-        agent,
-        &settings.device,
-    )
-    .config(config)
-    .ledger_epoch(ledger.state().fencing_epoch(agent));
-    let keeper = match builder.wait_to_acquire(args.wait) {
+    let started = std::time::Instant::now();
+    let acquire = |ledger_epoch: u64| {
+        let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        LeaseKeeper::builder(
+            coordinator.clone() as Arc<dyn LeaseCoordinator>,
+            agent,
+            &settings.device,
+        )
+        .config(config)
+        .ledger_epoch(ledger_epoch)
+        .wait_to_acquire(args.wait.saturating_sub(waited))
+    };
+    let mut acquired = acquire(ledger.state().fencing_epoch(agent));
+    // A coordinator that lost or rolled back its state may grant an epoch the ledger has passed,
+    // or one another host already held (the floor raised before the first acquire went with that
+    // state): give it back and acquire again above the ledger's epoch. Dispatch checks it anyway
+    // (it would refuse); this keeps the run from failing on it.
+    for attempt in 0..=3 {
+        let Ok(keeper) = &acquired else {
+            break;
+        };
+        let synced = ledger.sync().context("cannot sync the ledger");
+        if let Err(error) = synced.and_then(|_| refuse_damage(&ledger, settings)) {
+            release_quietly(keeper);
+            return Err(error);
+        }
+        let (epoch, known) = (keeper.epoch(), ledger.state().fencing_epoch(agent));
+        let other = ledger.epoch_used_by_another(agent, epoch, &settings.device);
+        if (epoch >= known && other.is_none()) || attempt == 3 {
+            break; // (after three tries, dispatch refuses it with the reason)
+        }
+        let why = other.map_or_else(
+            || format!("below the ledger's epoch {known}"),
+            |device| format!("already held by {device}"),
+        );
+        err!("fencepost: warning: the coordinator granted epoch {epoch} of {agent}, {why} (it lost or rolled back its state); acquiring again above it");
+        release_quietly(keeper);
+        acquired = acquire(known);
+    }
+    let keeper = match acquired {
         Ok(keeper) => keeper,
         Err(KeeperError::Lease(LeaseError::Held { holder, epoch, .. })) => {
             err!("fencepost: {agent} is held by {holder} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
@@ -183,12 +215,6 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
     };
     let epoch = keeper.epoch();
-    // What the previous holder stored before it released is in the folder now.
-    let synced = ledger.sync().context("cannot sync the ledger");
-    if let Err(error) = synced.and_then(|_| refuse_damage(&ledger, settings)) {
-        release_quietly(&keeper);
-        return Err(error);
-    }
     let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let options = DispatchOptions::default().retry_in_doubt(args.retry_in_doubt);
     let mut ending = None;

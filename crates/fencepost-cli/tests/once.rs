@@ -962,3 +962,53 @@ fn exit_statuses_survive_a_full_stderr_nobody_reads() {
     drop(read);
     assert_eq!(status.code(), Some(3), "already committed");
 }
+
+/// L5: a coordinator that loses its state while a host waits for the lease (restored from an old
+/// backup; here its rows are deleted) grants the waiter the epoch the first host still holds: the
+/// floor the waiter raised before its first attempt went with that state. The ledger shows the
+/// first host's `pending` at that epoch, so the waiter gives the lease back and acquires again
+/// above it: no two commands ever run under one fencing token.
+#[test]
+fn l5_a_coordinator_that_loses_its_state_during_a_wait_never_grants_one_token_twice() {
+    let shared = Shared::sqlite();
+    let first_effect = format!("{}; sleep 8", append_effect(&shared, "p"));
+    let mut first = shared.spawn(
+        "host-p",
+        &run_args(&shared.agent, "p", &["--ttl", "3s"], &["sh", "-c", &first_effect]),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while shared.effects().is_empty() {
+        assert!(Instant::now() < deadline, "the first command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second_effect = append_effect(&shared, "w");
+    let mut second = shared.spawn(
+        "host-w",
+        &run_args(
+            &shared.agent,
+            "w",
+            &["--ttl", "3s", "--wait", "30s"],
+            &["sh", "-c", &second_effect],
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(1_500)); // the waiter raised the floor, and waits
+    let database = rusqlite::Connection::open(shared.path("leases.db")).unwrap();
+    database.busy_timeout(Duration::from_secs(10)).unwrap();
+    let forgotten = database.execute("DELETE FROM fencepost_leases", []).unwrap();
+    assert_eq!(forgotten, 1, "the coordinator held one lease");
+    drop(database);
+    let waiter = exit_within(&mut second, 30, "the waiter");
+    let stderr = {
+        use std::io::Read;
+        let mut text = String::new();
+        second.stderr.take().unwrap().read_to_string(&mut text).unwrap();
+        text
+    };
+    assert_eq!(waiter.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("acquiring again above it"), "{stderr}");
+    exit_within(&mut first, 30, "the first host");
+    let effects = shared.effects();
+    assert_eq!(effects.len(), 2, "{effects:?}");
+    assert_eq!(effects[0], "p host-p 1", "{effects:?}");
+    assert_eq!(effects[1], "w host-w 2", "one token, one holder: {effects:?}");
+}

@@ -969,3 +969,56 @@ fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_
     retried.finish(&mut phone, RunOutcome::Failed).unwrap();
     assert!(phone.in_doubt_run("milo", "report-4", 2).is_none());
 }
+
+/// Rule L5 at the dispatch: a coordinator that lost its state (restored from a backup, failed
+/// over to a stale copy) can grant an epoch a second time. The floor the keeper raised before its
+/// first acquire was lost with that state. The ledger still shows the first holder's `pending` at
+/// that epoch, so the second holder dispatches nothing (`EpochReused`) until it acquires again
+/// above the ledger's epoch.
+#[test]
+fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispatch() {
+    use fencepost::dispatch::{Refusal, RunOutcome};
+    let world = World::new();
+    let mut laptop = world.ledger("laptop");
+    let mut phone = world.ledger("phone");
+    let first = world.coordinator.acquire("milo", "laptop", TTL_MS).unwrap();
+    let holder = StepHolder {
+        coordinator: world.coordinator.clone(),
+        device: "laptop",
+        epoch: first.epoch,
+        holds: true,
+    };
+    let permit = laptop.begin(&holder, "report-a", DispatchOptions::default()).unwrap();
+    // The coordinator loses its state while the laptop's effect is under way.
+    let restored = Arc::new(InMemoryLeaseCoordinator::new(world.coordinator_clock.wall_clock()));
+    let again = restored.acquire("milo", "phone", TTL_MS).unwrap();
+    assert_eq!(again.epoch, first.epoch, "the restored coordinator grants the same epoch again");
+    phone.sync().unwrap();
+    let twin = StepHolder {
+        coordinator: restored.clone(),
+        device: "phone",
+        epoch: again.epoch,
+        holds: true,
+    };
+    match phone.begin(&twin, "report-b", DispatchOptions::default()) {
+        Err(Refusal::Error(DispatchError::EpochReused {
+            epoch, other_device, ..
+        })) => assert_eq!((epoch, other_device.as_str()), (1, "laptop")),
+        other => panic!("two holders would share epoch 1: {other:?}"),
+    }
+    assert_eq!(phone.epoch_used_by_another("milo", 1, "laptop"), None, "the laptop's own epoch");
+    // Acquiring again above the ledger's epoch gives a token of its own.
+    restored.release("milo", "phone", again.epoch).unwrap();
+    restored.raise_epoch_floor("milo", phone.state().fencing_epoch("milo")).unwrap();
+    let third = restored.acquire("milo", "phone", TTL_MS).unwrap();
+    assert_eq!(third.epoch, 2);
+    let fresh = StepHolder {
+        coordinator: restored,
+        device: "phone",
+        epoch: third.epoch,
+        holds: true,
+    };
+    let permit_b = phone.begin(&fresh, "report-b", DispatchOptions::default()).unwrap();
+    permit_b.finish(&mut phone, RunOutcome::Committed).unwrap();
+    permit.finish(&mut laptop, RunOutcome::Committed).unwrap();
+}

@@ -82,6 +82,20 @@ pub enum DispatchError {
         /// The ledger's fencing epoch.
         fencing_epoch: u64,
     },
+    /// The coordinator granted an epoch that the ledger shows another device already held (its
+    /// `pending` at that epoch is in the ledger): the coordinator lost or rolled back its state
+    /// after that grant, and two holders would share one fencing token (rule L5). Nothing was
+    /// written and nothing ran. Release the lease and acquire again with the ledger's epoch as the
+    /// floor (the next grant is above it).
+    #[error("epoch {epoch} of {agent_id:?} was already held by {other_device:?} (its pending is in the ledger): the coordinator granted it twice, after losing or rolling back its state")]
+    EpochReused {
+        /// The agent.
+        agent_id: String,
+        /// The epoch granted twice.
+        epoch: u64,
+        /// The device the ledger shows at that epoch.
+        other_device: String,
+    },
     /// [`Ledger::resolve`] was asked to settle a run that is not in doubt.
     #[error("{run_id} of {agent_id} is not in doubt")]
     NotInDoubt {
@@ -523,9 +537,10 @@ impl Ledger {
         self.record(&Intent::new(agent_id, run_id, doubt.epoch, status))
     }
 
-    /// The first half of a dispatch, as a step (rules D1, D2, F4, F6): checks, in order, that the
-    /// holder still holds the lease, that the run has not committed (the oracle), that the
-    /// holder's epoch is not below the ledger's fencing epoch, that the ledger is not damaged, and
+    /// The first half of a dispatch, as a step (rules D1, D2, F4, F6, L5): checks, in order, that
+    /// the holder still holds the lease, that the run has not committed (the oracle), that the
+    /// holder's epoch is not below the ledger's fencing epoch nor one another device already held
+    /// ([`DispatchError::EpochReused`]), that the ledger is not damaged, and
     /// that the run is not in doubt (unless `options` retry it); then stores the `pending`,
     /// checks that no other writer of this device began the same run first, asks the fence
     /// ([`check_dispatch`]) and checks the holder's own timing once more. A refusal at the fence
@@ -565,6 +580,14 @@ impl Ledger {
                 agent_id: agent_id.to_owned(),
                 epoch,
                 fencing_epoch,
+            }
+            .into());
+        }
+        if let Some(other_device) = self.epoch_used_by_another(agent_id, epoch, holder.device_id()) {
+            return Err(DispatchError::EpochReused {
+                agent_id: agent_id.to_owned(),
+                epoch,
+                other_device,
             }
             .into());
         }

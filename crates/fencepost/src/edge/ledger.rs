@@ -102,6 +102,10 @@ pub struct Ledger {
     /// Per device, the record the relay handed over that did not verify (a forged or damaged
     /// one): damage until the relay hands over a valid record in its place.
     rejected: BTreeMap<String, RelayProblem>,
+    /// Per agent, the highest epoch of its `pending` intents and the devices that wrote one at it:
+    /// only the holder of an epoch writes `pending`s at it, so two devices there mean the epoch
+    /// was granted twice (a coordinator that lost or rolled back its state).
+    pending_epochs: BTreeMap<String, (u64, BTreeSet<String>)>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -165,6 +169,7 @@ impl Ledger {
             seen,
             heads: BTreeMap::new(),
             rejected: BTreeMap::new(),
+            pending_epochs: BTreeMap::new(),
             others_appended: Vec::new(),
         };
         ledger.take_pull(batch)?;
@@ -472,6 +477,16 @@ impl Ledger {
             let Some(intent) = op.payload.intent() else {
                 continue;
             };
+            if intent.status == IntentStatus::Pending {
+                let (top, devices) = self.pending_epochs.entry(intent.agent_id.clone()).or_default();
+                if intent.epoch > *top {
+                    *top = intent.epoch;
+                    devices.clear();
+                }
+                if intent.epoch == *top {
+                    devices.insert(op.device_id.to_string());
+                }
+            }
             let run_id = intent.run_id;
             let key = (intent.agent_id, run_id.clone());
             if self.state.committed_run(&key.0, &key.1).is_some() {
@@ -544,6 +559,18 @@ impl Ledger {
                     op_id: op.op_id,
                 })
         })
+    }
+
+    /// Another device that wrote a `pending` of `agent_id` at `epoch`, when `epoch` is the
+    /// highest epoch of the agent's `pending`s: only the holder of an epoch writes them, so the
+    /// coordinator granted `epoch` to `device_id` after it had granted it to that device (it lost
+    /// or rolled back its state). `None` when no other device did, as far as this ledger knows.
+    pub fn epoch_used_by_another(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<String> {
+        let (top, devices) = self.pending_epochs.get(agent_id)?;
+        if *top != epoch {
+            return None;
+        }
+        devices.iter().find(|device| *device != device_id).cloned()
     }
 
     /// Whether `run_id` of `agent_id` is in doubt for a holder at `held_epoch`: like

@@ -588,9 +588,12 @@ impl World<'_> {
                             self.end_tenure(index, agent);
                             return;
                         }
-                        Err(Refusal::Error(DispatchError::BelowFencingEpoch { .. })) => {
-                            // Granted an epoch the ledger has passed (the coordinator lost its
-                            // state): give it back; the next acquisition raises the floor.
+                        Err(Refusal::Error(
+                            DispatchError::BelowFencingEpoch { .. } | DispatchError::EpochReused { .. },
+                        )) => {
+                            // Granted an epoch the ledger has passed, or one another site held
+                            // (the coordinator lost its state): give it back; the next
+                            // acquisition raises the floor from the ledger.
                             self.report.refused_at_fence += 1;
                             let _ = self.coordinator.release(&name, &self.sites[index].name, epoch);
                             self.end_tenure(index, agent);
