@@ -63,9 +63,12 @@ impl Signals {
         }
     }
 
-    /// Whether a signal came and has not been taken.
-    pub fn pending(&self) -> bool {
-        self.received.load(Ordering::SeqCst) != 0
+    /// The signal that came and has not been taken, if any (it stays pending).
+    pub fn pending(&self) -> Option<Signal> {
+        match self.received.load(Ordering::SeqCst) {
+            0 => None,
+            number => Signal::try_from(number as i32).ok(),
+        }
     }
 }
 

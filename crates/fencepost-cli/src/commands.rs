@@ -12,7 +12,7 @@ use fencepost::dispatch::{
 };
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
-use fencepost::lease::{Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
+use fencepost::lease::{IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
 use fencepost::oplog::Surface;
 use fencepost::relay::{Frontier, ProblemKind, Relay};
 use fencepost::run_id::deterministic_run_id;
@@ -218,11 +218,20 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let options = DispatchOptions::default().retry_in_doubt(args.retry_in_doubt);
     let mut ending = None;
+    let mut stopped_before_start = None;
     let outcome = dispatch_effect(&keeper, &mut ledger, &run_id, options, |token| {
-        if signals.pending() {
-            return EffectOutcome::Failed(
-                "fencepost was asked to stop before the command started".to_owned(),
-            );
+        // A seam for the tests (debug builds only): hold the window between the fence and the
+        // start open, so that a signal can be sent into it.
+        #[cfg(debug_assertions)]
+        if let Some(pause) = std::env::var("FENCEPOST_TEST_PAUSE_BEFORE_COMMAND_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+        {
+            std::thread::sleep(Duration::from_millis(pause));
+        }
+        if let Some(signal) = signals.pending() {
+            stopped_before_start = Some(signal);
+            return EffectOutcome::Failed(format!("fencepost got {signal} before the command started"));
         }
         let mut command = Command::new(&args.command[0]);
         command
@@ -328,8 +337,18 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         DispatchOutcome::Executed {
             result: Err(reason), ..
         } => {
-            err!("fencepost: {run_id} of {agent} ran at epoch {epoch} and failed: {reason}");
-            EXIT_RAN_FAILED
+            match stopped_before_start {
+                // Nothing ran: `failed` settles the `pending`, and fencepost exits as the signal
+                // says, as it does when the signal comes while it waits.
+                Some(signal) => {
+                    err!("fencepost: {reason}: {run_id} of {agent} did not run (recorded failed at epoch {epoch})");
+                    128 + signal as i32
+                }
+                None => {
+                    err!("fencepost: {run_id} of {agent} ran at epoch {epoch} and failed: {reason}");
+                    EXIT_RAN_FAILED
+                }
+            }
         }
         DispatchOutcome::Interrupted { error, .. } => {
             err!(
@@ -611,30 +630,30 @@ struct RunRow {
     device: String,
     /// For an in-doubt or running attempt: the fold's view of the run before it (`failed@1`).
     after: Option<String>,
+    /// For a committed run: an outcome recorded beside its commit that the fold would show
+    /// (`failed@1`, a resolution and the attempt's own outcome disagreeing); the commit wins (F6).
+    also: Option<String>,
 }
 
 /// The live lease of each agent, by the coordinator (none when it cannot be reached: then every
 /// unsettled attempt shows as in doubt).
 fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease> {
-    let coordinator = match settings.coordinator() {
-        Ok(coordinator) => coordinator,
-        Err(error) => {
-            err!("fencepost: warning: cannot reach the coordinator ({error:#}); runs whose lease is live show as in doubt");
-            return Default::default();
-        }
-    };
+    listed_live_leases(settings).unwrap_or_else(|error| {
+        err!("fencepost: warning: {error:#}; runs whose lease is live show as in doubt");
+        Default::default()
+    })
+}
+
+/// The live lease of each agent, or why the coordinator could not say.
+fn listed_live_leases(settings: &Settings) -> Result<std::collections::BTreeMap<String, Lease>> {
+    let coordinator = settings.coordinator().context("cannot reach the coordinator")?;
     let now = coordinator.now_ms();
-    match coordinator.list() {
-        Ok(leases) => leases
-            .into_iter()
-            .filter(|lease| lease.expires_at_ms > now)
-            .map(|lease| (lease.agent_id.clone(), lease))
-            .collect(),
-        Err(error) => {
-            err!("fencepost: warning: cannot list the leases ({error}); runs whose lease is live show as in doubt");
-            Default::default()
-        }
-    }
+    let leases = coordinator.list().context("cannot list the leases")?;
+    Ok(leases
+        .into_iter()
+        .filter(|lease| lease.expires_at_ms > now)
+        .map(|lease| (lease.agent_id.clone(), lease))
+        .collect())
 }
 
 fn run_rows(
@@ -649,13 +668,23 @@ fn run_rows(
             continue;
         }
         for (run, record) in folded.runs() {
+            // The oracle (F6) decides what `run` does with the run: a commit wins over an outcome
+            // recorded beside it (which the fold's view would show), and both are shown.
+            let (shown, also) = match state.committed_run(agent, &run) {
+                Some(commit) if record.status != IntentStatus::Committed => (
+                    commit,
+                    Some(format!("{}@{}", record.status.as_str(), record.epoch)),
+                ),
+                _ => (record, None),
+            };
             rows.push(RunRow {
                 agent: agent.to_owned(),
                 run,
-                status: record.status.as_str(),
-                epoch: record.epoch,
-                device: state.hlc_of(record).device_id.to_string(),
+                status: shown.status.as_str(),
+                epoch: shown.epoch,
+                device: state.hlc_of(shown).device_id.to_string(),
                 after: None,
+                also,
             });
         }
         // Unsettled attempts (D2): the fold's view may show an older outcome or nothing at all.
@@ -683,6 +712,7 @@ fn run_rows(
                     epoch: doubt.epoch,
                     device: doubt.device_id,
                     after: None,
+                    also: None,
                 }),
             }
         }
@@ -700,6 +730,12 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             outcome,
             force,
         } => {
+            if let Err(error) = validate_id(IdKind::Agent, &agent) {
+                crate::usage!("--agent: {error}");
+            }
+            if let Err(error) = validate_id(IdKind::Run, &run) {
+                crate::usage!("--run: {error}");
+            }
             let mut ledger = open_ledger(settings)?;
             let Some(doubt) = ledger
                 .in_doubt(&agent, u64::MAX)
@@ -709,7 +745,10 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 bail!("{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)");
             };
             if !force {
-                if let Some(lease) = live_leases(settings).get(&agent) {
+                let live = listed_live_leases(settings).with_context(|| {
+                    format!("cannot tell whether {run} of {agent} is still running; resolve it once you know its lease (epoch {}, {}) has ended, with --force", doubt.epoch, doubt.device_id)
+                })?;
+                if let Some(lease) = live.get(&agent) {
                     if lease.epoch == doubt.epoch {
                         bail!(
                             "{run} of {agent} may still be running: {} holds the lease at its epoch {}, and it is live. Resolve it once that lease ends, or pass --force",
@@ -728,6 +767,13 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 .resolve(&agent, &run, settled)
                 .context("cannot write the outcome to the ledger folder")?;
             out!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
+            if let Some(older) = ledger.in_doubt_run(&agent, &run, u64::MAX) {
+                out!(
+                    "{agent}: {run} is still in doubt: its attempt at epoch {} by {} has no outcome either (resolve it too)",
+                    older.epoch,
+                    older.device_id
+                );
+            }
         }
         LedgerCommand::Show { json } => {
             let ledger = open_ledger(settings)?;
@@ -767,7 +813,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             if json {
                 let rows: Vec<_> = rows
                     .iter()
-                    .map(|row| json!({"agent_id": row.agent, "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device, "after": row.after}))
+                    .map(|row| json!({"agent_id": row.agent, "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device, "after": row.after, "also": row.also}))
                     .collect();
                 out!("{}", serde_json::Value::Array(rows));
             } else {
@@ -777,8 +823,13 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                         .as_ref()
                         .map(|after| format!("  after {after}"))
                         .unwrap_or_default();
+                    let also = row
+                        .also
+                        .as_ref()
+                        .map(|also| format!("  ({also} also recorded)"))
+                        .unwrap_or_default();
                     out!(
-                        "{}  {}  {:<9}  epoch {}  by {}{after}",
+                        "{}  {}  {:<9}  epoch {}  by {}{after}{also}",
                         row.agent,
                         row.run,
                         row.status,

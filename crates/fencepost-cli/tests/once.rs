@@ -1012,3 +1012,150 @@ fn l5_a_coordinator_that_loses_its_state_during_a_wait_never_grants_one_token_tw
     assert_eq!(effects[0], "p host-p 1", "{effects:?}");
     assert_eq!(effects[1], "w host-w 2", "one token, one holder: {effects:?}");
 }
+
+/// D2: `ledger resolve` settles a run only once it knows the attempt is not still running. When
+/// the coordinator cannot say (unreachable, unreadable), it refuses without `--force` instead of
+/// recording an outcome for a command that may still be running.
+#[test]
+fn d2_resolve_refuses_when_the_coordinator_cannot_say_whether_the_attempt_still_runs() {
+    let shared = Shared::sqlite();
+    let pid_file = shared.path("command.pid");
+    let script = format!(
+        "echo $$ > '{pid}.tmp'; mv '{pid}.tmp' '{pid}'; exec sleep 30",
+        pid = pid_file.display()
+    );
+    let child = shared.spawn("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
+    wait_for_file(&pid_file);
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    signal(pid.trim().parse().unwrap(), "KILL");
+    assert_eq!(code(&child.wait_with_output().unwrap()), 1);
+    let run = fencepost::run_id::deterministic_run_id("a", "job", "1").unwrap();
+    let resolve = |force: bool| {
+        let mut args = vec![
+            "ledger",
+            "resolve",
+            "--agent",
+            "a",
+            "--run",
+            &run,
+            "--as",
+            "committed",
+        ];
+        if force {
+            args.push("--force");
+        }
+        shared
+            .command("host-2", &args)
+            .env("FENCEPOST_COORDINATOR", "sqlite:/nonexistent/folder/leases.db")
+            .output()
+            .unwrap()
+    };
+    let refused = resolve(false);
+    assert_eq!(code(&refused), 10, "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("cannot tell whether") && text(&refused.stderr).contains("--force"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let runs = text(&shared.run("host-2", &["ledger", "runs"]).stdout);
+    assert!(runs.contains("in-doubt"), "nothing was recorded: {runs}");
+    let forced = resolve(true);
+    assert_eq!(code(&forced), 0, "{}", text(&forced.stderr));
+    let again = shared.run("host-2", &run_args("a", "1", &[], &["true"]));
+    assert_eq!(code(&again), 3, "{}", text(&again.stderr));
+}
+
+/// F6: a commit wins over an outcome recorded beside it at its epoch (an operator resolved the
+/// run as committed while the paused attempt later recorded `failed`). `run` refuses it (exit 3),
+/// and `ledger runs` and `ledger show` say committed too, showing the other outcome, instead of
+/// contradicting `run`.
+#[test]
+fn f6_a_commit_beside_a_failed_of_its_epoch_shows_as_committed_everywhere() {
+    let shared = Shared::sqlite();
+    let relay = FsRelay::open(shared.path("ledger")).unwrap();
+    let run = fencepost::run_id::deterministic_run_id("a", "job", "1").unwrap();
+    let intent = |status: &str| json!({"id": run, "agent_id": "a", "epoch": 1, "status": status});
+    let mut attempt = DeviceLog::new("host-1", ManualClock::new(1_000).wall_clock()).unwrap();
+    let pending = attempt.append(Surface::Intent, intent("pending"));
+    let mut operator = DeviceLog::new("host-2", ManualClock::new(2_000).wall_clock()).unwrap();
+    let resolved = operator.append(Surface::Intent, intent("committed"));
+    // The attempt wakes up later and records its own outcome: the fold's view shows it.
+    let late = DeviceLog::resume(
+        "host-1",
+        ManualClock::new(3_000).wall_clock(),
+        fencepost::clock::HlcConfig::default(),
+        std::slice::from_ref(&pending),
+    )
+    .unwrap()
+    .append(Surface::Intent, intent("failed"));
+    relay.push(&[pending, late, resolved]).unwrap();
+    let again = shared.run("host-3", &run_args("a", "1", &[], &["true"]));
+    assert_eq!(code(&again), 3, "{}", text(&again.stderr));
+    let runs = text(&shared.run("host-3", &["ledger", "runs"]).stdout);
+    assert!(
+        runs.contains("committed") && runs.contains("by host-2") && runs.contains("(failed@1 also recorded)"),
+        "{runs}"
+    );
+    let show = text(&shared.run("host-3", &["ledger", "show"]).stdout);
+    assert!(show.contains("1 committed"), "{show}");
+}
+
+/// L8: `ledger resolve` checks its ids like every other command: an empty, over-long or
+/// control-character id is a usage error (exit 2), not "not in doubt".
+#[test]
+fn l8_ledger_resolve_refuses_invalid_ids_as_usage_errors() {
+    let shared = Shared::sqlite();
+    let long = "r".repeat(300);
+    for (agent, run) in [("", "run-1"), ("a", ""), ("a", "run\n1"), ("a", long.as_str())] {
+        let output = shared.run(
+            "host-1",
+            &[
+                "ledger", "resolve", "--agent", agent, "--run", run, "--as", "failed",
+            ],
+        );
+        assert_eq!(code(&output), 2, "{agent:?} {run:?}: {}", text(&output.stderr));
+    }
+}
+
+/// D2: a signal that comes after the fence but before the command starts stops fencepost as the
+/// signal says (143 for SIGTERM), as one during the wait does; nothing ran, and the `failed` it
+/// records settles the `pending`, so the next run runs it. (The window is held open with a debug
+/// build's test seam.)
+#[test]
+fn d2_a_signal_between_the_fence_and_the_start_exits_as_the_signal_says() {
+    let shared = Shared::sqlite();
+    let effect = append_effect(&shared, "ran");
+    let child = shared
+        .command("host-1", &run_args("a", "1", &[], &["sh", "-c", &effect]))
+        .env("FENCEPOST_TEST_PAUSE_BEFORE_COMMAND_MS", "3000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ledger_file = device_file(&shared, "host-1");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&ledger_file)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 1
+    {
+        assert!(Instant::now() < deadline, "no pending was written");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // past the fence, inside the pause
+    signal(child.id(), "TERM");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(code(&output), 143, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("did not run"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(shared.effects().is_empty(), "nothing ran");
+    let runs = text(&shared.run("host-2", &["ledger", "runs"]).stdout);
+    assert!(runs.contains("failed"), "{runs}");
+    let again = shared.run("host-2", &run_args("a", "1", &[], &["sh", "-c", &effect]));
+    assert_eq!(code(&again), 0, "{}", text(&again.stderr));
+    assert_eq!(shared.effects().len(), 1);
+}

@@ -988,11 +988,18 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
         epoch: first.epoch,
         holds: true,
     };
-    let permit = laptop.begin(&holder, "report-a", DispatchOptions::default()).unwrap();
+    let permit = laptop
+        .begin(&holder, "report-a", DispatchOptions::default())
+        .unwrap();
     // The coordinator loses its state while the laptop's effect is under way.
-    let restored = Arc::new(InMemoryLeaseCoordinator::new(world.coordinator_clock.wall_clock()));
+    let restored = Arc::new(InMemoryLeaseCoordinator::new(
+        world.coordinator_clock.wall_clock(),
+    ));
     let again = restored.acquire("milo", "phone", TTL_MS).unwrap();
-    assert_eq!(again.epoch, first.epoch, "the restored coordinator grants the same epoch again");
+    assert_eq!(
+        again.epoch, first.epoch,
+        "the restored coordinator grants the same epoch again"
+    );
     phone.sync().unwrap();
     let twin = StepHolder {
         coordinator: restored.clone(),
@@ -1006,10 +1013,16 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
         })) => assert_eq!((epoch, other_device.as_str()), (1, "laptop")),
         other => panic!("two holders would share epoch 1: {other:?}"),
     }
-    assert_eq!(phone.epoch_used_by_another("milo", 1, "laptop"), None, "the laptop's own epoch");
+    assert_eq!(
+        phone.epoch_used_by_another("milo", 1, "laptop"),
+        None,
+        "the laptop's own epoch"
+    );
     // Acquiring again above the ledger's epoch gives a token of its own.
     restored.release("milo", "phone", again.epoch).unwrap();
-    restored.raise_epoch_floor("milo", phone.state().fencing_epoch("milo")).unwrap();
+    restored
+        .raise_epoch_floor("milo", phone.state().fencing_epoch("milo"))
+        .unwrap();
     let third = restored.acquire("milo", "phone", TTL_MS).unwrap();
     assert_eq!(third.epoch, 2);
     let fresh = StepHolder {
@@ -1018,7 +1031,9 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
         epoch: third.epoch,
         holds: true,
     };
-    let permit_b = phone.begin(&fresh, "report-b", DispatchOptions::default()).unwrap();
+    let permit_b = phone
+        .begin(&fresh, "report-b", DispatchOptions::default())
+        .unwrap();
     permit_b.finish(&mut phone, RunOutcome::Committed).unwrap();
     permit.finish(&mut laptop, RunOutcome::Committed).unwrap();
 }
