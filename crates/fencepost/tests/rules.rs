@@ -36,7 +36,7 @@ fn test_functions() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        let suite = file.ends_with("src/conformance.rs");
+        let suite = file.ends_with("src/tools/conformance/mod.rs");
         let in_tests = file.components().any(|part| part.as_os_str() == "tests");
         // In other sources, only what follows a `#[cfg(test)]` counts.
         let from = if suite || in_tests {
