@@ -174,10 +174,11 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         .wait_to_acquire(args.wait.saturating_sub(waited))
     };
     let mut acquired = acquire(ledger.state().fencing_epoch(agent));
-    // A coordinator that lost or rolled back its state may grant an epoch the ledger has passed,
-    // or one another host already held (the floor raised before the first acquire went with that
-    // state): give it back and acquire again above the ledger's epoch. Dispatch checks it anyway
-    // (it would refuse); this keeps the run from failing on it.
+    // A fresh grant is above every epoch the ledger has seen (the floor was raised to it first).
+    // A coordinator that lost or rolled back its state may grant one the ledger has seen: another
+    // host's, or this device id's own (another process sharing it, an earlier run); the floor went
+    // with that state. Give it back and acquire again above the ledger's epoch, so that no two
+    // commands ever hold one fencing token.
     for attempt in 0..=3 {
         let Ok(keeper) = &acquired else {
             break;
@@ -188,16 +189,22 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
             return Err(error);
         }
         let (epoch, known) = (keeper.epoch(), ledger.state().fencing_epoch(agent));
-        let other = ledger.epoch_used_by_another(agent, epoch, &settings.device);
-        if (epoch >= known && other.is_none()) || attempt == 3 {
-            break; // (after three tries, dispatch refuses it with the reason)
+        if epoch > known {
+            break;
         }
-        let why = other.map_or_else(
-            || format!("below the ledger's epoch {known}"),
-            |device| format!("already held by {device}"),
-        );
-        err!("fencepost: warning: the coordinator granted epoch {epoch} of {agent}, {why} (it lost or rolled back its state); acquiring again above it");
+        let why = match ledger.epoch_used_by_another(agent, epoch, &settings.device) {
+            _ if epoch < known => format!("below the ledger's epoch {known}"),
+            Some(device) => format!("already held by {device}"),
+            None => format!(
+                "already used by device id {} (another process sharing it, or an earlier run)",
+                settings.device
+            ),
+        };
         release_quietly(keeper);
+        if attempt == 3 {
+            bail!("the coordinator granted epoch {epoch} of {agent}, {why}, four times in a row (it lost or rolled back its state, and keeps doing so); not running {run_id}");
+        }
+        err!("fencepost: warning: the coordinator granted epoch {epoch} of {agent}, {why} (it lost or rolled back its state); acquiring again above it");
         acquired = acquire(known);
     }
     let keeper = match acquired {

@@ -970,10 +970,24 @@ fn exit_statuses_survive_a_full_stderr_nobody_reads() {
 /// above it: no two commands ever run under one fencing token.
 #[test]
 fn l5_a_coordinator_that_loses_its_state_during_a_wait_never_grants_one_token_twice() {
+    coordinator_loss_during_a_wait("host-p", "host-w");
+}
+
+/// L5, as above with two processes sharing one device id (two cron lines on one host): the
+/// first one's `pending` at the epoch is this device id's own, and the fresh grant must still be
+/// above it.
+#[test]
+fn l5_a_coordinator_that_loses_its_state_never_grants_one_token_twice_to_one_device_id() {
+    coordinator_loss_during_a_wait("host-d", "host-d");
+}
+
+/// A host runs a long command; another waits for the lease; the coordinator loses its rows; the
+/// waiter must run under an epoch of its own (2), never the first host's (1).
+fn coordinator_loss_during_a_wait(first_device: &str, second_device: &str) {
     let shared = Shared::sqlite();
     let first_effect = format!("{}; sleep 8", append_effect(&shared, "p"));
     let mut first = shared.spawn(
-        "host-p",
+        first_device,
         &run_args(&shared.agent, "p", &["--ttl", "3s"], &["sh", "-c", &first_effect]),
     );
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -983,7 +997,7 @@ fn l5_a_coordinator_that_loses_its_state_during_a_wait_never_grants_one_token_tw
     }
     let second_effect = append_effect(&shared, "w");
     let mut second = shared.spawn(
-        "host-w",
+        second_device,
         &run_args(
             &shared.agent,
             "w",
@@ -1009,8 +1023,12 @@ fn l5_a_coordinator_that_loses_its_state_during_a_wait_never_grants_one_token_tw
     exit_within(&mut first, 30, "the first host");
     let effects = shared.effects();
     assert_eq!(effects.len(), 2, "{effects:?}");
-    assert_eq!(effects[0], "p host-p 1", "{effects:?}");
-    assert_eq!(effects[1], "w host-w 2", "one token, one holder: {effects:?}");
+    assert_eq!(effects[0], format!("p {first_device} 1"), "{effects:?}");
+    assert_eq!(
+        effects[1],
+        format!("w {second_device} 2"),
+        "one token, one holder: {effects:?}"
+    );
 }
 
 /// D2: `ledger resolve` settles a run only once it knows the attempt is not still running. When

@@ -347,6 +347,14 @@ impl KeeperBuilder {
     /// The highest epoch of the agent in the caller's ledger
     /// ([`SyncState::fencing_epoch`](crate::fold::SyncState::fencing_epoch)): raised as the
     /// coordinator's epoch floor before the first acquire (rule L5).
+    ///
+    /// A coordinator that loses or rolls back its state between that raise and the grant can
+    /// grant an epoch the ledger has seen (the floor went with the state). So once acquired, sync
+    /// the ledger and check that [`LeaseKeeper::epoch`] is above its fencing epoch; if not, shut
+    /// the keeper down and acquire again with the new ledger epoch (`fencepost run` does). A
+    /// [`Ledger::begin`](crate::ledger::Ledger::begin) refuses an epoch below the ledger's, or one
+    /// another device's `pending` holds; it cannot tell this device id's own earlier tenure from
+    /// the current one.
     pub fn ledger_epoch(mut self, epoch: u64) -> Self {
         self.ledger_epoch = epoch;
         self
