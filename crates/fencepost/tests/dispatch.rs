@@ -1037,3 +1037,47 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
     permit_b.finish(&mut phone, RunOutcome::Committed).unwrap();
     permit.finish(&mut laptop, RunOutcome::Committed).unwrap();
 }
+
+/// Issue 15, item 2 (rules D2, O1): what a ledger knows is a value with no I/O (`LedgerState`):
+/// fed records directly, it verifies them, folds them and answers the in-doubt questions exactly
+/// as a `Ledger` over a relay does; a record whose id does not match its content is rejected, not
+/// folded, and stays damage until a valid one takes its place.
+#[test]
+fn d2_o1_the_ledger_state_answers_without_a_relay_as_the_ledger_does() {
+    use fencepost::dispatch::LedgerState;
+    let records = device_log(
+        "laptop",
+        &[
+            (1, IntentStatus::Pending),
+            (2, IntentStatus::Pending),
+            (2, IntentStatus::Failed),
+        ],
+    );
+    let mut view = LedgerState::new();
+    assert_eq!(view.absorb(&records).len(), 3);
+    assert_eq!(
+        view.absorb(&records).len(),
+        0,
+        "records already folded are skipped"
+    );
+    let relay = Arc::new(InMemoryRelay::new());
+    relay.push(&records).unwrap();
+    let ledger = Ledger::open("phone", ManualClock::new(START_MS).wall_clock(), relay).unwrap();
+    assert_eq!(view.in_doubt("milo", u64::MAX), ledger.in_doubt("milo", u64::MAX));
+    assert_eq!(
+        view.in_doubt("milo", u64::MAX).len(),
+        1,
+        "the pending@1 is in doubt; @2 is settled"
+    );
+    assert_eq!(view.state().state_hash(), ledger.state().state_hash());
+    // A forged record: its content changed, its id kept.
+    let forged = device_log("phone", &[(3, IntentStatus::Committed)]);
+    let mut tampered = forged[0].clone();
+    tampered.payload = Intent::new("milo", "run-d2", 3, IntentStatus::Failed)
+        .payload()
+        .into();
+    assert!(view.absorb(std::slice::from_ref(&tampered)).is_empty());
+    assert_eq!(view.rejected().count(), 1);
+    assert_eq!(view.absorb(&forged).len(), 1, "the valid record takes its place");
+    assert_eq!(view.rejected().count(), 0);
+}

@@ -46,7 +46,7 @@ use crate::oplog::{LogError, OpId, OpRecord};
 use crate::relay::{RelayError, RelayProblem};
 
 pub use crate::fence::FencingToken;
-pub use crate::ledger::{InDoubtRun, Ledger, LedgerOptions, SyncReport};
+pub use crate::ledger::{InDoubtRun, Ledger, LedgerOptions, LedgerState, SyncReport};
 pub use crate::resource::{FencedResource, ResourceRefusal};
 
 /// A [`Ledger`] or [`dispatch`] error.

@@ -78,12 +78,10 @@ struct Attempts {
 pub struct Ledger {
     log: DeviceLog,
     relay: Arc<dyn Relay>,
-    state: SyncState,
-    frontier: Frontier,
+    /// What the ledger knows, with no I/O: the fold, the verified heads, the in-doubt index.
+    view: LedgerState,
     /// Records asked for but not yet stored (their append failed), in order.
     unsent: Vec<(Surface, Value)>,
-    /// Per agent and run, the attempts, for runs with no commit.
-    attempts: BTreeMap<(String, String), Attempts>,
     /// What the last pull reported, the replaced records, and the devices that shrank.
     problems: Vec<RelayProblem>,
     /// What the last pull reported.
@@ -93,15 +91,27 @@ pub struct Ledger {
     /// Devices (or files) whose damage the caller accepted.
     accepted: BTreeSet<String>,
     seen: Option<SeenFile>,
-    /// Per device, the head of the records folded: every record is checked against it (its
-    /// `op_id`, seq, chain and limits) before it reaches the fold.
-    heads: BTreeMap<String, LogHead>,
     /// Intent records of this device that other writers appended since this ledger's previous
     /// append, as found by the last append (see [`DispatchOutcome::ConcurrentAttempt`]).
     others_appended: Vec<OpRecord>,
-    /// Per device, the record the relay handed over that did not verify (a forged or damaged
-    /// one): damage until the relay hands over a valid record in its place.
+}
+
+/// What a ledger knows, as a value with no I/O: the folded state of the records it was given,
+/// each device's verified head (every record is checked against it, rule O1, before it reaches
+/// the fold), the index of attempts per run (rule D2) and the devices at each agent's highest
+/// `pending` epoch. [`Ledger`] keeps one and feeds it what its relay hands over; anything else
+/// that holds records (a test, a simulator, a relay of its own) can feed one directly.
+#[derive(Debug, Default)]
+pub struct LedgerState {
+    state: SyncState,
+    frontier: Frontier,
+    /// Per device, the head of the records folded.
+    heads: BTreeMap<String, LogHead>,
+    /// Per device, the record handed over that did not verify (a forged or damaged one): damage
+    /// until a valid record takes its place.
     rejected: BTreeMap<String, RelayProblem>,
+    /// Per agent and run, the attempts, for runs with no commit.
+    attempts: BTreeMap<(String, String), Attempts>,
     /// Per agent, the highest epoch of its `pending` intents and the devices that wrote one at it:
     /// only the holder of an epoch writes `pending`s at it, so two devices there mean the epoch
     /// was granted twice (a coordinator that lost or rolled back its state).
@@ -158,18 +168,13 @@ impl Ledger {
         let mut ledger = Self {
             log,
             relay,
-            state: SyncState::new(),
-            frontier: Frontier::new(),
+            view: LedgerState::default(),
             unsent: Vec::new(),
-            attempts: BTreeMap::new(),
             problems: Vec::new(),
             relay_problems: Vec::new(),
             replaced: Vec::new(),
             accepted: BTreeSet::new(),
             seen,
-            heads: BTreeMap::new(),
-            rejected: BTreeMap::new(),
-            pending_epochs: BTreeMap::new(),
             others_appended: Vec::new(),
         };
         ledger.take_pull(batch)?;
@@ -183,7 +188,12 @@ impl Ledger {
 
     /// The folded state of every intent this ledger has.
     pub fn state(&self) -> &SyncState {
-        &self.state
+        &self.view.state
+    }
+
+    /// What this ledger knows, as a value with no I/O.
+    pub fn view(&self) -> &LedgerState {
+        &self.view
     }
 
     /// How many records wait to be stored (their append failed; [`flush`](Self::flush) retries).
@@ -328,7 +338,7 @@ impl Ledger {
     /// [`DispatchError::Relay`] when the push or the pull fails.
     pub fn sync(&mut self) -> Result<SyncReport, DispatchError> {
         let pushed = self.flush()?;
-        let batch = self.relay.pull(&self.frontier)?;
+        let batch = self.relay.pull(&self.view.frontier)?;
         for op in &batch.ops {
             if &*op.device_id == self.log.device_id() {
                 continue; // own records written by another process: caught up on the next append
@@ -360,10 +370,10 @@ impl Ledger {
     fn recompute_problems(&mut self) {
         self.problems = self.relay_problems.clone();
         self.problems.extend(self.replaced.iter().cloned());
-        self.problems.extend(self.rejected.values().cloned());
+        self.problems.extend(self.view.rejected.values().cloned());
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
-                let has = self.frontier.next_seq(device);
+                let has = self.view.frontier.next_seq(device);
                 if has < mark.next_seq {
                     self.problems.push(RelayProblem {
                         kind: crate::relay::ProblemKind::Damage,
@@ -391,11 +401,11 @@ impl Ledger {
             .filter_map(|problem| problem.device_id.as_deref())
             .collect();
         let mut marks = BTreeMap::new();
-        for (device, next_seq) in self.frontier.iter() {
+        for (device, next_seq) in self.view.frontier.iter() {
             if damaged.contains(device) {
                 continue;
             }
-            if let Some(head) = self.heads.get(device) {
+            if let Some(head) = self.view.heads.get(device) {
                 if let (true, Some(last_op_id)) = (head.next_seq() == next_seq, head.last_op_id()) {
                     marks.insert(device.to_owned(), Seen { next_seq, last_op_id });
                 }
@@ -404,14 +414,111 @@ impl Ledger {
         seen.store(marks)
     }
 
-    /// Folds `ops` (stored in the relay), indexes their attempts, and checks them against the seen
-    /// file.
+    /// Folds `ops` (stored in the relay) into the view, then checks the records that verified
+    /// against the seen file.
+    fn absorb(&mut self, ops: &[OpRecord]) {
+        let verified = self.view.absorb(ops);
+        for op in verified {
+            if let Some(mark) = self
+                .seen
+                .as_ref()
+                .and_then(|seen| seen.devices.get(&*op.device_id))
+            {
+                if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
+                    self.replaced.push(RelayProblem {
+                        kind: crate::relay::ProblemKind::Damage,
+                        device_id: Some(op.device_id.to_string()),
+                        file: None,
+                        line_number: Some(op.seq + 1),
+                        detail: format!(
+                            "record {} is {}, but this site saw {} there: the file was replaced (restore it from a copy)",
+                            op.seq, op.op_id, mark.last_op_id
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The runs of `agent_id` in doubt for a holder at `held_epoch` (rule D2); see
+    /// [`LedgerState::in_doubt`].
+    pub fn in_doubt(&self, agent_id: &str, held_epoch: u64) -> Vec<InDoubtRun> {
+        self.view.in_doubt(agent_id, held_epoch)
+    }
+
+    /// Whether `run_id` of `agent_id` is in doubt for a holder at `held_epoch`; see
+    /// [`LedgerState::in_doubt_run`].
+    pub fn in_doubt_run(&self, agent_id: &str, run_id: &str, held_epoch: u64) -> Option<InDoubtRun> {
+        self.view.in_doubt_run(agent_id, run_id, held_epoch)
+    }
+
+    /// Another device with a `pending` of `agent_id` at `epoch`; see
+    /// [`LedgerState::epoch_used_by_another`].
+    pub fn epoch_used_by_another(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<String> {
+        self.view.epoch_used_by_another(agent_id, epoch, device_id)
+    }
+
+    /// A `pending` of `run_id` that another writer of this device appended just before this
+    /// ledger's last append (found in that append's catch-up), if any.
+    /// A `committed` of the run among them is left to the fence (`AlreadyCommitted`).
+    pub(crate) fn concurrent_attempt(&self, agent_id: &str, run_id: &str) -> Option<InDoubtRun> {
+        let of_run = |op: &OpRecord| {
+            op.payload
+                .intent()
+                .filter(|intent| intent.agent_id == agent_id && intent.run_id == run_id)
+        };
+        if self
+            .others_appended
+            .iter()
+            .filter_map(of_run)
+            .any(|intent| intent.status == IntentStatus::Committed)
+        {
+            return None;
+        }
+        self.others_appended.iter().rev().find_map(|op| {
+            let intent = op.payload.intent()?;
+            (intent.agent_id == agent_id && intent.run_id == run_id && intent.status == IntentStatus::Pending)
+                .then(|| InDoubtRun {
+                    run_id: intent.run_id,
+                    epoch: intent.epoch,
+                    device_id: op.device_id.to_string(),
+                    op_id: op.op_id,
+                })
+        })
+    }
+}
+
+impl LedgerState {
+    /// An empty view.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The folded state of the records given.
+    pub fn state(&self) -> &SyncState {
+        &self.state
+    }
+
+    /// Per device, how many records were folded.
+    pub fn frontier(&self) -> &Frontier {
+        &self.frontier
+    }
+
+    /// The damage found while verifying: per device, the record that did not verify.
+    pub fn rejected(&self) -> impl Iterator<Item = &RelayProblem> {
+        self.rejected.values()
+    }
+
+    /// Verifies `ops` against each device's head, folds those that verify and indexes their
+    /// attempts; returns them. Records already folded are skipped, and a record that does not
+    /// verify is damage of its device ([`rejected`](Self::rejected)) until a valid one takes its
+    /// place.
     ///
     /// Whatever the relay hands over is verified first (rule O1: `op_id` over the content, seq,
     /// chain, limits), so a forged record never reaches the fold, whose laws assume records whose
     /// ids match their content. A record that does not verify is damage of its device; the
     /// frontier stays before it.
-    fn absorb(&mut self, ops: &[OpRecord]) {
+    pub fn absorb<'ops>(&mut self, ops: &'ops [OpRecord]) -> Vec<&'ops OpRecord> {
         let mut verified: Vec<&OpRecord> = Vec::with_capacity(ops.len());
         for op in ops {
             let device = &*op.device_id;
@@ -450,25 +557,7 @@ impl Ledger {
         }
         self.frontier.observe_all(verified.iter().copied());
         self.state.apply_all(verified.iter().copied());
-        for op in verified {
-            if let Some(mark) = self
-                .seen
-                .as_ref()
-                .and_then(|seen| seen.devices.get(&*op.device_id))
-            {
-                if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
-                    self.replaced.push(RelayProblem {
-                        kind: crate::relay::ProblemKind::Damage,
-                        device_id: Some(op.device_id.to_string()),
-                        file: None,
-                        line_number: Some(op.seq + 1),
-                        detail: format!(
-                            "record {} is {}, but this site saw {} there: the file was replaced (restore it from a copy)",
-                            op.seq, op.op_id, mark.last_op_id
-                        ),
-                    });
-                }
-            }
+        for op in &verified {
             // Only intent records are attempts: a record of another surface with the same fields
             // (an audit mirror, say) settles nothing, exactly as the fold ignores it.
             if op.surface != Surface::Intent {
@@ -515,12 +604,13 @@ impl Ledger {
                 attempts.unsettled.remove(&intent.epoch);
             }
         }
+        verified
     }
 
     /// The runs of `agent_id` in doubt for a holder at `held_epoch` (rule D2): no `committed`
     /// record, and a `pending` of an epoch below `held_epoch` with no `committed` or `failed` of
     /// that epoch. Each run is reported once, at its greatest such epoch. Call it right after
-    /// acquiring, before dispatching; see the [module docs](self) for what to do with them.
+    /// acquiring, before dispatching; see the [dispatch docs](crate::dispatch) for what to do with them.
     /// `held_epoch = u64::MAX` lists every run in doubt.
     pub fn in_doubt(&self, agent_id: &str, held_epoch: u64) -> Vec<InDoubtRun> {
         let start = (agent_id.to_owned(), String::new());
@@ -530,35 +620,6 @@ impl Ledger {
             .filter_map(|(_, attempts)| attempts.unsettled.range(..held_epoch).next_back())
             .map(|(_, run)| run.clone())
             .collect()
-    }
-
-    /// A `pending` of `run_id` that another writer of this device appended just before this
-    /// ledger's last append (found in that append's catch-up), if any.
-    /// A `committed` of the run among them is left to the fence (`AlreadyCommitted`).
-    pub(crate) fn concurrent_attempt(&self, agent_id: &str, run_id: &str) -> Option<InDoubtRun> {
-        let of_run = |op: &OpRecord| {
-            op.payload
-                .intent()
-                .filter(|intent| intent.agent_id == agent_id && intent.run_id == run_id)
-        };
-        if self
-            .others_appended
-            .iter()
-            .filter_map(of_run)
-            .any(|intent| intent.status == IntentStatus::Committed)
-        {
-            return None;
-        }
-        self.others_appended.iter().rev().find_map(|op| {
-            let intent = op.payload.intent()?;
-            (intent.agent_id == agent_id && intent.run_id == run_id && intent.status == IntentStatus::Pending)
-                .then(|| InDoubtRun {
-                    run_id: intent.run_id,
-                    epoch: intent.epoch,
-                    device_id: op.device_id.to_string(),
-                    op_id: op.op_id,
-                })
-        })
     }
 
     /// Another device that wrote a `pending` of `agent_id` at `epoch`, when `epoch` is the
