@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use fencepost::clock::system_clock;
 use fencepost::dispatch::{
     dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
-    RunOutcome,
+    RunOutcome, StaleGrant,
 };
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
@@ -188,14 +188,14 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
             release_quietly(keeper);
             return Err(error);
         }
-        let (epoch, known) = (keeper.epoch(), ledger.state().fencing_epoch(agent));
-        if epoch > known {
+        let epoch = keeper.epoch();
+        let Some(stale) = ledger.stale_grant(agent, epoch, &settings.device) else {
             break;
-        }
-        let why = match ledger.epoch_used_by_another(agent, epoch, &settings.device) {
-            _ if epoch < known => format!("below the ledger's epoch {known}"),
-            Some(device) => format!("already held by {device}"),
-            None => format!(
+        };
+        let why = match stale {
+            StaleGrant::BelowLedger { fencing_epoch } => format!("below the ledger's epoch {fencing_epoch}"),
+            StaleGrant::HeldBy { device_id } => format!("already held by {device_id}"),
+            _ => format!(
                 "already used by device id {} (another process sharing it, or an earlier run)",
                 settings.device
             ),
@@ -205,7 +205,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
             bail!("the coordinator granted epoch {epoch} of {agent}, {why}, four times in a row (it lost or rolled back its state, and keeps doing so); not running {run_id}");
         }
         err!("fencepost: warning: the coordinator granted epoch {epoch} of {agent}, {why} (it lost or rolled back its state); acquiring again above it");
-        acquired = acquire(known);
+        acquired = acquire(ledger.state().fencing_epoch(agent));
     }
     let keeper = match acquired {
         Ok(keeper) => keeper,

@@ -91,6 +91,21 @@ fn exit_within(child: &mut std::process::Child, seconds: u64, what: &str) -> std
     }
 }
 
+/// Runs occurrence "1" of agent "a" as host-1 with a command that someone else kills (SIGKILL)
+/// mid-run; fencepost's output.
+fn command_killed_from_outside(shared: &Shared) -> Output {
+    let pid_file = shared.path("command.pid");
+    let script = format!(
+        "echo $$ > '{pid}.tmp'; mv '{pid}.tmp' '{pid}'; exec sleep 30",
+        pid = pid_file.display()
+    );
+    let child = shared.spawn("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
+    wait_for_file(&pid_file);
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    signal(pid.trim().parse().unwrap(), "KILL");
+    child.wait_with_output().unwrap()
+}
+
 /// D2: a run whose older attempt failed and whose newer attempt was killed mid-command is in doubt;
 /// no host runs it again without a decision, and `ledger runs` shows both attempts.
 #[test]
@@ -646,16 +661,7 @@ fn r1_an_outcome_that_cannot_be_written_is_reported_and_the_run_stays_in_doubt()
 #[test]
 fn d2_a_command_killed_from_outside_leaves_the_run_in_doubt() {
     let shared = Shared::sqlite();
-    let pid_file = shared.path("command.pid");
-    let script = format!(
-        "echo $$ > '{pid}.tmp'; mv '{pid}.tmp' '{pid}'; exec sleep 30",
-        pid = pid_file.display()
-    );
-    let child = shared.spawn("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
-    wait_for_file(&pid_file);
-    let pid = std::fs::read_to_string(&pid_file).unwrap();
-    signal(pid.trim().parse().unwrap(), "KILL");
-    let output = child.wait_with_output().unwrap();
+    let output = command_killed_from_outside(&shared);
     assert_eq!(code(&output), 1, "{}", text(&output.stderr));
     assert!(
         text(&output.stderr).contains("in doubt"),
@@ -1037,16 +1043,7 @@ fn coordinator_loss_during_a_wait(first_device: &str, second_device: &str) {
 #[test]
 fn d2_resolve_refuses_when_the_coordinator_cannot_say_whether_the_attempt_still_runs() {
     let shared = Shared::sqlite();
-    let pid_file = shared.path("command.pid");
-    let script = format!(
-        "echo $$ > '{pid}.tmp'; mv '{pid}.tmp' '{pid}'; exec sleep 30",
-        pid = pid_file.display()
-    );
-    let child = shared.spawn("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
-    wait_for_file(&pid_file);
-    let pid = std::fs::read_to_string(&pid_file).unwrap();
-    signal(pid.trim().parse().unwrap(), "KILL");
-    assert_eq!(code(&child.wait_with_output().unwrap()), 1);
+    assert_eq!(code(&command_killed_from_outside(&shared)), 1);
     let run = fencepost::run_id::deterministic_run_id("a", "job", "1").unwrap();
     let resolve = |force: bool| {
         let mut args = vec![

@@ -1081,3 +1081,35 @@ fn d2_o1_the_ledger_state_answers_without_a_relay_as_the_ledger_does() {
     assert_eq!(view.absorb(&forged).len(), 1, "the valid record takes its place");
     assert_eq!(view.rejected().count(), 0);
 }
+
+/// Rule L5 at acquisition: a fresh grant is above every epoch the ledger has seen; the ledger
+/// names why one is not (below its epoch, another device's `pending` at it, or only this device
+/// id's own records at it), which is what `fencepost run` acquires again on.
+#[test]
+fn l5_the_ledger_names_a_grant_that_is_not_fresh() {
+    use fencepost::dispatch::StaleGrant;
+    let relay = Arc::new(InMemoryRelay::new());
+    relay
+        .push(&device_log(
+            "laptop",
+            &[(1, IntentStatus::Pending), (2, IntentStatus::Pending)],
+        ))
+        .unwrap();
+    let ledger = Ledger::open("phone", ManualClock::new(START_MS).wall_clock(), relay).unwrap();
+    assert_eq!(ledger.stale_grant("milo", 3, "phone"), None);
+    assert_eq!(
+        ledger.stale_grant("milo", 1, "phone"),
+        Some(StaleGrant::BelowLedger { fencing_epoch: 2 })
+    );
+    assert_eq!(
+        ledger.stale_grant("milo", 2, "phone"),
+        Some(StaleGrant::HeldBy {
+            device_id: "laptop".into()
+        })
+    );
+    assert_eq!(
+        ledger.stale_grant("milo", 2, "laptop"),
+        Some(StaleGrant::UsedBefore)
+    );
+    assert_eq!(ledger.stale_grant("other-agent", 1, "phone"), None);
+}

@@ -466,7 +466,8 @@ impl Acquisition {
 
     /// Takes in the answer, at `now_ms`, to [`AcquireStep::RaiseFloor`].
     pub fn floor_raised(&mut self, now_ms: u64, outcome: Result<(), LeaseError>) {
-        if self.in_flight.take().is_none() || self.ended.is_some() || self.spent {
+        // Only an asked-for call is answered; none is asked for once the acquisition ended.
+        if self.in_flight.take().is_none() {
             return;
         }
         match outcome {
@@ -480,9 +481,6 @@ impl Acquisition {
         let Some(sent_ms) = self.in_flight.take() else {
             return;
         };
-        if self.ended.is_some() || self.spent {
-            return;
-        }
         match outcome {
             Ok(lease) => self.ended = Some(Ok((lease, sent_ms))),
             Err(error) => self.refused(now_ms, error),

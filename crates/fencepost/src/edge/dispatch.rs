@@ -46,7 +46,7 @@ use crate::oplog::{LogError, OpId, OpRecord};
 use crate::relay::{RelayError, RelayProblem};
 
 pub use crate::fence::FencingToken;
-pub use crate::ledger::{InDoubtRun, Ledger, LedgerOptions, LedgerState, SyncReport};
+pub use crate::ledger::{InDoubtRun, Ledger, LedgerOptions, LedgerState, StaleGrant, SyncReport};
 pub use crate::resource::{FencedResource, ResourceRefusal};
 
 /// A [`Ledger`] or [`dispatch`] error.
@@ -444,6 +444,15 @@ pub enum RunOutcome {
     Failed,
 }
 
+impl From<RunOutcome> for IntentStatus {
+    fn from(outcome: RunOutcome) -> Self {
+        match outcome {
+            RunOutcome::Committed => IntentStatus::Committed,
+            RunOutcome::Failed => IntentStatus::Failed,
+        }
+    }
+}
+
 /// The right to perform one run's effect, from [`Ledger::begin`]: its `pending` is stored and the
 /// fence said `Proceed`. Pass [`token`](Self::token) to the resource, then end it with
 /// [`finish`](Self::finish) (the outcome is known) or [`abandon`](Self::abandon) (it is not: the
@@ -475,10 +484,7 @@ impl Permit {
                 ledger: ledger.device_id().to_owned(),
             });
         }
-        let status = match outcome {
-            RunOutcome::Committed => IntentStatus::Committed,
-            RunOutcome::Failed => IntentStatus::Failed,
-        };
+        let status = IntentStatus::from(outcome);
         let FencingToken {
             agent_id,
             run_id,
@@ -530,10 +536,7 @@ impl Ledger {
                 run_id: run_id.to_owned(),
             });
         };
-        let status = match outcome {
-            RunOutcome::Committed => IntentStatus::Committed,
-            RunOutcome::Failed => IntentStatus::Failed,
-        };
+        let status = IntentStatus::from(outcome);
         self.record(&Intent::new(agent_id, run_id, doubt.epoch, status))
     }
 

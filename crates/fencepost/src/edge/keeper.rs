@@ -350,8 +350,9 @@ impl KeeperBuilder {
     ///
     /// A coordinator that loses or rolls back its state between that raise and the grant can
     /// grant an epoch the ledger has seen (the floor went with the state). So once acquired, sync
-    /// the ledger and check that [`LeaseKeeper::epoch`] is above its fencing epoch; if not, shut
-    /// the keeper down and acquire again with the new ledger epoch (`fencepost run` does). A
+    /// the ledger and ask [`Ledger::stale_grant`](crate::ledger::Ledger::stale_grant) whether
+    /// [`LeaseKeeper::epoch`] is fresh; if not, shut the keeper down and acquire again with the
+    /// new ledger epoch (`fencepost run` does). A
     /// [`Ledger::begin`](crate::ledger::Ledger::begin) refuses an epoch below the ledger's, or one
     /// another device's `pending` holds; it cannot tell this device id's own earlier tenure from
     /// the current one.

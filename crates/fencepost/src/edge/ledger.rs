@@ -96,6 +96,25 @@ pub struct Ledger {
     others_appended: Vec<OpRecord>,
 }
 
+/// Why a grant is not fresh: [`Ledger::stale_grant`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StaleGrant {
+    /// The epoch is below the ledger's fencing epoch.
+    BelowLedger {
+        /// The ledger's fencing epoch.
+        fencing_epoch: u64,
+    },
+    /// Another device's `pending` is at the epoch: it held it.
+    HeldBy {
+        /// That device.
+        device_id: String,
+    },
+    /// The ledger has records at the epoch, of this device id only (another process sharing it,
+    /// or an earlier tenure).
+    UsedBefore,
+}
+
 /// What a ledger knows, as a value with no I/O: the folded state of the records it was given,
 /// each device's verified head (every record is checked against it, rule O1, before it reaches
 /// the fold), the index of attempts per run (rule D2) and the devices at each agent's highest
@@ -452,6 +471,26 @@ impl Ledger {
         self.view.in_doubt_run(agent_id, run_id, held_epoch)
     }
 
+    /// Why `epoch` of `agent_id`, just granted to `device_id`, is not a fresh grant, if it is
+    /// not. A grant comes after the coordinator's floor was raised to the ledger's epoch, so it
+    /// is above every epoch the ledger has seen, unless the coordinator lost or rolled back its
+    /// state in between; then give the lease back and acquire again with the ledger's epoch as
+    /// the floor (`fencepost run` does). Call it right after acquiring (and syncing): later in
+    /// the tenure, this holder's own records are at `epoch`.
+    pub fn stale_grant(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<StaleGrant> {
+        let fencing_epoch = self.state().fencing_epoch(agent_id);
+        if epoch > fencing_epoch {
+            return None;
+        }
+        Some(if epoch < fencing_epoch {
+            StaleGrant::BelowLedger { fencing_epoch }
+        } else if let Some(device_id) = self.epoch_used_by_another(agent_id, epoch, device_id) {
+            StaleGrant::HeldBy { device_id }
+        } else {
+            StaleGrant::UsedBefore
+        })
+    }
+
     /// Another device with a `pending` of `agent_id` at `epoch`; see
     /// [`LedgerState::epoch_used_by_another`].
     pub fn epoch_used_by_another(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<String> {
@@ -567,13 +606,18 @@ impl LedgerState {
                 continue;
             };
             if intent.status == IntentStatus::Pending {
-                let (top, devices) = self.pending_epochs.entry(intent.agent_id.clone()).or_default();
-                if intent.epoch > *top {
-                    *top = intent.epoch;
-                    devices.clear();
+                // No allocation for the common case: a known agent, a known device.
+                if !self.pending_epochs.contains_key(&intent.agent_id) {
+                    self.pending_epochs.insert(intent.agent_id.clone(), Default::default());
                 }
-                if intent.epoch == *top {
-                    devices.insert(op.device_id.to_string());
+                if let Some((top, devices)) = self.pending_epochs.get_mut(&intent.agent_id) {
+                    if intent.epoch > *top {
+                        *top = intent.epoch;
+                        devices.clear();
+                    }
+                    if intent.epoch == *top && !devices.contains(&*op.device_id) {
+                        devices.insert(op.device_id.to_string());
+                    }
                 }
             }
             let run_id = intent.run_id;

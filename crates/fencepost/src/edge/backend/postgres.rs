@@ -65,6 +65,7 @@ use postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryRow};
 /// types).
 pub use postgres as driver;
 
+use super::{claimed, Columns};
 use crate::fence::FenceDecision;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
@@ -578,27 +579,8 @@ fn quote_identifier(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
-    u64::try_from(value).map_err(|_| failure(format!("corrupt row: {column} is {value}"), false, None))
-}
-
-/// Converts a validated `u64` (TTLs and floors are bounded far below `i64::MAX`) for a `bigint`
-/// parameter; one beyond `i64::MAX` is an error, never clamped onto a real value (rule L5).
-fn storable(value: u64, what: &str) -> Result<i64, LeaseError> {
-    i64::try_from(value).map_err(|_| {
-        failure(
-            format!("{what} {value} is out of the storable range"),
-            false,
-            None,
-        )
-    })
-}
-
-/// Converts an epoch a caller claims: one beyond `i64::MAX` was never minted, so it becomes -1,
-/// which matches no row (it must never be clamped onto a real epoch).
-fn claimed(epoch: u64) -> i64 {
-    i64::try_from(epoch).unwrap_or(-1)
-}
+/// The conversions to and from this backend's signed 64-bit columns.
+const COLUMNS: Columns = Columns { backend: "postgres" };
 
 fn describe(error: &postgres::Error) -> String {
     match error.as_db_error() {
@@ -961,8 +943,8 @@ impl PostgresLeaseCoordinator {
                     Ok(Lease {
                         agent_id: row.get(0).unwrap_or("").to_owned(),
                         holder: row.get(1).unwrap_or("").to_owned(),
-                        epoch: stored(integer(row, 2)?, "epoch")?,
-                        expires_at_ms: stored(integer(row, 3)?, "expires_at_ms")?,
+                        epoch: COLUMNS.stored(integer(row, 2)?, "epoch")?,
+                        expires_at_ms: COLUMNS.stored(integer(row, 3)?, "expires_at_ms")?,
                     })
                 })
                 .collect::<Result<Vec<_>, LeaseError>>()
@@ -1293,7 +1275,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let ttl = storable(ttl_ms, "ttl_ms")?;
+        let ttl = COLUMNS.storable(ttl_ms, "ttl_ms")?;
         let write = bind(
             &self.statements.acquire,
             &[
@@ -1320,8 +1302,8 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
                 return Ok(Lease {
                     agent_id: agent_id.to_owned(),
                     holder: holder.to_owned(),
-                    epoch: stored(integer(row, 2)?, "epoch")?,
-                    expires_at_ms: stored(integer(row, 3)?, "expires_at_ms")?,
+                    epoch: COLUMNS.stored(integer(row, 2)?, "epoch")?,
+                    expires_at_ms: COLUMNS.stored(integer(row, 3)?, "expires_at_ms")?,
                 });
             }
             // Refused: the write locked the row, and the read saw it under that lock.
@@ -1333,8 +1315,8 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
                 Some((Some(holder), epoch, expires_at_ms, _)) => Err(LeaseError::Held {
                     agent_id: agent_id.to_owned(),
                     holder,
-                    epoch: stored(epoch, "epoch")?,
-                    expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+                    epoch: COLUMNS.stored(epoch, "epoch")?,
+                    expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
                 }),
                 other => Err(failure(
                     format!("acquire: refused, but the lease row of {agent_id:?} reads {other:?}"),
@@ -1354,7 +1336,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         validate_ttl(ttl_ms)?;
-        let ttl = storable(ttl_ms, "ttl_ms")?;
+        let ttl = COLUMNS.storable(ttl_ms, "ttl_ms")?;
         let write = bind(
             &self.statements.renew,
             &[
@@ -1387,12 +1369,12 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
                 agent_id: agent_id.to_owned(),
                 holder: device_id.to_owned(),
                 epoch,
-                expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+                expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
             }),
             Err(current_epoch) => Err(LeaseError::Lost {
                 agent_id: agent_id.to_owned(),
                 claimed_epoch: epoch,
-                current_epoch: stored(current_epoch, "epoch")?,
+                current_epoch: COLUMNS.stored(current_epoch, "epoch")?,
             }),
         }
     }
@@ -1415,7 +1397,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         Err(LeaseError::Lost {
             agent_id: agent_id.to_owned(),
             claimed_epoch: epoch,
-            current_epoch: stored(read.map_or(0, |row| row.1), "epoch")?,
+            current_epoch: COLUMNS.stored(read.map_or(0, |row| row.1), "epoch")?,
         })
     }
 
@@ -1428,8 +1410,8 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
             Some((Some(holder), epoch, expires_at_ms, _)) => Ok(Some(Lease {
                 agent_id: agent_id.to_owned(),
                 holder,
-                epoch: stored(epoch, "epoch")?,
-                expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+                epoch: COLUMNS.stored(epoch, "epoch")?,
+                expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
             })),
             _ => Ok(None),
         }
@@ -1438,7 +1420,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_epoch_floor(floor)?;
-        let floor = storable(floor, "epoch floor")?;
+        let floor = COLUMNS.storable(floor, "epoch floor")?;
         let statements = [bind(
             &self.statements.raise_floor,
             &[Literal::Text(agent_id), Literal::Int(floor)],

@@ -8,6 +8,7 @@ use rusqlite::{
     params, Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior,
 };
 
+use super::{claimed, Columns};
 use crate::clock::WallClock;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
@@ -159,29 +160,8 @@ fn sqlite_failure(context: &str, error: rusqlite::Error, writing: bool) -> Lease
     failure(format!("{context}: {error}{hint}"), may_have_applied, Some(error))
 }
 
-/// Converts a stored integer that must be non-negative.
-fn stored(value: i64, column: &str) -> Result<u64, LeaseError> {
-    u64::try_from(value).map_err(|_| failure(format!("corrupt row: {column} is {value}"), false, None))
-}
-
-/// Converts a value to store. TTLs, expiries, floors and minted epochs are bounded by the lease
-/// module's limits (`MAX_TTL_MS`, `MAX_EXPIRES_AT_MS`, `MAX_EPOCH`); one beyond `i64::MAX` is an
-/// error, never clamped onto a real value (rule L5).
-fn storable(value: u64, what: &str) -> Result<i64, LeaseError> {
-    i64::try_from(value).map_err(|_| {
-        failure(
-            format!("{what} {value} is out of the storable range"),
-            false,
-            None,
-        )
-    })
-}
-
-/// Converts an epoch a caller claims: one beyond `i64::MAX` was never minted, so it becomes -1,
-/// which matches no row (it must never be clamped onto a real epoch).
-fn claimed(epoch: u64) -> i64 {
-    i64::try_from(epoch).unwrap_or(-1)
-}
+/// The conversions to and from this backend's signed 64-bit columns.
+const COLUMNS: Columns = Columns { backend: "sqlite" };
 
 /// A register row: holder, epoch, expiry, floor.
 type Row = (Option<String>, i64, i64, i64);
@@ -405,8 +385,8 @@ impl SqliteLeaseCoordinator {
                 Ok(Lease {
                     agent_id,
                     holder,
-                    epoch: stored(epoch, "epoch")?,
-                    expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+                    epoch: COLUMNS.stored(epoch, "epoch")?,
+                    expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
                 })
             })
             .collect()
@@ -452,18 +432,18 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             .map_err(|error| sqlite_failure("acquire", error, false))?;
         let (last_epoch, floor) = match &row {
             Some((holder, epoch, expires_at_ms, floor)) => {
-                let expires_at_ms = stored(*expires_at_ms, "expires_at_ms")?;
+                let expires_at_ms = COLUMNS.stored(*expires_at_ms, "expires_at_ms")?;
                 if let Some(holder) = holder {
                     if now_ms < expires_at_ms {
                         return Err(LeaseError::Held {
                             agent_id: agent_id.to_owned(),
                             holder: holder.clone(),
-                            epoch: stored(*epoch, "epoch")?,
+                            epoch: COLUMNS.stored(*epoch, "epoch")?,
                             expires_at_ms,
                         });
                     }
                 }
-                (stored(*epoch, "epoch")?, stored(*floor, "floor")?)
+                (COLUMNS.stored(*epoch, "epoch")?, COLUMNS.stored(*floor, "floor")?)
             }
             None => (0, 0),
         };
@@ -476,7 +456,10 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         }
         let epoch = last_epoch + 1;
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
-        let (stored_epoch, stored_expiry) = (storable(epoch, "epoch")?, storable(expires_at_ms, "expiry")?);
+        let (stored_epoch, stored_expiry) = (
+            COLUMNS.storable(epoch, "epoch")?,
+            COLUMNS.storable(expires_at_ms, "expiry")?,
+        );
         transaction
             .prepare_cached(GRANT)
             .and_then(|mut statement| {
@@ -503,7 +486,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         // instant the renew takes effect (another connection may commit in between otherwise).
         let (transaction, now_ms) = self.begin_write(&mut connection, "renew")?;
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
-        let stored_expiry = storable(expires_at_ms, "expiry")?;
+        let stored_expiry = COLUMNS.storable(expires_at_ms, "expiry")?;
         // One statement: extends the expiry only for the holder at its epoch, and returns the row
         // either way, so that a Lost verdict reports the epoch of the same instant.
         let row: Option<(Option<String>, i64, i64)> = transaction
@@ -522,19 +505,19 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             .map_err(|error| sqlite_failure("renew: commit failed", error, true))?;
         match row {
             Some((Some(holder), current, stored_expiry))
-                if holder == device_id && stored(current, "epoch")? == epoch =>
+                if holder == device_id && COLUMNS.stored(current, "epoch")? == epoch =>
             {
                 Ok(Lease {
                     agent_id: agent_id.to_owned(),
                     holder,
                     epoch,
-                    expires_at_ms: stored(stored_expiry, "expires_at_ms")?,
+                    expires_at_ms: COLUMNS.stored(stored_expiry, "expires_at_ms")?,
                 })
             }
             Some((_, current, _)) => Err(LeaseError::Lost {
                 agent_id: agent_id.to_owned(),
                 claimed_epoch: epoch,
-                current_epoch: stored(current, "epoch")?,
+                current_epoch: COLUMNS.stored(current, "epoch")?,
             }),
             None => Err(LeaseError::Lost {
                 agent_id: agent_id.to_owned(),
@@ -552,7 +535,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         let row = Self::read_row(&transaction, agent_id)
             .map_err(|error| sqlite_failure("release", error, false))?;
         let current_epoch = match &row {
-            Some((_, current, _, _)) => stored(*current, "epoch")?,
+            Some((_, current, _, _)) => COLUMNS.stored(*current, "epoch")?,
             None => 0,
         };
         let holds =
@@ -588,8 +571,8 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             Some((Some(holder), epoch, expires_at_ms, _)) => Ok(Some(Lease {
                 agent_id: agent_id.to_owned(),
                 holder,
-                epoch: stored(epoch, "epoch")?,
-                expires_at_ms: stored(expires_at_ms, "expires_at_ms")?,
+                epoch: COLUMNS.stored(epoch, "epoch")?,
+                expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
             })),
             _ => Ok(None),
         }
@@ -598,7 +581,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_epoch_floor(floor)?;
-        let stored_floor = storable(floor, "epoch floor")?;
+        let stored_floor = COLUMNS.storable(floor, "epoch floor")?;
         let connection = self.lock();
         connection
             .prepare_cached(RAISE_FLOOR)
