@@ -608,7 +608,8 @@ impl LedgerState {
             if intent.status == IntentStatus::Pending {
                 // No allocation for the common case: a known agent, a known device.
                 if !self.pending_epochs.contains_key(&intent.agent_id) {
-                    self.pending_epochs.insert(intent.agent_id.clone(), Default::default());
+                    self.pending_epochs
+                        .insert(intent.agent_id.clone(), Default::default());
                 }
                 if let Some((top, devices)) = self.pending_epochs.get_mut(&intent.agent_id) {
                     if intent.epoch > *top {
