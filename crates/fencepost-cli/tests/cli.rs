@@ -61,3 +61,59 @@ fn cli_unknown_flag_is_a_usage_error() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8(output.stderr).unwrap().contains("--frobnicate"));
 }
+
+/// Issue 14, item 4, through the binary: a PostgreSQL coordinator that accepts connections and
+/// never answers (a stopped pooler) ends `fencepost run --wait 1s` with exit 10 within the
+/// connect timeout plus one operation timeout (plus the client's margin), not once per
+/// connection attempt; the command never runs.
+#[cfg(feature = "postgres")]
+#[test]
+#[allow(clippy::disallowed_methods)] // a harness measures real time
+fn cli_run_against_a_silent_postgres_coordinator_gives_up_within_one_bound() {
+    use std::time::{Duration, Instant};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    let home = std::env::temp_dir().join(format!("fencepost-silent-{}", std::process::id()));
+    let ledger = home.join("ledger");
+    std::fs::create_dir_all(&ledger).unwrap();
+    let marker = home.join("ran");
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_fencepost"))
+        .env("HOME", &home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .args([
+            "run",
+            "--coordinator",
+            &format!("postgres://agent:secret@127.0.0.1:{port}/app?operation_timeout=500ms"),
+            "--ledger",
+            ledger.to_str().unwrap(),
+            "--agent",
+            "nightly",
+            "--intent",
+            "backup",
+            "--salt",
+            "2026-11-30",
+            "--wait",
+            "1s",
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(10), "{stderr}");
+    assert!(stderr.contains("no answer within"), "{stderr}");
+    assert!(!marker.exists(), "the command ran without a coordinator");
+    // 5 s connect timeout (the default) + 500 ms + 1 s margin; three attempts took three times that.
+    assert!(took < Duration::from_millis(6_500 + 2_500), "took {took:?}");
+    let _ = std::fs::remove_dir_all(&home);
+}

@@ -8,6 +8,12 @@
 //!   pooler. The three are interleaved (every iteration runs each and times one) so that drift in
 //!   fsync latency hits them alike. `postgres/direct/renew_without_wal_flush` is the renew on a
 //!   `synchronous_commit = off` session, to show what the flush costs.
+//! * **The ratio, paired**: criterion measures one function after the other, and on a small shared
+//!   machine the fsync latency drifts by ±30 % between those windows, more than the margin of the
+//!   target. So before each group the benchmark also runs renew and the bare write alternately
+//!   ([`PAIRS`] times each) and prints both medians and their ratio, measured in one window:
+//!   `postgres/<path>: paired over … pairs: renew … µs, bare write … µs; renew rate = …% of the bare
+//!   write rate`.
 //! * `postgres_contention/acquire_8_way`: 8 threads, each with its own coordinator, acquire one
 //!   agent over and over (a winner releases at once); the time is per acquire, all threads
 //!   together.
@@ -107,7 +113,35 @@ fn timed(iterations: u64, others: &[&dyn Fn()], measured: &dyn Fn()) -> Duration
     elapsed
 }
 
-/// `renew`, `bare_update` and `select_1` through `url`, as `postgres/<path>/…`.
+/// How many (renew, bare write) pairs the paired ratio runs.
+const PAIRS: usize = 2_000;
+
+/// The median of `samples` (sorted in place), in µs.
+fn median_us(samples: &mut [Duration]) -> f64 {
+    samples.sort_unstable();
+    samples[samples.len() / 2].as_secs_f64() * 1e6
+}
+
+/// Runs `renew` and `bare` alternately, [`PAIRS`] times each, and prints their medians and ratio.
+fn paired_ratio(path: &str, renew: &dyn Fn(), bare: &dyn Fn()) {
+    let (mut renews, mut bares) = (Vec::with_capacity(PAIRS), Vec::with_capacity(PAIRS));
+    for _ in 0..PAIRS {
+        let started = Instant::now();
+        renew();
+        renews.push(started.elapsed());
+        let started = Instant::now();
+        bare();
+        bares.push(started.elapsed());
+    }
+    let (renew, bare) = (median_us(&mut renews), median_us(&mut bares));
+    println!(
+        "postgres/{path}: paired over {PAIRS} pairs: renew {renew:.0} µs, bare write {bare:.0} µs; renew rate = {:.0}% of the bare write rate",
+        100.0 * bare / renew
+    );
+}
+
+/// `renew`, `bare_update` and `select_1` through `url`, as `postgres/<path>/…`, after the paired
+/// ratio of renew and the bare write.
 fn renew_against_a_bare_write(criterion: &mut Criterion, path: &str, url: &str) {
     let coordinator = coordinator(url);
     coordinator
@@ -141,6 +175,7 @@ fn renew_against_a_bare_write(criterion: &mut Criterion, path: &str, url: &str) 
             .renew(&lease.agent_id, &lease.holder, lease.epoch, 3_600_000)
             .unwrap();
     };
+    paired_ratio(path, &renew, &bare_update);
     let mut group = criterion.benchmark_group(format!("postgres/{path}"));
     group.throughput(Throughput::Elements(1));
     group.bench_function("select_1", |bencher| {

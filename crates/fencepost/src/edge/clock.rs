@@ -68,6 +68,11 @@ impl RealTimeLimit {
     pub fn passed(&self) -> bool {
         self.elapsed() >= self.limit
     }
+
+    /// How long until the limit passes (zero once it has).
+    pub fn remaining(&self) -> std::time::Duration {
+        self.limit.saturating_sub(self.elapsed())
+    }
 }
 
 /// A clock that moves only when told to: for tests and the simulator.

@@ -54,18 +54,20 @@
 //! the transaction then commits. For those, write an outbox row through the fence and let one sender
 //! deliver it with an idempotency key, or pass the epoch to a resource that checks it.
 
+use std::future::Future;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use postgres::error::SqlState;
-use postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryRow};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage, SimpleQueryRow};
 
-/// The `postgres` client crate this backend uses, for the types of
-/// [`PostgresLeaseCoordinator::fenced_transaction`]'s closure (`driver::Transaction`, parameter
-/// types).
-pub use postgres as driver;
+/// The PostgreSQL client crate this backend uses (`tokio-postgres`), for the types of a
+/// [`Connection`]'s statements: parameter types (`driver::types::Type`), rows, errors.
+pub use tokio_postgres as driver;
 
 use super::{claimed, Columns};
+use crate::clock::RealTimeLimit;
 use crate::fence::FenceDecision;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
@@ -271,7 +273,9 @@ impl Statements {
         }
         let mut schema_literal = String::new();
         Literal::Text(schema_name).write(&mut schema_literal);
-        let expiry = |ttl: &str| format!("least(({clock})::numeric + {ttl}, {MAX_EXPIRES_AT_MS})::bigint");
+        // min(clock + ttl, MAX_EXPIRES_AT_MS) in bigint arithmetic, which cannot overflow
+        // (0 <= ttl <= MAX): cheaper for the server than numeric.
+        let expiry = |ttl: &str| format!("(least(({clock}), {MAX_EXPIRES_AT_MS} - {ttl}) + {ttl})");
         Self {
             migrate: format!(
                 "SELECT pg_advisory_xact_lock(7046837213749);
@@ -411,99 +415,226 @@ fn bind(template: &str, literals: &[Literal<'_>]) -> String {
 }
 
 /// A connection. It keeps nothing on the server between operations: no prepared statement, no
-/// setting.
+/// setting. Its I/O runs on a current-thread runtime of its own, driven only while a call runs, on
+/// the caller's thread: a call is bounded by a timer of that runtime, with no thread hop.
 struct Session {
-    /// `None` once given up (a call that did not answer in time still holds it, on its thread).
+    /// The connection's runtime (the connection's task is spawned on it and runs during calls).
+    runtime: tokio::runtime::Runtime,
+    /// `None` only while the session is being dropped.
     client: Option<Client>,
+    /// The connection's task, awaited (briefly) on a clean close.
+    connection: Option<tokio::task::JoinHandle<()>>,
     /// What opens each transaction: the isolation level and the operation timeout, where the
     /// server's defaults for this role do not already give them ([`opening`]).
     prologue: String,
     /// The operation-timeout part of the prologue alone (for a transaction opened explicitly).
     timeouts: String,
-    /// The thread that runs calls with a client-side limit (started on first use; replaced when
-    /// a call it runs does not answer in time).
-    runner: Option<Runner>,
+    /// Set when a call did not answer within its limit: the session is not used again.
+    spoiled: bool,
+    /// Set from a `fenced_transaction`'s `BEGIN` until its end is confirmed: a session left in
+    /// that state (a closure that panicked, an answer lost) is not used again.
+    open_transaction: bool,
 }
 
-/// A thread that runs jobs one at a time, so that a call can be waited for with a limit without
-/// starting a thread per call.
-struct Runner {
-    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
-}
-
-impl Runner {
-    fn start() -> std::io::Result<Self> {
-        let (jobs, receiver) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
-        std::thread::Builder::new()
-            .name("fencepost-postgres-call".to_owned())
-            .spawn(move || {
-                // Ends once the session drops its sender (or gave this runner up).
-                for job in receiver {
-                    job();
-                }
-            })?;
-        Ok(Self { jobs })
-    }
-}
+/// How long a session's close, or a cancel request for a call given up, may take.
+const CLOSE_LIMIT: Duration = Duration::from_secs(1);
 
 impl Session {
-    /// The connection, unless it was given up.
-    fn client(&mut self) -> Result<&mut Client, CallError> {
-        self.client.as_mut().ok_or_else(|| CallError::Reply(given_up()))
-    }
-
-    /// Runs `text` as one simple query. With a `limit`, from a thread of its own, waiting at most
-    /// `limit`: a pooler that queues the client (no free server connection, a server it cannot
-    /// log in to) or a server or pooler that stopped answering cannot hold the caller past it.
-    /// Then the connection is given up (its thread drops it when the call ends, and a cancel
-    /// request is sent), and the outcome is unknown.
-    fn simple_query_within(
-        &mut self,
-        text: String,
+    /// Runs the future `call` builds, on this session's runtime, waiting at most `limit`: a
+    /// pooler that queues the client (no free server connection, a server it cannot log in to)
+    /// or a server or pooler that stopped answering cannot hold the caller past it. Then the
+    /// session is spoiled (the caller drops it, which sends a cancel request and closes the
+    /// connection), and the outcome is unknown.
+    fn run<'s, T, F>(
+        &'s mut self,
         limit: Option<Duration>,
-    ) -> Result<Vec<SimpleQueryMessage>, CallError> {
-        let Some(limit) = limit else {
-            return Ok(self.client()?.simple_query(&text)?);
-        };
-        let Some(mut client) = self.client.take() else {
+        call: impl FnOnce(&'s Client) -> F,
+    ) -> Result<T, CallError>
+    where
+        F: Future<Output = Result<T, tokio_postgres::Error>> + 's,
+    {
+        if self.spoiled {
+            return Err(CallError::Reply(given_up()));
+        }
+        let Some(client) = self.client.as_ref() else {
             return Err(CallError::Reply(given_up()));
         };
-        let cancel = client.cancel_token();
-        let (sender, receiver) = std::sync::mpsc::channel();
-        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
-            let outcome = client.simple_query(&text);
-            let _ = sender.send((client, outcome)); // given up: the connection closes here
-        });
-        if self.runner.is_none() {
-            self.runner = Some(Runner::start().map_err(|error| {
-                CallError::Reply(failure(
-                    format!("cannot start a thread for the call: {error}"),
-                    false,
-                    None,
-                ))
-            })?);
-        }
-        let sent = self.runner.as_ref().map(|runner| runner.jobs.send(job));
-        if !matches!(sent, Some(Ok(()))) {
-            self.runner = None;
-            return Err(CallError::Reply(failure("the call thread is gone", false, None)));
-        }
-        match receiver.recv_timeout(limit) {
-            Ok((client, outcome)) => {
-                self.client = Some(client);
-                Ok(outcome?)
-            }
+        let future = call(client);
+        let Some(limit) = limit else {
+            return Ok(self.runtime.block_on(future)?);
+        };
+        match self
+            .runtime
+            .block_on(async { tokio::time::timeout(limit, future).await })
+        {
+            Ok(outcome) => Ok(outcome?),
             Err(_) => {
-                // The runner is stuck in the call: the next call gets a thread of its own. The
-                // cancel is best effort, and never waited for: the server (or pooler) may not
-                // answer.
-                self.runner = None;
-                let _ = std::thread::Builder::new()
-                    .name("fencepost-postgres-cancel".to_owned())
-                    .spawn(move || cancel.cancel_query(NoTls));
+                self.spoiled = true;
                 Err(CallError::NoAnswer(limit))
             }
         }
+    }
+
+    /// Runs `text` as one simple query, within `limit` (see [`run`](Self::run)).
+    fn simple_query_within(
+        &mut self,
+        text: &str,
+        limit: Option<Duration>,
+    ) -> Result<Vec<SimpleQueryMessage>, CallError> {
+        self.run(limit, |client| client.simple_query(text))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        if self.spoiled {
+            // A call may still run on the server (or wait in a pooler's queue): ask for it to be
+            // cancelled, best effort and never waited for, since the server or pooler may not
+            // answer. The connection closes when the runtime goes, with that thread.
+            let cancel = client.cancel_token();
+            drop(client);
+            let runtime = std::mem::replace(
+                &mut self.runtime,
+                match tokio::runtime::Builder::new_current_thread().build() {
+                    Ok(runtime) => runtime,
+                    Err(_) => return,
+                },
+            );
+            let _ = std::thread::Builder::new()
+                .name("fencepost-postgres-cancel".to_owned())
+                .spawn(move || {
+                    runtime.block_on(async {
+                        let _ = tokio::time::timeout(CLOSE_LIMIT, cancel.cancel_query(NoTls)).await;
+                    });
+                });
+            return;
+        }
+        // A clean close: the connection's task sends Terminate once the client is gone.
+        drop(client);
+        if let Some(connection) = self.connection.take() {
+            self.runtime.block_on(async {
+                let _ = tokio::time::timeout(CLOSE_LIMIT, connection).await;
+            });
+        }
+    }
+}
+
+/// Statements of the caller's own on the coordinator's connection: in
+/// [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction)'s transaction, or through
+/// [`with_connection`](PostgresLeaseCoordinator::with_connection).
+///
+/// It offers only what works through a transaction-pooling proxy (PgBouncer's
+/// `pool_mode = transaction`): unnamed statements sent with their parameter types in one round trip
+/// ([`query_typed`](Self::query_typed), [`execute_typed`](Self::execute_typed)) and the simple
+/// query protocol ([`simple_query`](Self::simple_query), [`batch_execute`](Self::batch_execute)).
+/// A named prepared statement could be run by another client of the same pooled server connection.
+/// Each call is bounded like a lease operation: [`PostgresConfig::operation_timeout_ms`] on the
+/// server, and that plus [`CLIENT_MARGIN_MS`] on the client.
+pub struct Connection<'a> {
+    session: &'a mut Session,
+    limit: Option<Duration>,
+}
+
+impl std::fmt::Debug for Connection<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Connection")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a statement of a [`Connection`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StatementError {
+    /// The server refused the statement, or the connection failed.
+    #[error(transparent)]
+    Driver(#[from] tokio_postgres::Error),
+    /// No answer within the client's bound: the connection was given up (and a cancel request
+    /// sent); whether the statement applied is unknown.
+    #[error("no answer within {} ms; the connection was given up", .0.as_millis())]
+    NoAnswer(Duration),
+}
+
+impl StatementError {
+    /// The driver's error, if the server or the connection reported one.
+    pub fn as_driver(&self) -> Option<&tokio_postgres::Error> {
+        match self {
+            StatementError::Driver(error) => Some(error),
+            StatementError::NoAnswer(_) => None,
+        }
+    }
+}
+
+impl Connection<'_> {
+    /// A failed call as the caller sees it. A call on a session given up (an earlier statement of
+    /// this connection did not answer) fails as that statement did.
+    fn failed(&self, error: CallError) -> StatementError {
+        match error {
+            CallError::Statement(error) => StatementError::Driver(error),
+            CallError::NoAnswer(limit) => StatementError::NoAnswer(limit),
+            CallError::Connect(_) | CallError::Reply(_) => {
+                StatementError::NoAnswer(self.limit.unwrap_or_default())
+            }
+        }
+    }
+
+    /// Runs `sql` (parameters `$1`, `$2`, … with their types) as an unnamed statement, in one round
+    /// trip, and returns its rows.
+    ///
+    /// # Errors
+    /// [`StatementError`]: refused by the server, a lost connection, or no answer in time.
+    pub fn query_typed(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<tokio_postgres::Row>, StatementError> {
+        let limit = self.limit;
+        self.session
+            .run(limit, |client| client.query_typed(sql, params))
+            .map_err(|error| self.failed(error))
+    }
+
+    /// Runs `sql` (parameters `$1`, `$2`, … with their types) as an unnamed statement, in one round
+    /// trip, and returns the number of rows it changed.
+    ///
+    /// # Errors
+    /// [`StatementError`]: refused by the server, a lost connection, or no answer in time.
+    pub fn execute_typed(
+        &mut self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<u64, StatementError> {
+        let limit = self.limit;
+        self.session
+            .run(limit, |client| client.execute_typed(sql, params))
+            .map_err(|error| self.failed(error))
+    }
+
+    /// Runs `sql` (one or more statements, no parameters) with the simple query protocol.
+    ///
+    /// # Errors
+    /// [`StatementError`]: refused by the server, a lost connection, or no answer in time.
+    pub fn simple_query(&mut self, sql: &str) -> Result<Vec<SimpleQueryMessage>, StatementError> {
+        let limit = self.limit;
+        self.session
+            .run(limit, |client| client.simple_query(sql))
+            .map_err(|error| self.failed(error))
+    }
+
+    /// Runs `sql` (one or more statements, no parameters) and discards their rows.
+    ///
+    /// # Errors
+    /// [`StatementError`]: refused by the server, a lost connection, or no answer in time.
+    pub fn batch_execute(&mut self, sql: &str) -> Result<(), StatementError> {
+        let limit = self.limit;
+        self.session
+            .run(limit, |client| client.batch_execute(sql))
+            .map_err(|error| self.failed(error))
     }
 }
 
@@ -545,7 +676,7 @@ fn lease_row(row: &SimpleQueryRow, agent_id: &str) -> Result<Row, LeaseError> {
 fn failure(
     message: impl Into<String>,
     may_have_applied: bool,
-    source: Option<postgres::Error>,
+    source: Option<tokio_postgres::Error>,
 ) -> LeaseError {
     LeaseError::Backend(BackendError {
         backend: "postgres",
@@ -559,7 +690,7 @@ fn failure(
 /// answer may be lost), or the server ended the session. An error the server reported for the
 /// statement itself, or one raised before anything was sent (a parameter that cannot be encoded),
 /// means it did not apply.
-fn outcome_unknown(error: &postgres::Error) -> bool {
+fn outcome_unknown(error: &tokio_postgres::Error) -> bool {
     if error.is_closed() {
         return true;
     }
@@ -582,7 +713,7 @@ fn quote_identifier(name: &str) -> String {
 /// The conversions to and from this backend's signed 64-bit columns.
 const COLUMNS: Columns = Columns { backend: "postgres" };
 
-fn describe(error: &postgres::Error) -> String {
+fn describe(error: &tokio_postgres::Error) -> String {
     match error.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => {
@@ -605,23 +736,25 @@ fn describe(error: &postgres::Error) -> String {
 
 /// Why a connection attempt failed.
 enum ConnectFailure {
-    Driver(postgres::Error),
+    Driver(tokio_postgres::Error),
     /// No answer within the bound.
     NoAnswer(Duration),
+    /// No runtime for the connection could be made.
+    Local(std::io::Error),
 }
 
 /// Why a call failed: before a statement could be sent, or in a statement.
 enum CallError {
     Connect(LeaseError),
-    Statement(postgres::Error),
+    Statement(tokio_postgres::Error),
     /// The server answered something this code cannot read (a corrupt row).
     Reply(LeaseError),
     /// No answer within the client's own bound: the connection was given up.
     NoAnswer(Duration),
 }
 
-impl From<postgres::Error> for CallError {
-    fn from(error: postgres::Error) -> Self {
+impl From<tokio_postgres::Error> for CallError {
+    fn from(error: tokio_postgres::Error) -> Self {
         CallError::Statement(error)
     }
 }
@@ -690,23 +823,34 @@ impl PostgresLeaseCoordinator {
     }
 
     fn new_session(&self) -> Result<Session, LeaseError> {
-        let mut settings: postgres::Config = self.config.url.parse().map_err(|error: postgres::Error| {
-            failure(
-                format!("invalid PostgreSQL URL: {}", describe(&error)),
-                false,
-                Some(error),
-            )
-        })?;
+        let mut settings: tokio_postgres::Config =
+            self.config.url.parse().map_err(|error: tokio_postgres::Error| {
+                failure(
+                    format!("invalid PostgreSQL URL: {}", describe(&error)),
+                    false,
+                    Some(error),
+                )
+            })?;
         settings.connect_timeout(Duration::from_millis(self.config.connect_timeout_ms));
         if settings.get_application_name().is_none() {
             settings.application_name("fencepost");
         }
+        // One bound for every attempt of this call together: the connect timeout plus the
+        // client's bound on a call (a stopped pooler accepts TCP connections and never answers;
+        // each attempt would wait it out again).
+        let phase = self.client_limit().map(|limit| {
+            RealTimeLimit::starting_now(Duration::from_millis(self.config.connect_timeout_ms) + limit)
+        });
         let mut last = None;
         for attempt in 0..self.config.connect_attempts.max(1) {
             if attempt > 0 {
-                std::thread::sleep(Duration::from_millis(100 << attempt.min(5)));
+                let pause = Duration::from_millis(100 << attempt.min(5));
+                if phase.is_some_and(|phase| phase.remaining() <= pause) {
+                    break;
+                }
+                std::thread::sleep(pause);
             }
-            match self.connect_within(&settings) {
+            match self.connect_within(&settings, phase.map(|phase| phase.remaining())) {
                 Ok(session) => return Ok(session),
                 Err(ConnectFailure::NoAnswer(limit)) => {
                     tracing::debug!(
@@ -715,6 +859,11 @@ impl PostgresLeaseCoordinator {
                         "PostgreSQL connection attempt did not answer"
                     );
                     last = Some(ConnectFailure::NoAnswer(limit));
+                    break; // the bound of the whole connection phase is spent
+                }
+                Err(ConnectFailure::Local(error)) => {
+                    last = Some(ConnectFailure::Local(error));
+                    break;
                 }
                 Err(ConnectFailure::Driver(error)) => {
                     let permanent = error.code().is_some_and(|code| {
@@ -739,8 +888,13 @@ impl PostgresLeaseCoordinator {
             Some(ConnectFailure::NoAnswer(limit)) => Err(failure(
                 format!(
                     "cannot connect to PostgreSQL: no answer within {} ms (a stopped server or pooler, or a pooler that cannot log in to its server)",
-                    limit.as_millis()
+                    phase.map_or(limit, |phase| phase.elapsed()).as_millis()
                 ),
+                false,
+                None,
+            )),
+            Some(ConnectFailure::Local(error)) => Err(failure(
+                format!("cannot connect to PostgreSQL: no runtime for the connection: {error}"),
                 false,
                 None,
             )),
@@ -755,52 +909,61 @@ impl PostgresLeaseCoordinator {
             .then(|| Duration::from_millis(self.config.operation_timeout_ms.saturating_add(CLIENT_MARGIN_MS)))
     }
 
-    /// One connection attempt, with the read of the role's defaults, bounded (from a thread of
-    /// its own) by the connect timeout plus the client's bound on a call: the driver's
+    /// One connection attempt, with the read of the role's defaults, bounded by `limit` (what is
+    /// left of the connect timeout plus the client's bound on a call): the driver's
     /// `connect_timeout` covers only the TCP connection, not a pooler or server that accepts it
     /// and then never answers.
-    fn connect_within(&self, settings: &postgres::Config) -> Result<Session, ConnectFailure> {
-        let settings = settings.clone();
-        let operation_timeout_ms = self.config.operation_timeout_ms;
-        let attempt = move || {
-            let mut client = settings.connect(NoTls)?;
+    fn connect_within(
+        &self,
+        settings: &tokio_postgres::Config,
+        limit: Option<Duration>,
+    ) -> Result<Session, ConnectFailure> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(ConnectFailure::Local)?;
+        let attempt = async {
+            let (client, connection) = settings.connect(NoTls).await?;
+            let connection = tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(error = %describe(&error), "PostgreSQL connection ended");
+                }
+            });
             // What this role gets by default (the role's, database's or server's settings; a
             // pooler connects every server connection of this client as the same role).
-            let defaults = client.simple_query(
-                "SELECT current_setting('default_transaction_isolation'), current_setting('statement_timeout'), current_setting('lock_timeout')",
-            )?;
-            let row = defaults.iter().find_map(|message| match message {
-                SimpleQueryMessage::Row(row) => Some(row),
-                _ => None,
-            });
-            let (isolation, timeouts) = opening(
-                row.and_then(|row| row.get(0)),
-                row.and_then(|row| row.get(1)),
-                row.and_then(|row| row.get(2)),
-                operation_timeout_ms,
-            );
-            Ok::<_, postgres::Error>(Session {
-                client: Some(client),
-                prologue: format!("{isolation}{timeouts}"),
-                timeouts,
-                runner: None,
-            })
+            let defaults = client
+                .simple_query(
+                    "SELECT current_setting('default_transaction_isolation'), current_setting('statement_timeout'), current_setting('lock_timeout')",
+                )
+                .await?;
+            Ok::<_, tokio_postgres::Error>((client, connection, defaults))
         };
-        let Some(call_limit) = self.client_limit() else {
-            return attempt().map_err(ConnectFailure::Driver);
+        let outcome = match limit {
+            None => runtime.block_on(attempt),
+            Some(limit) => runtime
+                .block_on(async { tokio::time::timeout(limit, attempt).await })
+                .map_err(|_| ConnectFailure::NoAnswer(limit))?,
         };
-        let limit = Duration::from_millis(self.config.connect_timeout_ms) + call_limit;
-        let (sender, receiver) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("fencepost-postgres-connect".to_owned())
-            .spawn(move || {
-                let _ = sender.send(attempt());
-            })
-            .map_err(|_| ConnectFailure::NoAnswer(Duration::ZERO))?;
-        match receiver.recv_timeout(limit) {
-            Ok(outcome) => outcome.map_err(ConnectFailure::Driver),
-            Err(_) => Err(ConnectFailure::NoAnswer(limit)),
-        }
+        let (client, connection, defaults) = outcome.map_err(ConnectFailure::Driver)?;
+        let row = defaults.iter().find_map(|message| match message {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        });
+        let (isolation, timeouts) = opening(
+            row.and_then(|row| row.get(0)),
+            row.and_then(|row| row.get(1)),
+            row.and_then(|row| row.get(2)),
+            self.config.operation_timeout_ms,
+        );
+        Ok(Session {
+            runtime,
+            client: Some(client),
+            connection: Some(connection),
+            prologue: format!("{isolation}{timeouts}"),
+            timeouts,
+            spoiled: false,
+            open_transaction: false,
+        })
     }
 
     /// Runs `statements` as one transaction in one round trip: one simple-query message, whose
@@ -816,7 +979,7 @@ impl PostgresLeaseCoordinator {
             text.push_str(statement);
             text.push(';');
         }
-        let messages = session.simple_query_within(text, self.client_limit())?;
+        let messages = session.simple_query_within(&text, self.client_limit())?;
         let mut sets: ResultSets = Vec::with_capacity(statements.len() + 2);
         let mut rows = Vec::new();
         for message in messages {
@@ -965,10 +1128,12 @@ impl PostgresLeaseCoordinator {
     /// [`PostgresConfig::operation_timeout_ms`], which bounds `work`'s statements too: keep the
     /// work short.
     ///
-    /// **Through a transaction-pooling proxy** (PgBouncer's `pool_mode = transaction`), `work`
-    /// must not use named prepared statements, which the proxy can hand to another client's
-    /// server connection: use `query_typed`, `execute_typed` (unnamed statements, one round trip)
-    /// or `simple_query` / `batch_execute`, not `query` / `execute` / `prepare`.
+    /// `work` gets a [`Connection`]: unnamed statements (`query_typed`, `execute_typed`, one round
+    /// trip each) and simple queries, which work through a transaction-pooling proxy (PgBouncer's
+    /// `pool_mode = transaction`); there is no named prepared statement, which such a proxy could
+    /// hand to another client's server connection. A statement that does not answer within the
+    /// client's bound fails with [`StatementError::NoAnswer`], and the transaction then commits
+    /// nothing. Leave the transaction to the fence: no `COMMIT` or `ROLLBACK` of your own.
     ///
     /// It protects effects that are rows of this database only; see the [module docs](self) for
     /// what it cannot cover. It does not consult the ledger: make the effect idempotent by run id
@@ -977,8 +1142,10 @@ impl PostgresLeaseCoordinator {
     /// # Errors
     /// * [`FencedError::Refused`]: not the holder at `epoch`; `work` did not run.
     /// * [`FencedError::Work`]: `work` failed; rolled back.
-    /// * [`FencedError::Lease`]: an invalid id, or the database failed. `may_have_applied` is set only when the
-    ///   commit was sent and its answer lost; then look for the effect's rows to learn the outcome.
+    /// * [`FencedError::Lease`]: an invalid id, or the database failed (a statement of `work` that
+    ///   did not answer in time, or one that failed while `work` returned success, included).
+    ///   `may_have_applied` is set only when the commit was sent and its answer lost; then look for
+    ///   the effect's rows to learn the outcome.
     ///
     /// ```no_run
     /// use fencepost::backend::postgres::{driver::types::Type, FencedError, PostgresConfig, PostgresLeaseCoordinator};
@@ -1004,7 +1171,7 @@ impl PostgresLeaseCoordinator {
         agent_id: &str,
         device_id: &str,
         epoch: u64,
-        work: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T, E>,
+        work: impl FnOnce(&mut Connection<'_>) -> Result<T, E>,
     ) -> Result<T, FencedError<E>> {
         let invalid = |error| FencedError::Lease(LeaseError::from(error));
         validate_id(IdKind::Agent, agent_id).map_err(invalid)?;
@@ -1016,19 +1183,22 @@ impl PostgresLeaseCoordinator {
         }
         let mut commit_sent = false;
         let read = bind(&self.statements.read, &[Literal::Text(agent_id)]);
+        let limit = self.client_limit();
         let outcome = self.with_session(|session| {
             let mut opening = session.timeouts.clone();
             opening.push_str(&read);
-            let started = session
-                .client()?
-                .build_transaction()
-                .isolation_level(postgres::IsolationLevel::ReadCommitted)
-                .start();
-            let mut transaction = match started {
-                Ok(transaction) => transaction,
+            // Until the transaction ends, a session left here (a closure that panicked, an
+            // answer lost) is not used again.
+            session.open_transaction = true;
+            let began = session
+                .run(limit, |client| client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"));
+            match began {
+                Ok(()) => {}
                 // PgBouncer in statement mode answers a transaction block by closing the
                 // connection, often before its message can be read.
-                Err(error) if error.is_closed() || describe(&error).contains("pooling mode") => {
+                Err(CallError::Statement(error))
+                    if error.is_closed() || describe(&error).contains("pooling mode") =>
+                {
                     return Err(CallError::Reply(failure(
                         format!(
                             "fenced_transaction: the connection was closed as the transaction began ({}): a pooler in statement mode (PgBouncer's pool_mode = statement) runs no transaction block; use transaction or session pooling for the fence",
@@ -1038,18 +1208,41 @@ impl PostgresLeaseCoordinator {
                         Some(error),
                     )))
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(error),
+            }
+            let ended = |session: &mut Session, end: &str| {
+                session.run(limit, |client| client.batch_execute(end))?;
+                session.open_transaction = false;
+                Ok::<(), CallError>(())
             };
-            let messages = transaction.simple_query(&opening)?;
-            // The timeouts are `SET`s, which return no rows: the first row is the read's.
-            let row = messages
+            let messages = match session.simple_query_within(&opening, limit) {
+                Ok(messages) => messages,
+                Err(error) => {
+                    let _ = ended(session, "ROLLBACK");
+                    return Err(error);
+                }
+            };
+            // The read is the last statement: its rows are those after the last but one
+            // CommandComplete.
+            let read_rows = messages
                 .iter()
-                .find_map(|message| match message {
+                .rev()
+                .skip_while(|message| !matches!(message, SimpleQueryMessage::CommandComplete(_)))
+                .skip(1)
+                .take_while(|message| !matches!(message, SimpleQueryMessage::CommandComplete(_)))
+                .filter_map(|message| match message {
                     SimpleQueryMessage::Row(row) => Some(row),
                     _ => None,
                 })
-                .map(|row| lease_row(row, agent_id))
-                .transpose()?;
+                .last();
+            let row = read_rows.map(|row| lease_row(row, agent_id)).transpose();
+            let row = match row {
+                Ok(row) => row,
+                Err(error) => {
+                    let _ = ended(session, "ROLLBACK");
+                    return Err(CallError::Reply(error));
+                }
+            };
             let decision = match row.map(|row| (row.0, row.1)) {
                 Some((Some(holder), current)) if holder == device_id && current == claimed(epoch) => None,
                 Some((Some(holder), current)) => Some(FenceDecision::StaleEpoch {
@@ -1060,17 +1253,45 @@ impl PostgresLeaseCoordinator {
                 _ => Some(FenceDecision::NotHeld { claimed_epoch: epoch }),
             };
             if let Some(decision) = decision {
-                transaction.rollback()?;
+                ended(session, "ROLLBACK")?;
                 return Ok(Step::Refused(decision));
             }
-            match work(&mut transaction) {
+            let done = work(&mut Connection { session, limit });
+            if session.spoiled {
+                return Err(CallError::NoAnswer(limit.unwrap_or_default()));
+            }
+            if session.client.as_ref().is_none_or(Client::is_closed) {
+                return Err(CallError::Reply(failure(
+                    "fenced_transaction: the connection was lost during the work; nothing was committed",
+                    false,
+                    None,
+                )));
+            }
+            match done {
                 Ok(value) => {
+                    // A statement of the work that failed, with the failure not returned, leaves
+                    // the transaction aborted, and COMMIT would then roll back without an error:
+                    // the SELECT before it fails instead.
                     commit_sent = true;
-                    transaction.commit()?;
-                    Ok(Step::Done(value))
+                    match session.run(limit, |client| client.batch_execute("SELECT 1; COMMIT")) {
+                        Ok(()) => {
+                            session.open_transaction = false;
+                            Ok(Step::Done(value))
+                        }
+                        Err(CallError::Statement(error)) if !outcome_unknown(&error) => {
+                            commit_sent = false;
+                            ended(session, "ROLLBACK")?;
+                            Err(CallError::Reply(failure(
+                                format!("fenced_transaction: the work returned success, but a statement of it had failed ({}), which aborted the transaction; nothing was committed", describe(&error)),
+                                false,
+                                Some(error),
+                            )))
+                        }
+                        Err(error) => Err(error),
+                    }
                 }
                 Err(error) => {
-                    transaction.rollback()?;
+                    ended(session, "ROLLBACK")?;
                     Ok(Step::Work(error))
                 }
             }
@@ -1090,18 +1311,24 @@ impl PostgresLeaseCoordinator {
     /// Runs `work` with the coordinator's connection, reconnecting first if it broke.
     ///
     /// For statements of the caller's own (a health check, a query next to the lease table); the
-    /// lease table itself is the coordinator's to write. Through a transaction-pooling proxy, use
-    /// unnamed statements only (see [`fenced_transaction`](Self::fenced_transaction)).
+    /// lease table itself is the coordinator's to write. Each statement is bounded like an
+    /// operation, and only pooler-safe statements are offered (see [`Connection`]).
     ///
     /// # Errors
     /// [`LeaseError::Backend`] when no connection can be made, or `work` fails; `may_have_applied`
-    /// is set when the connection broke while `work` ran.
+    /// is set when the connection broke (or did not answer) while `work` ran.
     pub fn with_connection<T>(
         &self,
-        work: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+        work: impl FnOnce(&mut Connection<'_>) -> Result<T, StatementError>,
     ) -> Result<T, LeaseError> {
-        self.with_session(|session| work(session.client()?).map_err(CallError::Statement))
-            .map_err(|error| self.explain("with_connection", error, true))
+        let limit = self.client_limit();
+        self.with_session(|session| {
+            work(&mut Connection { session, limit }).map_err(|error| match error {
+                StatementError::Driver(error) => CallError::Statement(error),
+                StatementError::NoAnswer(limit) => CallError::NoAnswer(limit),
+            })
+        })
+        .map_err(|error| self.explain("with_connection", error, true))
     }
 
     /// Runs `work` with a connected session, reconnecting first if the last connection broke.
@@ -1110,10 +1337,11 @@ impl PostgresLeaseCoordinator {
         work: impl FnOnce(&mut Session) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
         let mut slot = self.session.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot
-            .as_ref()
-            .is_none_or(|session| session.client.as_ref().is_none_or(Client::is_closed))
-        {
+        if slot.as_ref().is_none_or(|session| {
+            session.spoiled
+                || session.open_transaction
+                || session.client.as_ref().is_none_or(Client::is_closed)
+        }) {
             *slot = None;
             *slot = Some(self.new_session().map_err(CallError::Connect)?);
         }
@@ -1233,6 +1461,7 @@ fn opening(
         ] {
             let current_ms = current.and_then(setting_ms).unwrap_or(0);
             if current_ms == 0 || current_ms > operation_timeout_ms {
+                // A utility statement: cheaper for the server than `SELECT set_config(…, true)`.
                 timeouts.push_str(&format!("SET LOCAL {setting} = {operation_timeout_ms};"));
             }
         }
@@ -1455,6 +1684,53 @@ impl PostgresLeaseCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that accepts TCP connections and never answers (a stopped pooler or server): the
+    /// connections it accepted, kept open until the test ends.
+    fn silent_server() -> (u16, std::thread::JoinHandle<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let holder = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            listener.set_nonblocking(true).unwrap();
+            let until = RealTimeLimit::starting_now(Duration::from_secs(20));
+            while !until.passed() {
+                match listener.accept() {
+                    Ok((stream, _)) => held.push(stream),
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        (port, holder)
+    }
+
+    /// Issue 14, item 4: every attempt to connect to a server that never answers shares one
+    /// bound, the connect timeout plus the client's bound on a call; each attempt used to wait it
+    /// out again (three attempts, three times as long).
+    #[test]
+    fn connecting_to_a_silent_server_is_bounded_once_for_all_attempts() {
+        let (port, _holder) = silent_server();
+        let config = PostgresConfig {
+            connect_timeout_ms: 500,
+            connect_attempts: 3,
+            ..PostgresConfig::new(format!(
+                "postgres://agent:secret@127.0.0.1:{port}/app?operation_timeout=200ms"
+            ))
+        };
+        let started = RealTimeLimit::starting_now(Duration::ZERO);
+        let error = PostgresLeaseCoordinator::connect(config).unwrap_err();
+        let took = started.elapsed();
+        let bound = Duration::from_millis(500 + 200 + CLIENT_MARGIN_MS);
+        assert!(error.to_string().contains("no answer within"), "{error}");
+        assert!(
+            took >= bound,
+            "gave up after {took:?}, before the bound {bound:?}"
+        );
+        assert!(
+            took < bound + Duration::from_millis(1_000),
+            "three attempts of {bound:?} each: {took:?}"
+        );
+    }
 
     /// Issue 14, item 4: the operator's lower timeouts are kept, unlimited or longer ones are
     /// bounded, and READ COMMITTED is set only where it is not the default.
