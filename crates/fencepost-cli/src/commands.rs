@@ -226,6 +226,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     let options = DispatchOptions::default().retry_in_doubt(args.retry_in_doubt);
     let mut ending = None;
     let mut stopped_before_start = None;
+    let mut lost_before_start = false;
     let outcome = dispatch_effect(&keeper, &mut ledger, &run_id, options, |token| {
         // A seam for the tests (debug builds only): hold the window between the fence and the
         // start open, so that a signal can be sent into it.
@@ -239,6 +240,12 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         if let Some(signal) = signals.pending() {
             stopped_before_start = Some(signal);
             return EffectOutcome::Failed(format!("fencepost got {signal} before the command started"));
+        }
+        // The last look before the start, with no I/O: fencepost may have been stopped (SIGSTOP,
+        // a suspended machine) since the fence, past its renew deadline.
+        if !keeper.holds() {
+            lost_before_start = true;
+            return EffectOutcome::Failed("the lease was lost before the command started".to_owned());
         }
         let mut command = Command::new(&args.command[0]);
         command
@@ -350,6 +357,10 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
                 Some(signal) => {
                     err!("fencepost: {reason}: {run_id} of {agent} did not run (recorded failed at epoch {epoch})");
                     128 + signal as i32
+                }
+                None if lost_before_start => {
+                    err!("fencepost: {reason}: {run_id} of {agent} did not run (recorded failed at epoch {epoch}; the next run runs it)");
+                    EXIT_LEASE_LOST
                 }
                 None => {
                     err!("fencepost: {run_id} of {agent} ran at epoch {epoch} and failed: {reason}");

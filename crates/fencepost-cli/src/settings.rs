@@ -295,7 +295,7 @@ impl Backend {
                 let config = PostgresConfig::new(spec);
                 if config.url.contains("operation_timeout=") {
                     crate::usage!(
-                        "--coordinator: operation_timeout= must be given once, as a duration such as 5000 (milliseconds), 500ms or 5s"
+                        "--coordinator: operation_timeout= must be given once, as a duration such as 5000 (milliseconds), 500ms or 5s, at most 2147483647 ms"
                     );
                 }
                 let coordinator = PostgresLeaseCoordinator::connect(config)

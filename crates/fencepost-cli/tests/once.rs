@@ -1132,22 +1132,23 @@ fn l8_ledger_resolve_refuses_invalid_ids_as_usage_errors() {
     }
 }
 
-/// D2: a signal that comes after the fence but before the command starts stops fencepost as the
-/// signal says (143 for SIGTERM), as one during the wait does; nothing ran, and the `failed` it
-/// records settles the `pending`, so the next run runs it. (The window is held open with a debug
-/// build's test seam.)
-#[test]
-fn d2_a_signal_between_the_fence_and_the_start_exits_as_the_signal_says() {
-    let shared = Shared::sqlite();
-    let effect = append_effect(&shared, "ran");
+/// Starts `run` of occurrence (a, 1) on host-1 with the command `sh -c effect` and `extra`
+/// arguments, holding the window between the fence and the start open for `pause_ms` (a debug
+/// build's test seam); returns once the run is inside that window.
+fn paused_before_the_start(
+    shared: &Shared,
+    extra: &[&str],
+    effect: &str,
+    pause_ms: u64,
+) -> std::process::Child {
     let child = shared
-        .command("host-1", &run_args("a", "1", &[], &["sh", "-c", &effect]))
-        .env("FENCEPOST_TEST_PAUSE_BEFORE_COMMAND_MS", "3000")
+        .command("host-1", &run_args("a", "1", extra, &["sh", "-c", effect]))
+        .env("FENCEPOST_TEST_PAUSE_BEFORE_COMMAND_MS", pause_ms.to_string())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let ledger_file = device_file(&shared, "host-1");
+    let ledger_file = device_file(shared, "host-1");
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::read_to_string(&ledger_file)
         .unwrap_or_default()
@@ -1159,6 +1160,18 @@ fn d2_a_signal_between_the_fence_and_the_start_exits_as_the_signal_says() {
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(300)); // past the fence, inside the pause
+    child
+}
+
+/// D2: a signal that comes after the fence but before the command starts stops fencepost as the
+/// signal says (143 for SIGTERM), as one during the wait does; nothing ran, and the `failed` it
+/// records settles the `pending`, so the next run runs it. (The window is held open with a debug
+/// build's test seam.)
+#[test]
+fn d2_a_signal_between_the_fence_and_the_start_exits_as_the_signal_says() {
+    let shared = Shared::sqlite();
+    let effect = append_effect(&shared, "ran");
+    let child = paused_before_the_start(&shared, &[], &effect, 3_000);
     signal(child.id(), "TERM");
     let output = child.wait_with_output().unwrap();
     assert_eq!(code(&output), 143, "{}", text(&output.stderr));
@@ -1170,6 +1183,35 @@ fn d2_a_signal_between_the_fence_and_the_start_exits_as_the_signal_says() {
     assert!(shared.effects().is_empty(), "nothing ran");
     let runs = text(&shared.run("host-2", &["ledger", "runs"]).stdout);
     assert!(runs.contains("failed"), "{runs}");
+    let again = shared.run("host-2", &run_args("a", "1", &[], &["sh", "-c", &effect]));
+    assert_eq!(code(&again), 0, "{}", text(&again.stderr));
+    assert_eq!(shared.effects().len(), 1);
+}
+
+/// D1: no command starts once the holder's own timing says the lease is lost. fencepost stopped
+/// (SIGSTOP) between the fence and the start for longer than its lease, then resumed, does not
+/// start the command: it records `failed` (so the next run runs it) and exits 6. It used to start
+/// the command anyway, and with a lagging ledger another host had run it meanwhile. (The window is
+/// held open with a debug build's test seam.)
+#[test]
+fn d1_a_holder_stopped_past_its_lease_before_the_start_does_not_start_the_command() {
+    let shared = Shared::sqlite();
+    let effect = append_effect(&shared, "ran");
+    let child = paused_before_the_start(&shared, &["--ttl", "1s"], &effect, 4_000);
+    signal(child.id(), "STOP");
+    std::thread::sleep(Duration::from_millis(2_500)); // past the 1 s lease and its renew deadline
+    signal(child.id(), "CONT");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(code(&output), 6, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("did not run"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(
+        shared.effects().is_empty(),
+        "the command started after the lease was lost"
+    );
     let again = shared.run("host-2", &run_args("a", "1", &[], &["sh", "-c", &effect]));
     assert_eq!(code(&again), 0, "{}", text(&again.stderr));
     assert_eq!(shared.effects().len(), 1);

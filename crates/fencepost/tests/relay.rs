@@ -1,12 +1,14 @@
-//! Rule R1: relays. The first tests run against every relay; the rest are about `FsRelay`'s files.
+//! Rule R1: relays. The conformance suite (`fencepost::conformance::relay`) runs against every
+//! relay; the rest are about `FsRelay`'s files.
 
 use std::collections::BTreeSet;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
 
-use fencepost::clock::{HlcConfig, ManualClock};
-use fencepost::oplog::{verify_log, DeviceLog, LogError, OpRecord, Surface};
+use fencepost::clock::ManualClock;
+use fencepost::conformance::relay::{self as conformance, RelayHarness, RelayStore};
+use fencepost::oplog::{DeviceLog, LogError, OpRecord, Surface};
 use fencepost::relay::{device_file_name, Frontier, FsRelay, InMemoryRelay, ProblemKind, Relay, RelayError};
 use serde_json::json;
 
@@ -22,129 +24,73 @@ fn ids(ops: &[OpRecord]) -> Vec<String> {
     ops.iter().map(|op| op.op_id.to_string()).collect()
 }
 
-/// Runs `check` against an in-memory relay and a fresh folder relay.
+/// The in-memory relay: one store shared by clones.
+struct Memory;
+
+impl RelayHarness for Memory {
+    fn fresh_store(&self) -> RelayStore {
+        let relay = InMemoryRelay::new();
+        RelayStore::new(move || Box::new(relay.clone()) as Box<dyn Relay>)
+    }
+}
+
+/// The folder relay: every handle is a relay of its own on the folder (its own file handles and
+/// advisory locks, as another process's would be); damage is a corrupt middle line of the
+/// device's file.
+struct Folder;
+
+impl RelayHarness for Folder {
+    fn fresh_store(&self) -> RelayStore {
+        let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+        let root = dir.path().to_owned();
+        let kept = std::sync::Arc::clone(&dir);
+        RelayStore::new(move || {
+            let _ = &kept; // the folder lives as long as the store
+            Box::new(FsRelay::open(&root).unwrap()) as Box<dyn Relay>
+        })
+        .with_damage(move |device| {
+            corrupt_line(&device_file(dir.path(), device), 2);
+        })
+    }
+}
+
+/// Overwrites one byte of the 0-based line `index` of `path` in place (same length, so later
+/// offsets are unchanged).
+fn corrupt_line(path: &Path, index: usize) -> Vec<u8> {
+    let mut text = std::fs::read(path).unwrap();
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(
+            text.iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'\n')
+                .map(|(i, _)| i + 1),
+        )
+        .collect();
+    text[starts[index] + 5] = b'#';
+    std::fs::write(path, &text).unwrap();
+    text
+}
+
+/// Runs `check` on a fresh store of each relay.
 fn for_each_relay(check: impl Fn(&dyn Relay)) {
-    check(&InMemoryRelay::new());
-    let dir = tempfile::tempdir().unwrap();
-    check(&FsRelay::open(dir.path()).unwrap());
+    for store in [Memory.fresh_store(), Folder.fresh_store()] {
+        check((store.open)().as_ref());
+    }
 }
 
 #[test]
-fn r1_pushing_the_same_ops_twice_adds_nothing() {
-    for_each_relay(|relay| {
-        let ops = ops_of("laptop", 20);
-        let first = relay.push(&ops).unwrap();
-        assert_eq!((first.appended, first.already_present), (20, 0));
-        let second = relay.push(&ops).unwrap();
-        assert_eq!((second.appended, second.already_present), (0, 20));
-        // Overlapping batches: the known part is skipped, the rest appended.
-        let more = ops_of("laptop", 30);
-        let third = relay.push(&more[10..]).unwrap();
-        assert_eq!((third.appended, third.already_present), (10, 10));
-        let all = relay.pull(&Frontier::new()).unwrap();
-        assert_eq!(ids(&all.ops), ids(&more));
-        assert!(all.problems.is_empty());
-    });
+fn r1_conformance_in_memory_relay() {
+    conformance::run_all(&Memory);
 }
 
 #[test]
-fn r1_pull_returns_exactly_the_missing_ops() {
-    for_each_relay(|relay| {
-        let laptop = ops_of("laptop", 10);
-        let phone = ops_of("phone", 5);
-        relay.push(&laptop).unwrap();
-        relay.push(&phone).unwrap();
-        let mut frontier = Frontier::new();
-        frontier.observe_all(&laptop[..4]);
-        frontier.observe_all(&phone);
-        let batch = relay.pull(&frontier).unwrap();
-        assert_eq!(ids(&batch.ops), ids(&laptop[4..]));
-        frontier.observe_all(&batch.ops);
-        assert!(relay.pull(&frontier).unwrap().ops.is_empty());
-        // A frontier ahead of the relay (ops not pushed yet) gets nothing, not an error.
-        let mut ahead = Frontier::new();
-        ahead.observe(&ops_of("laptop", 50)[49]);
-        let rest = relay.pull(&ahead).unwrap();
-        assert_eq!(ids(&rest.ops), ids(&phone));
-    });
+fn r1_conformance_folder_relay() {
+    conformance::run_all(&Folder);
 }
 
 #[test]
-fn r1_push_accepts_several_devices_in_any_order() {
-    for_each_relay(|relay| {
-        let mut mixed: Vec<OpRecord> = ops_of("laptop", 5)
-            .into_iter()
-            .chain(ops_of("phone", 5))
-            .collect();
-        mixed.reverse();
-        assert_eq!(relay.push(&mixed).unwrap().appended, 10);
-        let pulled = relay.pull(&Frontier::new()).unwrap().ops;
-        for device in ["laptop", "phone"] {
-            let log: Vec<OpRecord> = pulled
-                .iter()
-                .filter(|op| &*op.device_id == device)
-                .cloned()
-                .collect();
-            assert_eq!(log.len(), 5);
-            assert_eq!(verify_log(&log), Ok(()), "{device} comes back in seq order");
-        }
-    });
-}
-
-#[test]
-fn r1_push_verifies_chains_and_a_refused_push_stores_nothing() {
-    for_each_relay(|relay| {
-        let laptop = ops_of("laptop", 6);
-        relay.push(&laptop[..2]).unwrap();
-        let phone = ops_of("phone", 3);
-
-        // A gap (seq 3 without seq 2), together with a valid device: nothing is stored.
-        let mut batch = phone.clone();
-        batch.push(laptop[3].clone());
-        assert!(matches!(
-            relay.push(&batch),
-            Err(RelayError::Log(LogError::SeqGap {
-                expected: 2,
-                found: 3,
-                ..
-            }))
-        ));
-        assert_eq!(
-            relay.pull(&Frontier::new()).unwrap().ops.len(),
-            2,
-            "the phone's valid ops were not stored either"
-        );
-
-        // A tampered record.
-        let mut tampered = laptop[2].clone();
-        tampered.payload = json!({"n": "changed"}).into();
-        assert!(matches!(
-            relay.push(&[tampered]),
-            Err(RelayError::Log(LogError::BadId { .. }))
-        ));
-
-        // A fork: another record at a stored seq.
-        let clock = ManualClock::new(99_999);
-        let mut other =
-            DeviceLog::resume("laptop", clock.wall_clock(), HlcConfig::default(), &laptop[..1]).unwrap();
-        let fork = other.append(Surface::log("note"), json!({"fork": true}));
-        assert!(matches!(
-            relay.push(&[fork]),
-            Err(RelayError::Log(LogError::Fork { seq: 1, .. }))
-        ));
-
-        // An invalid device id.
-        let mut invalid = laptop[2].clone();
-        invalid.device_id = "".into();
-        assert!(matches!(
-            relay.push(&[invalid]),
-            Err(RelayError::InvalidDeviceId(_))
-        ));
-
-        assert_eq!(ids(&relay.pull(&Frontier::new()).unwrap().ops), ids(&laptop[..2]));
-        relay.push(&laptop).unwrap();
-        assert_eq!(ids(&relay.pull(&Frontier::new()).unwrap().ops), ids(&laptop));
-    });
+fn r1_conformance_folder_relay_damage_is_isolated_and_reported() {
+    conformance::r1_damage_of_one_device_is_isolated_and_reported(&Folder);
 }
 
 fn device_file(root: &Path, device: &str) -> std::path::PathBuf {
@@ -234,19 +180,9 @@ fn r1_fs_a_corrupt_middle_line_is_reported_and_isolated_to_its_device() {
     relay.push(&laptop).unwrap();
     relay.push(&phone).unwrap();
 
-    // Damage line 3 of the laptop's file in place (same length, so later offsets are unchanged).
+    // Damage line 3 of the laptop's file in place.
     let path = device_file(dir.path(), "laptop");
-    let mut text = std::fs::read(&path).unwrap();
-    let starts: Vec<usize> = std::iter::once(0)
-        .chain(
-            text.iter()
-                .enumerate()
-                .filter(|(_, b)| **b == b'\n')
-                .map(|(i, _)| i + 1),
-        )
-        .collect();
-    text[starts[2] + 5] = b'#';
-    std::fs::write(&path, &text).unwrap();
+    let text = corrupt_line(&path, 2);
 
     let reader = FsRelay::open(dir.path()).unwrap();
     let batch = reader.pull(&Frontier::new()).unwrap();

@@ -1,4 +1,5 @@
-//! The conformance suite: the contract (rules L1–L8, D1) that every [`LeaseCoordinator`] must pass.
+//! The conformance suite: the contract (rules L1–L8, D1) that every [`LeaseCoordinator`] must pass,
+//! and in [`relay`] rule R1, which every [`Relay`](crate::relay::Relay) must pass.
 //!
 //! Enabled by the `conformance` feature. A backend's test file implements [`Harness`] (how to make a
 //! fresh store and how to move its clock) and calls every rule function; each panics, with a message
@@ -42,6 +43,8 @@ use crate::oplog::{DeviceLog, Surface};
 
 mod linearizability;
 pub use linearizability::*;
+
+pub mod relay;
 
 /// Opens a coordinator on one store; every call gives another handle (connection) on the same store.
 pub type Opener = Box<dyn Fn() -> Box<dyn LeaseCoordinator> + Send + Sync>;
