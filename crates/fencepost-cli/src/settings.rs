@@ -358,6 +358,19 @@ impl LeaseCoordinator for Backend {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         self.inner().raise_epoch_floor(agent_id, floor)
     }
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &fencepost::relay::Frontier,
+    ) -> Result<(), LeaseError> {
+        self.inner()
+            .publish_frontier(agent_id, device_id, epoch, frontier)
+    }
+    fn published_frontier(&self, agent_id: &str) -> Result<fencepost::relay::Frontier, LeaseError> {
+        self.inner().published_frontier(agent_id)
+    }
 }
 
 /// Parses a duration: a number with `ms`, `s`, `m` or `h` (a bare number is seconds).

@@ -59,7 +59,7 @@ fn runtime_role(name: &str, settings: &[&str]) -> String {
         "DROP ROLE IF EXISTS {name};
          CREATE ROLE {name} LOGIN PASSWORD 'secret';
          GRANT USAGE ON SCHEMA fencepost TO {name};
-         GRANT SELECT, INSERT, UPDATE ON fencepost.leases TO {name};
+         GRANT SELECT, INSERT, UPDATE ON fencepost.leases, fencepost.frontiers TO {name};
          GRANT SELECT ON fencepost.schema_version TO {name};"
     );
     for setting in settings {

@@ -298,6 +298,19 @@ impl LeaseCoordinator for RacyCoordinator {
     fn raise_epoch_floor(&self, _: &str, _: u64) -> Result<(), LeaseError> {
         Ok(())
     }
+    // Not what the checker demonstration is about.
+    fn publish_frontier(
+        &self,
+        _: &str,
+        _: &str,
+        _: u64,
+        _: &fencepost::relay::Frontier,
+    ) -> Result<(), LeaseError> {
+        Ok(())
+    }
+    fn published_frontier(&self, _: &str) -> Result<fencepost::relay::Frontier, LeaseError> {
+        Ok(fencepost::relay::Frontier::new())
+    }
 }
 
 struct RacyHarness {

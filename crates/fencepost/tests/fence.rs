@@ -145,4 +145,16 @@ impl LeaseCoordinator for FailingCoordinator {
     fn raise_epoch_floor(&self, _: &str, _: u64) -> Result<(), LeaseError> {
         Err(Self::failure())
     }
+    fn publish_frontier(
+        &self,
+        _: &str,
+        _: &str,
+        _: u64,
+        _: &fencepost::relay::Frontier,
+    ) -> Result<(), LeaseError> {
+        Err(Self::failure())
+    }
+    fn published_frontier(&self, _: &str) -> Result<fencepost::relay::Frontier, LeaseError> {
+        Err(Self::failure())
+    }
 }

@@ -71,6 +71,21 @@ impl LeaseCoordinator for Flaky {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         self.inner.raise_epoch_floor(agent_id, floor)
     }
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &fencepost::relay::Frontier,
+    ) -> Result<(), fencepost::lease::LeaseError> {
+        self.inner.publish_frontier(agent_id, device_id, epoch, frontier)
+    }
+    fn published_frontier(
+        &self,
+        agent_id: &str,
+    ) -> Result<fencepost::relay::Frontier, fencepost::lease::LeaseError> {
+        self.inner.published_frontier(agent_id)
+    }
 }
 
 /// TTL 1000, renew every 300, deadline 700, retry every 100, acquire every 100.

@@ -25,6 +25,7 @@ use thiserror::Error;
 
 use crate::clock::WallClock;
 use crate::id::{validate_id, IdError, IdKind};
+use crate::oplog::Frontier;
 
 pub use crate::intent::{
     intent_agent, intent_epoch, intent_is_committed, intent_status_rank, Intent, IntentStatus,
@@ -129,6 +130,18 @@ pub enum LeaseError {
         /// The largest accepted.
         max_floor: u64,
     },
+    /// A frontier to publish names a seq beyond what a coordinator stores (rule L8).
+    #[error(
+        "device {device_id:?}: next seq {next_seq} is above the largest a coordinator stores, {max_seq}"
+    )]
+    InvalidFrontier {
+        /// The device.
+        device_id: String,
+        /// The seq given.
+        next_seq: u64,
+        /// The largest accepted.
+        max_seq: u64,
+    },
     /// The coordinator's storage failed (rule L7); see [`BackendError::may_have_applied`].
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -182,6 +195,29 @@ pub trait LeaseCoordinator: Send + Sync {
     /// Monotone and idempotent: a lower floor than the current one changes nothing. Callers seed it
     /// from the ledger (the folded fencing epoch) after coordinator state may have been lost.
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError>;
+
+    /// Publishes what the holder has pushed of its ledger (rule H1): for each device, the next
+    /// seq of the records pushed to the relay. Conditional on `device_id` holding the agent at
+    /// `epoch` (expired or not, as for [`renew`](Self::renew)), so that a zombie publishes
+    /// nothing; monotone, device by device (a lower seq than the published one changes nothing);
+    /// cumulative over every holder of the agent, and kept across release and, for durable
+    /// backends, restarts (rule H4).
+    ///
+    /// * `Ok(())` — published.
+    /// * `Err(Lost)` — `device_id` does not hold the agent at `epoch`. Nothing changed.
+    /// * `Err(InvalidId)` — an invalid agent or device id, the frontier's included.
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError>;
+
+    /// The agent's published frontier (rule H1): every device's largest published next seq, over
+    /// every holder; empty when nothing was published. A new holder dispatches nothing until its
+    /// ledger has received at least this (rule H3).
+    fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError>;
 }
 
 /// A shared coordinator is a coordinator (so `Arc<dyn LeaseCoordinator>` can be handed around).
@@ -201,6 +237,42 @@ impl<T: LeaseCoordinator + ?Sized> LeaseCoordinator for Arc<T> {
     fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
         (**self).raise_epoch_floor(agent_id, floor)
     }
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        (**self).publish_frontier(agent_id, device_id, epoch, frontier)
+    }
+    fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
+        (**self).published_frontier(agent_id)
+    }
+}
+
+/// Checks the arguments of [`LeaseCoordinator::publish_frontier`] (rule L8): the agent and device
+/// ids, and the frontier's ([`validate_frontier`]).
+pub fn validate_publish(agent_id: &str, device_id: &str, frontier: &Frontier) -> Result<(), LeaseError> {
+    validate_id(IdKind::Agent, agent_id)?;
+    validate_id(IdKind::Device, device_id)?;
+    validate_frontier(frontier)
+}
+
+/// Checks the ids and seqs of a frontier to publish (rule L8): every device id valid, every seq
+/// within the signed 64-bit range a database column holds.
+pub fn validate_frontier(frontier: &Frontier) -> Result<(), LeaseError> {
+    for (device, next_seq) in frontier.iter() {
+        validate_id(IdKind::Device, device)?;
+        if next_seq > i64::MAX as u64 {
+            return Err(LeaseError::InvalidFrontier {
+                device_id: device.to_owned(),
+                next_seq,
+                max_seq: i64::MAX as u64,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks a TTL (rule L8).
@@ -234,6 +306,8 @@ struct Register {
     expires_at_ms: u64,
     /// The epoch floor (rule L5).
     floor: u64,
+    /// The published frontier (rule H1).
+    published: Frontier,
 }
 
 /// The reference coordinator: a map of registers behind a mutex, with an injected clock.
@@ -330,12 +404,9 @@ impl LeaseCoordinator for InMemoryLeaseCoordinator {
             });
         }
         let epoch = last_epoch + 1;
-        *register = Register {
-            holder: Some(device_id.to_owned()),
-            epoch,
-            expires_at_ms: expiry_after(now_ms, ttl_ms),
-            floor: register.floor,
-        };
+        register.holder = Some(device_id.to_owned());
+        register.epoch = epoch;
+        register.expires_at_ms = expiry_after(now_ms, ttl_ms);
         Ok(lease_of(agent_id, register).expect("the holder was just set"))
     }
 
@@ -382,5 +453,32 @@ impl LeaseCoordinator for InMemoryLeaseCoordinator {
         let register = registers.entry(agent_id.to_owned()).or_default();
         register.floor = register.floor.max(floor);
         Ok(())
+    }
+
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        validate_publish(agent_id, device_id, frontier)?;
+        let mut registers = self.registers();
+        match registers.get_mut(agent_id) {
+            Some(register) if register.holder.as_deref() == Some(device_id) && register.epoch == epoch => {
+                register.published.merge(frontier);
+                Ok(())
+            }
+            other => Err(lost(agent_id, epoch, other.as_deref())),
+        }
+    }
+
+    fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        let registers = self.registers();
+        Ok(registers
+            .get(agent_id)
+            .map(|register| register.published.clone())
+            .unwrap_or_default())
     }
 }

@@ -34,6 +34,7 @@
 //! `serde_json` writes them.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -1028,5 +1029,80 @@ mod tests {
                 "{value}"
             );
         }
+    }
+}
+
+/// Per device, how many records of its log a site has: the next seq it lacks.
+///
+/// ```
+/// use fencepost::relay::Frontier;
+/// let frontier = Frontier::new();
+/// assert_eq!(frontier.next_seq("laptop"), 0);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Frontier {
+    next_seq: BTreeMap<Arc<str>, u64>,
+}
+
+impl Frontier {
+    /// A frontier that has nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The first seq of `device_id` not yet had (0 for an unknown device).
+    pub fn next_seq(&self, device_id: &str) -> u64 {
+        self.next_seq.get(device_id).copied().unwrap_or(0)
+    }
+
+    /// Records that `op` is had (and so are all earlier records of its device).
+    pub fn observe(&mut self, op: &OpRecord) {
+        let next = self.next_seq.entry(Arc::clone(&op.device_id)).or_insert(0);
+        // `u64::MAX` is no seq a log reaches (a chain would need 2^64 records); a record claiming it
+        // must not overflow the frontier.
+        *next = (*next).max(op.seq.saturating_add(1));
+    }
+
+    /// [`observe`](Self::observe) for each record.
+    pub fn observe_all<'a>(&mut self, ops: impl IntoIterator<Item = &'a OpRecord>) {
+        ops.into_iter().for_each(|op| self.observe(op));
+    }
+
+    /// The devices known, with their next seq, in device order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.next_seq.iter().map(|(device, next)| (&**device, *next))
+    }
+
+    /// Raises `device_id`'s next seq to `next_seq` (never lowers it).
+    pub fn raise(&mut self, device_id: &str, next_seq: u64) {
+        match self.next_seq.get_mut(device_id) {
+            Some(next) => *next = (*next).max(next_seq),
+            None => {
+                self.next_seq.insert(Arc::from(device_id), next_seq);
+            }
+        }
+    }
+
+    /// Raises every device of `other` (the union, device by device the larger).
+    pub fn merge(&mut self, other: &Frontier) {
+        for (device, next) in other.iter() {
+            self.raise(device, next);
+        }
+    }
+
+    /// Whether it knows no device.
+    pub fn is_empty(&self) -> bool {
+        self.next_seq.is_empty()
+    }
+
+    /// What this frontier lacks of `needed`: per device, `(device, had, needed)` where it has
+    /// fewer records, in device order.
+    pub fn lacking(&self, needed: &Frontier) -> Vec<(String, u64, u64)> {
+        needed
+            .iter()
+            .filter(|(device, next)| self.next_seq(device) < *next)
+            .map(|(device, next)| (device.to_owned(), self.next_seq(device), next))
+            .collect()
     }
 }

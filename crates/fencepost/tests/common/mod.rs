@@ -81,6 +81,18 @@ macro_rules! conformance_tests {
             fn d1_the_fence_reads_the_oracle_then_the_coordinator() {
                 conformance::d1_the_fence_reads_the_oracle_then_the_coordinator(&$harness);
             }
+
+            #[test]
+            $(#[$meta])*
+            fn h1_the_holder_publishes_a_monotone_cumulative_frontier() {
+                conformance::h1_the_holder_publishes_a_monotone_cumulative_frontier(&$harness);
+            }
+
+            #[test]
+            $(#[$meta])*
+            fn h4_the_published_frontier_survives_reopening() {
+                conformance::h4_the_published_frontier_survives_reopening(&$harness);
+            }
         }
     };
 }

@@ -13,7 +13,7 @@
 //!   ```sql
 //!   CREATE ROLE fencepost_agent LOGIN PASSWORD '…';
 //!   GRANT USAGE ON SCHEMA fencepost TO fencepost_agent;
-//!   GRANT SELECT, INSERT, UPDATE ON fencepost.leases TO fencepost_agent;
+//!   GRANT SELECT, INSERT, UPDATE ON fencepost.leases, fencepost.frontiers TO fencepost_agent;
 //!   GRANT SELECT ON fencepost.schema_version TO fencepost_agent;
 //!   ```
 //!
@@ -74,9 +74,10 @@ use crate::clock::RealTimeLimit;
 use crate::fence::FenceDecision;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
-    validate_epoch_floor, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH,
-    MAX_EXPIRES_AT_MS,
+    validate_epoch_floor, validate_publish, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError,
+    MAX_EPOCH, MAX_EXPIRES_AT_MS,
 };
+use crate::oplog::Frontier;
 
 /// The database server's clock in milliseconds since the Unix epoch: the coordinator clock.
 pub const SERVER_CLOCK_SQL: &str = "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
@@ -278,6 +279,11 @@ struct Statements {
     read: String,
     /// `$1` agent, `$2` floor.
     raise_floor: String,
+    /// `$1` agent, `$2` device, `$3` epoch, `$4` the `VALUES` list of `(device_id, next_seq)`.
+    /// Raises the published frontier if the caller holds the agent at the epoch. Returns the agent.
+    publish: String,
+    /// `$1` agent. Returns `agent_id, device_id, next_seq`.
+    published: String,
 }
 
 impl Statements {
@@ -285,6 +291,7 @@ impl Statements {
         let schema = quote_identifier(schema_name);
         let table = format!("{schema}.leases");
         let versions = format!("{schema}.schema_version");
+        let frontiers = format!("{schema}.frontiers");
         // The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on
         // the database even when the schema exists, which its owner may not have.
         let mut tag = "$fencepost$".to_owned();
@@ -310,6 +317,12 @@ impl Statements {
                      epoch bigint NOT NULL CHECK (epoch >= 0),
                      expires_at_ms bigint NOT NULL CHECK (expires_at_ms >= 0),
                      floor bigint NOT NULL DEFAULT 0 CHECK (floor >= 0)
+                 );
+                 CREATE TABLE IF NOT EXISTS {frontiers} (
+                     agent_id text NOT NULL,
+                     device_id text NOT NULL,
+                     next_seq bigint NOT NULL CHECK (next_seq >= 0),
+                     PRIMARY KEY (agent_id, device_id)
                  );
                  CREATE TABLE IF NOT EXISTS {versions} (
                      singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -358,6 +371,17 @@ impl Statements {
             read: format!(
                 "SELECT agent_id, holder, epoch, expires_at_ms, ({clock}) FROM {table} WHERE agent_id = $1 FOR SHARE"
             ),
+            // Run after the share-locked read of the agent's row in the same transaction, so
+            // that no grant can come between the holder check and the write.
+            publish: format!(
+                "INSERT INTO {frontiers} AS f (agent_id, device_id, next_seq)
+                 SELECT lease.agent_id, d.device_id, d.next_seq
+                 FROM {table} AS lease, (VALUES $4) AS d(device_id, next_seq)
+                 WHERE lease.agent_id = $1 AND lease.holder = $2 AND lease.epoch = $3
+                 ON CONFLICT (agent_id, device_id) DO UPDATE SET next_seq = greatest(f.next_seq, excluded.next_seq)
+                 RETURNING f.agent_id"
+            ),
+            published: format!("SELECT agent_id, device_id, next_seq FROM {frontiers} WHERE agent_id = $1"),
             raise_floor: format!(
                 "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor)
                  VALUES ($1, NULL, 0, 0, $2)
@@ -380,6 +404,8 @@ enum Literal<'a> {
     /// Text (ids are validated: no control characters, rule L8).
     Text(&'a str),
     Int(i64),
+    /// SQL made of other literals (a `VALUES` list), written as it is.
+    Sql(&'a str),
 }
 
 impl Literal<'_> {
@@ -399,6 +425,7 @@ impl Literal<'_> {
                 }
                 out.push('\'');
             }
+            Literal::Sql(sql) => out.push_str(sql),
             Literal::Int(value) => {
                 use std::fmt::Write as _;
                 let _ = write!(out, "({value})::bigint");
@@ -809,7 +836,7 @@ impl From<LeaseError> for CallError {
 
 /// The version of the schema this code reads and writes ([`PostgresLeaseCoordinator::migrate`]
 /// brings a database to it).
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// What [`PostgresLeaseCoordinator::schema_version`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1805,6 +1832,80 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         self.with_session(|session| self.batch(session, &statements))
             .map(drop)
             .map_err(|error| self.explain("raise_epoch_floor", error, true))
+    }
+
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        validate_publish(agent_id, device_id, frontier)?;
+        let mut statements = vec![bind(&self.statements.read, &[Literal::Text(agent_id)])];
+        if !frontier.is_empty() {
+            let mut values = String::new();
+            for (index, (device, next_seq)) in frontier.iter().enumerate() {
+                if index > 0 {
+                    values.push(',');
+                }
+                values.push('(');
+                Literal::Text(device).write(&mut values);
+                values.push(',');
+                Literal::Int(COLUMNS.storable(next_seq, "next seq")?).write(&mut values);
+                values.push(')');
+            }
+            statements.push(bind(
+                &self.statements.publish,
+                &[
+                    Literal::Text(agent_id),
+                    Literal::Text(device_id),
+                    Literal::Int(claimed(epoch)),
+                    Literal::Sql(&values),
+                ],
+            ));
+        }
+        let row = self
+            .with_session(|session| {
+                let sets = self.batch(session, &statements)?;
+                Ok(sets
+                    .first()
+                    .and_then(|rows| rows.first())
+                    .map(|row| lease_row(row, agent_id))
+                    .transpose()?)
+            })
+            .map_err(|error| self.explain("publish_frontier", error, true))?;
+        match row {
+            Some((Some(holder), current, _, _)) if holder == device_id && current == claimed(epoch) => Ok(()),
+            other => Err(LeaseError::Lost {
+                agent_id: agent_id.to_owned(),
+                claimed_epoch: epoch,
+                current_epoch: COLUMNS.stored(other.map_or(0, |row| row.1), "epoch")?,
+            }),
+        }
+    }
+
+    fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        let statements = [bind(&self.statements.published, &[Literal::Text(agent_id)])];
+        let rows = self
+            .with_session(|session| {
+                let sets = self.batch(session, &statements)?;
+                let rows = sets.into_iter().next().unwrap_or_default();
+                rows.iter()
+                    .map(|row| {
+                        for_agent(row, agent_id)?;
+                        Ok((row.get(1).unwrap_or("").to_owned(), integer(row, 2)?))
+                    })
+                    .collect::<Result<Vec<_>, LeaseError>>()
+                    .map_err(CallError::Reply)
+            })
+            .map_err(|error| self.explain("published_frontier", error, false))?;
+        let mut frontier = Frontier::new();
+        for (device, next_seq) in rows {
+            frontier.raise(&device, COLUMNS.stored(next_seq, "next seq")?);
+        }
+        Ok(frontier)
     }
 }
 

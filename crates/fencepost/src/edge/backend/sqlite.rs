@@ -12,9 +12,10 @@ use super::{claimed, Columns};
 use crate::clock::WallClock;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
-    expiry_after, validate_epoch_floor, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError,
-    MAX_EPOCH,
+    expiry_after, validate_epoch_floor, validate_publish, validate_ttl, BackendError, Lease,
+    LeaseCoordinator, LeaseError, MAX_EPOCH,
 };
+use crate::oplog::Frontier;
 
 /// The SQLite `application_id` of a fencepost database ("FPST").
 pub const SQLITE_APPLICATION_ID: i32 = 0x4650_5354;
@@ -75,6 +76,10 @@ impl Default for SqliteConfig {
 
 /// The table of the database's own settings (the clock's time line).
 const SETTINGS_TABLE: &str = "fencepost_settings";
+/// The published frontiers (rule H1): per agent and device, the largest next seq published.
+const FRONTIERS_TABLE: &str = "fencepost_frontiers";
+const PUBLISH: &str = "INSERT INTO fencepost_frontiers (agent_id, device_id, next_seq) VALUES (?1, ?2, ?3) ON CONFLICT (agent_id, device_id) DO UPDATE SET next_seq = max(next_seq, excluded.next_seq)";
+const PUBLISHED: &str = "SELECT device_id, next_seq FROM fencepost_frontiers WHERE agent_id = ?1";
 
 /// A lease coordinator in a SQLite database file: durable, and safe for many processes **on one
 /// host**.
@@ -210,8 +215,8 @@ impl SqliteLeaseCoordinator {
         if application_id == 0 {
             let foreign: i64 = connection
                 .query_row(
-                    "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' AND name NOT IN (?1, ?2)",
-                    [TABLE, SETTINGS_TABLE],
+                    "SELECT count(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' AND name NOT IN (?1, ?2, ?3)",
+                    [TABLE, SETTINGS_TABLE, FRONTIERS_TABLE],
                     |row| row.get(0),
                 )
                 .map_err(|error| sqlite_failure(&format!("cannot read {shown}"), error, false))?;
@@ -253,12 +258,12 @@ impl SqliteLeaseCoordinator {
         // open wait for a busy database).
         let tables: i64 = connection
             .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN (?1, ?2)",
-                [TABLE, SETTINGS_TABLE],
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name IN (?1, ?2, ?3)",
+                [TABLE, SETTINGS_TABLE, FRONTIERS_TABLE],
                 |row| row.get(0),
             )
             .map_err(|error| sqlite_failure(&format!("cannot read {shown}"), error, false))?;
-        if tables < 2 || application_id == 0 {
+        if tables < 3 || application_id == 0 {
             connection
                 .execute_batch(&format!(
                     "BEGIN IMMEDIATE;
@@ -272,6 +277,12 @@ impl SqliteLeaseCoordinator {
                  CREATE TABLE IF NOT EXISTS {SETTINGS_TABLE} (
                      key TEXT PRIMARY KEY NOT NULL,
                      value TEXT NOT NULL
+                 ) STRICT, WITHOUT ROWID;
+                 CREATE TABLE IF NOT EXISTS {FRONTIERS_TABLE} (
+                     agent_id TEXT NOT NULL,
+                     device_id TEXT NOT NULL,
+                     next_seq INTEGER NOT NULL CHECK (next_seq >= 0),
+                     PRIMARY KEY (agent_id, device_id)
                  ) STRICT, WITHOUT ROWID;
                  PRAGMA application_id = {SQLITE_APPLICATION_ID};
                  COMMIT;"
@@ -588,5 +599,66 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
             .and_then(|mut statement| statement.execute(params![agent_id, stored_floor]))
             .map(drop)
             .map_err(|error| sqlite_failure("raise_epoch_floor", error, true))
+    }
+
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        validate_publish(agent_id, device_id, frontier)?;
+        let mut connection = self.lock();
+        let (transaction, _) = self.begin_write(&mut connection, "publish_frontier")?;
+        let row = Self::read_row(&transaction, agent_id)
+            .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
+        match &row {
+            Some((Some(holder), current, _, _)) if holder == device_id && *current == claimed(epoch) => {}
+            other => {
+                let current = other
+                    .as_ref()
+                    .map_or(Ok(0), |row| COLUMNS.stored(row.1, "epoch"))?;
+                return Err(LeaseError::Lost {
+                    agent_id: agent_id.to_owned(),
+                    claimed_epoch: epoch,
+                    current_epoch: current,
+                });
+            }
+        }
+        {
+            let mut statement = transaction
+                .prepare_cached(PUBLISH)
+                .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
+            for (device, next_seq) in frontier.iter() {
+                let next_seq = COLUMNS.storable(next_seq, "next seq")?;
+                statement
+                    .execute(params![agent_id, device, next_seq])
+                    .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
+            }
+        }
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("publish_frontier: commit failed", error, true))
+    }
+
+    fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        let connection = self.lock();
+        let rows = connection
+            .prepare_cached(PUBLISHED)
+            .and_then(|mut statement| {
+                statement
+                    .query_map([agent_id], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|error| sqlite_failure("published_frontier", error, false))?;
+        let mut frontier = Frontier::new();
+        for (device, next_seq) in rows {
+            frontier.raise(&device, COLUMNS.stored(next_seq, "next seq")?);
+        }
+        Ok(frontier)
     }
 }

@@ -19,14 +19,13 @@ mod memory;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::id::IdError;
 use crate::oplog::{LogError, LogHead, OpId, OpRecord};
 
+pub use crate::oplog::Frontier;
 pub use fs::{device_file_name, FsRelay, FsRelayConfig};
 pub use memory::InMemoryRelay;
 
@@ -154,49 +153,6 @@ impl fmt::Display for RelayProblem {
             write!(formatter, "device {device_id:?}: ")?;
         }
         formatter.write_str(&self.detail)
-    }
-}
-
-/// Per device, how many records of its log a site has: the next seq it lacks.
-///
-/// ```
-/// use fencepost::relay::Frontier;
-/// let frontier = Frontier::new();
-/// assert_eq!(frontier.next_seq("laptop"), 0);
-/// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct Frontier {
-    next_seq: BTreeMap<Arc<str>, u64>,
-}
-
-impl Frontier {
-    /// A frontier that has nothing.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The first seq of `device_id` not yet had (0 for an unknown device).
-    pub fn next_seq(&self, device_id: &str) -> u64 {
-        self.next_seq.get(device_id).copied().unwrap_or(0)
-    }
-
-    /// Records that `op` is had (and so are all earlier records of its device).
-    pub fn observe(&mut self, op: &OpRecord) {
-        let next = self.next_seq.entry(Arc::clone(&op.device_id)).or_insert(0);
-        // `u64::MAX` is no seq a log reaches (a chain would need 2^64 records); a record claiming it
-        // must not overflow the frontier.
-        *next = (*next).max(op.seq.saturating_add(1));
-    }
-
-    /// [`observe`](Self::observe) for each record.
-    pub fn observe_all<'a>(&mut self, ops: impl IntoIterator<Item = &'a OpRecord>) {
-        ops.into_iter().for_each(|op| self.observe(op));
-    }
-
-    /// The devices known, with their next seq, in device order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.next_seq.iter().map(|(device, next)| (&**device, *next))
     }
 }
 

@@ -1,4 +1,5 @@
-//! The conformance suite: the contract (rules L1–L8, D1) that every [`LeaseCoordinator`] must pass,
+//! The conformance suite: the contract (rules L1–L8, D1, H1, H4) that every [`LeaseCoordinator`]
+//! must pass,
 //! and in [`relay`] rule R1, which every [`Relay`](crate::relay::Relay) must pass.
 //!
 //! Enabled by the `conformance` feature. A backend's test file implements [`Harness`] (how to make a
@@ -39,7 +40,7 @@ use crate::lease::{
     expiry_after, Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR,
     MAX_TTL_MS,
 };
-use crate::oplog::{DeviceLog, Surface};
+use crate::oplog::{DeviceLog, Frontier, Surface};
 
 mod linearizability;
 pub use linearizability::*;
@@ -78,6 +79,8 @@ pub fn run_all(harness: &dyn Harness) {
     l6_recorded_histories_are_linearizable(harness, &HistoryConfig::default());
     l8_bad_input_is_a_clear_error_and_changes_nothing(harness);
     d1_the_fence_reads_the_oracle_then_the_coordinator(harness);
+    h1_the_holder_publishes_a_monotone_cumulative_frontier(harness);
+    h4_the_published_frontier_survives_reopening(harness);
 }
 
 fn open_one(harness: &dyn Harness) -> Box<dyn LeaseCoordinator> {
@@ -211,6 +214,126 @@ pub fn l2_renew_extends_the_holders_lease_until_stolen(harness: &dyn Harness) {
     assert_eq!(
         expect_lost(coordinator.renew("l2", "laptop", lease.epoch, ttl), "L2: stolen"),
         (lease.epoch, stolen.epoch)
+    );
+}
+
+/// A frontier of `(device, next_seq)` pairs.
+fn frontier_of(pairs: &[(&str, u64)]) -> Frontier {
+    let mut frontier = Frontier::new();
+    for (device, next_seq) in pairs {
+        frontier.raise(device, *next_seq);
+    }
+    frontier
+}
+
+/// H1: only the holder at its epoch publishes (expired or not, as for renew; a zombie, another
+/// device, another epoch or a released holder is `Lost` and changes nothing); the published
+/// frontier rises device by device and never falls, is cumulative over holders, and stays after
+/// release; an invalid device id in the frontier is refused.
+pub fn h1_the_holder_publishes_a_monotone_cumulative_frontier(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    let published = |rule: &str| coordinator.published_frontier("h1").expect(rule);
+    assert!(
+        published("H1: nothing yet").is_empty(),
+        "H1: nothing published yet"
+    );
+    expect_lost(
+        coordinator.publish_frontier("h1", "laptop", 1, &frontier_of(&[("laptop", 1)])),
+        "H1: never held",
+    );
+    let first = coordinator.acquire("h1", "laptop", ttl).expect("H1 setup");
+    coordinator
+        .publish_frontier("h1", "laptop", first.epoch, &frontier_of(&[("laptop", 3)]))
+        .expect("H1: the holder publishes");
+    coordinator
+        .publish_frontier(
+            "h1",
+            "laptop",
+            first.epoch,
+            &frontier_of(&[("laptop", 2), ("phone", 1)]),
+        )
+        .expect("H1: the holder publishes again");
+    assert_eq!(
+        published("H1"),
+        frontier_of(&[("laptop", 3), ("phone", 1)]),
+        "H1: the frontier rises device by device and never falls"
+    );
+    for (device, epoch, case) in [
+        ("phone", first.epoch, "another device"),
+        ("laptop", first.epoch + 1, "another epoch"),
+    ] {
+        expect_lost(
+            coordinator.publish_frontier("h1", device, epoch, &frontier_of(&[("laptop", 9)])),
+            &format!("H1: {case}"),
+        );
+    }
+    assert!(
+        matches!(
+            coordinator.publish_frontier("h1", "laptop", first.epoch, &frontier_of(&[("bad\u{1}id", 1)])),
+            Err(LeaseError::InvalidId(_))
+        ),
+        "H1: an invalid device id in the frontier is refused"
+    );
+    // The lease expires and another device takes it: the zombie publishes nothing.
+    harness.advance(ttl);
+    let second = coordinator.acquire("h1", "phone", ttl).expect("H1: steal");
+    expect_lost(
+        coordinator.publish_frontier("h1", "laptop", first.epoch, &frontier_of(&[("laptop", 9)])),
+        "H1: a zombie",
+    );
+    assert_eq!(
+        published("H1"),
+        frontier_of(&[("laptop", 3), ("phone", 1)]),
+        "H1: a refused publish changes nothing"
+    );
+    coordinator
+        .publish_frontier(
+            "h1",
+            "phone",
+            second.epoch,
+            &frontier_of(&[("phone", 4), ("tablet", 2)]),
+        )
+        .expect("H1: the new holder publishes");
+    coordinator
+        .release("h1", "phone", second.epoch)
+        .expect("H1: release");
+    expect_lost(
+        coordinator.publish_frontier("h1", "phone", second.epoch, &frontier_of(&[("phone", 9)])),
+        "H1: after release",
+    );
+    assert_eq!(
+        published("H1"),
+        frontier_of(&[("laptop", 3), ("phone", 4), ("tablet", 2)]),
+        "H1: cumulative over holders, and kept after release"
+    );
+    assert!(
+        published_of(coordinator.as_ref(), "h1-other").is_empty(),
+        "H1: another agent's frontier is its own"
+    );
+}
+
+fn published_of(coordinator: &dyn LeaseCoordinator, agent: &str) -> Frontier {
+    coordinator.published_frontier(agent).expect("published_frontier")
+}
+
+/// H4: the published frontier is kept by the store: a coordinator opened after every other
+/// handle was dropped (a restart, for durable backends) reads it.
+pub fn h4_the_published_frontier_survives_reopening(harness: &dyn Harness) {
+    let opener = harness.fresh_store();
+    let ttl = harness.ttl_ms();
+    {
+        let coordinator = opener();
+        let lease = coordinator.acquire("h4", "laptop", ttl).expect("H4 setup");
+        coordinator
+            .publish_frontier("h4", "laptop", lease.epoch, &frontier_of(&[("laptop", 7)]))
+            .expect("H4: publish");
+    }
+    let reopened = opener();
+    assert_eq!(
+        published_of(reopened.as_ref(), "h4"),
+        frontier_of(&[("laptop", 7)]),
+        "H4: the published frontier survives reopening"
     );
 }
 
