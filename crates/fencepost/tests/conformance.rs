@@ -194,6 +194,96 @@ fn l6_histories_exercise_expiry_steals_and_every_outcome() {
         grants > 3 && held > 3 && lost > 3 && renewed > 0 && advances > 10,
         "{grants} {held} {lost} {renewed} {advances}"
     );
+    // H1 in the histories (over a few, since workers interleave as the threads run): publishes
+    // that took effect, zombies' that were refused, and reads of a frontier that is not empty.
+    let (mut published, mut refused, mut read) = (0, 0, 0);
+    for seed in 7..13 {
+        for event in record_thread_history(&MemoryHarness::new(), &HistoryConfig::default(), seed) {
+            match event.op {
+                _ if !event.is_return => {}
+                LeaseOp::Publish {
+                    outcome: conformance::Outcome::Done,
+                    ..
+                } => published += 1,
+                LeaseOp::Publish {
+                    outcome: conformance::Outcome::Lost { .. },
+                    ..
+                } => refused += 1,
+                LeaseOp::Published {
+                    outcome: conformance::Outcome::Frontier { next_seq },
+                } if next_seq.iter().any(|seq| *seq > 0) => read += 1,
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        published > 3 && refused > 3 && read > 3,
+        "{published} {refused} {read}"
+    );
+}
+
+/// H1 in the model: a publish by a device that does not hold the lease at the epoch it claims, or
+/// a read of a frontier nobody published, makes a history non-linearizable.
+#[test]
+fn h1_the_model_rejects_a_zombies_publish_and_an_invented_frontier() {
+    let event = |process: usize, at: u64, is_return: bool, op: &LeaseOp| Event {
+        process,
+        at,
+        is_return,
+        op: op.clone(),
+    };
+    let acquire = LeaseOp::Acquire {
+        device: 0,
+        ttl_ms: 1_000,
+        outcome: conformance::Outcome::Lease {
+            device: 0,
+            epoch: 1,
+            expires_at_ms: conformance::HISTORY_START_MS + 1_000,
+        },
+    };
+    let publish = |device: u8, outcome: conformance::Outcome| LeaseOp::Publish {
+        device,
+        epoch: 1,
+        next_seq: 5,
+        outcome,
+    };
+    let mut five = [0; conformance::HISTORY_DEVICES];
+    five[0] = 5;
+    let read = |next_seq| LeaseOp::Published {
+        outcome: conformance::Outcome::Frontier { next_seq },
+    };
+    let history = |ops: &[LeaseOp]| {
+        let mut events = Vec::new();
+        for (index, op) in ops.iter().enumerate() {
+            events.push(event(0, 2 * index as u64, false, op));
+            events.push(event(0, 2 * index as u64 + 1, true, op));
+        }
+        events
+    };
+    let holder = publish(0, conformance::Outcome::Done);
+    assert!(
+        check_history(history(&[acquire.clone(), holder.clone(), read(five)])),
+        "the holder's publish, then the read of it"
+    );
+    assert!(
+        !check_history(history(&[
+            acquire.clone(),
+            publish(1, conformance::Outcome::Done)
+        ])),
+        "H1: a publish by a device that does not hold the lease was accepted"
+    );
+    assert!(
+        !check_history(history(&[acquire.clone(), read(five)])),
+        "H1: a frontier nobody published was read"
+    );
+    assert!(
+        !check_history(history(&[
+            acquire,
+            holder,
+            read([0; conformance::HISTORY_DEVICES])
+        ])),
+        "H1: a published frontier fell back"
+    );
 }
 
 /// A register of the racy coordinator: holder, epoch, expiry.

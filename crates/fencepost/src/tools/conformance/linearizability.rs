@@ -1,4 +1,5 @@
-//! The linearizability model of one lease register ([`LeaseSpec`], the sequential specification
+//! The linearizability model of one lease register and its published frontier ([`LeaseSpec`],
+//! the sequential specification
 //! the Wing–Gong–Lowe checker of `todc-utils` runs against) and the recorders of concurrent
 //! histories (threads, [`record_thread_history`]; processes, [`run_history_worker`]) that rule L6
 //! is checked with.
@@ -14,6 +15,7 @@ use todc_utils::specifications::Specification;
 
 use super::Harness;
 use crate::lease::{expiry_after, Lease, LeaseCoordinator, LeaseError};
+use crate::oplog::Frontier;
 
 /// One operation on the history's single agent, with its outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -52,6 +54,22 @@ pub enum LeaseOp {
         /// What happened.
         outcome: Outcome,
     },
+    /// `publish_frontier(device, epoch, {device: next_seq})` (rule H1).
+    Publish {
+        /// The caller, and the one device of the frontier it publishes.
+        device: u8,
+        /// The epoch claimed.
+        epoch: u64,
+        /// The next seq published for the caller's device.
+        next_seq: u64,
+        /// What happened.
+        outcome: Outcome,
+    },
+    /// `published_frontier()` (rule H1).
+    Published {
+        /// What happened.
+        outcome: Outcome,
+    },
     /// The coordinator's clock moved forward.
     Advance {
         /// By how much.
@@ -85,9 +103,17 @@ pub enum Outcome {
         /// The agent's current epoch.
         current_epoch: u64,
     },
-    /// `Ok(())` of release, or `current()` returning `None`.
+    /// `Ok(())` of release or publish, or `current()` returning `None`.
     Done,
+    /// The published frontier: the next seq of each history device, by index (0 when none).
+    Frontier {
+        /// Device `i`'s next seq at index `i`.
+        next_seq: [u64; HISTORY_DEVICES],
+    },
 }
+
+/// How many devices a recorded history may have (the model's frontier has one entry each).
+pub const HISTORY_DEVICES: usize = 16;
 
 /// The sequential model of one agent's register, with the coordinator clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -96,6 +122,7 @@ pub struct ModelState {
     holder: Option<u8>,
     epoch: u64,
     expires_at_ms: u64,
+    published: [u64; HISTORY_DEVICES],
 }
 
 /// The sequential specification of a lease register, for the WGL checker.
@@ -191,6 +218,32 @@ impl Specification for LeaseSpec {
                     )
                 }
             }
+            LeaseOp::Publish {
+                device,
+                epoch,
+                next_seq,
+                outcome,
+            } => {
+                if state.holder == Some(*device) && state.epoch == *epoch {
+                    if let Some(slot) = next.published.get_mut(usize::from(*device)) {
+                        *slot = (*slot).max(*next_seq);
+                    }
+                    (Outcome::Done, outcome)
+                } else {
+                    (
+                        Outcome::Lost {
+                            current_epoch: state.epoch,
+                        },
+                        outcome,
+                    )
+                }
+            }
+            LeaseOp::Published { outcome } => (
+                Outcome::Frontier {
+                    next_seq: state.published,
+                },
+                outcome,
+            ),
             LeaseOp::Current { outcome } => match state.holder {
                 Some(holder) => (
                     Outcome::Lease {
@@ -318,6 +371,25 @@ fn outcome_of(result: Result<Option<Lease>, LeaseError>) -> Result<Outcome, Leas
     }
 }
 
+/// A published frontier as the model's outcome.
+///
+/// # Panics
+/// On a device that is no history device: the store holds what no worker published.
+fn frontier_outcome(frontier: &Frontier) -> Outcome {
+    let mut next_seq = [0; HISTORY_DEVICES];
+    for (device, next) in frontier.iter() {
+        let index = device
+            .strip_prefix("device-")
+            .and_then(|index| index.parse::<usize>().ok())
+            .filter(|index| *index < HISTORY_DEVICES)
+            .unwrap_or_else(|| {
+                panic!("H1: the published frontier names {device:?}, which no worker published")
+            });
+        next_seq[index] = next;
+    }
+    Outcome::Frontier { next_seq }
+}
+
 /// One sequential process of a recorded history.
 #[derive(Debug, Clone, Copy)]
 pub struct Worker {
@@ -364,6 +436,7 @@ pub fn run_history_worker(
     let mut rng = Rng::new(seed);
     let name = history_device(device);
     let mut epoch = 0u64;
+    let mut next_seq = 0u64;
     for done in 0..operations {
         if advance_every > 0 && done > 0 && done % advance_every == 0 {
             let op = LeaseOp::Advance { ms: advance_ms };
@@ -381,7 +454,7 @@ pub fn run_history_worker(
                 op,
             });
         }
-        let choice = rng.below(10);
+        let choice = rng.below(12);
         let at = stamp();
         let (op, result) = match choice {
             0..=3 => {
@@ -417,6 +490,45 @@ pub fn run_history_worker(
                     },
                     result,
                 )
+            }
+            10 => {
+                next_seq += 1;
+                let mut frontier = Frontier::new();
+                frontier.raise(&name, next_seq);
+                let result = coordinator
+                    .publish_frontier(HISTORY_AGENT, &name, epoch, &frontier)
+                    .map(|()| None);
+                (
+                    LeaseOp::Publish {
+                        device,
+                        epoch,
+                        next_seq,
+                        outcome: Outcome::Done,
+                    },
+                    result,
+                )
+            }
+            11 => {
+                let published = coordinator.published_frontier(HISTORY_AGENT);
+                let returned_at = stamp();
+                let outcome = match published {
+                    Ok(frontier) => frontier_outcome(&frontier),
+                    Err(error) => panic!("H1: a history operation failed: {error}"),
+                };
+                let op = LeaseOp::Published { outcome };
+                record(Event {
+                    process,
+                    at,
+                    is_return: false,
+                    op: op.clone(),
+                });
+                record(Event {
+                    process,
+                    at: returned_at,
+                    is_return: true,
+                    op,
+                });
+                continue;
             }
             _ => (
                 LeaseOp::Current {
@@ -454,7 +566,18 @@ pub fn run_history_worker(
                 outcome,
             },
             LeaseOp::Current { .. } => LeaseOp::Current { outcome },
-            advance @ LeaseOp::Advance { .. } => advance,
+            LeaseOp::Publish {
+                device,
+                epoch,
+                next_seq,
+                ..
+            } => LeaseOp::Publish {
+                device,
+                epoch,
+                next_seq,
+                outcome,
+            },
+            other @ (LeaseOp::Advance { .. } | LeaseOp::Published { .. }) => other,
         };
         record(Event {
             process,
@@ -480,7 +603,7 @@ pub fn rebase(events: &mut [Event], start_ms: u64) {
             | LeaseOp::Renew { outcome, .. }
             | LeaseOp::Release { outcome, .. }
             | LeaseOp::Current { outcome } => outcome,
-            LeaseOp::Advance { .. } => continue,
+            LeaseOp::Advance { .. } | LeaseOp::Publish { .. } | LeaseOp::Published { .. } => continue,
         };
         if let Outcome::Lease { expires_at_ms, .. } | Outcome::Held { expires_at_ms, .. } = outcome {
             *expires_at_ms = expires_at_ms
