@@ -525,7 +525,11 @@ impl Session {
             Ok(outcome) => Ok(outcome?),
             Err(_) => {
                 self.spoiled = true;
-                Err(CallError::NoAnswer(limit))
+                // What the caller waited: the whole operation's time when its bound cut this call.
+                Err(CallError::NoAnswer(
+                    self.deadline
+                        .map_or(limit, |deadline| deadline.elapsed().max(limit)),
+                ))
             }
         }
     }
