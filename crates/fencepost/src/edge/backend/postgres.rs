@@ -22,7 +22,8 @@
 //! * **Poolers.** Every operation is one simple-query message: its statements run as one implicit
 //!   transaction in one round trip, with values as escaped literals, no prepared statement and no
 //!   session setting; `acquire` alone sends its `COMMIT` in a second message, so that a grant the
-//!   caller gave up waiting for never commits. So it works through PgBouncer in transaction and in
+//!   caller gave up on before sending its `COMMIT` never commits (given up after, it may: the
+//!   error then says it may have applied, and the grant holds the agent until its TTL ends). So it works through PgBouncer in transaction and in
 //!   session mode, and every reply is checked to be about the agent asked for. Statement mode runs
 //!   the lease operations too (`acquire` falls back to one implicit transaction there), but not
 //!   [`fenced_transaction`](PostgresLeaseCoordinator::fenced_transaction), which needs a
@@ -209,8 +210,8 @@ pub enum FencedError<E> {
 /// * One table, `<schema>.leases` (and `<schema>.schema_version`), made by the idempotent
 ///   [`migrate`](Self::migrate).
 /// * Each operation is one round trip (one simple-query message, one implicit transaction), but
-///   `acquire`, whose `COMMIT` is a second one (a grant whose caller gave up waiting never
-///   commits; behind a pooler in statement mode, which refuses that, it falls back to one); each
+///   `acquire`, whose `COMMIT` is a second one (a grant given up before its `COMMIT` was sent
+///   never commits; behind a pooler in statement mode, which refuses that, it falls back to one); each
 ///   write is one statement, serialized by the lease row's lock, and reads the clock only
 ///   after it holds that lock: `acquire` is `INSERT … ON CONFLICT … DO UPDATE … WHERE <free or
 ///   expired> RETURNING …`, `renew` the same with `WHERE <holder and epoch>`, and `release` is
@@ -1523,8 +1524,10 @@ impl PostgresLeaseCoordinator {
     /// sent only once the first answered: a call given up before then (no answer within the
     /// bound) closes the connection, and the server rolls the write back, even one it runs late
     /// (a stopped server that resumes). So only a lost answer to the `COMMIT` leaves the outcome
-    /// unknown. `acquire` uses it: a grant the caller never heard of would otherwise hold the
-    /// agent for a whole TTL after the caller gave up.
+    /// unknown: a `COMMIT` already sent can still run late (one waiting in a stopped server's
+    /// socket), and the error then says the write may have applied. `acquire` uses it: a grant
+    /// the caller never heard of would otherwise hold the agent for a whole TTL after the caller
+    /// gave up, in the first round trip's window as well as the second's.
     fn write_then_read(
         &self,
         operation: &str,
