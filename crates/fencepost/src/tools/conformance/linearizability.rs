@@ -439,20 +439,14 @@ pub fn run_history_worker(
     let mut next_seq = 0u64;
     for done in 0..operations {
         if advance_every > 0 && done > 0 && done % advance_every == 0 {
-            let op = LeaseOp::Advance { ms: advance_ms };
-            record(Event {
-                process,
-                at: stamp(),
-                is_return: false,
-                op: op.clone(),
-            });
+            let at = stamp();
             advance(advance_ms);
-            record(Event {
+            record_operation(
+                record,
                 process,
-                at: stamp(),
-                is_return: true,
-                op,
-            });
+                (at, stamp()),
+                LeaseOp::Advance { ms: advance_ms },
+            );
         }
         let choice = rng.below(12);
         let at = stamp();
@@ -515,19 +509,7 @@ pub fn run_history_worker(
                     Ok(frontier) => frontier_outcome(&frontier),
                     Err(error) => panic!("H1: a history operation failed: {error}"),
                 };
-                let op = LeaseOp::Published { outcome };
-                record(Event {
-                    process,
-                    at,
-                    is_return: false,
-                    op: op.clone(),
-                });
-                record(Event {
-                    process,
-                    at: returned_at,
-                    is_return: true,
-                    op,
-                });
+                record_operation(record, process, (at, returned_at), LeaseOp::Published { outcome });
                 continue;
             }
             _ => (
@@ -579,19 +561,29 @@ pub fn run_history_worker(
             },
             other @ (LeaseOp::Advance { .. } | LeaseOp::Published { .. }) => other,
         };
-        record(Event {
-            process,
-            at,
-            is_return: false,
-            op: op.clone(),
-        });
-        record(Event {
-            process,
-            at: returned_at,
-            is_return: true,
-            op,
-        });
+        record_operation(record, process, (at, returned_at), op);
     }
+}
+
+/// Reports `op`'s call and return, stamped `(called, returned)`, to `record`.
+fn record_operation(
+    record: &mut dyn FnMut(Event),
+    process: usize,
+    (called, returned): (u64, u64),
+    op: LeaseOp,
+) {
+    record(Event {
+        process,
+        at: called,
+        is_return: false,
+        op: op.clone(),
+    });
+    record(Event {
+        process,
+        at: returned,
+        is_return: true,
+        op,
+    });
 }
 
 /// Moves every expiry in `events` so that a history whose clock started at `start_ms` reads as if
