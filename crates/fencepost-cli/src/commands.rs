@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use fencepost::clock::system_clock;
 use fencepost::dispatch::{
     dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
-    RunOutcome, StaleGrant,
+    MissingRecords, RunOutcome, StaleGrant,
 };
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
@@ -21,7 +21,8 @@ use serde_json::json;
 use crate::child::{self, Ending, Signals, Supervision, Watchdog};
 use crate::settings::{parse_duration_ms, Settings};
 use crate::{
-    EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_RAN_FAILED, EXIT_RAN_OK,
+    EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
+    EXIT_RAN_FAILED, EXIT_RAN_OK,
 };
 
 /// The shortest `--ttl` accepted: the keeper renews every third of the TTL and gives the lease up
@@ -55,7 +56,8 @@ pub struct RunArgs {
     /// 1s.
     #[arg(long, default_value = "30s", value_parser = parse_duration_ms, value_name = "DURATION")]
     ttl: u64,
-    /// How long to wait for another host's lease to end before giving up (exit 4).
+    /// How long to wait for another host's lease to end before giving up (exit 4), and then, all
+    /// told, for this host's ledger to receive what the previous holders recorded (exit 7).
     #[arg(long, default_value = "0s", value_parser = parse_duration_ms, value_name = "DURATION")]
     wait: u64,
     /// Stop the command if it still runs after this long (SIGTERM to its process group, SIGKILL
@@ -70,9 +72,10 @@ pub struct RunArgs {
     /// running it twice is harmless).
     #[arg(long)]
     retry_in_doubt: bool,
-    /// Run although the ledger file of DEVICE is damaged: the runs it recorded may run again.
-    /// DEVICE is a device id (a file's name only for a file whose device cannot be read).
-    /// Recorded in this device's log. Repeat for several.
+    /// Run although the ledger file of DEVICE is damaged, or although records of DEVICE that the
+    /// agent's earlier holders published never reached this host's ledger (exit 7 names them):
+    /// the runs they recorded may run again. DEVICE is a device id (a file's name only for a file
+    /// whose device cannot be read). Recorded in this device's log. Repeat for several.
     #[arg(long, value_name = "DEVICE")]
     accept_damaged: Vec<String>,
     /// The command and its arguments.
@@ -139,6 +142,21 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         let covered = ledger
             .accept_damage(device)
             .context("cannot record the accepted damage")?;
+        // Or records of the device that earlier holders published and that never arrived
+        // (rule H3: exit 7 names them): lost for good, the operator says.
+        if covered == 0 {
+            let published = settings
+                .coordinator()?
+                .published_frontier(&args.agent)
+                .with_context(|| format!("cannot read what the holders of {} published", args.agent))?;
+            let missing = ledger
+                .accept_missing(device, &published)
+                .context("cannot record the accepted loss")?;
+            if missing > 0 {
+                err!("fencepost: accepting that {missing} record(s) of {device:?} that earlier holders of {} published are lost; runs they recorded may run again", args.agent);
+                continue;
+            }
+        }
         if covered == 0 {
             crate::usage!(
                 "--accept-damaged {device:?}: no damage of that device (or file) in {}; `fencepost ledger verify` lists what is damaged",
@@ -222,6 +240,20 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
     };
     let epoch = keeper.epoch();
+    // Rule H3: nothing runs until this host's ledger has every record the earlier holders
+    // published (their `pending`s and outcomes): waited for within --wait, holding the lease.
+    match wait_for_ledger(&keeper, &mut ledger, settings, started, args.wait) {
+        Ok(None) => {}
+        Ok(Some(missing)) => {
+            release_quietly(&keeper);
+            err!("{}", ledger_behind_message(agent, &run_id, &missing, settings));
+            return Ok(EXIT_LEDGER_BEHIND);
+        }
+        Err(error) => {
+            release_quietly(&keeper);
+            return Err(error);
+        }
+    }
     let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let options = DispatchOptions::default().retry_in_doubt(args.retry_in_doubt);
     let mut ending = None;
@@ -411,8 +443,97 @@ It may have done its effect, or part of it, so it is in doubt: check, then recor
             err!("fencepost: lost the lease of {agent} before {run_id} could start");
             EXIT_LEASE_LOST
         }
+        DispatchOutcome::LedgerBehind { missing } => {
+            err!("{}", ledger_behind_message(agent, &run_id, &missing, settings));
+            EXIT_LEDGER_BEHIND
+        }
         _ => bail!("an outcome this fencepost does not know"),
     })
+}
+
+/// How often `run` syncs its ledger while it waits for what the previous holders published.
+const LEDGER_POLL: Duration = Duration::from_millis(200);
+
+/// Waits, syncing the ledger, until it has every record the agent's earlier holders published
+/// (rule H3), or until `wait_ms` after `started`; returns what is still missing then (`None`: it
+/// has everything, or the lease was lost meanwhile, which the dispatch reports).
+fn wait_for_ledger(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    settings: &Settings,
+    started: std::time::Instant,
+    wait_ms: u64,
+) -> Result<Option<Vec<MissingRecords>>> {
+    let deadline = started + Duration::from_millis(wait_ms);
+    let mut told = false;
+    loop {
+        // Read right after the grant by the keeper; asked again only when that read failed.
+        let published = match keeper.handed_over() {
+            Some(frontier) => Ok(frontier),
+            None => keeper.coordinator().published_frontier(keeper.agent_id()),
+        };
+        let now = std::time::Instant::now();
+        let missing = match published {
+            Ok(frontier) => Some(ledger.behind(&frontier)),
+            Err(error) if now >= deadline => {
+                return Err(error).context(format!(
+                    "cannot read what the previous holders of {} published",
+                    keeper.agent_id()
+                ));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the published frontier; trying again");
+                None
+            }
+        };
+        let missing = match missing {
+            Some(missing) if missing.is_empty() => return Ok(None),
+            Some(missing) => missing,
+            None => Vec::new(),
+        };
+        if !keeper.holds() {
+            return Ok(None); // the dispatch reports the loss
+        }
+        if now >= deadline {
+            return Ok(Some(missing));
+        }
+        if !told && !missing.is_empty() {
+            told = true;
+            err!(
+                "fencepost: waiting for this host's ledger to receive what the previous holder of {} recorded: {}",
+                keeper.agent_id(),
+                describe_missing(&missing)
+            );
+        }
+        std::thread::sleep(LEDGER_POLL.min(deadline - now));
+        ledger.sync().context("cannot sync the ledger")?;
+        refuse_damage(ledger, settings)?;
+    }
+}
+
+/// The devices and records missing, in a line.
+fn describe_missing(missing: &[MissingRecords]) -> String {
+    missing
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What exit 7 says.
+fn ledger_behind_message(
+    agent: &str,
+    run_id: &str,
+    missing: &[MissingRecords],
+    settings: &Settings,
+) -> String {
+    format!(
+        "fencepost: not run: this host's ledger has not yet received what the previous holder of {agent} recorded (missing: {}), so {run_id} could have run or be running elsewhere. \
+Check that {} is the ledger every host shares (FENCEPOST_LEDGER) and that it syncs, then run again, or wait longer with --wait \
+(if those records are lost for good, --accept-damaged DEVICE runs without them, and what they recorded may run again)",
+        describe_missing(missing),
+        settings.ledger.display()
+    )
 }
 
 /// Releases after a failure; the failure is what gets reported.
@@ -993,6 +1114,10 @@ pub fn simulate(args: SimulateArgs) -> Result<i32> {
             total.refused_at_fence += mode.refused_at_fence;
             total.refused_at_resource += mode.refused_at_resource;
             total.converged &= mode.converged;
+            total.ledger_wait_ms.extend(&mode.ledger_wait_ms);
+            for (call, count) in &mode.coordinator_calls {
+                *total.coordinator_calls.entry(call.clone()).or_insert(0) += count;
+            }
             for (cause, count) in &mode.duplicates_by_cause {
                 *total.duplicates_by_cause.entry(*cause).or_insert(0) += count;
             }

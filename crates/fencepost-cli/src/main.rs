@@ -48,6 +48,9 @@ pub const EXIT_IN_DOUBT: i32 = 5;
 /// The lease was lost (taken, or the coordinator was unreachable too long): before the command
 /// started (not run), or while it ran (it was stopped and recorded failed).
 pub const EXIT_LEASE_LOST: i32 = 6;
+/// Did not run: this host's ledger has not received (within `--wait`) every record that the
+/// agent's earlier holders published (rule H3).
+pub const EXIT_LEDGER_BEHIND: i32 = 7;
 /// An error: unreachable coordinator, unusable ledger folder, bad settings.
 pub const EXIT_ERROR: i32 = 10;
 
@@ -106,6 +109,12 @@ check whether the effect happened, then rerun with --retry-in-doubt, \
 or record it with `fencepost ledger resolve`\n  \
 6   the lease was lost: before the command could start (not run), or while it ran (it was \
 stopped, and the run is in doubt)\n  \
+7   not run: this host's ledger has not yet received what the previous holder recorded (the \
+devices and records missing are named); fencepost waits for it within --wait, holding the lease. \
+Every holder publishes, with its lease, how far it wrote its ledger before each command and after \
+it; a new holder runs nothing until its ledger has caught up, so a ledger that lags (a synced \
+folder still copying, a host whose FENCEPOST_LEDGER is not shared) makes a wait, never a second \
+run\n  \
 10  error (a coordinator that no attempt reached, an unusable or damaged ledger folder, an \
 outcome that could not be written)\n\n\
 Example, the same line in the crontab of three hosts that share a synced ledger folder:\n  \

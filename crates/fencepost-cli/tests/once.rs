@@ -679,14 +679,15 @@ fn d2_a_command_killed_from_outside_leaves_the_run_in_doubt() {
 fn r1_a_replaced_device_file_stays_damage_after_it_grows_back() {
     let shared = Shared::sqlite();
     let effect = append_effect(&shared, "ran");
-    let run = |device: &str, intent: &str| {
+    let run_as = |agent: &str, device: &str, intent: &str| {
         shared.run(
             device,
             &[
-                "run", "--agent", "a", "--intent", intent, "--salt", "s", "--", "sh", "-c", &effect,
+                "run", "--agent", agent, "--intent", intent, "--salt", "s", "--", "sh", "-c", &effect,
             ],
         )
     };
+    let run = |device: &str, intent: &str| run_as("a", device, intent);
     assert_eq!(code(&run("host-1", "x")), 0);
     let file = device_file(&shared, "host-1");
     let seen = seen_file(&shared, "host-1", "");
@@ -696,7 +697,17 @@ fn r1_a_replaced_device_file_stays_damage_after_it_grows_back() {
     std::fs::write(&file, &snapshot.0).unwrap();
     std::fs::write(&seen, &snapshot.1).unwrap();
     assert_eq!(code(&run("host-2", "y")), 10, "the file shrank");
-    assert_eq!(code(&run("host-1", "z")), 0, "host-1 remembers nothing newer");
+    // host-1 remembers nothing newer, but the coordinator does: agent a's holders published
+    // host-1's lost records (rule H3), so host-1 runs nothing of a on what is left.
+    let stopped = run("host-1", "z");
+    assert_eq!(code(&stopped), 7, "{}", text(&stopped.stderr));
+    assert!(
+        text(&stopped.stderr).contains("host-1 records 2..=3"),
+        "{}",
+        text(&stopped.stderr)
+    );
+    // Another agent's run grows the file back past what host-2 saw, with other records.
+    assert_eq!(code(&run_as("b", "host-1", "z")), 0, "nothing of b was published");
     let again = run("host-2", "y");
     assert_eq!(code(&again), 10, "y ran again: {}", text(&again.stderr));
     assert!(

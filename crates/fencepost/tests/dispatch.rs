@@ -231,6 +231,8 @@ fn dispatch_a_zombie_that_passed_the_fence_before_pausing_is_rejected_by_a_fence
         // Past the fence, the laptop pauses; meanwhile its lease expires and the phone acts.
         world.coordinator_clock.advance(TTL_MS);
         let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
+        // Rule H3: the phone has everything the laptop published (its `pending`) first.
+        phone.sync().unwrap();
         let phone_outcome = dispatch(&phone_keeper, &mut phone, "charge-2", |token| {
             resource.apply(token, "phone")
         });
@@ -783,6 +785,9 @@ impl LeaseCoordinator for SlowFence {
         epoch: u64,
         frontier: &fencepost::relay::Frontier,
     ) -> Result<(), fencepost::lease::LeaseError> {
+        // The fence's coordinator call: the `pending`'s publication (rule H2).
+        self.entered.store(true, Ordering::SeqCst);
+        drop(self.gate.lock().unwrap());
         self.inner.publish_frontier(agent_id, device_id, epoch, frontier)
     }
     fn published_frontier(

@@ -12,7 +12,7 @@
 use crate::fold::SyncState;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{LeaseCoordinator, LeaseError};
-use crate::oplog::OpId;
+use crate::oplog::{Frontier, OpId};
 
 /// What a site hands to the resource along with the effect: who acts, for which run, under which
 /// epoch. A resource that refuses an epoch lower than one it has seen for the agent, *and* a run id
@@ -124,4 +124,14 @@ pub trait Holder {
     fn holds(&self) -> bool;
     /// The coordinator to check the lease with.
     fn coordinator(&self) -> &dyn LeaseCoordinator;
+    /// What the agent's earlier holders published (rule H3), if the holder read it when it was
+    /// granted the lease; `None` (the default) makes a dispatch ask the coordinator.
+    fn handed_over(&self) -> Option<Frontier> {
+        None
+    }
+    /// Told that the holder's ledger pushed its records up to `frontier` (rule H2), to publish
+    /// at the next renewal or at the release. The default does nothing.
+    fn pushed(&self, frontier: &Frontier) {
+        let _ = frontier;
+    }
 }

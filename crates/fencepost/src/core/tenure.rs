@@ -6,6 +6,7 @@
 //! with simulated time. Re-exported from [`crate::keeper`].
 
 use crate::lease::{validate_ttl, LeaseError, MAX_EPOCH_FLOOR};
+use crate::oplog::Frontier;
 
 /// The timing of a [`LeaseKeeper`](crate::keeper::LeaseKeeper), in milliseconds of the keeper's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +175,16 @@ pub struct Renewal {
     /// When the renewal that was sent and has not been answered was sent.
     in_flight: Option<u64>,
     lost: Option<LossReason>,
+    /// What the predecessors published (rule H3), read right after the grant; `None` when that
+    /// read failed (then a dispatch reads it itself).
+    handed_over: Option<Frontier>,
+    /// What this holder pushed and has not published yet (rule H2): published after the next
+    /// successful renewal, or before the release.
+    unpublished: Frontier,
+    /// The publication sent and not answered yet.
+    publishing: Option<Frontier>,
+    /// A renewal succeeded since the last publication was sent: publish what is unpublished.
+    publish_due: bool,
 }
 
 /// What a [`Renewal`] asks its driver to do next.
@@ -193,6 +204,15 @@ pub enum RenewalStep {
         /// When to call [`Renewal::step`] again at the latest.
         at_ms: u64,
     },
+    /// Send `publish_frontier(epoch, frontier)` now (rule H2: what this holder pushed since its
+    /// last publication, after a successful renewal), and pass its answer to
+    /// [`Renewal::published`].
+    Publish {
+        /// The epoch held.
+        epoch: u64,
+        /// What to publish.
+        frontier: Frontier,
+    },
     /// The lease is lost; the machine stays lost.
     Lost(LossReason),
 }
@@ -209,6 +229,55 @@ impl Renewal {
             last_error: None,
             in_flight: None,
             lost: None,
+            handed_over: None,
+            unpublished: Frontier::new(),
+            publishing: None,
+            publish_due: false,
+        }
+    }
+
+    /// The frontier the predecessors published (rule H3), as read right after the grant: the
+    /// ledger must have received at least this before anything is dispatched. `None` when it
+    /// could not be read (ask the coordinator before dispatching).
+    pub fn handed_over(&self) -> Option<&Frontier> {
+        self.handed_over.as_ref()
+    }
+
+    /// Takes in that this holder pushed the records up to `frontier` (rule H2): they are
+    /// published after the next successful renewal ([`RenewalStep::Publish`]), or before the
+    /// release ([`unpublished`](Self::unpublished)).
+    pub fn pushed(&mut self, frontier: &Frontier) {
+        self.unpublished.merge(frontier);
+    }
+
+    /// What was pushed and not published yet (empty when nothing is): a release publishes it
+    /// first, so that the successor waits for the outcome, not only for the `pending`.
+    pub fn unpublished(&self) -> &Frontier {
+        &self.unpublished
+    }
+
+    /// Takes in the answer, at `now_ms`, to [`RenewalStep::Publish`]. `Lost` loses the lease
+    /// (a zombie cannot publish); any other error keeps the frontier for the next renewal.
+    pub fn published(&mut self, now_ms: u64, outcome: Result<(), LeaseError>) {
+        let _ = now_ms;
+        let Some(sent) = self.publishing.take() else {
+            return;
+        };
+        if self.lost.is_some() {
+            return;
+        }
+        match outcome {
+            Ok(()) => {
+                if self.unpublished == sent {
+                    self.unpublished = Frontier::new();
+                }
+            }
+            Err(LeaseError::Lost { current_epoch, .. }) => {
+                self.lost = Some(LossReason::Stolen { current_epoch });
+            }
+            Err(error) => {
+                tracing::debug!(%error, "the publication failed; it is sent again after the next renewal");
+            }
         }
     }
 
@@ -250,14 +319,23 @@ impl Renewal {
             self.lost = Some(reason.clone());
             return RenewalStep::Lost(reason);
         }
-        if self.in_flight.is_none() && now_ms >= self.next_attempt_ms {
+        let busy = self.in_flight.is_some() || self.publishing.is_some();
+        if !busy && now_ms >= self.next_attempt_ms {
             self.in_flight = Some(now_ms);
             return RenewalStep::Renew {
                 epoch: self.epoch,
                 ttl_ms: self.config.ttl_ms,
             };
         }
-        let at_ms = if self.in_flight.is_some() {
+        if !busy && self.publish_due && !self.unpublished.is_empty() {
+            self.publish_due = false;
+            self.publishing = Some(self.unpublished.clone());
+            return RenewalStep::Publish {
+                epoch: self.epoch,
+                frontier: self.unpublished.clone(),
+            };
+        }
+        let at_ms = if busy {
             deadline
         } else {
             self.next_attempt_ms.min(deadline)
@@ -293,6 +371,7 @@ impl Renewal {
                 self.expires_at_ms = lease.expires_at_ms;
                 self.next_attempt_ms = sent_ms.saturating_add(self.config.renew_every_ms);
                 self.last_error = None;
+                self.publish_due = true;
             }
             Err(error) => {
                 self.lost = Some(LossReason::Refused {
@@ -318,6 +397,7 @@ impl Renewal {
 /// ```
 /// use fencepost::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig};
 /// use fencepost::lease::{Lease, LeaseError};
+/// use fencepost::relay::Frontier;
 ///
 /// let config = KeeperConfig::new(900); // try to acquire every 225 ms
 /// let plan = AcquirePlan { agent_id: "milo".into(), ledger_epoch: 7, started_ms: 0, max_wait_ms: 1_000 };
@@ -331,10 +411,13 @@ impl Renewal {
 /// assert_eq!(acquisition.step(227), AcquireStep::Acquire { ttl_ms: 900 });
 /// let lease = Lease { agent_id: "milo".into(), holder: "laptop".into(), epoch: 9, expires_at_ms: 1_130 };
 /// acquisition.acquired(230, Ok(lease));
-/// let AcquireStep::Granted(renewal) = acquisition.step(230) else { unreachable!() };
+/// // Then what the predecessors published (rule H3).
+/// assert_eq!(acquisition.step(230), AcquireStep::ReadFrontier);
+/// acquisition.frontier_read(231, Ok(Frontier::new()));
+/// let AcquireStep::Granted(renewal) = acquisition.step(231) else { unreachable!() };
 /// // The renewal counts from when the acquire was sent.
 /// assert_eq!((renewal.epoch(), renewal.deadline_ms()), (9, 227 + 600));
-/// assert_eq!(acquisition.step(231), AcquireStep::Spent);
+/// assert_eq!(acquisition.step(232), AcquireStep::Spent);
 /// ```
 #[derive(Debug)]
 pub struct Acquisition {
@@ -348,9 +431,11 @@ pub struct Acquisition {
     in_flight: Option<u64>,
     /// The last `Held` refusal.
     last_held: Option<LeaseError>,
-    /// The grant (with when its acquire was sent) or the error that ended the wait, until
+    /// The grant (with when its acquire was sent) whose published frontier is still to read.
+    granted: Option<(crate::lease::Lease, u64)>,
+    /// The tenure granted (once the frontier was read) or the error that ended the wait, until
     /// [`step`](Acquisition::step) hands it over.
-    ended: Option<Result<(crate::lease::Lease, u64), KeeperError>>,
+    ended: Option<Result<Renewal, KeeperError>>,
     spent: bool,
 }
 
@@ -385,6 +470,10 @@ pub enum AcquireStep {
         /// The TTL to ask for.
         ttl_ms: u64,
     },
+    /// The lease was granted: call `published_frontier(agent)` now (rule H3: what the
+    /// predecessors pushed, which the ledger must have before anything is dispatched) and pass
+    /// the answer to [`Acquisition::frontier_read`].
+    ReadFrontier,
     /// Nothing to do before `at_ms` (or before the call asked for is answered).
     WaitUntil {
         /// When to call [`Acquisition::step`] again.
@@ -403,6 +492,7 @@ impl PartialEq for AcquireStep {
         match (self, other) {
             (Self::RaiseFloor { floor: a }, Self::RaiseFloor { floor: b }) => a == b,
             (Self::Acquire { ttl_ms: a }, Self::Acquire { ttl_ms: b }) => a == b,
+            (Self::ReadFrontier, Self::ReadFrontier) => true,
             (Self::WaitUntil { at_ms: a }, Self::WaitUntil { at_ms: b }) => a == b,
             (Self::Granted(a), Self::Granted(b)) => a == b,
             (Self::GaveUp(a), Self::GaveUp(b)) => a.to_string() == b.to_string(),
@@ -430,6 +520,7 @@ impl Acquisition {
             ledger_epoch: plan.ledger_epoch,
             in_flight: None,
             last_held: None,
+            granted: None,
             ended,
             spent: false,
         }
@@ -443,9 +534,16 @@ impl Acquisition {
         if let Some(ended) = self.ended.take() {
             self.spent = true;
             return match ended {
-                Ok((lease, sent_ms)) => AcquireStep::Granted(Renewal::new(self.config, &lease, sent_ms)),
+                Ok(renewal) => AcquireStep::Granted(renewal),
                 Err(error) => AcquireStep::GaveUp(error),
             };
+        }
+        if self.granted.is_some() {
+            if self.in_flight.is_some() {
+                return AcquireStep::WaitUntil { at_ms: now_ms };
+            }
+            self.in_flight = Some(now_ms);
+            return AcquireStep::ReadFrontier;
         }
         if self.in_flight.is_some() || now_ms < self.next_attempt_ms {
             return AcquireStep::WaitUntil {
@@ -482,9 +580,32 @@ impl Acquisition {
             return;
         };
         match outcome {
-            Ok(lease) => self.ended = Some(Ok((lease, sent_ms))),
+            Ok(lease) => self.granted = Some((lease, sent_ms)),
             Err(error) => self.refused(now_ms, error),
         }
+    }
+
+    /// Takes in the answer, at `now_ms`, to [`AcquireStep::ReadFrontier`]. The lease is held
+    /// either way; a failed read leaves the frontier unknown ([`Renewal::handed_over`] is
+    /// `None`), and a dispatch then reads it itself.
+    pub fn frontier_read(&mut self, now_ms: u64, outcome: Result<Frontier, LeaseError>) {
+        let _ = now_ms;
+        if self.in_flight.take().is_none() {
+            return;
+        }
+        let Some((lease, sent_ms)) = self.granted.take() else {
+            return;
+        };
+        let handed_over = match outcome {
+            Ok(frontier) => Some(frontier),
+            Err(error) => {
+                tracing::debug!(agent_id = %self.agent_id, %error, "cannot read the published frontier after the grant");
+                None
+            }
+        };
+        let mut renewal = Renewal::new(self.config, &lease, sent_ms);
+        renewal.handed_over = handed_over;
+        self.ended = Some(Ok(renewal));
     }
 
     /// A refusal or failure: wait and try again (within the wait), or give up.

@@ -8,16 +8,22 @@
 //!    shutdown waits for the effect;
 //! 2. refuses a run the oracle already has (`AlreadyCommitted`: nothing is written);
 //! 3. refuses to write below the agent's known fencing epoch (an error: such a `pending` would be
-//!    fenced on arrival, and the effect would run unrecorded);
+//!    fenced on arrival, and the effect would run unrecorded), and refuses while the ledger lacks
+//!    records that the agent's earlier holders published (`LedgerBehind`, rule H3: a run they
+//!    began or finished would look new; sync and try again);
 //! 4. appends `pending` at the held epoch and pushes it to the relay **before** the effect, so that
 //!    every other site can see the attempt even if this one dies mid-effect; if another writer of
 //!    this device (a thread or process sharing the device id) appended a `pending` of the same run
 //!    since this ledger last looked, the first one in the log runs and this call returns
 //!    `ConcurrentAttempt`;
-//! 5. asks [`check_dispatch`] (oracle, then coordinator); anything but `Proceed` records `failed`
-//!    and returns the verdict, without running the effect;
+//! 5. the fence (rule D1): the oracle again, then the coordinator, by publishing what the device
+//!    has pushed, the `pending` included (rule H2: only the holder at its epoch can publish, so
+//!    this is "am I still the holder at epoch N?", and a successor will wait for the `pending`);
+//!    a refusal records `failed` and returns the verdict ([`check_dispatch`] names the holder),
+//!    without running the effect;
 //! 6. runs the effect with a [`FencingToken`] `{agent_id, run_id, epoch}` to pass to any resource
-//!    that checks tokens, and records `committed` or `failed` by its result.
+//!    that checks tokens, records `committed` or `failed` by its result, and has the keeper
+//!    publish it after its next renewal or before its release.
 //!
 //! # What stays open, and in-doubt runs
 //!
@@ -46,7 +52,9 @@ use crate::oplog::{LogError, OpId, OpRecord};
 use crate::relay::{RelayError, RelayProblem};
 
 pub use crate::fence::FencingToken;
-pub use crate::ledger::{InDoubtRun, Ledger, LedgerOptions, LedgerState, StaleGrant, SyncReport};
+pub use crate::ledger::{
+    InDoubtRun, Ledger, LedgerOptions, LedgerState, MissingRecords, StaleGrant, SyncReport,
+};
 pub use crate::resource::{FencedResource, ResourceRefusal};
 
 /// A [`Ledger`] or [`dispatch`] error.
@@ -190,6 +198,14 @@ pub enum DispatchOutcome<T, E> {
     ConcurrentAttempt {
         /// The other attempt.
         run: InDoubtRun,
+    },
+    /// This site's ledger has not received every record that the agent's earlier holders
+    /// published (rule H3): a run they began or finished could look new here. Nothing ran,
+    /// nothing was written. [`Ledger::sync`] (the relay is behind: a synced folder still
+    /// copying, another host's ledger not shared at all) and try again.
+    LedgerBehind {
+        /// What is missing, per device.
+        missing: Vec<MissingRecords>,
     },
 }
 
@@ -352,6 +368,8 @@ pub fn dispatch_effect<T, E>(
     if let Err(error) = permit.finish(ledger, outcome) {
         tracing::warn!(%error, run_id, "could not store the outcome; it stays queued for the next sync");
     }
+    // Published at the next renewal or at the release (rule H2).
+    keeper.pushed(&ledger.pushed());
     drop(guard);
     Ok(DispatchOutcome::Executed { epoch, result })
 }
@@ -392,6 +410,11 @@ pub enum Refusal {
         /// The other attempt.
         run: InDoubtRun,
     },
+    /// As [`DispatchOutcome::LedgerBehind`]: nothing written.
+    LedgerBehind {
+        /// What is missing, per device.
+        missing: Vec<MissingRecords>,
+    },
     /// As the errors of [`dispatch`].
     Error(DispatchError),
 }
@@ -430,6 +453,7 @@ impl Refusal {
             Refusal::NotHeld { claimed_epoch } => DispatchOutcome::NotHeld { claimed_epoch },
             Refusal::InDoubt { run } => DispatchOutcome::InDoubt { run },
             Refusal::ConcurrentAttempt { run } => DispatchOutcome::ConcurrentAttempt { run },
+            Refusal::LedgerBehind { missing } => DispatchOutcome::LedgerBehind { missing },
             Refusal::Error(error) => return Err(error),
         })
     }
@@ -601,6 +625,16 @@ impl Ledger {
             }
             .into());
         }
+        // Rule H3: every record the earlier holders published must be here first, or a run they
+        // began or finished looks new.
+        let published = match holder.handed_over() {
+            Some(frontier) => frontier,
+            None => holder.coordinator().published_frontier(agent_id)?,
+        };
+        let missing = self.behind(&published);
+        if !missing.is_empty() {
+            return Err(Refusal::LedgerBehind { missing });
+        }
         if let Some(run) = self.in_doubt_run(agent_id, run_id, epoch) {
             if !options.retry_in_doubt {
                 return Err(Refusal::InDoubt { run });
@@ -635,20 +669,40 @@ impl Ledger {
                 tracing::warn!(%error, run_id, "could not store a failed intent; it stays queued");
             }
         };
-        let decision = match check_dispatch(
-            holder.coordinator(),
-            self.state(),
-            agent_id,
-            run_id,
-            holder.device_id(),
-            epoch,
-        ) {
-            Ok(decision) => decision,
-            Err(error) => {
-                refuse(self);
-                return Err(error.into());
-            }
-        };
+        // The fence (rule D1). The oracle first: the append may have brought a commit of the
+        // run (another writer of this device).
+        if let Some(committed) = self.state().committed_run(agent_id, run_id) {
+            let committed_op_id = committed.op_id;
+            refuse(self);
+            return Err(Refusal::AlreadyCommitted { committed_op_id });
+        }
+        // Then the coordinator, by publishing the `pending` (rule H2): the publication succeeds
+        // only for the holder at its epoch, so it is the fence's "am I still the holder at epoch
+        // N?" and costs no round trip of its own. A successor, which reads the published frontier
+        // after its grant, waits for this `pending` before it dispatches anything (rule H3).
+        let decision =
+            match holder
+                .coordinator()
+                .publish_frontier(agent_id, holder.device_id(), epoch, &self.pushed())
+            {
+                Ok(()) => FenceDecision::Proceed,
+                // Refused: the full verdict (who holds it now) from the fence's read.
+                Err(LeaseError::Lost { .. }) => match check_dispatch(
+                    holder.coordinator(),
+                    self.state(),
+                    agent_id,
+                    run_id,
+                    holder.device_id(),
+                    epoch,
+                ) {
+                    Ok(FenceDecision::Proceed) | Err(_) => FenceDecision::NotHeld { claimed_epoch: epoch },
+                    Ok(decision) => decision,
+                },
+                Err(error) => {
+                    refuse(self);
+                    return Err(error.into());
+                }
+            };
         tracing::debug!(agent_id, run_id, epoch, ?decision, "fence decision");
         let refusal = match decision {
             FenceDecision::Proceed => None,

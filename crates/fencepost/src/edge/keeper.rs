@@ -149,10 +149,13 @@ fn call_on_lost(callback: OnLost, loss: &Loss) {
     }
 }
 
-/// The answer to a renewal, posted by the thread that sent it.
+/// The answer to a call of the [`Renewal`] machine, posted by the thread that sent it.
 #[derive(Debug)]
-struct Answer {
-    outcome: Result<crate::lease::Lease, LeaseError>,
+enum Answer {
+    /// To a renewal.
+    Renewed(Result<crate::lease::Lease, LeaseError>),
+    /// To a publication (rule H2).
+    Published(Result<(), LeaseError>),
 }
 
 #[derive(Debug)]
@@ -160,7 +163,7 @@ struct State {
     phase: Phase,
     /// The renewal protocol (keeper clock), which this driver runs.
     renewal: Renewal,
-    /// The answer to the last renewal, until the keeper's thread takes it.
+    /// The answer to the last call, until the keeper's thread takes it.
     answer: Option<Answer>,
     /// The answer to the release, until the shutdown takes it.
     released: Option<Result<(), LeaseError>>,
@@ -246,14 +249,41 @@ impl Shared {
     /// Sends a renewal from a thread of its own, which posts the answer: however long the
     /// coordinator takes, the keeper's thread stays free to declare the loss at the deadline.
     fn send_renewal(self: &Arc<Self>, epoch: u64, ttl_ms: u64) -> Result<(), std::io::Error> {
+        self.send(move |shared| {
+            Answer::Renewed(
+                shared
+                    .coordinator
+                    .renew(&shared.agent_id, &shared.device_id, epoch, ttl_ms),
+            )
+        })
+    }
+
+    /// Sends a publication (rule H2) the same way.
+    fn send_publication(
+        self: &Arc<Self>,
+        epoch: u64,
+        frontier: crate::relay::Frontier,
+    ) -> Result<(), std::io::Error> {
+        self.send(move |shared| {
+            Answer::Published(shared.coordinator.publish_frontier(
+                &shared.agent_id,
+                &shared.device_id,
+                epoch,
+                &frontier,
+            ))
+        })
+    }
+
+    fn send(
+        self: &Arc<Self>,
+        call: impl FnOnce(&Shared) -> Answer + Send + 'static,
+    ) -> Result<(), std::io::Error> {
         let shared = Arc::clone(self);
         std::thread::Builder::new()
             .name(format!("fencepost-renew-{}", self.agent_id))
             .spawn(move || {
-                let outcome = shared
-                    .coordinator
-                    .renew(&shared.agent_id, &shared.device_id, epoch, ttl_ms);
-                shared.lock().answer = Some(Answer { outcome });
+                let answer = call(&shared);
+                shared.lock().answer = Some(answer);
                 shared.changed.notify_all();
             })
             .map(drop)
@@ -271,18 +301,27 @@ impl Shared {
                 return;
             }
             let now = self.clock.now_ms();
-            if let Some(Answer { outcome }) = state.answer.take() {
-                let epoch = state.renewal.epoch();
-                match &outcome {
-                    Ok(lease) => {
-                        tracing::debug!(agent_id = %self.agent_id, epoch, expires_at_ms = lease.expires_at_ms, "lease renewed")
+            match state.answer.take() {
+                Some(Answer::Renewed(outcome)) => {
+                    let epoch = state.renewal.epoch();
+                    match &outcome {
+                        Ok(lease) => {
+                            tracing::debug!(agent_id = %self.agent_id, epoch, expires_at_ms = lease.expires_at_ms, "lease renewed")
+                        }
+                        Err(LeaseError::Backend(error)) => {
+                            tracing::warn!(agent_id = %self.agent_id, epoch, %error, "lease renewal failed; retrying")
+                        }
+                        Err(_) => {}
                     }
-                    Err(LeaseError::Backend(error)) => {
-                        tracing::warn!(agent_id = %self.agent_id, epoch, %error, "lease renewal failed; retrying")
-                    }
-                    Err(_) => {}
+                    state.renewal.answered(now, outcome);
                 }
-                state.renewal.answered(now, outcome);
+                Some(Answer::Published(outcome)) => {
+                    if let Err(error) = &outcome {
+                        tracing::warn!(agent_id = %self.agent_id, %error, "publishing the ledger frontier failed");
+                    }
+                    state.renewal.published(now, outcome);
+                }
+                None => {}
             }
             match state.renewal.step(now) {
                 RenewalStep::Lost(reason) => {
@@ -292,13 +331,15 @@ impl Shared {
                 RenewalStep::Renew { epoch, ttl_ms } => {
                     if let Err(error) = self.send_renewal(epoch, ttl_ms) {
                         tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a renewal; retrying");
-                        let failure = LeaseError::Backend(crate::lease::BackendError {
-                            backend: "keeper",
-                            message: format!("cannot start a renewal: {error}"),
-                            may_have_applied: false,
-                            source: None,
-                        });
-                        state.renewal.answered(now, Err(failure));
+                        state.renewal.answered(now, Err(not_started("a renewal", &error)));
+                    }
+                }
+                RenewalStep::Publish { epoch, frontier } => {
+                    if let Err(error) = self.send_publication(epoch, frontier) {
+                        tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a publication; trying after the next renewal");
+                        state
+                            .renewal
+                            .published(now, Err(not_started("a publication", &error)));
                     }
                 }
                 RenewalStep::WaitUntil { at_ms } => {
@@ -307,6 +348,16 @@ impl Shared {
             }
         }
     }
+}
+
+/// The transient error of a call the keeper could not start (no thread to send it from).
+fn not_started(call: &str, error: &std::io::Error) -> LeaseError {
+    LeaseError::Backend(crate::lease::BackendError {
+        backend: "keeper",
+        message: format!("cannot start {call}: {error}"),
+        may_have_applied: false,
+        source: None,
+    })
 }
 
 /// Builds a [`LeaseKeeper`]: [`LeaseKeeper::builder`].
@@ -418,6 +469,10 @@ impl KeeperBuilder {
                     while self.clock.now_ms() < at_ms {
                         std::thread::sleep(self.clock.slice(at_ms - self.clock.now_ms()));
                     }
+                }
+                AcquireStep::ReadFrontier => {
+                    let outcome = self.coordinator.published_frontier(&self.agent_id);
+                    acquisition.frontier_read(self.clock.now_ms(), outcome);
                 }
                 AcquireStep::Granted(renewal) => break renewal,
                 AcquireStep::GaveUp(error) => return Err(error),
@@ -572,6 +627,14 @@ impl crate::fence::Holder for WorkGuard<'_> {
     fn coordinator(&self) -> &dyn LeaseCoordinator {
         self.keeper.coordinator()
     }
+
+    fn handed_over(&self) -> Option<crate::relay::Frontier> {
+        self.keeper.handed_over()
+    }
+
+    fn pushed(&self, frontier: &crate::relay::Frontier) {
+        self.keeper.pushed(frontier);
+    }
 }
 
 impl Drop for WorkGuard<'_> {
@@ -625,6 +688,24 @@ impl LeaseKeeper {
     /// The epoch granted to this keeper (the fencing token), held or not.
     pub fn epoch(&self) -> u64 {
         self.shared.lock().renewal.epoch()
+    }
+
+    /// What the agent's earlier holders published (rule H3), read right after the grant: this
+    /// site's ledger must have received every record up to it before anything is dispatched
+    /// ([`Ledger::behind`](crate::ledger::Ledger::behind)). `None` when the read failed (a
+    /// dispatch then asks the coordinator itself).
+    pub fn handed_over(&self) -> Option<crate::relay::Frontier> {
+        self.shared.lock().renewal.handed_over().cloned()
+    }
+
+    /// Tells the keeper that this holder pushed its ledger's records up to `frontier` (rule H2):
+    /// it publishes them after its next successful renewal, or before its release, so that a
+    /// successor waits for them. [`dispatch`](crate::dispatch::dispatch) calls it after storing
+    /// an outcome; call it yourself after [`Permit::finish`](crate::dispatch::Permit::finish) or
+    /// [`Ledger::record`](crate::ledger::Ledger::record), with
+    /// [`Ledger::pushed`](crate::ledger::Ledger::pushed).
+    pub fn pushed(&self, frontier: &crate::relay::Frontier) {
+        self.shared.lock().renewal.pushed(frontier);
     }
 
     /// The coordinator's expiry after the last successful renewal (coordinator time).
@@ -721,6 +802,9 @@ impl LeaseKeeper {
         }
         state.phase = Phase::Releasing;
         let epoch = state.renewal.epoch();
+        // What was pushed and not published yet (an outcome, rule H2) goes first, so that the
+        // successor waits for it and does not take a finished run for one in doubt.
+        let unpublished = state.renewal.unpublished().clone();
         let give_up_ms = state
             .renewal
             .deadline_ms()
@@ -730,6 +814,17 @@ impl LeaseKeeper {
         let sent = std::thread::Builder::new()
             .name(format!("fencepost-release-{}", shared.agent_id))
             .spawn(move || {
+                if !unpublished.is_empty() {
+                    let published = releaser.coordinator.publish_frontier(
+                        &releaser.agent_id,
+                        &releaser.device_id,
+                        epoch,
+                        &unpublished,
+                    );
+                    if let Err(error) = published {
+                        tracing::warn!(agent_id = %releaser.agent_id, epoch, %error, "cannot publish the ledger frontier before the release; a successor may find the last run in doubt");
+                    }
+                }
                 let released = releaser
                     .coordinator
                     .release(&releaser.agent_id, &releaser.device_id, epoch);

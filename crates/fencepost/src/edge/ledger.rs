@@ -33,6 +33,34 @@ pub struct InDoubtRun {
     pub op_id: OpId,
 }
 
+/// Records of one device that the agent's earlier holders pushed and published (rule H3) and
+/// that this site's ledger has not received yet: [`Ledger::behind`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingRecords {
+    /// The device.
+    pub device_id: String,
+    /// How many of its records the ledger has (the next seq it lacks).
+    pub has: u64,
+    /// How many were published (the ledger needs every record below this seq).
+    pub needs: u64,
+}
+
+impl std::fmt::Display for MissingRecords {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.has + 1 == self.needs {
+            write!(formatter, "{} record {}", self.device_id, self.has)
+        } else {
+            write!(
+                formatter,
+                "{} records {}..={}",
+                self.device_id,
+                self.has,
+                self.needs.saturating_sub(1)
+            )
+        }
+    }
+}
+
 /// What a [`Ledger::sync`] moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SyncReport {
@@ -269,6 +297,36 @@ impl Ledger {
         Ok(covered.len())
     }
 
+    /// Accepts that the records of `device` that the agent's earlier holders published
+    /// (`published`, from [`LeaseCoordinator::published_frontier`](crate::lease::LeaseCoordinator::published_frontier))
+    /// and that this ledger lacks are lost for good (a host whose ledger was never shared, a
+    /// disk that died): [`behind`](Self::behind) no longer waits for that device, in this ledger,
+    /// so the runs those records settled may run again. The decision is recorded in this
+    /// device's log (surface `log/fencepost.accept-missing`, with the records missing). Returns
+    /// how many records it covers; when none (the ledger lacks nothing of `device`), nothing is
+    /// recorded or accepted.
+    ///
+    /// # Errors
+    /// [`DispatchError::Relay`] when the record cannot be stored (nothing is accepted then).
+    pub fn accept_missing(&mut self, device: &str, published: &Frontier) -> Result<u64, DispatchError> {
+        let Some(missing) = self
+            .view
+            .frontier
+            .lacking(published)
+            .into_iter()
+            .find(|(lacking, _, _)| lacking == device)
+        else {
+            return Ok(0);
+        };
+        let (_, has, needs) = missing;
+        self.append_now(
+            Surface::log("fencepost.accept-missing"),
+            serde_json::json!({"device": device, "has": has, "published": needs}),
+        )?;
+        self.accepted.insert(device.to_owned());
+        Ok(needs - has)
+    }
+
     /// Appends an intent to this device's log and stores it through the relay at once (under the
     /// relay's claim on the device's log), then folds it. For recording the outcome of a reconciled
     /// in-doubt run; [`dispatch`](crate::dispatch::dispatch) records its own.
@@ -457,6 +515,37 @@ impl Ledger {
                 }
             }
         }
+    }
+
+    /// What this device has stored in the relay: its own log's next seq, as a frontier of one
+    /// device. What a holder publishes (rule H2; [`LeaseKeeper::pushed`](crate::keeper::LeaseKeeper::pushed)).
+    pub fn pushed(&self) -> Frontier {
+        let mut frontier = Frontier::new();
+        let next_seq = self.log.head().next_seq();
+        if next_seq > 0 {
+            frontier.raise(self.device_id(), next_seq);
+        }
+        frontier
+    }
+
+    /// What this ledger lacks of `published` (rule H3): per device, the records that the agent's
+    /// earlier holders pushed and published and that have not reached this site yet, in device
+    /// order. Empty when the ledger has everything. A device whose damage was accepted
+    /// ([`accept_damage`](Self::accept_damage)) is not waited for. [`Ledger::begin`] refuses to
+    /// dispatch while anything is missing ([`Refusal::LedgerBehind`](crate::dispatch::Refusal::LedgerBehind)):
+    /// [`sync`](Self::sync) and ask again.
+    pub fn behind(&self, published: &Frontier) -> Vec<MissingRecords> {
+        self.view
+            .frontier
+            .lacking(published)
+            .into_iter()
+            .filter(|(device, _, _)| !self.accepted.contains(device))
+            .map(|(device_id, has, needs)| MissingRecords {
+                device_id,
+                has,
+                needs,
+            })
+            .collect()
     }
 
     /// The runs of `agent_id` in doubt for a holder at `held_epoch` (rule D2); see

@@ -18,7 +18,7 @@ impl World<'_> {
             GuardMode::Fence | GuardMode::Token => {
                 let name = agent_name(flight.agent);
                 let still_held = matches!(
-                    self.coordinator.current(&name),
+                    self.coordinator.inner.current(&name),
                     Ok(Some(lease)) if lease.holder == self.sites[index].name && lease.epoch == flight.epoch
                 );
                 match (still_held, flight.paused) {
@@ -36,11 +36,15 @@ impl World<'_> {
             GuardMode::None => Cause::NoGuard,
             GuardMode::Lease => Cause::NoFence,
             // One of the two effects was a zombie, or the second site had not heard of the first.
-            GuardMode::Fence | GuardMode::Token => stale.or(earlier_stale).unwrap_or(if flight.lagging {
-                Cause::LedgerLag
-            } else {
-                Cause::Unexplained
-            }),
+            GuardMode::Fence | GuardMode::Token => {
+                stale.or(earlier_stale).unwrap_or(if flight.frontier_lost {
+                    Cause::FrontierLost
+                } else if flight.lagging {
+                    Cause::LedgerLag
+                } else {
+                    Cause::Unexplained
+                })
+            }
         });
         self.report.effects += 1;
         if let Some(cause) = duplicate {

@@ -100,8 +100,13 @@ pub enum Cause {
     LeaseLostInFlight,
     /// The site held the lease and passed the fence, but an earlier attempt's `committed` (or its
     /// `pending`, when that attempt's site died mid-effect) had not reached its ledger through the
-    /// relay yet.
+    /// relay yet. Rule H3 makes the new holder wait for what its predecessors published, so this
+    /// stays at 0 unless the protocol has a hole.
     LedgerLag,
+    /// As `LedgerLag`, but the earlier attempt was published to a coordinator state that was lost
+    /// since (a fail-over to a replica without it, a wiped store): the new holder had nothing to
+    /// wait for. A durable coordinator keeps the published frontier (rule H4).
+    FrontierLost,
     /// None of the above: a bug in the protocol or the simulator.
     Unexplained,
 }
@@ -244,6 +249,12 @@ pub struct ModeReport {
     pub refused_at_resource: u64,
     /// Whether every site's folded ledger has the same `state_hash` at the end.
     pub converged: bool,
+    /// How long each wait of a new holder for its ledger lasted (rule H3: the dispatches it
+    /// refused with `LedgerBehind`, what `fencepost run` exits 7 for when `--wait` runs out), in
+    /// ms: until the ledger had caught up, or until the tenure ended.
+    pub ledger_wait_ms: Vec<u64>,
+    /// The coordinator calls the sites made, by method.
+    pub coordinator_calls: BTreeMap<String, u64>,
     /// Every effect, in order.
     #[serde(skip)]
     pub effect_log: Vec<Effect>,

@@ -56,6 +56,29 @@ pub fn render_table(report: &SimReport) -> String {
             }
         );
     }
+    for mode in report.modes.iter().filter(|mode| {
+        !mode.ledger_wait_ms.is_empty() || mode.coordinator_calls.contains_key("publish_frontier")
+    }) {
+        let mut waits = mode.ledger_wait_ms.clone();
+        waits.sort_unstable();
+        let median = waits.get(waits.len() / 2).copied().unwrap_or(0);
+        let max = waits.last().copied().unwrap_or(0);
+        let per_effect = |call: &str| {
+            let count = mode.coordinator_calls.get(call).copied().unwrap_or(0);
+            count as f64 / mode.effects.max(1) as f64
+        };
+        let _ = writeln!(
+            out,
+            "{:<6} hand-off: {} wait(s) for the ledger (median {median} ms, max {max} ms); per effect: {:.2} publish_frontier, {:.2} published_frontier, {:.2} current, {:.2} renew, {:.2} acquire",
+            mode.mode.name(),
+            waits.len(),
+            per_effect("publish_frontier"),
+            per_effect("published_frontier"),
+            per_effect("current"),
+            per_effect("renew"),
+            per_effect("acquire"),
+        );
+    }
     out
 }
 
@@ -67,6 +90,7 @@ pub fn cause_name(cause: Cause) -> &'static str {
         Cause::PauseAfterFence => "pause_after_fence",
         Cause::LeaseLostInFlight => "lease_lost_in_flight",
         Cause::LedgerLag => "ledger_lag",
+        Cause::FrontierLost => "frontier_lost",
         Cause::Unexplained => "unexplained",
     }
 }

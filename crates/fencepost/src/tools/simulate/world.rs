@@ -13,18 +13,105 @@ use crate::dispatch::{
 };
 use crate::fence::Holder;
 use crate::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig, Renewal, RenewalStep};
-use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
-use crate::relay::{InMemoryRelay, Relay, RelayError};
+use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator, LeaseError};
+use crate::relay::{Frontier, InMemoryRelay, Relay, RelayError};
 use crate::rng::mix;
 use crate::run_id::deterministic_run_id;
+
+/// The coordinator, counting the calls the protocol makes (the simulator's own bookkeeping asks
+/// `inner` directly, uncounted).
+pub(super) struct Counted {
+    pub(super) inner: Box<dyn LeaseCoordinator>,
+    calls: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Counted {
+    fn new(inner: Box<dyn LeaseCoordinator>) -> Self {
+        Self {
+            inner,
+            calls: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn count(&self, call: &'static str) {
+        *self
+            .calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(call)
+            .or_insert(0) += 1;
+    }
+
+    fn calls(&self) -> BTreeMap<String, u64> {
+        self.calls
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(call, count)| ((*call).to_owned(), *count))
+            .collect()
+    }
+}
+
+impl LeaseCoordinator for Counted {
+    fn acquire(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<crate::lease::Lease, LeaseError> {
+        self.count("acquire");
+        self.inner.acquire(agent_id, device_id, ttl_ms)
+    }
+    fn renew(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<crate::lease::Lease, LeaseError> {
+        self.count("renew");
+        self.inner.renew(agent_id, device_id, epoch, ttl_ms)
+    }
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        self.count("release");
+        self.inner.release(agent_id, device_id, epoch)
+    }
+    fn current(&self, agent_id: &str) -> Result<Option<crate::lease::Lease>, LeaseError> {
+        self.count("current");
+        self.inner.current(agent_id)
+    }
+    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
+        self.count("raise_epoch_floor");
+        self.inner.raise_epoch_floor(agent_id, floor)
+    }
+    fn publish_frontier(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        self.count("publish_frontier");
+        self.inner.publish_frontier(agent_id, device_id, epoch, frontier)
+    }
+    fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
+        self.count("published_frontier");
+        self.inner.published_frontier(agent_id)
+    }
+}
 
 /// A site's lease of one agent: the library's machines, driven in simulated time.
 #[derive(Debug, Clone)]
 pub(super) enum LeaseState {
     /// Not held; the next [`Acquisition`] starts at `next_try_local_ms` (site clock).
     Idle { next_try_local_ms: u64 },
-    /// Held, by the [`Renewal`] machine's view.
-    Holding { renewal: Renewal, since_ms: u64 },
+    /// Held, by the [`Renewal`] machine's view; `behind_since_ms`: since when its dispatches
+    /// wait for the ledger (rule H3), if they do.
+    Holding {
+        renewal: Box<Renewal>,
+        since_ms: u64,
+        behind_since_ms: Option<u64>,
+    },
 }
 
 /// The holder a site dispatches as: its lease of the agent, by its [`Renewal`] machine.
@@ -34,6 +121,7 @@ struct SimHolder<'a> {
     device_id: &'a str,
     epoch: u64,
     holds: bool,
+    handed_over: Option<Frontier>,
 }
 
 impl Holder for SimHolder<'_> {
@@ -52,6 +140,9 @@ impl Holder for SimHolder<'_> {
     fn coordinator(&self) -> &dyn LeaseCoordinator {
         self.coordinator
     }
+    fn handed_over(&self) -> Option<Frontier> {
+        self.handed_over.clone()
+    }
 }
 
 /// An effect between the fence and the resource.
@@ -66,6 +157,8 @@ pub(super) struct InFlight {
     pub(super) land_at_ms: u64,
     /// The run had committed somewhere the site's ledger had not heard of, at the fence.
     pub(super) lagging: bool,
+    /// ... and the publication of that earlier attempt was lost with the coordinator's state.
+    pub(super) frontier_lost: bool,
     /// The site paused while the effect was in flight.
     pub(super) paused: bool,
 }
@@ -202,9 +295,11 @@ pub(super) struct World<'a> {
     pub(super) keeper: KeeperConfig,
     pub(super) now_ms: u64,
     pub(super) coordinator_clock: ManualClock,
-    pub(super) coordinator: Box<dyn LeaseCoordinator>,
+    pub(super) coordinator: Counted,
     /// How many times the coordinator lost its state.
     pub(super) generation: u32,
+    /// Per run, the coordinator generation in which its first `pending` was published (rule H2).
+    pub(super) begun_generation: BTreeMap<String, u32>,
     pub(super) sites: Vec<Site>,
     pub(super) network: Arc<Mutex<Network>>,
     /// Runs committed anywhere, by the time they were.
@@ -295,8 +390,9 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
         mode,
         keeper: config.keeper_config(),
         now_ms: 0,
-        coordinator: new_coordinator(config, &coordinator_clock, mode, 0),
+        coordinator: Counted::new(new_coordinator(config, &coordinator_clock, mode, 0)),
         generation: 0,
+        begun_generation: BTreeMap::new(),
         coordinator_clock,
         sites,
         network,
@@ -318,6 +414,8 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
             refused_at_fence: 0,
             refused_at_resource: 0,
             converged: false,
+            ledger_wait_ms: Vec::new(),
+            coordinator_calls: BTreeMap::new(),
             effect_log: Vec::new(),
             tenures: Vec::new(),
         },
@@ -368,7 +466,7 @@ impl World<'_> {
             Fault::Partition { .. } => {}
             Fault::CoordinatorLoss { .. } => {
                 self.generation += 1;
-                self.coordinator =
+                self.coordinator.inner =
                     new_coordinator(self.config, &self.coordinator_clock, self.mode, self.generation);
             }
         }
@@ -383,7 +481,15 @@ impl World<'_> {
             &mut self.sites[site].leases[agent],
             LeaseState::Idle { next_try_local_ms: 0 },
         );
-        if let LeaseState::Holding { renewal, since_ms } = state {
+        if let LeaseState::Holding {
+            renewal,
+            since_ms,
+            behind_since_ms,
+        } = state
+        {
+            if let Some(behind_since_ms) = behind_since_ms {
+                self.report.ledger_wait_ms.push(self.now_ms - behind_since_ms);
+            }
             self.report.tenures.push(Tenure {
                 site,
                 agent,
@@ -466,6 +572,12 @@ impl World<'_> {
                         let outcome = self.coordinator.renew(&name, &device, epoch, ttl_ms);
                         renewal.answered(local, outcome);
                     }
+                    RenewalStep::Publish { epoch, frontier } => {
+                        let outcome = self
+                            .coordinator
+                            .publish_frontier(&name, &device, epoch, &frontier);
+                        renewal.published(local, outcome);
+                    }
                     RenewalStep::Lost(_) => {
                         self.end_tenure(index, agent);
                         return;
@@ -503,10 +615,15 @@ impl World<'_> {
                     let outcome = self.coordinator.acquire(&name, &device, ttl_ms);
                     acquisition.acquired(local, outcome);
                 }
+                AcquireStep::ReadFrontier => {
+                    let outcome = self.coordinator.published_frontier(&name);
+                    acquisition.frontier_read(local, outcome);
+                }
                 AcquireStep::Granted(renewal) => {
                     self.sites[index].leases[agent] = LeaseState::Holding {
-                        renewal,
+                        renewal: Box::new(renewal),
                         since_ms: self.now_ms,
+                        behind_since_ms: None,
                     };
                     return;
                 }
@@ -559,12 +676,17 @@ impl World<'_> {
                     let retry = self.mode == GuardMode::Token;
                     let retried = retry && ledger.in_doubt_run(&name, &run_id, epoch).is_some();
                     let site = &mut self.sites[index];
+                    let handed_over = match &site.leases[agent] {
+                        LeaseState::Holding { renewal, .. } => renewal.handed_over().cloned(),
+                        LeaseState::Idle { .. } => None,
+                    };
                     let holder = SimHolder {
-                        coordinator: &*self.coordinator,
+                        coordinator: &self.coordinator,
                         agent_id: name.clone(),
                         device_id: &site.name,
                         epoch,
                         holds: true,
+                        handed_over,
                     };
                     let Some(ledger) = site.ledger.as_mut() else {
                         return;
@@ -574,7 +696,20 @@ impl World<'_> {
                     match begun {
                         Ok(permit) => {
                             self.report.in_doubt_retried += u64::from(retried);
+                            self.caught_up(index, agent);
+                            self.begun_generation
+                                .entry(run_id.clone())
+                                .or_insert(self.generation);
                             self.start(index, (agent, occurrence), run_id, epoch, Some(permit));
+                            return;
+                        }
+                        Err(Refusal::LedgerBehind { .. }) => {
+                            // Rule H3: wait (the site syncs every sync_every_ms), holding the lease.
+                            if let LeaseState::Holding { behind_since_ms, .. } =
+                                &mut self.sites[index].leases[agent]
+                            {
+                                behind_since_ms.get_or_insert(self.now_ms);
+                            }
                             return;
                         }
                         Err(Refusal::AlreadyCommitted { .. }) => {
@@ -607,12 +742,21 @@ impl World<'_> {
         }
     }
 
+    /// Ends a wait for the ledger (rule H3) of the site's lease of `agent`, if there was one.
+    fn caught_up(&mut self, index: usize, agent: usize) {
+        if let LeaseState::Holding { behind_since_ms, .. } = &mut self.sites[index].leases[agent] {
+            if let Some(since) = behind_since_ms.take() {
+                self.report.ledger_wait_ms.push(self.now_ms - since);
+            }
+        }
+    }
+
     /// The operator of `fence` mode settles a run in doubt once the attempt's lease has ended:
     /// `committed` if the resource shows the effect, `failed` if not (then it runs again).
     fn operator_resolves(&mut self, index: usize, key: (usize, u64), run: &crate::dispatch::InDoubtRun) {
         let name = agent_name(key.0);
         let live = matches!(
-            self.coordinator.current(&name),
+            self.coordinator.inner.current(&name),
             Ok(Some(lease)) if lease.holder == run.device_id && lease.epoch == run.epoch
         );
         if live {
@@ -639,6 +783,13 @@ impl World<'_> {
         // The site's ledger let the run through although another attempt had begun or
         // committed: what it needed had not reached it through the relay.
         let lagging = permit.is_some() && (self.committed.contains(&run_id) || self.begun.contains(&run_id));
+        // When the earlier attempt was published under a coordinator state that was lost since,
+        // no new holder could know of it (rule H3 has nothing to wait for).
+        let frontier_lost = lagging
+            && self
+                .begun_generation
+                .get(&run_id)
+                .is_some_and(|generation| *generation < self.generation);
         if permit.is_some() {
             self.begun.insert(run_id.clone());
         }
@@ -651,6 +802,7 @@ impl World<'_> {
             permit,
             land_at_ms: self.now_ms + self.config.effect_ms,
             lagging,
+            frontier_lost,
             paused: false,
         });
     }
@@ -675,6 +827,11 @@ impl World<'_> {
         match flight.permit.take() {
             Some(permit) => {
                 let _ = permit.finish(ledger, outcome);
+                // Published at the next renewal (rule H2), as the keeper does.
+                let pushed = ledger.pushed();
+                if let LeaseState::Holding { renewal, .. } = &mut self.sites[index].leases[flight.agent] {
+                    renewal.pushed(&pushed);
+                }
             }
             None if self.mode == GuardMode::Lease => {
                 let intent = Intent::new(
@@ -768,6 +925,7 @@ impl World<'_> {
                 .map(|agent| ledger.in_doubt(&agent_name(agent), u64::MAX).len() as u64)
                 .sum();
         }
+        self.report.coordinator_calls = self.coordinator.calls();
         self.report
     }
 }

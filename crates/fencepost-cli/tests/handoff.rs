@@ -1,0 +1,215 @@
+//! The hand-off (rules H2 and H3) through the built binary: two hosts share a coordinator, but
+//! each has a ledger folder of its own that the test syncs by copying files, as a synced folder
+//! that lags would. The second host must wait (exit 7) while its ledger lacks what the first one
+//! published, and never run the occurrence a second time.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{kill_mid_command, text, Shared};
+use fencepost::relay::device_file_name;
+
+/// Host `device`, with a ledger folder and a data directory of its own.
+fn host(shared: &Shared, device: &str, args: &[&str]) -> Command {
+    let mut command = shared.command(device, args);
+    command
+        .env("FENCEPOST_LEDGER", ledger_of(shared, device))
+        .env("XDG_DATA_HOME", shared.path(&format!("data-{device}")));
+    command
+}
+
+fn ledger_of(shared: &Shared, device: &str) -> PathBuf {
+    let folder = shared.path(&format!("ledger-{device}"));
+    std::fs::create_dir_all(&folder).unwrap();
+    folder
+}
+
+fn run_as(shared: &Shared, device: &str, args: &[&str]) -> Output {
+    host(shared, device, args).output().unwrap()
+}
+
+/// What the sync does: copies `from`'s device file into `to`'s ledger folder.
+fn sync(shared: &Shared, from: &str, to: &str) {
+    copy_device_file(&ledger_of(shared, from), &ledger_of(shared, to), from);
+}
+
+fn copy_device_file(from_ledger: &Path, to_ledger: &Path, device: &str) {
+    let source = from_ledger.join("devices").join(device_file_name(device));
+    let target = to_ledger.join("devices").join(device_file_name(device));
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    std::fs::copy(&source, &target)
+        .unwrap_or_else(|error| panic!("cannot copy {}: {error}", source.display()));
+}
+
+fn report(shared: &Shared, salt: &str, extra: &[&str], sleep: &str) -> Vec<String> {
+    shared.report_args(salt, extra, sleep)
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Rule H3 (and H2, the outcome published at the release): the second host's ledger lacks the
+/// first host's commit, so it exits 7 and runs nothing; once the file is copied, it finds the
+/// run committed (exit 3). The effect ran once.
+#[test]
+fn h3_a_host_whose_ledger_lacks_the_commit_waits_then_finds_it_committed() {
+    let shared = Shared::sqlite();
+    let args = report(&shared, "2026-11-30", &[], "0");
+    let first = run_as(&shared, "host-1", &strs(&args));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert_eq!(shared.effects().len(), 1);
+
+    let behind = run_as(
+        &shared,
+        "host-2",
+        &strs(&report(&shared, "2026-11-30", &["--wait", "1s"], "0")),
+    );
+    let message = text(&behind.stderr);
+    assert_eq!(behind.status.code(), Some(7), "{message}");
+    assert!(
+        message.contains("has not yet received what the previous holder")
+            && message.contains("host-1 records 0..=1"),
+        "names the device and the records missing: {message}"
+    );
+    assert_eq!(shared.effects().len(), 1, "nothing ran on a ledger that lags");
+
+    sync(&shared, "host-1", "host-2");
+    let after = run_as(&shared, "host-2", &strs(&args));
+    assert_eq!(after.status.code(), Some(3), "{}", text(&after.stderr));
+    assert_eq!(shared.effects().len(), 1, "the effect ran once");
+}
+
+/// Rule H3 (and H2, the `pending` published before the command): the first host is SIGKILLed
+/// mid-command, so only its `pending` exists. The second host exits 7 until it has that
+/// `pending`, then 5 (in doubt). The effect ran once.
+#[test]
+fn h3_a_host_whose_ledger_lacks_a_dead_holders_pending_waits_then_finds_it_in_doubt() {
+    let shared = Shared::sqlite();
+    let salt = "2026-12-01";
+    let effect = format!(
+        "echo \"$FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'",
+        shared.path("effects").display()
+    );
+    let agent = shared.agent.clone();
+    let run_args = [
+        "run",
+        "--agent",
+        &agent,
+        "--intent",
+        "daily report",
+        "--salt",
+        salt,
+        "--ttl",
+        "1s",
+    ];
+    // kill_mid_command runs `fencepost` through `shared.command`; point it at host-1's own ledger.
+    let host_1 = Shared {
+        folder: tempfile::tempdir_in(shared.folder.path()).unwrap(),
+        coordinator: shared.coordinator.clone(),
+        agent: agent.clone(),
+    };
+    std::fs::create_dir_all(host_1.path("ledger")).unwrap();
+    kill_mid_command(&host_1, "host-1", &run_args, &effect);
+    assert_eq!(
+        shared.effects().len(),
+        1,
+        "the effect happened once, and its host died"
+    );
+    // host-1's ledger is host_1's folder; the test's sync copies from there.
+    copy_device_file(&host_1.path("ledger"), &ledger_of(&shared, "host-1"), "host-1");
+
+    // The dead host's lease ends within its TTL; host-2 gets it, then waits for its ledger.
+    let next = report(&shared, salt, &["--wait", "3s"], "0");
+    let behind = run_as(&shared, "host-2", &strs(&next));
+    let message = text(&behind.stderr);
+    assert_eq!(behind.status.code(), Some(7), "{message}");
+    assert!(message.contains("host-1 record 0"), "{message}");
+    assert_eq!(shared.effects().len(), 1, "nothing ran on a ledger that lags");
+
+    sync(&shared, "host-1", "host-2");
+    let after = run_as(&shared, "host-2", &strs(&next));
+    let message = text(&after.stderr);
+    assert_eq!(after.status.code(), Some(5), "{message}");
+    assert!(message.contains("in doubt"), "{message}");
+    assert_eq!(shared.effects().len(), 1, "the effect ran once");
+}
+
+/// Rule H3: a host that waits with --wait runs as soon as its ledger catches up within it.
+#[test]
+fn h3_a_waiting_host_proceeds_once_its_ledger_catches_up_within_wait() {
+    let shared = Shared::sqlite();
+    let first = run_as(&shared, "host-1", &strs(&report(&shared, "a", &[], "0")));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    // Another occurrence: host-2 must have host-1's records before running it.
+    let mut waiting = host(
+        &shared,
+        "host-2",
+        &strs(&report(&shared, "b", &["--wait", "20s"], "0")),
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "host-2 waits for its ledger"
+    );
+    sync(&shared, "host-1", "host-2");
+    let output = waiting.wait_with_output().unwrap();
+    let message = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{message}");
+    assert!(message.contains("waiting for this host's ledger"), "{message}");
+    assert_eq!(shared.effects().len(), 2, "each occurrence ran once");
+}
+
+/// Rule H3's way out: records that will never arrive (the first host's ledger folder was never
+/// shared, and is gone) are accepted as lost with --accept-damaged, recorded in the log; only
+/// then does the second host run, knowing it may repeat what they recorded.
+#[test]
+fn h3_records_lost_for_good_are_accepted_explicitly_and_only_then_run_again() {
+    let shared = Shared::sqlite();
+    let args = report(&shared, "lost", &[], "0");
+    assert_eq!(run_as(&shared, "host-1", &strs(&args)).status.code(), Some(0));
+    std::fs::remove_dir_all(ledger_of(&shared, "host-1")).unwrap();
+    let behind = run_as(&shared, "host-2", &strs(&args));
+    let message = text(&behind.stderr);
+    assert_eq!(behind.status.code(), Some(7), "{message}");
+    assert!(
+        message.contains("--accept-damaged"),
+        "says the way out: {message}"
+    );
+    let unknown = run_as(
+        &shared,
+        "host-2",
+        &strs(&report(&shared, "lost", &["--accept-damaged", "host-9"], "0")),
+    );
+    assert_eq!(
+        unknown.status.code(),
+        Some(2),
+        "nothing of host-9 is missing: {}",
+        text(&unknown.stderr)
+    );
+    let accepted = run_as(
+        &shared,
+        "host-2",
+        &strs(&report(&shared, "lost", &["--accept-damaged", "host-1"], "0")),
+    );
+    let message = text(&accepted.stderr);
+    assert_eq!(accepted.status.code(), Some(0), "{message}");
+    assert!(message.contains("are lost"), "{message}");
+    assert_eq!(shared.effects().len(), 2, "run again, as the operator accepted");
+    let log = std::fs::read_to_string(
+        ledger_of(&shared, "host-2")
+            .join("devices")
+            .join(device_file_name("host-2")),
+    )
+    .unwrap();
+    assert!(
+        log.contains("fencepost.accept-missing"),
+        "the decision is recorded: {log}"
+    );
+}
