@@ -12,7 +12,7 @@ use fencepost::dispatch::{
 };
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
-use fencepost::lease::{IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
+use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
 use fencepost::oplog::Surface;
 use fencepost::relay::{Frontier, ProblemKind, Relay};
 use fencepost::run_id::deterministic_run_id;
@@ -182,14 +182,10 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     let started = std::time::Instant::now();
     let acquire = |ledger_epoch: u64| {
         let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        LeaseKeeper::builder(
-            coordinator.clone() as Arc<dyn LeaseCoordinator>,
-            agent,
-            &settings.device,
-        )
-        .config(config)
-        .ledger_epoch(ledger_epoch)
-        .wait_to_acquire(args.wait.saturating_sub(waited))
+        LeaseKeeper::builder(coordinator.shared(), agent, &settings.device)
+            .config(config)
+            .ledger_epoch(ledger_epoch)
+            .wait_to_acquire(args.wait.saturating_sub(waited))
     };
     let mut acquired = acquire(ledger.state().fencing_epoch(agent));
     // A fresh grant is above every epoch the ledger has seen (the floor was raised to it first).

@@ -244,7 +244,7 @@ fn h2_a_zombie_publishes_nothing_and_its_dispatch_is_refused() {
 }
 
 #[test]
-fn h2_the_renewal_machine_publishes_after_a_successful_renewal_and_a_refused_publication_loses_the_lease() {
+fn h2_the_renewal_machine_sends_outcomes_with_the_next_renewal_and_again_until_published() {
     let config = KeeperConfig::new(900); // renew every 300
     let lease = Lease {
         agent_id: "milo".into(),
@@ -256,48 +256,21 @@ fn h2_the_renewal_machine_publishes_after_a_successful_renewal_and_a_refused_pub
     let mut pushed = Frontier::new();
     pushed.raise("laptop", 2);
     renewal.pushed(&pushed);
-    // Nothing is sent before the renewal is due; then the renewal, then the publication.
+    // Nothing is sent before the renewal is due; then the renewal carries the publication.
     assert_eq!(renewal.step(10), RenewalStep::WaitUntil { at_ms: 300 });
-    assert_eq!(
-        renewal.step(300),
-        RenewalStep::Renew {
-            epoch: 1,
-            ttl_ms: 900
-        }
-    );
-    renewal.answered(301, Ok(lease.clone()));
-    assert_eq!(
-        renewal.step(301),
-        RenewalStep::Publish {
-            epoch: 1,
-            frontier: pushed.clone()
-        }
-    );
-    // A failure keeps it for the next renewal.
-    renewal.published(
-        302,
-        Err(LeaseError::Backend(fencepost::lease::BackendError {
-            backend: "test",
-            message: "down".into(),
-            may_have_applied: false,
-            source: None,
-        })),
-    );
+    let with_publication = RenewalStep::RenewAndPublish {
+        epoch: 1,
+        ttl_ms: 900,
+        frontier: pushed.clone(),
+    };
+    assert_eq!(renewal.step(300), with_publication);
+    // Renewed, not published: kept for the next renewal.
+    renewal.answered_publishing(301, Ok((lease.clone(), false)));
     assert_eq!(renewal.unpublished(), &pushed);
     assert_eq!(renewal.step(302), RenewalStep::WaitUntil { at_ms: 600 });
-    assert_eq!(
-        renewal.step(600),
-        RenewalStep::Renew {
-            epoch: 1,
-            ttl_ms: 900
-        }
-    );
-    renewal.answered(601, Ok(lease.clone()));
-    assert!(matches!(renewal.step(601), RenewalStep::Publish { .. }));
-    renewal.published(602, Ok(()));
+    assert_eq!(renewal.step(600), with_publication);
+    renewal.answered_publishing(601, Ok((lease.clone(), true)));
     assert_eq!(renewal.unpublished(), &Frontier::new());
-    // A refused publication (another holder) loses the lease at once.
-    renewal.pushed(&pushed);
     assert_eq!(
         renewal.step(900),
         RenewalStep::Renew {
@@ -306,9 +279,11 @@ fn h2_the_renewal_machine_publishes_after_a_successful_renewal_and_a_refused_pub
         }
     );
     renewal.answered(901, Ok(lease.clone()));
-    assert!(matches!(renewal.step(901), RenewalStep::Publish { .. }));
-    renewal.published(
-        902,
+    // A renewal (and its publication) refused: the lease is lost at once, as for any renewal.
+    renewal.pushed(&pushed);
+    assert_eq!(renewal.step(1_201), with_publication);
+    renewal.answered_publishing(
+        1_202,
         Err(LeaseError::Lost {
             agent_id: "milo".into(),
             claimed_epoch: 1,
@@ -316,13 +291,13 @@ fn h2_the_renewal_machine_publishes_after_a_successful_renewal_and_a_refused_pub
         }),
     );
     assert_eq!(
-        renewal.step(903),
+        renewal.step(1_203),
         RenewalStep::Lost(LossReason::Stolen { current_epoch: 2 })
     );
 }
 
 #[test]
-fn h3_the_acquisition_reads_the_published_frontier_after_the_grant() {
+fn h3_the_acquisition_keeps_what_the_predecessors_published_with_the_grant() {
     let config = KeeperConfig::new(900);
     let plan = AcquirePlan {
         agent_id: "milo".into(),
@@ -336,34 +311,31 @@ fn h3_the_acquisition_reads_the_published_frontier_after_the_grant() {
         epoch: 1,
         expires_at_ms: 900,
     };
-    // Read: the renewal carries it.
-    let mut acquisition = Acquisition::new(config, plan.clone());
-    assert_eq!(acquisition.step(0), AcquireStep::Acquire { ttl_ms: 900 });
-    acquisition.acquired(1, Ok(lease.clone()));
-    assert_eq!(acquisition.step(1), AcquireStep::ReadFrontier);
     let mut published = Frontier::new();
     published.raise("phone", 4);
-    acquisition.frontier_read(2, Ok(published.clone()));
-    let AcquireStep::Granted(renewal) = acquisition.step(2) else {
+    // Read with the grant: the renewal carries it.
+    let mut acquisition = Acquisition::new(config, plan.clone());
+    assert_eq!(acquisition.step(0), AcquireStep::Acquire { ttl_ms: 900 });
+    acquisition.acquired_handing_over(1, Ok((lease.clone(), Some(published.clone()))));
+    let AcquireStep::Granted(renewal) = acquisition.step(1) else {
         panic!("granted")
     };
     assert_eq!(renewal.handed_over(), Some(&published));
-    // Not read: the lease is held all the same, and the frontier is unknown.
+    // Not read (a plain acquire, or the read failed): the lease is held all the same.
     let mut acquisition = Acquisition::new(config, plan);
     assert_eq!(acquisition.step(0), AcquireStep::Acquire { ttl_ms: 900 });
     acquisition.acquired(1, Ok(lease));
-    assert_eq!(acquisition.step(1), AcquireStep::ReadFrontier);
-    acquisition.frontier_read(
-        2,
-        Err(LeaseError::Backend(fencepost::lease::BackendError {
-            backend: "test",
-            message: "down".into(),
-            may_have_applied: false,
-            source: None,
-        })),
-    );
-    let AcquireStep::Granted(renewal) = acquisition.step(2) else {
+    let AcquireStep::Granted(renewal) = acquisition.step(1) else {
         panic!("granted")
     };
     assert_eq!(renewal.handed_over(), None);
+    // Every coordinator reads it with the grant.
+    let coordinator = InMemoryLeaseCoordinator::new(ManualClock::new(0).wall_clock());
+    let lease = coordinator.acquire("milo", "phone", 900).unwrap();
+    coordinator
+        .publish_frontier("milo", "phone", lease.epoch, &published)
+        .unwrap();
+    coordinator.release("milo", "phone", lease.epoch).unwrap();
+    let (_, read) = coordinator.acquire_handing_over("milo", "laptop", 900).unwrap();
+    assert_eq!(read, Some(published));
 }

@@ -218,6 +218,66 @@ pub trait LeaseCoordinator: Send + Sync {
     /// every holder; empty when nothing was published. A new holder dispatches nothing until its
     /// ledger has received at least this (rule H3).
     fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError>;
+
+    /// [`acquire`](Self::acquire), then [`published_frontier`](Self::published_frontier): what a
+    /// new holder reads right after its grant (rule H3), in one round trip where the backend can
+    /// (SQLite and PostgreSQL do; the default makes the two calls). The frontier is `None` when
+    /// the lease was granted and the read failed: the lease is held either way.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    fn acquire_handing_over(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<(Lease, Option<Frontier>), LeaseError> {
+        let lease = self.acquire(agent_id, device_id, ttl_ms)?;
+        Ok((lease, self.published_frontier(agent_id).ok()))
+    }
+
+    /// [`renew`](Self::renew), then [`publish_frontier`](Self::publish_frontier) of `frontier`:
+    /// outcomes ride on a renewal (rule H2), in one round trip where the backend can (SQLite and
+    /// PostgreSQL do, in one transaction). `Ok((lease, true))` when both took effect;
+    /// `Ok((lease, false))` when the renewal did and the publication did not (send it again with
+    /// the next renewal). Nothing is published when the renewal is refused.
+    ///
+    /// # Errors
+    /// As [`renew`](Self::renew).
+    fn renew_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        frontier: &Frontier,
+    ) -> Result<(Lease, bool), LeaseError> {
+        let lease = self.renew(agent_id, device_id, epoch, ttl_ms)?;
+        let published = self
+            .publish_frontier(agent_id, device_id, epoch, frontier)
+            .is_ok();
+        Ok((lease, published))
+    }
+
+    /// [`publish_frontier`](Self::publish_frontier) of `frontier`, then
+    /// [`release`](Self::release): the last outcomes published before the lease is given back
+    /// (rule H2), in one round trip where the backend can (SQLite and PostgreSQL do, in one
+    /// transaction). A publication that fails does not keep the lease from being released.
+    ///
+    /// # Errors
+    /// As [`release`](Self::release).
+    fn release_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        if let Err(error) = self.publish_frontier(agent_id, device_id, epoch, frontier) {
+            tracing::debug!(agent_id, %error, "publishing before the release failed");
+        }
+        self.release(agent_id, device_id, epoch)
+    }
 }
 
 /// A shared coordinator is a coordinator (so `Arc<dyn LeaseCoordinator>` can be handed around).
@@ -248,6 +308,33 @@ impl<T: LeaseCoordinator + ?Sized> LeaseCoordinator for Arc<T> {
     }
     fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
         (**self).published_frontier(agent_id)
+    }
+    fn acquire_handing_over(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<(Lease, Option<Frontier>), LeaseError> {
+        (**self).acquire_handing_over(agent_id, device_id, ttl_ms)
+    }
+    fn renew_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        frontier: &Frontier,
+    ) -> Result<(Lease, bool), LeaseError> {
+        (**self).renew_publishing(agent_id, device_id, epoch, ttl_ms, frontier)
+    }
+    fn release_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        (**self).release_publishing(agent_id, device_id, epoch, frontier)
     }
 }
 

@@ -181,10 +181,8 @@ pub struct Renewal {
     /// What this holder pushed and has not published yet (rule H2): published after the next
     /// successful renewal, or before the release.
     unpublished: Frontier,
-    /// The publication sent and not answered yet.
+    /// What the renewal in flight also publishes.
     publishing: Option<Frontier>,
-    /// A renewal succeeded since the last publication was sent: publish what is unpublished.
-    publish_due: bool,
 }
 
 /// What a [`Renewal`] asks its driver to do next.
@@ -204,12 +202,14 @@ pub enum RenewalStep {
         /// When to call [`Renewal::step`] again at the latest.
         at_ms: u64,
     },
-    /// Send `publish_frontier(epoch, frontier)` now (rule H2: what this holder pushed since its
-    /// last publication, after a successful renewal), and pass its answer to
-    /// [`Renewal::published`].
-    Publish {
-        /// The epoch held.
+    /// Send `renew_publishing(epoch, ttl_ms, frontier)` now: the renewal, with what this holder
+    /// pushed since its last publication riding on it (rule H2), and pass the answer to
+    /// [`Renewal::answered_publishing`].
+    RenewAndPublish {
+        /// The epoch to renew.
         epoch: u64,
+        /// The TTL to ask for.
+        ttl_ms: u64,
         /// What to publish.
         frontier: Frontier,
     },
@@ -232,7 +232,6 @@ impl Renewal {
             handed_over: None,
             unpublished: Frontier::new(),
             publishing: None,
-            publish_due: false,
         }
     }
 
@@ -244,8 +243,8 @@ impl Renewal {
     }
 
     /// Takes in that this holder pushed the records up to `frontier` (rule H2): they are
-    /// published after the next successful renewal ([`RenewalStep::Publish`]), or before the
-    /// release ([`unpublished`](Self::unpublished)).
+    /// published with the next renewal ([`RenewalStep::RenewAndPublish`]), or with the release
+    /// ([`unpublished`](Self::unpublished)).
     pub fn pushed(&mut self, frontier: &Frontier) {
         self.unpublished.merge(frontier);
     }
@@ -256,29 +255,22 @@ impl Renewal {
         &self.unpublished
     }
 
-    /// Takes in the answer, at `now_ms`, to [`RenewalStep::Publish`]. `Lost` loses the lease
-    /// (a zombie cannot publish); any other error keeps the frontier for the next renewal.
-    pub fn published(&mut self, now_ms: u64, outcome: Result<(), LeaseError>) {
-        let _ = now_ms;
-        let Some(sent) = self.publishing.take() else {
-            return;
-        };
-        if self.lost.is_some() {
-            return;
-        }
-        match outcome {
-            Ok(()) => {
-                if self.unpublished == sent {
-                    self.unpublished = Frontier::new();
-                }
+    /// Takes in the answer, at `now_ms`, to [`RenewalStep::RenewAndPublish`]: the renewal's as
+    /// [`answered`](Self::answered) does; what was published is done with, and what was not is
+    /// sent again with the next renewal.
+    pub fn answered_publishing(
+        &mut self,
+        now_ms: u64,
+        outcome: Result<(crate::lease::Lease, bool), LeaseError>,
+    ) {
+        let sent = self.publishing.take();
+        let outcome = outcome.map(|(lease, published)| {
+            if published && sent.as_ref() == Some(&self.unpublished) {
+                self.unpublished = Frontier::new();
             }
-            Err(LeaseError::Lost { current_epoch, .. }) => {
-                self.lost = Some(LossReason::Stolen { current_epoch });
-            }
-            Err(error) => {
-                tracing::debug!(%error, "the publication failed; it is sent again after the next renewal");
-            }
-        }
+            lease
+        });
+        self.answered(now_ms, outcome);
     }
 
     /// The epoch held.
@@ -319,23 +311,22 @@ impl Renewal {
             self.lost = Some(reason.clone());
             return RenewalStep::Lost(reason);
         }
-        let busy = self.in_flight.is_some() || self.publishing.is_some();
-        if !busy && now_ms >= self.next_attempt_ms {
+        if self.in_flight.is_none() && now_ms >= self.next_attempt_ms {
             self.in_flight = Some(now_ms);
+            if !self.unpublished.is_empty() {
+                self.publishing = Some(self.unpublished.clone());
+                return RenewalStep::RenewAndPublish {
+                    epoch: self.epoch,
+                    ttl_ms: self.config.ttl_ms,
+                    frontier: self.unpublished.clone(),
+                };
+            }
             return RenewalStep::Renew {
                 epoch: self.epoch,
                 ttl_ms: self.config.ttl_ms,
             };
         }
-        if !busy && self.publish_due && !self.unpublished.is_empty() {
-            self.publish_due = false;
-            self.publishing = Some(self.unpublished.clone());
-            return RenewalStep::Publish {
-                epoch: self.epoch,
-                frontier: self.unpublished.clone(),
-            };
-        }
-        let at_ms = if busy {
+        let at_ms = if self.in_flight.is_some() {
             deadline
         } else {
             self.next_attempt_ms.min(deadline)
@@ -371,7 +362,6 @@ impl Renewal {
                 self.expires_at_ms = lease.expires_at_ms;
                 self.next_attempt_ms = sent_ms.saturating_add(self.config.renew_every_ms);
                 self.last_error = None;
-                self.publish_due = true;
             }
             Err(error) => {
                 self.lost = Some(LossReason::Refused {
@@ -410,11 +400,10 @@ impl Renewal {
 /// assert_eq!(acquisition.step(2), AcquireStep::WaitUntil { at_ms: 227 });
 /// assert_eq!(acquisition.step(227), AcquireStep::Acquire { ttl_ms: 900 });
 /// let lease = Lease { agent_id: "milo".into(), holder: "laptop".into(), epoch: 9, expires_at_ms: 1_130 };
-/// acquisition.acquired(230, Ok(lease));
-/// // Then what the predecessors published (rule H3).
-/// assert_eq!(acquisition.step(230), AcquireStep::ReadFrontier);
-/// acquisition.frontier_read(231, Ok(Frontier::new()));
+/// // The grant, with what the predecessors published (rule H3).
+/// acquisition.acquired_handing_over(230, Ok((lease, Some(Frontier::new()))));
 /// let AcquireStep::Granted(renewal) = acquisition.step(231) else { unreachable!() };
+/// assert_eq!(renewal.handed_over(), Some(&Frontier::new()));
 /// // The renewal counts from when the acquire was sent.
 /// assert_eq!((renewal.epoch(), renewal.deadline_ms()), (9, 227 + 600));
 /// assert_eq!(acquisition.step(232), AcquireStep::Spent);
@@ -431,8 +420,6 @@ pub struct Acquisition {
     in_flight: Option<u64>,
     /// The last `Held` refusal.
     last_held: Option<LeaseError>,
-    /// The grant (with when its acquire was sent) whose published frontier is still to read.
-    granted: Option<(crate::lease::Lease, u64)>,
     /// The tenure granted (once the frontier was read) or the error that ended the wait, until
     /// [`step`](Acquisition::step) hands it over.
     ended: Option<Result<Renewal, KeeperError>>,
@@ -464,16 +451,15 @@ pub enum AcquireStep {
         /// The floor: the highest epoch of the agent in the ledger.
         floor: u64,
     },
-    /// Call `acquire(agent, device, ttl_ms)` now and pass the answer to
-    /// [`Acquisition::acquired`].
+    /// Call `acquire_handing_over(agent, device, ttl_ms)` now (the grant, and what the
+    /// predecessors published: rule H3) and pass the answer to
+    /// [`Acquisition::acquired_handing_over`] (or call `acquire` and pass its answer to
+    /// [`Acquisition::acquired`]).
     Acquire {
         /// The TTL to ask for.
         ttl_ms: u64,
     },
-    /// The lease was granted: call `published_frontier(agent)` now (rule H3: what the
-    /// predecessors pushed, which the ledger must have before anything is dispatched) and pass
-    /// the answer to [`Acquisition::frontier_read`].
-    ReadFrontier,
+
     /// Nothing to do before `at_ms` (or before the call asked for is answered).
     WaitUntil {
         /// When to call [`Acquisition::step`] again.
@@ -492,7 +478,6 @@ impl PartialEq for AcquireStep {
         match (self, other) {
             (Self::RaiseFloor { floor: a }, Self::RaiseFloor { floor: b }) => a == b,
             (Self::Acquire { ttl_ms: a }, Self::Acquire { ttl_ms: b }) => a == b,
-            (Self::ReadFrontier, Self::ReadFrontier) => true,
             (Self::WaitUntil { at_ms: a }, Self::WaitUntil { at_ms: b }) => a == b,
             (Self::Granted(a), Self::Granted(b)) => a == b,
             (Self::GaveUp(a), Self::GaveUp(b)) => a.to_string() == b.to_string(),
@@ -520,7 +505,6 @@ impl Acquisition {
             ledger_epoch: plan.ledger_epoch,
             in_flight: None,
             last_held: None,
-            granted: None,
             ended,
             spent: false,
         }
@@ -537,13 +521,6 @@ impl Acquisition {
                 Ok(renewal) => AcquireStep::Granted(renewal),
                 Err(error) => AcquireStep::GaveUp(error),
             };
-        }
-        if self.granted.is_some() {
-            if self.in_flight.is_some() {
-                return AcquireStep::WaitUntil { at_ms: now_ms };
-            }
-            self.in_flight = Some(now_ms);
-            return AcquireStep::ReadFrontier;
         }
         if self.in_flight.is_some() || now_ms < self.next_attempt_ms {
             return AcquireStep::WaitUntil {
@@ -574,38 +551,31 @@ impl Acquisition {
         }
     }
 
-    /// Takes in the answer, at `now_ms`, to [`AcquireStep::Acquire`].
+    /// Takes in the answer, at `now_ms`, to [`AcquireStep::Acquire`] sent as a plain `acquire`
+    /// (what the predecessors published is then unknown: [`Renewal::handed_over`] is `None`).
     pub fn acquired(&mut self, now_ms: u64, outcome: Result<crate::lease::Lease, LeaseError>) {
+        self.acquired_handing_over(now_ms, outcome.map(|lease| (lease, None)));
+    }
+
+    /// Takes in the answer, at `now_ms`, to [`AcquireStep::Acquire`] sent as
+    /// `acquire_handing_over`: the grant and what the predecessors published (rule H3), which
+    /// the [`Renewal`] keeps ([`Renewal::handed_over`]).
+    pub fn acquired_handing_over(
+        &mut self,
+        now_ms: u64,
+        outcome: Result<(crate::lease::Lease, Option<Frontier>), LeaseError>,
+    ) {
         let Some(sent_ms) = self.in_flight.take() else {
             return;
         };
         match outcome {
-            Ok(lease) => self.granted = Some((lease, sent_ms)),
+            Ok((lease, handed_over)) => {
+                let mut renewal = Renewal::new(self.config, &lease, sent_ms);
+                renewal.handed_over = handed_over;
+                self.ended = Some(Ok(renewal));
+            }
             Err(error) => self.refused(now_ms, error),
         }
-    }
-
-    /// Takes in the answer, at `now_ms`, to [`AcquireStep::ReadFrontier`]. The lease is held
-    /// either way; a failed read leaves the frontier unknown ([`Renewal::handed_over`] is
-    /// `None`), and a dispatch then reads it itself.
-    pub fn frontier_read(&mut self, now_ms: u64, outcome: Result<Frontier, LeaseError>) {
-        let _ = now_ms;
-        if self.in_flight.take().is_none() {
-            return;
-        }
-        let Some((lease, sent_ms)) = self.granted.take() else {
-            return;
-        };
-        let handed_over = match outcome {
-            Ok(frontier) => Some(frontier),
-            Err(error) => {
-                tracing::debug!(agent_id = %self.agent_id, %error, "cannot read the published frontier after the grant");
-                None
-            }
-        };
-        let mut renewal = Renewal::new(self.config, &lease, sent_ms);
-        renewal.handed_over = handed_over;
-        self.ended = Some(Ok(renewal));
     }
 
     /// A refusal or failure: wait and try again (within the wait), or give up.

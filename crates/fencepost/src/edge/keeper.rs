@@ -154,8 +154,8 @@ fn call_on_lost(callback: OnLost, loss: &Loss) {
 enum Answer {
     /// To a renewal.
     Renewed(Result<crate::lease::Lease, LeaseError>),
-    /// To a publication (rule H2).
-    Published(Result<(), LeaseError>),
+    /// To a renewal with a publication riding on it (rule H2).
+    RenewedPublishing(Result<(crate::lease::Lease, bool), LeaseError>),
 }
 
 #[derive(Debug)]
@@ -258,20 +258,34 @@ impl Shared {
         })
     }
 
-    /// Sends a publication (rule H2) the same way.
-    fn send_publication(
+    /// Sends a renewal with a publication riding on it (rule H2) the same way.
+    fn send_renewal_publishing(
         self: &Arc<Self>,
         epoch: u64,
+        ttl_ms: u64,
         frontier: crate::relay::Frontier,
     ) -> Result<(), std::io::Error> {
         self.send(move |shared| {
-            Answer::Published(shared.coordinator.publish_frontier(
+            Answer::RenewedPublishing(shared.coordinator.renew_publishing(
                 &shared.agent_id,
                 &shared.device_id,
                 epoch,
+                ttl_ms,
                 &frontier,
             ))
         })
+    }
+
+    fn log_renewal(&self, epoch: u64, outcome: Result<u64, &LeaseError>) {
+        match outcome {
+            Ok(expires_at_ms) => {
+                tracing::debug!(agent_id = %self.agent_id, epoch, expires_at_ms, "lease renewed")
+            }
+            Err(LeaseError::Backend(error)) => {
+                tracing::warn!(agent_id = %self.agent_id, epoch, %error, "lease renewal failed; retrying")
+            }
+            Err(_) => {}
+        }
     }
 
     fn send(
@@ -303,23 +317,21 @@ impl Shared {
             let now = self.clock.now_ms();
             match state.answer.take() {
                 Some(Answer::Renewed(outcome)) => {
-                    let epoch = state.renewal.epoch();
-                    match &outcome {
-                        Ok(lease) => {
-                            tracing::debug!(agent_id = %self.agent_id, epoch, expires_at_ms = lease.expires_at_ms, "lease renewed")
-                        }
-                        Err(LeaseError::Backend(error)) => {
-                            tracing::warn!(agent_id = %self.agent_id, epoch, %error, "lease renewal failed; retrying")
-                        }
-                        Err(_) => {}
-                    }
+                    self.log_renewal(
+                        state.renewal.epoch(),
+                        outcome.as_ref().map(|lease| lease.expires_at_ms),
+                    );
                     state.renewal.answered(now, outcome);
                 }
-                Some(Answer::Published(outcome)) => {
-                    if let Err(error) = &outcome {
-                        tracing::warn!(agent_id = %self.agent_id, %error, "publishing the ledger frontier failed");
+                Some(Answer::RenewedPublishing(outcome)) => {
+                    self.log_renewal(
+                        state.renewal.epoch(),
+                        outcome.as_ref().map(|(lease, _)| lease.expires_at_ms),
+                    );
+                    if let Ok((_, false)) = &outcome {
+                        tracing::warn!(agent_id = %self.agent_id, "publishing the ledger frontier failed; sending it with the next renewal");
                     }
-                    state.renewal.published(now, outcome);
+                    state.renewal.answered_publishing(now, outcome);
                 }
                 None => {}
             }
@@ -334,12 +346,16 @@ impl Shared {
                         state.renewal.answered(now, Err(not_started("a renewal", &error)));
                     }
                 }
-                RenewalStep::Publish { epoch, frontier } => {
-                    if let Err(error) = self.send_publication(epoch, frontier) {
-                        tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a publication; trying after the next renewal");
+                RenewalStep::RenewAndPublish {
+                    epoch,
+                    ttl_ms,
+                    frontier,
+                } => {
+                    if let Err(error) = self.send_renewal_publishing(epoch, ttl_ms, frontier) {
+                        tracing::warn!(agent_id = %self.agent_id, %error, "cannot start a renewal; retrying");
                         state
                             .renewal
-                            .published(now, Err(not_started("a publication", &error)));
+                            .answered_publishing(now, Err(not_started("a renewal", &error)));
                     }
                 }
                 RenewalStep::WaitUntil { at_ms } => {
@@ -462,17 +478,15 @@ impl KeeperBuilder {
                     acquisition.floor_raised(self.clock.now_ms(), outcome);
                 }
                 AcquireStep::Acquire { ttl_ms } => {
-                    let outcome = self.coordinator.acquire(&self.agent_id, &self.device_id, ttl_ms);
-                    acquisition.acquired(self.clock.now_ms(), outcome);
+                    let outcome =
+                        self.coordinator
+                            .acquire_handing_over(&self.agent_id, &self.device_id, ttl_ms);
+                    acquisition.acquired_handing_over(self.clock.now_ms(), outcome);
                 }
                 AcquireStep::WaitUntil { at_ms } => {
                     while self.clock.now_ms() < at_ms {
                         std::thread::sleep(self.clock.slice(at_ms - self.clock.now_ms()));
                     }
-                }
-                AcquireStep::ReadFrontier => {
-                    let outcome = self.coordinator.published_frontier(&self.agent_id);
-                    acquisition.frontier_read(self.clock.now_ms(), outcome);
                 }
                 AcquireStep::Granted(renewal) => break renewal,
                 AcquireStep::GaveUp(error) => return Err(error),
@@ -814,20 +828,18 @@ impl LeaseKeeper {
         let sent = std::thread::Builder::new()
             .name(format!("fencepost-release-{}", shared.agent_id))
             .spawn(move || {
-                if !unpublished.is_empty() {
-                    let published = releaser.coordinator.publish_frontier(
+                let released = if unpublished.is_empty() {
+                    releaser
+                        .coordinator
+                        .release(&releaser.agent_id, &releaser.device_id, epoch)
+                } else {
+                    releaser.coordinator.release_publishing(
                         &releaser.agent_id,
                         &releaser.device_id,
                         epoch,
                         &unpublished,
-                    );
-                    if let Err(error) = published {
-                        tracing::warn!(agent_id = %releaser.agent_id, epoch, %error, "cannot publish the ledger frontier before the release; a successor may find the last run in doubt");
-                    }
-                }
-                let released = releaser
-                    .coordinator
-                    .release(&releaser.agent_id, &releaser.device_id, epoch);
+                    )
+                };
                 releaser.lock().released = Some(released);
                 releaser.changed.notify_all();
             });

@@ -90,6 +90,12 @@ macro_rules! conformance_tests {
 
             #[test]
             $(#[$meta])*
+            fn h2_h3_the_combined_calls_act_as_their_parts() {
+                conformance::h2_h3_the_combined_calls_act_as_their_parts(&$harness);
+            }
+
+            #[test]
+            $(#[$meta])*
             fn h4_the_published_frontier_survives_reopening() {
                 conformance::h4_the_published_frontier_survives_reopening(&$harness);
             }

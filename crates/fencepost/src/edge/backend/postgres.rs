@@ -75,8 +75,8 @@ use crate::clock::RealTimeLimit;
 use crate::fence::FenceDecision;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
-    validate_epoch_floor, validate_publish, validate_ttl, BackendError, Lease, LeaseCoordinator, LeaseError,
-    MAX_EPOCH, MAX_EXPIRES_AT_MS,
+    validate_epoch_floor, validate_frontier, validate_publish, validate_ttl, BackendError, Lease,
+    LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EXPIRES_AT_MS,
 };
 use crate::oplog::Frontier;
 
@@ -1528,15 +1528,23 @@ impl PostgresLeaseCoordinator {
     /// socket), and the error then says the write may have applied. `acquire` uses it: a grant
     /// the caller never heard of would otherwise hold the agent for a whole TTL after the caller
     /// gave up, in the first round trip's window as well as the second's.
+    ///
+    /// Statements `before` the write run first in the same transaction (their results are not
+    /// returned), and one `after` the read last (its rows are returned).
     fn write_then_read(
         &self,
         operation: &str,
+        before: &[String],
         write: String,
         agent_id: &str,
         commit_apart: bool,
-    ) -> Result<(Vec<SimpleQueryRow>, Option<Row>), LeaseError> {
+        after: Option<&String>,
+    ) -> Result<WrittenThenRead, LeaseError> {
         let commit_apart = commit_apart && !self.autocommit_only.load(AtomicOrdering::Relaxed);
-        let statements = [write, bind(&self.statements.read, &[Literal::Text(agent_id)])];
+        let mut statements = before.to_vec();
+        statements.push(write.clone());
+        statements.push(bind(&self.statements.read, &[Literal::Text(agent_id)]));
+        statements.extend(after.cloned());
         let mut commit_sent = !commit_apart;
         let outcome = self.with_session(|session| {
             let sets = if commit_apart {
@@ -1544,7 +1552,7 @@ impl PostgresLeaseCoordinator {
             } else {
                 self.batch(session, &statements)?
             };
-            let mut sets = sets.into_iter();
+            let mut sets = sets.into_iter().skip(before.len());
             let written = sets.next().unwrap_or_default();
             let read = sets
                 .next()
@@ -1552,7 +1560,8 @@ impl PostgresLeaseCoordinator {
                 .first()
                 .map(|row| lease_row(row, agent_id))
                 .transpose()?;
-            Ok((written, read))
+            let after = sets.next().unwrap_or_default();
+            Ok((written, read, after))
         });
         match outcome {
             Ok(rows) => Ok(rows),
@@ -1570,8 +1579,7 @@ impl PostgresLeaseCoordinator {
                     self.autocommit_only.store(true, AtomicOrdering::Relaxed);
                 }
                 tracing::debug!(operation, error = %describe(&error), "a transaction block was refused; running the operation as one implicit transaction");
-                let [write, _] = statements;
-                self.write_then_read(operation, write, agent_id, false)
+                self.write_then_read(operation, before, write, agent_id, false, after)
             }
             Err(error) => Err(self.explain(operation, error, commit_sent)),
         }
@@ -1651,6 +1659,21 @@ fn opening(
     (isolation, timeouts)
 }
 
+/// What [`PostgresLeaseCoordinator::write_then_read`] returns: the write's rows, the lease row
+/// read after it, and the rows of the statement after the read.
+type WrittenThenRead = (Vec<SimpleQueryRow>, Option<Row>, Vec<SimpleQueryRow>);
+
+/// The published frontier in `rows` of the `published` statement (agent, device, next seq).
+fn frontier_of(rows: &[SimpleQueryRow], agent_id: &str) -> Result<Frontier, LeaseError> {
+    let mut frontier = Frontier::new();
+    for row in rows {
+        for_agent(row, agent_id)?;
+        let device = row.get(1).unwrap_or("");
+        frontier.raise(device, COLUMNS.stored(integer(row, 2)?, "next seq")?);
+    }
+    Ok(frontier)
+}
+
 /// The error of a call on a connection that was given up.
 fn given_up() -> LeaseError {
     failure(
@@ -1683,133 +1706,49 @@ fn setting_ms(text: &str) -> Option<u64> {
 
 impl LeaseCoordinator for PostgresLeaseCoordinator {
     fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
-        validate_id(IdKind::Agent, agent_id)?;
-        validate_id(IdKind::Device, device_id)?;
-        validate_ttl(ttl_ms)?;
-        let ttl = COLUMNS.storable(ttl_ms, "ttl_ms")?;
-        let write = bind(
-            &self.statements.acquire,
-            &[
-                Literal::Text(agent_id),
-                Literal::Text(device_id),
-                Literal::Int(ttl),
-            ],
-        );
-        // The first try creates the agent's row (unheld) when it has none; the second grants.
-        for _ in 0..2 {
-            let (written, read) = self.write_then_read("acquire", write.clone(), agent_id, true)?;
-            if let Some(row) = written.first() {
-                for_agent(row, agent_id)?;
-                let Some(holder) = row.get(1) else {
-                    continue; // the agent's row was just created, unheld: grant in the conflict branch
-                };
-                if holder != device_id {
-                    return Err(failure(
-                        format!("acquire: the server granted {agent_id:?} to {holder:?}, not {device_id:?}: statements of two clients were mixed (a pooling proxy?)"),
-                        true,
-                        None,
-                    ));
-                }
-                return Ok(Lease {
-                    agent_id: agent_id.to_owned(),
-                    holder: holder.to_owned(),
-                    epoch: COLUMNS.stored(integer(row, 2)?, "epoch")?,
-                    expires_at_ms: COLUMNS.stored(integer(row, 3)?, "expires_at_ms")?,
-                });
-            }
-            // Refused: the write locked the row, and the read saw it under that lock.
-            return match read {
-                Some((_, epoch, _, _)) if epoch == i64::MAX => Err(LeaseError::EpochsExhausted {
-                    agent_id: agent_id.to_owned(),
-                    last_epoch: MAX_EPOCH,
-                }),
-                Some((Some(holder), epoch, expires_at_ms, _)) => Err(LeaseError::Held {
-                    agent_id: agent_id.to_owned(),
-                    holder,
-                    epoch: COLUMNS.stored(epoch, "epoch")?,
-                    expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
-                }),
-                other => Err(failure(
-                    format!("acquire: refused, but the lease row of {agent_id:?} reads {other:?}"),
-                    false,
-                    None,
-                )),
-            };
-        }
-        Err(failure(
-            format!("acquire: the lease row of {agent_id:?} was created but could not be granted; was it deleted?"),
-            false,
-            None,
-        ))
+        self.grant(agent_id, device_id, ttl_ms, false)
+            .map(|(lease, _)| lease)
+    }
+
+    fn acquire_handing_over(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<(Lease, Option<Frontier>), LeaseError> {
+        self.grant(agent_id, device_id, ttl_ms, true)
     }
 
     fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
-        validate_id(IdKind::Agent, agent_id)?;
-        validate_id(IdKind::Device, device_id)?;
-        validate_ttl(ttl_ms)?;
-        let ttl = COLUMNS.storable(ttl_ms, "ttl_ms")?;
-        let write = bind(
-            &self.statements.renew,
-            &[
-                Literal::Text(agent_id),
-                Literal::Text(device_id),
-                Literal::Int(claimed(epoch)),
-                Literal::Int(ttl),
-            ],
-        );
-        let statements = [write];
-        let outcome = self
-            .with_session(|session| {
-                let sets = self.batch(session, &statements)?;
-                let rows = sets.into_iter().next().unwrap_or_default();
-                let row = rows.first();
-                if let Some(row) = row {
-                    for_agent(row, agent_id)?;
-                }
-                match row {
-                    Some(row) if row.get(1) == Some(device_id) => Ok(Ok(integer(row, 3)?)),
-                    // The agent had no row: epoch 0.
-                    Some(row) => Ok(Err(integer(row, 2)?)),
-                    // Refused: read the current epoch (never the caller's again).
-                    None => Ok(Err(self.lost(session, agent_id)?)),
-                }
-            })
-            .map_err(|error| self.explain("renew", error, true))?;
-        match outcome {
-            Ok(expires_at_ms) => Ok(Lease {
-                agent_id: agent_id.to_owned(),
-                holder: device_id.to_owned(),
-                epoch,
-                expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
-            }),
-            Err(current_epoch) => Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch: COLUMNS.stored(current_epoch, "epoch")?,
-            }),
-        }
+        self.extend(agent_id, device_id, epoch, ttl_ms, None)
+            .map(|(lease, _)| lease)
+    }
+
+    fn renew_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        frontier: &Frontier,
+    ) -> Result<(Lease, bool), LeaseError> {
+        validate_frontier(frontier)?;
+        self.extend(agent_id, device_id, epoch, ttl_ms, Some(frontier))
     }
 
     fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
-        validate_id(IdKind::Agent, agent_id)?;
-        validate_id(IdKind::Device, device_id)?;
-        let write = bind(
-            &self.statements.release,
-            &[
-                Literal::Text(agent_id),
-                Literal::Text(device_id),
-                Literal::Int(claimed(epoch)),
-            ],
-        );
-        let (written, read) = self.write_then_read("release", write, agent_id, false)?;
-        if let Some(row) = written.first() {
-            return for_agent(row, agent_id);
-        }
-        Err(LeaseError::Lost {
-            agent_id: agent_id.to_owned(),
-            claimed_epoch: epoch,
-            current_epoch: COLUMNS.stored(read.map_or(0, |row| row.1), "epoch")?,
-        })
+        self.give_back(agent_id, device_id, epoch, None)
+    }
+
+    fn release_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        validate_frontier(frontier)?;
+        self.give_back(agent_id, device_id, epoch, Some(frontier))
     }
 
     fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
@@ -1851,26 +1790,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         validate_publish(agent_id, device_id, frontier)?;
         let mut statements = vec![bind(&self.statements.read, &[Literal::Text(agent_id)])];
         if !frontier.is_empty() {
-            let mut values = String::new();
-            for (index, (device, next_seq)) in frontier.iter().enumerate() {
-                if index > 0 {
-                    values.push(',');
-                }
-                values.push('(');
-                Literal::Text(device).write(&mut values);
-                values.push(',');
-                Literal::Int(COLUMNS.storable(next_seq, "next seq")?).write(&mut values);
-                values.push(')');
-            }
-            statements.push(bind(
-                &self.statements.publish,
-                &[
-                    Literal::Text(agent_id),
-                    Literal::Text(device_id),
-                    Literal::Int(claimed(epoch)),
-                    Literal::Sql(&values),
-                ],
-            ));
+            statements.push(self.publish_statement(agent_id, device_id, epoch, frontier)?);
         }
         let row = self
             .with_session(|session| {
@@ -1898,25 +1818,233 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
         let rows = self
             .with_session(|session| {
                 let sets = self.batch(session, &statements)?;
-                let rows = sets.into_iter().next().unwrap_or_default();
-                rows.iter()
-                    .map(|row| {
-                        for_agent(row, agent_id)?;
-                        Ok((row.get(1).unwrap_or("").to_owned(), integer(row, 2)?))
-                    })
-                    .collect::<Result<Vec<_>, LeaseError>>()
-                    .map_err(CallError::Reply)
+                Ok(sets.into_iter().next().unwrap_or_default())
             })
             .map_err(|error| self.explain("published_frontier", error, false))?;
-        let mut frontier = Frontier::new();
-        for (device, next_seq) in rows {
-            frontier.raise(&device, COLUMNS.stored(next_seq, "next seq")?);
-        }
-        Ok(frontier)
+        frontier_of(&rows, agent_id)
     }
 }
 
 impl PostgresLeaseCoordinator {
+    /// Acquires (rule L1); with `read_published`, reads the published frontier in the grant's
+    /// transaction and round trip (rule H3).
+    fn grant(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+        read_published: bool,
+    ) -> Result<(Lease, Option<Frontier>), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let ttl = COLUMNS.storable(ttl_ms, "ttl_ms")?;
+        let published_statement = bind(&self.statements.published, &[Literal::Text(agent_id)]);
+        let write = bind(
+            &self.statements.acquire,
+            &[
+                Literal::Text(agent_id),
+                Literal::Text(device_id),
+                Literal::Int(ttl),
+            ],
+        );
+        // The first try creates the agent's row (unheld) when it has none; the second grants.
+        for _ in 0..2 {
+            let (written, read, published) = self.write_then_read(
+                "acquire",
+                &[],
+                write.clone(),
+                agent_id,
+                true,
+                read_published.then_some(&published_statement),
+            )?;
+            if let Some(row) = written.first() {
+                for_agent(row, agent_id)?;
+                let Some(holder) = row.get(1) else {
+                    continue; // the agent's row was just created, unheld: grant in the conflict branch
+                };
+                if holder != device_id {
+                    return Err(failure(
+                        format!("acquire: the server granted {agent_id:?} to {holder:?}, not {device_id:?}: statements of two clients were mixed (a pooling proxy?)"),
+                        true,
+                        None,
+                    ));
+                }
+                let lease = Lease {
+                    agent_id: agent_id.to_owned(),
+                    holder: holder.to_owned(),
+                    epoch: COLUMNS.stored(integer(row, 2)?, "epoch")?,
+                    expires_at_ms: COLUMNS.stored(integer(row, 3)?, "expires_at_ms")?,
+                };
+                // What the earlier holders published, read in the grant's transaction (H3).
+                let published = read_published
+                    .then(|| frontier_of(&published, agent_id).ok())
+                    .flatten();
+                return Ok((lease, published));
+            }
+            // Refused: the write locked the row, and the read saw it under that lock.
+            return match read {
+                Some((_, epoch, _, _)) if epoch == i64::MAX => Err(LeaseError::EpochsExhausted {
+                    agent_id: agent_id.to_owned(),
+                    last_epoch: MAX_EPOCH,
+                }),
+                Some((Some(holder), epoch, expires_at_ms, _)) => Err(LeaseError::Held {
+                    agent_id: agent_id.to_owned(),
+                    holder,
+                    epoch: COLUMNS.stored(epoch, "epoch")?,
+                    expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
+                }),
+                other => Err(failure(
+                    format!("acquire: refused, but the lease row of {agent_id:?} reads {other:?}"),
+                    false,
+                    None,
+                )),
+            };
+        }
+        Err(failure(
+            format!("acquire: the lease row of {agent_id:?} was created but could not be granted; was it deleted?"),
+            false,
+            None,
+        ))
+    }
+
+    /// Renews (rule L2); with a frontier, publishes it in the same transaction and round trip
+    /// (rule H2), and says whether it was.
+    fn extend(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        frontier: Option<&Frontier>,
+    ) -> Result<(Lease, bool), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let ttl = COLUMNS.storable(ttl_ms, "ttl_ms")?;
+        let write = bind(
+            &self.statements.renew,
+            &[
+                Literal::Text(agent_id),
+                Literal::Text(device_id),
+                Literal::Int(claimed(epoch)),
+                Literal::Int(ttl),
+            ],
+        );
+        let mut statements = vec![write];
+        if let Some(frontier) = frontier.filter(|frontier| !frontier.is_empty()) {
+            // In the renewal's transaction, after it locked the row: only the holder it just
+            // renewed publishes (rule H2).
+            statements.push(self.publish_statement(agent_id, device_id, epoch, frontier)?);
+        }
+        let outcome = self
+            .with_session(|session| {
+                let sets = self.batch(session, &statements)?;
+                let published = sets.get(1).is_some_and(|rows| !rows.is_empty());
+                let rows = sets.into_iter().next().unwrap_or_default();
+                let row = rows.first();
+                if let Some(row) = row {
+                    for_agent(row, agent_id)?;
+                }
+                match row {
+                    Some(row) if row.get(1) == Some(device_id) => Ok(Ok((integer(row, 3)?, published))),
+                    // The agent had no row: epoch 0.
+                    Some(row) => Ok(Err(integer(row, 2)?)),
+                    // Refused: read the current epoch (never the caller's again).
+                    None => Ok(Err(self.lost(session, agent_id)?)),
+                }
+            })
+            .map_err(|error| self.explain("renew", error, true))?;
+        match outcome {
+            Ok((expires_at_ms, published)) => Ok((
+                Lease {
+                    agent_id: agent_id.to_owned(),
+                    holder: device_id.to_owned(),
+                    epoch,
+                    expires_at_ms: COLUMNS.stored(expires_at_ms, "expires_at_ms")?,
+                },
+                published || frontier.is_none_or(Frontier::is_empty),
+            )),
+            Err(current_epoch) => Err(LeaseError::Lost {
+                agent_id: agent_id.to_owned(),
+                claimed_epoch: epoch,
+                current_epoch: COLUMNS.stored(current_epoch, "epoch")?,
+            }),
+        }
+    }
+
+    /// Releases (rule L3); with a frontier, publishes it first in the same transaction and
+    /// round trip (rule H2), after the share-locked read of the row, so that no grant comes
+    /// between the holder check and the publication.
+    fn give_back(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: Option<&Frontier>,
+    ) -> Result<(), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        let write = bind(
+            &self.statements.release,
+            &[
+                Literal::Text(agent_id),
+                Literal::Text(device_id),
+                Literal::Int(claimed(epoch)),
+            ],
+        );
+        let mut before = Vec::new();
+        if let Some(frontier) = frontier.filter(|frontier| !frontier.is_empty()) {
+            before.push(bind(&self.statements.read, &[Literal::Text(agent_id)]));
+            before.push(self.publish_statement(agent_id, device_id, epoch, frontier)?);
+        }
+        let (written, read, _) = self.write_then_read("release", &before, write, agent_id, false, None)?;
+        if let Some(row) = written.first() {
+            return for_agent(row, agent_id);
+        }
+        Err(LeaseError::Lost {
+            agent_id: agent_id.to_owned(),
+            claimed_epoch: epoch,
+            current_epoch: COLUMNS.stored(read.map_or(0, |row| row.1), "epoch")?,
+        })
+    }
+
+    /// The `INSERT … VALUES` list of a frontier to publish.
+    fn frontier_values(frontier: &Frontier) -> Result<String, LeaseError> {
+        let mut values = String::new();
+        for (index, (device, next_seq)) in frontier.iter().enumerate() {
+            if index > 0 {
+                values.push(',');
+            }
+            values.push('(');
+            Literal::Text(device).write(&mut values);
+            values.push(',');
+            Literal::Int(COLUMNS.storable(next_seq, "next seq")?).write(&mut values);
+            values.push(')');
+        }
+        Ok(values)
+    }
+
+    /// The statement that publishes `frontier` (non-empty) for the holder at `epoch`.
+    fn publish_statement(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<String, LeaseError> {
+        let values = Self::frontier_values(frontier)?;
+        Ok(bind(
+            &self.statements.publish,
+            &[
+                Literal::Text(agent_id),
+                Literal::Text(device_id),
+                Literal::Int(claimed(epoch)),
+                Literal::Sql(&values),
+            ],
+        ))
+    }
+
     /// Reads the row, share-locked, with the server clock.
     fn read(&self, session: &mut Session, agent_id: &str) -> Result<Option<Row>, CallError> {
         let statements = [bind(&self.statements.read, &[Literal::Text(agent_id)])];

@@ -12,8 +12,8 @@ use super::{claimed, Columns};
 use crate::clock::WallClock;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{
-    expiry_after, validate_epoch_floor, validate_publish, validate_ttl, BackendError, Lease,
-    LeaseCoordinator, LeaseError, MAX_EPOCH,
+    expiry_after, validate_epoch_floor, validate_frontier, validate_publish, validate_ttl, BackendError,
+    Lease, LeaseCoordinator, LeaseError, MAX_EPOCH,
 };
 use crate::oplog::Frontier;
 
@@ -430,17 +430,17 @@ impl SqliteLeaseCoordinator {
             })
             .optional()
     }
-}
 
-impl LeaseCoordinator for SqliteLeaseCoordinator {
-    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
-        validate_id(IdKind::Agent, agent_id)?;
-        validate_id(IdKind::Device, device_id)?;
-        validate_ttl(ttl_ms)?;
-        let mut connection = self.lock();
-        let (transaction, now_ms) = self.begin_write(&mut connection, "acquire")?;
-        let row = Self::read_row(&transaction, agent_id)
-            .map_err(|error| sqlite_failure("acquire", error, false))?;
+    /// Grants the lease in `transaction` at `now_ms` (rule L1), or says why not.
+    fn grant(
+        transaction: &Transaction<'_>,
+        now_ms: u64,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<Lease, LeaseError> {
+        let row =
+            Self::read_row(transaction, agent_id).map_err(|error| sqlite_failure("acquire", error, false))?;
         let (last_epoch, floor) = match &row {
             Some((holder, epoch, expires_at_ms, floor)) => {
                 let expires_at_ms = COLUMNS.stored(*expires_at_ms, "expires_at_ms")?;
@@ -477,9 +477,6 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
                 statement.execute(params![agent_id, device_id, stored_epoch, stored_expiry])
             })
             .map_err(|error| sqlite_failure("acquire", error, false))?;
-        transaction
-            .commit()
-            .map_err(|error| sqlite_failure("acquire: commit failed", error, true))?;
         Ok(Lease {
             agent_id: agent_id.to_owned(),
             holder: device_id.to_owned(),
@@ -488,14 +485,15 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         })
     }
 
-    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
-        validate_id(IdKind::Agent, agent_id)?;
-        validate_id(IdKind::Device, device_id)?;
-        validate_ttl(ttl_ms)?;
-        let mut connection = self.lock();
-        // The clock is read inside the write transaction, so that the new expiry is computed at the
-        // instant the renew takes effect (another connection may commit in between otherwise).
-        let (transaction, now_ms) = self.begin_write(&mut connection, "renew")?;
+    /// Extends the holder's lease in `transaction` at `now_ms` (rule L2), or says it is lost.
+    fn extend(
+        transaction: &Transaction<'_>,
+        now_ms: u64,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+    ) -> Result<Lease, LeaseError> {
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
         let stored_expiry = COLUMNS.storable(expires_at_ms, "expiry")?;
         // One statement: extends the expiry only for the holder at its epoch, and returns the row
@@ -511,9 +509,6 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
                     .optional()
             })
             .map_err(|error| sqlite_failure("renew", error, false))?;
-        transaction
-            .commit()
-            .map_err(|error| sqlite_failure("renew: commit failed", error, true))?;
         match row {
             Some((Some(holder), current, stored_expiry))
                 if holder == device_id && COLUMNS.stored(current, "epoch")? == epoch =>
@@ -538,25 +533,84 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         }
     }
 
-    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+    /// `Lost` unless `device_id` holds the agent at `epoch` (expired or not).
+    fn check_holder(
+        transaction: &Transaction<'_>,
+        operation: &str,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+    ) -> Result<(), LeaseError> {
+        let row =
+            Self::read_row(transaction, agent_id).map_err(|error| sqlite_failure(operation, error, false))?;
+        match &row {
+            Some((Some(holder), current, _, _)) if holder == device_id && *current == claimed(epoch) => {
+                Ok(())
+            }
+            other => Err(LeaseError::Lost {
+                agent_id: agent_id.to_owned(),
+                claimed_epoch: epoch,
+                current_epoch: other
+                    .as_ref()
+                    .map_or(Ok(0), |row| COLUMNS.stored(row.1, "epoch"))?,
+            }),
+        }
+    }
+
+    /// Merges `frontier` into the agent's published frontier (rule H1), in `transaction`.
+    fn write_frontier(
+        transaction: &Transaction<'_>,
+        agent_id: &str,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        let mut statement = transaction
+            .prepare_cached(PUBLISH)
+            .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
+        for (device, next_seq) in frontier.iter() {
+            let next_seq = COLUMNS.storable(next_seq, "next seq")?;
+            statement
+                .execute(params![agent_id, device, next_seq])
+                .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
+        }
+        Ok(())
+    }
+
+    /// The agent's published frontier.
+    fn read_frontier(connection: &Connection, agent_id: &str) -> Result<Frontier, LeaseError> {
+        let rows = connection
+            .prepare_cached(PUBLISHED)
+            .and_then(|mut statement| {
+                statement
+                    .query_map([agent_id], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|error| sqlite_failure("published_frontier", error, false))?;
+        let mut frontier = Frontier::new();
+        for (device, next_seq) in rows {
+            frontier.raise(&device, COLUMNS.stored(next_seq, "next seq")?);
+        }
+        Ok(frontier)
+    }
+
+    /// Releases (rule L3), publishing `frontier` first in the same transaction when given.
+    fn release_with(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: Option<&Frontier>,
+    ) -> Result<(), LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         validate_id(IdKind::Device, device_id)?;
         let mut connection = self.lock();
         let (transaction, _) = self.begin_write(&mut connection, "release")?;
-        let row = Self::read_row(&transaction, agent_id)
-            .map_err(|error| sqlite_failure("release", error, false))?;
-        let current_epoch = match &row {
-            Some((_, current, _, _)) => COLUMNS.stored(*current, "epoch")?,
-            None => 0,
-        };
-        let holds =
-            matches!(&row, Some((Some(holder), _, _, _)) if holder == device_id) && current_epoch == epoch;
-        if !holds {
-            return Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch,
-            });
+        Self::check_holder(&transaction, "release", agent_id, device_id, epoch)?;
+        if let Some(frontier) = frontier {
+            if let Err(error) = Self::write_frontier(&transaction, agent_id, frontier) {
+                tracing::warn!(agent_id, %error, "cannot publish before the release; releasing");
+            }
         }
         transaction
             .prepare_cached(RELEASE)
@@ -565,6 +619,92 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         transaction
             .commit()
             .map_err(|error| sqlite_failure("release: commit failed", error, true))
+    }
+}
+
+impl LeaseCoordinator for SqliteLeaseCoordinator {
+    fn acquire(&self, agent_id: &str, device_id: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let mut connection = self.lock();
+        let (transaction, now_ms) = self.begin_write(&mut connection, "acquire")?;
+        let lease = Self::grant(&transaction, now_ms, agent_id, device_id, ttl_ms)?;
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("acquire: commit failed", error, true))?;
+        Ok(lease)
+    }
+
+    fn acquire_handing_over(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<(Lease, Option<Frontier>), LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let mut connection = self.lock();
+        let (transaction, now_ms) = self.begin_write(&mut connection, "acquire")?;
+        let lease = Self::grant(&transaction, now_ms, agent_id, device_id, ttl_ms)?;
+        // In the grant's transaction: what every earlier holder published (rule H3).
+        let published = Self::read_frontier(&transaction, agent_id).ok();
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("acquire: commit failed", error, true))?;
+        Ok((lease, published))
+    }
+
+    fn renew(&self, agent_id: &str, device_id: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        validate_id(IdKind::Agent, agent_id)?;
+        validate_id(IdKind::Device, device_id)?;
+        validate_ttl(ttl_ms)?;
+        let mut connection = self.lock();
+        // The clock is read inside the write transaction, so that the new expiry is computed at the
+        // instant the renew takes effect (another connection may commit in between otherwise).
+        let (transaction, now_ms) = self.begin_write(&mut connection, "renew")?;
+        let renewed = Self::extend(&transaction, now_ms, agent_id, device_id, epoch, ttl_ms);
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("renew: commit failed", error, true))?;
+        renewed
+    }
+
+    fn renew_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        frontier: &Frontier,
+    ) -> Result<(Lease, bool), LeaseError> {
+        validate_publish(agent_id, device_id, frontier)?;
+        validate_ttl(ttl_ms)?;
+        let mut connection = self.lock();
+        let (transaction, now_ms) = self.begin_write(&mut connection, "renew")?;
+        let renewed = Self::extend(&transaction, now_ms, agent_id, device_id, epoch, ttl_ms);
+        // Published only by the holder that was just renewed, in the same transaction.
+        let published = renewed.is_ok() && Self::write_frontier(&transaction, agent_id, frontier).is_ok();
+        transaction
+            .commit()
+            .map_err(|error| sqlite_failure("renew: commit failed", error, true))?;
+        Ok((renewed?, published))
+    }
+
+    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
+        self.release_with(agent_id, device_id, epoch, None)
+    }
+
+    fn release_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        validate_frontier(frontier)?;
+        self.release_with(agent_id, device_id, epoch, Some(frontier))
     }
 
     fn current(&self, agent_id: &str) -> Result<Option<Lease>, LeaseError> {
@@ -611,32 +751,8 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         validate_publish(agent_id, device_id, frontier)?;
         let mut connection = self.lock();
         let (transaction, _) = self.begin_write(&mut connection, "publish_frontier")?;
-        let row = Self::read_row(&transaction, agent_id)
-            .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
-        match &row {
-            Some((Some(holder), current, _, _)) if holder == device_id && *current == claimed(epoch) => {}
-            other => {
-                let current = other
-                    .as_ref()
-                    .map_or(Ok(0), |row| COLUMNS.stored(row.1, "epoch"))?;
-                return Err(LeaseError::Lost {
-                    agent_id: agent_id.to_owned(),
-                    claimed_epoch: epoch,
-                    current_epoch: current,
-                });
-            }
-        }
-        {
-            let mut statement = transaction
-                .prepare_cached(PUBLISH)
-                .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
-            for (device, next_seq) in frontier.iter() {
-                let next_seq = COLUMNS.storable(next_seq, "next seq")?;
-                statement
-                    .execute(params![agent_id, device, next_seq])
-                    .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
-            }
-        }
+        Self::check_holder(&transaction, "publish_frontier", agent_id, device_id, epoch)?;
+        Self::write_frontier(&transaction, agent_id, frontier)?;
         transaction
             .commit()
             .map_err(|error| sqlite_failure("publish_frontier: commit failed", error, true))
@@ -645,20 +761,6 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
     fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
         validate_id(IdKind::Agent, agent_id)?;
         let connection = self.lock();
-        let rows = connection
-            .prepare_cached(PUBLISHED)
-            .and_then(|mut statement| {
-                statement
-                    .query_map([agent_id], |row| {
-                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-                    })?
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(|error| sqlite_failure("published_frontier", error, false))?;
-        let mut frontier = Frontier::new();
-        for (device, next_seq) in rows {
-            frontier.raise(&device, COLUMNS.stored(next_seq, "next seq")?);
-        }
-        Ok(frontier)
+        Self::read_frontier(&connection, agent_id)
     }
 }

@@ -80,6 +80,7 @@ pub fn run_all(harness: &dyn Harness) {
     l8_bad_input_is_a_clear_error_and_changes_nothing(harness);
     d1_the_fence_reads_the_oracle_then_the_coordinator(harness);
     h1_the_holder_publishes_a_monotone_cumulative_frontier(harness);
+    h2_h3_the_combined_calls_act_as_their_parts(harness);
     h4_the_published_frontier_survives_reopening(harness);
 }
 
@@ -310,6 +311,81 @@ pub fn h1_the_holder_publishes_a_monotone_cumulative_frontier(harness: &dyn Harn
     assert!(
         published_of(coordinator.as_ref(), "h1-other").is_empty(),
         "H1: another agent's frontier is its own"
+    );
+}
+
+/// H2, H3: the combined calls, which a backend may run in one round trip, do what their parts
+/// do: `acquire_handing_over` grants and reads the frontier published before the grant;
+/// `renew_publishing` publishes only for the holder it renews (a refused renewal publishes
+/// nothing); `release_publishing` publishes, then releases, and a zombie's does neither.
+pub fn h2_h3_the_combined_calls_act_as_their_parts(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    let published = |rule: &str| coordinator.published_frontier("h23").expect(rule);
+    let (first, handed_over) = coordinator
+        .acquire_handing_over("h23", "laptop", ttl)
+        .expect("H3: acquire_handing_over grants");
+    assert_eq!(
+        handed_over,
+        Some(Frontier::new()),
+        "H3: nothing was published before the first grant"
+    );
+    assert!(
+        matches!(
+            coordinator.acquire_handing_over("h23", "phone", ttl),
+            Err(LeaseError::Held { .. })
+        ),
+        "H3: a valid lease is Held, as for acquire"
+    );
+    let (renewed, done) = coordinator
+        .renew_publishing("h23", "laptop", first.epoch, ttl, &frontier_of(&[("laptop", 2)]))
+        .expect("H2: renew_publishing renews the holder");
+    assert!(done && renewed.epoch == first.epoch, "H2: and publishes");
+    assert_eq!(published("H2"), frontier_of(&[("laptop", 2)]));
+    expect_lost(
+        coordinator
+            .renew_publishing("h23", "phone", first.epoch, ttl, &frontier_of(&[("phone", 5)]))
+            .map(|(lease, _)| lease),
+        "H2: renew_publishing by another device",
+    );
+    assert_eq!(
+        published("H2"),
+        frontier_of(&[("laptop", 2)]),
+        "H2: a refused renewal publishes nothing"
+    );
+    coordinator
+        .release_publishing("h23", "laptop", first.epoch, &frontier_of(&[("laptop", 4)]))
+        .expect("H2: release_publishing");
+    assert_eq!(
+        published("H2"),
+        frontier_of(&[("laptop", 4)]),
+        "H2: published before the release"
+    );
+    let (second, handed_over) = coordinator
+        .acquire_handing_over("h23", "phone", ttl)
+        .expect("H3: released, so granted at once");
+    assert_eq!(second.epoch, first.epoch + 1, "H3: the next epoch");
+    assert_eq!(
+        handed_over,
+        Some(frontier_of(&[("laptop", 4)])),
+        "H3: the grant reads what the predecessor published"
+    );
+    expect_lost(
+        coordinator.release_publishing("h23", "laptop", first.epoch, &frontier_of(&[("laptop", 9)])),
+        "H2: a zombie's release_publishing",
+    );
+    assert_eq!(
+        published("H2"),
+        frontier_of(&[("laptop", 4)]),
+        "H2: a zombie's release publishes nothing"
+    );
+    assert_eq!(
+        coordinator
+            .current("h23")
+            .expect("current")
+            .map(|lease| (lease.holder, lease.epoch)),
+        Some(("phone".to_owned(), second.epoch)),
+        "H2: and releases nothing"
     );
 }
 

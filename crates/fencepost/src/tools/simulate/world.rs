@@ -98,6 +98,39 @@ impl LeaseCoordinator for Counted {
         self.count("published_frontier");
         self.inner.published_frontier(agent_id)
     }
+    // The combined calls are one round trip each where the backend can: counted as one.
+    fn acquire_handing_over(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        ttl_ms: u64,
+    ) -> Result<(crate::lease::Lease, Option<Frontier>), LeaseError> {
+        self.count("acquire");
+        self.inner.acquire_handing_over(agent_id, device_id, ttl_ms)
+    }
+    fn renew_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        ttl_ms: u64,
+        frontier: &Frontier,
+    ) -> Result<(crate::lease::Lease, bool), LeaseError> {
+        self.count("renew");
+        self.inner
+            .renew_publishing(agent_id, device_id, epoch, ttl_ms, frontier)
+    }
+    fn release_publishing(
+        &self,
+        agent_id: &str,
+        device_id: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        self.count("release");
+        self.inner
+            .release_publishing(agent_id, device_id, epoch, frontier)
+    }
 }
 
 /// A site's lease of one agent: the library's machines, driven in simulated time.
@@ -572,11 +605,15 @@ impl World<'_> {
                         let outcome = self.coordinator.renew(&name, &device, epoch, ttl_ms);
                         renewal.answered(local, outcome);
                     }
-                    RenewalStep::Publish { epoch, frontier } => {
+                    RenewalStep::RenewAndPublish {
+                        epoch,
+                        ttl_ms,
+                        frontier,
+                    } => {
                         let outcome = self
                             .coordinator
-                            .publish_frontier(&name, &device, epoch, &frontier);
-                        renewal.published(local, outcome);
+                            .renew_publishing(&name, &device, epoch, ttl_ms, &frontier);
+                        renewal.answered_publishing(local, outcome);
                     }
                     RenewalStep::Lost(_) => {
                         self.end_tenure(index, agent);
@@ -612,12 +649,8 @@ impl World<'_> {
                     acquisition.floor_raised(local, outcome);
                 }
                 AcquireStep::Acquire { ttl_ms } => {
-                    let outcome = self.coordinator.acquire(&name, &device, ttl_ms);
-                    acquisition.acquired(local, outcome);
-                }
-                AcquireStep::ReadFrontier => {
-                    let outcome = self.coordinator.published_frontier(&name);
-                    acquisition.frontier_read(local, outcome);
+                    let outcome = self.coordinator.acquire_handing_over(&name, &device, ttl_ms);
+                    acquisition.acquired_handing_over(local, outcome);
                 }
                 AcquireStep::Granted(renewal) => {
                     self.sites[index].leases[agent] = LeaseState::Holding {
