@@ -1,7 +1,6 @@
 //! The subcommands.
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -14,7 +13,7 @@ use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
 use fencepost::oplog::Surface;
-use fencepost::relay::{Frontier, ProblemKind, Relay};
+use fencepost::relay::{Frontier, ProblemKind};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
@@ -85,7 +84,7 @@ pub struct RunArgs {
 
 /// Opens the site's ledger on the ledger folder and syncs it.
 fn open_ledger(settings: &Settings) -> Result<Ledger> {
-    let relay: Arc<dyn Relay> = Arc::new(settings.relay()?);
+    let relay = settings.relay()?;
     let options = LedgerOptions::default().seen_file(settings.seen_file()?);
     let mut ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
         .with_context(|| format!("cannot open the ledger in {}", settings.ledger.display()))?;

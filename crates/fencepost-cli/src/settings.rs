@@ -9,7 +9,7 @@ use fencepost::backend::sqlite::{SqliteConfig, SqliteLeaseCoordinator};
 use fencepost::clock::{system_clock, WallClock};
 use fencepost::id::{validate_id, IdKind};
 use fencepost::lease::{Lease, LeaseCoordinator, LeaseError};
-use fencepost::relay::FsRelay;
+use fencepost::relay::{FsRelay, Relay, SqliteRelay};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -20,9 +20,10 @@ pub struct Global {
     /// or a `postgres://` URL (many hosts).
     #[arg(long, global = true, env = "FENCEPOST_COORDINATOR", value_name = "SPEC")]
     pub coordinator: Option<String>,
-    /// The ledger folder (an `FsRelay`: one file per device). May be a synced folder shared by
-    /// every host. Default: `<data dir>/ledger`.
-    #[arg(long, global = true, env = "FENCEPOST_LEDGER", value_name = "DIR")]
+    /// Where intents live: a folder (one file per device; may be a synced folder every host
+    /// shares) or `sqlite:PATH` (a SQLite file: the processes of one host). Default: the folder
+    /// `<data dir>/ledger`.
+    #[arg(long, global = true, env = "FENCEPOST_LEDGER", value_name = "DIR|sqlite:PATH")]
     pub ledger: Option<PathBuf>,
     /// This host's device id. Default: the host name and a hash of the machine id, stable across
     /// runs.
@@ -49,10 +50,22 @@ struct ConfigFile {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub coordinator: String,
+    /// The ledger folder, or the ledger's SQLite file (`ledger_kind`).
     pub ledger: PathBuf,
+    /// What `ledger` is.
+    pub ledger_kind: LedgerKind,
     /// Whether the ledger folder was named (flag, variable, file): a named folder must exist.
     pub ledger_named: bool,
     pub device: String,
+}
+
+/// Where the ledger lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerKind {
+    /// A folder of device files (`FsRelay`), possibly synced between hosts.
+    Folder,
+    /// A SQLite file (`SqliteRelay`, `--ledger sqlite:PATH`): the processes of one host.
+    Sqlite,
 }
 
 fn data_dir() -> Result<PathBuf> {
@@ -73,9 +86,31 @@ impl Settings {
             None => coordinator,
         };
         let (ledger, ledger_named) = match global.ledger.clone().or(file.ledger) {
-            Some(dir) => (expand_home(&dir), true),
+            Some(dir) => (dir, true),
             None => (data_dir()?.join("ledger"), false),
         };
+        let (ledger, ledger_kind) = match ledger.to_str().and_then(|spec| spec.strip_prefix("sqlite:")) {
+            Some(path) => (expand_home(Path::new(path)), LedgerKind::Sqlite),
+            None => (expand_home(&ledger), LedgerKind::Folder),
+        };
+        if ledger_kind == LedgerKind::Sqlite {
+            // The coordinator refuses a database with tables of another application's, and
+            // the relay's tables would be that.
+            let coordinator_file = coordinator.strip_prefix("sqlite:").map(Path::new);
+            let same = coordinator_file.is_some_and(|file| {
+                file == ledger
+                    || std::fs::canonicalize(file)
+                        .ok()
+                        .is_some_and(|file| std::fs::canonicalize(&ledger).is_ok_and(|ledger| ledger == file))
+            });
+            if same {
+                crate::usage!(
+                    "--ledger sqlite:{}: that is the coordinator's file; give the ledger a file of its own (for example {})",
+                    ledger.display(),
+                    ledger.with_file_name("ledger.db").display()
+                );
+            }
+        }
         if ledger.is_relative() {
             crate::usage!(
                 "--ledger {}: the path must be absolute; a relative one names another folder in each working directory, and processes started in different folders would each have a ledger of their own",
@@ -92,13 +127,31 @@ impl Settings {
         Ok(Self {
             coordinator,
             ledger,
+            ledger_kind,
             ledger_named,
             device,
         })
     }
 
-    /// Opens the ledger folder: a named one must exist; the default one is created.
-    pub fn relay(&self) -> Result<FsRelay> {
+    /// Opens the ledger: a folder (a named one must exist; the default one is created) or a
+    /// SQLite file (created in an existing folder).
+    pub fn relay(&self) -> Result<Arc<dyn Relay>> {
+        if self.ledger_kind == LedgerKind::Sqlite {
+            if self.ledger.is_dir() {
+                bail!(
+                    "--ledger sqlite:{}: that is a folder; name the ledger's SQLite file (for example {})",
+                    self.ledger.display(),
+                    self.ledger.join("ledger.db").display()
+                );
+            }
+            return Ok(Arc::new(SqliteRelay::open(&self.ledger).with_context(|| {
+                format!("cannot open the ledger {}", self.ledger.display())
+            })?));
+        }
+        Ok(Arc::new(self.folder_relay()?))
+    }
+
+    fn folder_relay(&self) -> Result<FsRelay> {
         if self.ledger.exists() && !self.ledger.is_dir() {
             bail!(
                 "the ledger {} is not a folder: point --ledger at the folder every host shares",

@@ -9,7 +9,9 @@ use std::path::Path;
 use fencepost::clock::ManualClock;
 use fencepost::conformance::relay::{self as conformance, RelayHarness, RelayStore};
 use fencepost::oplog::{DeviceLog, LogError, OpRecord, Surface};
-use fencepost::relay::{device_file_name, Frontier, FsRelay, InMemoryRelay, ProblemKind, Relay, RelayError};
+use fencepost::relay::{
+    device_file_name, Frontier, FsRelay, InMemoryRelay, ProblemKind, Relay, RelayError, SqliteRelay,
+};
 use serde_json::json;
 
 fn ops_of(device: &str, count: usize) -> Vec<OpRecord> {
@@ -52,6 +54,44 @@ impl RelayHarness for Folder {
             corrupt_line(&device_file(dir.path(), device), 2);
         })
     }
+}
+
+/// The SQLite relay: every handle is a connection of its own on the file (as another
+/// process's would be); damage is a record edited in place.
+struct Sqlite;
+
+impl RelayHarness for Sqlite {
+    fn fresh_store(&self) -> RelayStore {
+        let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+        let path = dir.path().join("ledger.db");
+        let kept = std::sync::Arc::clone(&dir);
+        let opened = path.clone();
+        RelayStore::new(move || {
+            let _ = &kept;
+            Box::new(SqliteRelay::open(&opened).unwrap()) as Box<dyn Relay>
+        })
+        .with_damage(move |device| {
+            let connection = rusqlite::Connection::open(&path).unwrap();
+            let changed = connection
+                .execute(
+                    "UPDATE fencepost_relay_records SET record = replace(record, 'note', 'n0te')
+                     WHERE device_id = ?1 AND seq = 2",
+                    [device],
+                )
+                .unwrap();
+            assert_eq!(changed, 1, "damaged one record");
+        })
+    }
+}
+
+#[test]
+fn r1_conformance_sqlite_relay() {
+    conformance::run_all(&Sqlite);
+}
+
+#[test]
+fn r1_conformance_sqlite_relay_damage_is_isolated_and_reported() {
+    conformance::r1_damage_of_one_device_is_isolated_and_reported(&Sqlite);
 }
 
 /// Overwrites one byte of the 0-based line `index` of `path` in place (same length, so later

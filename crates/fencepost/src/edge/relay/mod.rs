@@ -10,11 +10,13 @@
 //!   order, plus the [`RelayProblem`]s found (a damaged file is reported, not fatal: the other
 //!   devices keep syncing).
 //!
-//! Implementations: [`InMemoryRelay`] (tests, the simulator, one process) and [`FsRelay`] (a folder,
-//! possibly a synced one).
+//! Implementations: [`InMemoryRelay`] (tests, the simulator, one process), [`FsRelay`] (a folder,
+//! possibly a synced one) and, with feature `sqlite`, `SqliteRelay` (a SQLite file, one host).
 
 mod fs;
 mod memory;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,6 +30,8 @@ use crate::oplog::{LogError, LogHead, OpId, OpRecord};
 pub use crate::oplog::Frontier;
 pub use fs::{device_file_name, FsRelay, FsRelayConfig};
 pub use memory::InMemoryRelay;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteRelay;
 
 /// An eventually consistent store of device op logs (rule R1).
 pub trait Relay: Send + Sync {

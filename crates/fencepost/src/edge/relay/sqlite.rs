@@ -1,0 +1,412 @@
+//! [`SqliteRelay`] (feature `sqlite`): the ledger in a SQLite file, for the processes of one host.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+
+use super::{
+    group_by_device, plan_device_push, Appended, Frontier, MakeRecords, ProblemKind, PullBatch, PushReport,
+    Relay, RelayError, RelayProblem,
+};
+use crate::oplog::{LogHead, OpId, OpRecord};
+
+/// How long a call waits for another process's write lock on the file.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every device's log in two tables of a SQLite file (WAL, `synchronous = FULL`): the records
+/// (their JSON wire form, keyed by device and seq) and, per device, how many there are. Rule R1:
+/// a push is one transaction that verifies each device's chain (nothing of a refused push is
+/// stored); a pull reads, per device, only the records from the caller's frontier on (the primary
+/// key is `(device_id, seq)`: O(new records)) and verifies them, so a damaged record (a row edited
+/// by hand, a gap) is reported as damage of its device, the other devices going on;
+/// [`append`](Relay::append) holds SQLite's write lock (`BEGIN IMMEDIATE`) from reading the
+/// device's tail to storing the new records, so the processes sharing a device id interleave.
+///
+/// One host only, like the SQLite coordinator: over a network or synced folder, SQLite's locks do
+/// not hold. For many hosts, use a synced folder ([`FsRelay`](super::FsRelay)) or PostgreSQL.
+///
+/// ```
+/// use fencepost::clock::ManualClock;
+/// use fencepost::oplog::{DeviceLog, Surface};
+/// use fencepost::relay::{Frontier, Relay, SqliteRelay};
+/// use serde_json::json;
+///
+/// let folder = tempfile::tempdir()?;
+/// let relay = SqliteRelay::open(folder.path().join("ledger.db"))?;
+/// let mut log = DeviceLog::new("laptop", ManualClock::new(1).wall_clock())?;
+/// let op = log.append(Surface::log("note"), json!({"text": "hi"}));
+/// relay.push(&[op.clone()])?;
+/// assert_eq!(relay.push(&[op.clone()])?.already_present, 1); // idempotent
+/// assert_eq!(relay.pull(&Frontier::new())?.ops, vec![op]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SqliteRelay {
+    path: PathBuf,
+    connection: Mutex<Connection>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS fencepost_relay_records (
+    device_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    record BLOB NOT NULL,
+    PRIMARY KEY (device_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fencepost_relay_devices (
+    device_id TEXT NOT NULL PRIMARY KEY,
+    next_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+impl SqliteRelay {
+    /// Opens (creating when missing) the relay in the SQLite file at `path`.
+    ///
+    /// # Errors
+    /// [`RelayError::Io`] when the file cannot be opened or is no SQLite database.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, RelayError> {
+        let path = path.as_ref().to_path_buf();
+        let failed = |error| storage("open", &path, error);
+        let connection = Connection::open(&path).map_err(failed)?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(failed)?;
+        connection
+            .pragma_update(None, "journal_mode", "WAL")
+            .map_err(failed)?;
+        connection
+            .pragma_update(None, "synchronous", "FULL")
+            .map_err(failed)?;
+        connection.execute_batch(SCHEMA).map_err(failed)?;
+        Ok(Self {
+            path,
+            connection: Mutex::new(connection),
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.connection.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn failed(&self, operation: &'static str) -> impl Fn(rusqlite::Error) -> RelayError + '_ {
+        move |error| storage(operation, &self.path, error)
+    }
+
+    fn damage(&self, device_id: &str, seq: u64, detail: String) -> RelayProblem {
+        RelayProblem {
+            kind: ProblemKind::Damage,
+            device_id: Some(device_id.to_owned()),
+            file: Some(self.path.clone()),
+            line_number: Some(seq.saturating_add(1)),
+            detail: format!("record {seq}: {detail}"),
+        }
+    }
+
+    /// The stored record `seq` of `device_id`, verified to be that device's record `seq` with an
+    /// id that matches its content.
+    fn record_at(
+        &self,
+        transaction: &Transaction<'_>,
+        device_id: &str,
+        seq: u64,
+    ) -> Result<Result<OpRecord, RelayProblem>, RelayError> {
+        let stored_seq = i64::try_from(seq).unwrap_or(i64::MAX);
+        let bytes: Option<Option<Vec<u8>>> = transaction
+            .prepare_cached("SELECT record FROM fencepost_relay_records WHERE device_id = ?1 AND seq = ?2")
+            .and_then(|mut statement| {
+                statement
+                    .query_row(params![device_id, stored_seq], |row| {
+                        Ok(bytes_of(row.get_ref(0)?))
+                    })
+                    .optional()
+            })
+            .map_err(self.failed("read"))?;
+        let Some(bytes) = bytes else {
+            return Ok(Err(self.damage(device_id, seq, "missing".to_owned())));
+        };
+        let Some(bytes) = bytes else {
+            return Ok(Err(self.damage(
+                device_id,
+                seq,
+                "not a record (a value of another type)".to_owned(),
+            )));
+        };
+        Ok(self.decode(device_id, seq, &bytes).and_then(|op| {
+            LogHead::new(device_id)
+                .check_identity(&op)
+                .map(|()| op)
+                .map_err(|error| self.damage(device_id, seq, error.to_string()))
+        }))
+    }
+
+    /// Decodes the stored record `seq` of `device_id` (its id is not checked here).
+    fn decode(&self, device_id: &str, seq: u64, bytes: &[u8]) -> Result<OpRecord, RelayProblem> {
+        let op = OpRecord::from_json(bytes)
+            .map_err(|error| self.damage(device_id, seq, format!("does not decode: {error}")))?;
+        if &*op.device_id != device_id || op.seq != seq {
+            return Err(self.damage(
+                device_id,
+                seq,
+                format!("holds record {} of device {:?}", op.seq, op.device_id),
+            ));
+        }
+        Ok(op)
+    }
+
+    /// How many records of `device_id` are stored.
+    fn next_seq(&self, transaction: &Transaction<'_>, device_id: &str) -> Result<u64, RelayError> {
+        let next: Option<i64> = transaction
+            .prepare_cached("SELECT next_seq FROM fencepost_relay_devices WHERE device_id = ?1")
+            .and_then(|mut statement| statement.query_row([device_id], |row| row.get(0)).optional())
+            .map_err(self.failed("read"))?;
+        Ok(next.map_or(0, |next| u64::try_from(next).unwrap_or(0)))
+    }
+
+    /// The head of `device_id`'s stored log (from its last record), or the damage that keeps
+    /// anything from being appended to it.
+    fn head(&self, transaction: &Transaction<'_>, device_id: &str) -> Result<LogHead, RelayError> {
+        let next_seq = self.next_seq(transaction, device_id)?;
+        let mut head = LogHead::new(device_id);
+        if next_seq == 0 {
+            return Ok(head);
+        }
+        match self.record_at(transaction, device_id, next_seq - 1)? {
+            Ok(last) => {
+                head.advance_unchecked(&last);
+                Ok(head)
+            }
+            Err(problem) => Err(RelayError::DeviceDamaged {
+                device_id: device_id.to_owned(),
+                problem,
+            }),
+        }
+    }
+
+    /// Stores `ops` (checked to continue `device_id`'s chain) and the device's new length.
+    fn store(
+        &self,
+        transaction: &Transaction<'_>,
+        device_id: &str,
+        ops: &[&OpRecord],
+        next_seq: u64,
+    ) -> Result<(), RelayError> {
+        let mut insert = transaction
+            .prepare_cached(
+                "INSERT INTO fencepost_relay_records (device_id, seq, record) VALUES (?1, ?2, ?3)",
+            )
+            .map_err(self.failed("append to"))?;
+        let mut line = Vec::new();
+        for op in ops {
+            line.clear();
+            op.write_json_line(&mut line);
+            let seq = i64::try_from(op.seq)
+                .map_err(|_| storage_text("append to", &self.path, "a seq beyond 2^63"))?;
+            insert
+                .execute(params![device_id, seq, line.trim_ascii_end()])
+                .map_err(self.failed("append to"))?;
+        }
+        let next_seq = i64::try_from(next_seq)
+            .map_err(|_| storage_text("append to", &self.path, "a seq beyond 2^63"))?;
+        transaction
+            .prepare_cached(
+                "INSERT INTO fencepost_relay_devices (device_id, next_seq) VALUES (?1, ?2)
+                 ON CONFLICT (device_id) DO UPDATE SET next_seq = excluded.next_seq",
+            )
+            .and_then(|mut statement| statement.execute(params![device_id, next_seq]))
+            .map_err(self.failed("append to"))?;
+        Ok(())
+    }
+}
+
+/// The bytes of a stored record (a BLOB, or TEXT once edited by hand); `None` for another type.
+fn bytes_of(value: rusqlite::types::ValueRef<'_>) -> Option<Vec<u8>> {
+    match value {
+        rusqlite::types::ValueRef::Blob(bytes) | rusqlite::types::ValueRef::Text(bytes) => {
+            Some(bytes.to_vec())
+        }
+        _ => None,
+    }
+}
+
+/// A SQLite failure as a relay error.
+fn storage(operation: &'static str, path: &Path, error: rusqlite::Error) -> RelayError {
+    RelayError::Io {
+        operation,
+        path: path.to_path_buf(),
+        source: std::io::Error::other(error),
+    }
+}
+
+fn storage_text(operation: &'static str, path: &Path, text: &str) -> RelayError {
+    RelayError::Io {
+        operation,
+        path: path.to_path_buf(),
+        source: std::io::Error::other(text.to_owned()),
+    }
+}
+
+impl Relay for SqliteRelay {
+    fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
+        let groups = group_by_device(ops)?;
+        let mut connection = self.lock();
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.failed("push to"))?;
+        let mut report = PushReport::default();
+        let mut plans = Vec::with_capacity(groups.len());
+        for (device_id, device_ops) in groups {
+            let head = self.head(&transaction, device_id)?;
+            let plan = plan_device_push(
+                &head,
+                |seq| -> Result<OpId, RelayError> {
+                    match self.record_at(&transaction, device_id, seq)? {
+                        Ok(stored) => Ok(stored.op_id),
+                        Err(problem) => Err(RelayError::DeviceDamaged {
+                            device_id: device_id.to_owned(),
+                            problem,
+                        }),
+                    }
+                },
+                device_ops,
+            )?;
+            plans.push((device_id, plan));
+        }
+        for (device_id, plan) in plans {
+            report.already_present += plan.already_present;
+            report.appended += plan.fresh.len();
+            if !plan.fresh.is_empty() {
+                self.store(&transaction, device_id, &plan.fresh, plan.head.next_seq())?;
+            }
+        }
+        transaction.commit().map_err(self.failed("push to"))?;
+        Ok(report)
+    }
+
+    fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError> {
+        let mut connection = self.lock();
+        // One read transaction: a snapshot of every device (WAL).
+        let transaction = connection.transaction().map_err(self.failed("read"))?;
+        let devices: Vec<(String, i64)> = transaction
+            .prepare_cached("SELECT device_id, next_seq FROM fencepost_relay_devices ORDER BY device_id")
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(self.failed("read"))?;
+        let mut batch = PullBatch::default();
+        for (device_id, stored) in devices {
+            let stored = u64::try_from(stored).unwrap_or(0);
+            let from = since.next_seq(&device_id);
+            if from >= stored {
+                continue;
+            }
+            // The head before `from`, so that the first record read is checked against it.
+            let mut head = LogHead::new(device_id.as_str());
+            if from > 0 {
+                match self.record_at(&transaction, &device_id, from - 1)? {
+                    Ok(before) => head.advance_unchecked(&before),
+                    Err(problem) => {
+                        batch.problems.push(problem);
+                        continue;
+                    }
+                }
+            }
+            let rows: Vec<(Option<i64>, Option<Vec<u8>>)> = transaction
+                .prepare_cached(
+                    "SELECT seq, record FROM fencepost_relay_records
+                     WHERE device_id = ?1 AND seq >= ?2 ORDER BY seq",
+                )
+                .and_then(|mut statement| {
+                    statement
+                        .query_map(
+                            params![device_id, i64::try_from(from).unwrap_or(i64::MAX)],
+                            |row| Ok((row.get_ref(0)?.as_i64().ok(), bytes_of(row.get_ref(1)?))),
+                        )?
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(self.failed("read"))?;
+            let mut expected = from;
+            let mut problem = None;
+            for (seq, bytes) in rows {
+                // A row edited by hand may hold values of any type: damage of its device, not an
+                // error of the whole pull.
+                let seq = seq.and_then(|seq| u64::try_from(seq).ok());
+                if seq != Some(expected) {
+                    break; // a gap, or a seq that is no number: reported below
+                }
+                let seq = expected;
+                let Some(bytes) = bytes else {
+                    problem = Some(self.damage(
+                        &device_id,
+                        seq,
+                        "not a record (a value of another type)".to_owned(),
+                    ));
+                    break;
+                };
+                // Checked against the head: the device, the id over the content, seq, chain, HLC.
+                let checked = self.decode(&device_id, seq, &bytes).and_then(|op| {
+                    head.accept(&op)
+                        .map(|()| op)
+                        .map_err(|error| self.damage(&device_id, seq, error.to_string()))
+                });
+                match checked {
+                    Ok(op) => batch.ops.push(op),
+                    Err(damage) => {
+                        problem = Some(damage);
+                        break;
+                    }
+                }
+                expected += 1;
+            }
+            if problem.is_none() && expected < stored {
+                problem = Some(self.damage(&device_id, expected, "missing".to_owned()));
+            }
+            batch.problems.extend(problem);
+        }
+        Ok(batch)
+    }
+
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut MakeRecords<'_>,
+    ) -> Result<Appended, RelayError> {
+        crate::id::validate_id(crate::id::IdKind::Device, device_id)?;
+        let mut connection = self.lock();
+        // The write lock, held from reading the tail to storing the new records: the claim on
+        // the device's log (and on every other's: SQLite has one writer at a time).
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.failed("append to"))?;
+        let mut head = self.head(&transaction, device_id)?;
+        let mut tail = Vec::new();
+        for seq in since_seq..head.next_seq() {
+            match self.record_at(&transaction, device_id, seq)? {
+                Ok(op) => tail.push(op),
+                Err(problem) => {
+                    return Err(RelayError::DeviceDamaged {
+                        device_id: device_id.to_owned(),
+                        problem,
+                    })
+                }
+            }
+        }
+        let made = make(&tail)?;
+        for op in &made {
+            head.accept(op)?;
+        }
+        let refs: Vec<&OpRecord> = made.iter().collect();
+        if !refs.is_empty() {
+            self.store(&transaction, device_id, &refs, head.next_seq())?;
+        }
+        transaction.commit().map_err(self.failed("append to"))?;
+        Ok(Appended { tail, appended: made })
+    }
+}
