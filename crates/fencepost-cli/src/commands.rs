@@ -137,32 +137,41 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     };
     let agent = args.agent.as_str();
     let mut ledger = open_ledger(settings)?;
+    // What earlier holders published, read once: accepting a device's lost records waives only
+    // those published by now (rule H3); any published later are waited for.
+    let mut published = None;
     for device in &args.accept_damaged {
         let covered = ledger
             .accept_damage(device)
             .context("cannot record the accepted damage")?;
-        // Or records of the device that earlier holders published and that never arrived
-        // (rule H3: exit 7 names them): lost for good, the operator says.
-        if covered == 0 {
-            let published = settings
-                .coordinator()?
-                .published_frontier(&args.agent)
-                .with_context(|| format!("cannot read what the holders of {} published", args.agent))?;
-            let missing = ledger
-                .accept_missing(device, &published)
-                .context("cannot record the accepted loss")?;
-            if missing > 0 {
-                err!("fencepost: accepting that {missing} record(s) of {device:?} that earlier holders of {} published are lost; runs they recorded may run again", args.agent);
-                continue;
-            }
+        if covered > 0 {
+            err!("fencepost: accepting the damage of {device:?} ({covered} problem(s)); runs it recorded may run again");
         }
-        if covered == 0 {
+        // Records of the device that earlier holders published and that never arrived (exit 7
+        // names them): lost for good, the operator says.
+        if published.is_none() {
+            published = Some(
+                settings
+                    .coordinator()?
+                    .published_frontier(&args.agent)
+                    .with_context(|| format!("cannot read what the holders of {} published", args.agent))?,
+            );
+        }
+        let missing = match &published {
+            Some(frontier) => ledger
+                .accept_missing(device, frontier)
+                .context("cannot record the accepted loss")?,
+            None => 0,
+        };
+        if missing > 0 {
+            err!("fencepost: accepting that {missing} record(s) of {device:?} that earlier holders of {} published are lost; runs they recorded may run again", args.agent);
+        }
+        if covered == 0 && missing == 0 {
             crate::usage!(
-                "--accept-damaged {device:?}: no damage of that device (or file) in {}; `fencepost ledger verify` lists what is damaged",
+                "--accept-damaged {device:?}: no damage of that device (or file) in {}, and no record of it missing; `fencepost ledger verify` lists what is damaged",
                 settings.ledger.display()
             );
         }
-        err!("fencepost: accepting the damage of {device:?} ({covered} problem(s)); runs it recorded may run again");
     }
     refuse_damage(&ledger, settings)?;
     if ledger.state().committed_run(agent, &run_id).is_some() {
@@ -237,19 +246,26 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     let epoch = keeper.epoch();
     // Rule H3: nothing runs until this host's ledger has every record the earlier holders
     // published (their `pending`s and outcomes): waited for within --wait, holding the lease.
-    match wait_for_ledger(&keeper, &mut ledger, settings, started, args.wait) {
-        Ok(None) => {}
-        Ok(Some(missing)) => {
+    // From here on the lease is held: a signal gives it back before fencepost ends.
+    let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
+    match wait_for_ledger(&keeper, &mut ledger, settings, &signals, started, args.wait) {
+        Ok(LedgerWait::Ready) => {}
+        Ok(LedgerWait::Behind(missing)) => {
             release_quietly(&keeper);
             err!("{}", ledger_behind_message(agent, &run_id, &missing, settings));
             return Ok(EXIT_LEDGER_BEHIND);
+        }
+        Ok(LedgerWait::Signalled(signal)) => {
+            release_quietly(&keeper);
+            signals.release();
+            err!("fencepost: got {signal} while waiting for the ledger; the lease of {agent} was given back, and {run_id} did not run");
+            return Ok(128 + signal as i32);
         }
         Err(error) => {
             release_quietly(&keeper);
             return Err(error);
         }
     }
-    let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let options = DispatchOptions::default().retry_in_doubt(args.retry_in_doubt);
     let mut ending = None;
     let mut stopped_before_start = None;
@@ -449,16 +465,26 @@ It may have done its effect, or part of it, so it is in doubt: check, then recor
 /// How often `run` syncs its ledger while it waits for what the previous holders published.
 const LEDGER_POLL: Duration = Duration::from_millis(200);
 
+/// How [`wait_for_ledger`] ended.
+enum LedgerWait {
+    /// The ledger has everything (or the lease was lost meanwhile, which the dispatch reports).
+    Ready,
+    /// `--wait` ran out; what is still missing.
+    Behind(Vec<MissingRecords>),
+    /// SIGTERM, SIGINT or SIGHUP came.
+    Signalled(nix::sys::signal::Signal),
+}
+
 /// Waits, syncing the ledger, until it has every record the agent's earlier holders published
-/// (rule H3), or until `wait_ms` after `started`; returns what is still missing then (`None`: it
-/// has everything, or the lease was lost meanwhile, which the dispatch reports).
+/// (rule H3), until `wait_ms` after `started`, or until a signal comes.
 fn wait_for_ledger(
     keeper: &LeaseKeeper,
     ledger: &mut Ledger,
     settings: &Settings,
+    signals: &Signals,
     started: std::time::Instant,
     wait_ms: u64,
-) -> Result<Option<Vec<MissingRecords>>> {
+) -> Result<LedgerWait> {
     let deadline = started + Duration::from_millis(wait_ms);
     let mut told = false;
     loop {
@@ -482,15 +508,18 @@ fn wait_for_ledger(
             }
         };
         let missing = match missing {
-            Some(missing) if missing.is_empty() => return Ok(None),
+            Some(missing) if missing.is_empty() => return Ok(LedgerWait::Ready),
             Some(missing) => missing,
             None => Vec::new(),
         };
         if !keeper.holds() {
-            return Ok(None); // the dispatch reports the loss
+            return Ok(LedgerWait::Ready); // the dispatch reports the loss
+        }
+        if let Some(signal) = signals.pending() {
+            return Ok(LedgerWait::Signalled(signal));
         }
         if now >= deadline {
-            return Ok(Some(missing));
+            return Ok(LedgerWait::Behind(missing));
         }
         if !told && !missing.is_empty() {
             told = true;

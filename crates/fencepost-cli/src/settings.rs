@@ -96,13 +96,15 @@ impl Settings {
         if ledger_kind == LedgerKind::Sqlite {
             // The coordinator refuses a database with tables of another application's, and
             // the relay's tables would be that.
+            let folder = ledger.parent().filter(|folder| !folder.as_os_str().is_empty());
+            if folder.is_some_and(|folder| std::fs::canonicalize(folder).is_err()) {
+                crate::usage!(
+                    "--ledger sqlite:{}: its folder does not exist (SQLite would resolve the path its own way); create it, or name the file by a path without `..`",
+                    ledger.display()
+                );
+            }
             let coordinator_file = coordinator.strip_prefix("sqlite:").map(Path::new);
-            let same = coordinator_file.is_some_and(|file| {
-                file == ledger
-                    || std::fs::canonicalize(file)
-                        .ok()
-                        .is_some_and(|file| std::fs::canonicalize(&ledger).is_ok_and(|ledger| ledger == file))
-            });
+            let same = coordinator_file.is_some_and(|file| same_file(file, &ledger));
             if same {
                 crate::usage!(
                     "--ledger sqlite:{}: that is the coordinator's file; give the ledger a file of its own (for example {})",
@@ -409,6 +411,26 @@ impl std::ops::Deref for Backend {
             Backend::Postgres(coordinator) => &**coordinator,
         }
     }
+}
+
+/// Whether `a` and `b` name one file: the same device and inode (a hard link, a symbolic link,
+/// `..` in the path), or, for a file not yet created, the same canonical folder and name.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if a == b {
+        return true;
+    }
+    if let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        return a.dev() == b.dev() && a.ino() == b.ino();
+    }
+    let canonical = |path: &Path| -> Option<PathBuf> {
+        let folder = path
+            .parent()
+            .filter(|folder| !folder.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        Some(std::fs::canonicalize(folder).ok()?.join(path.file_name()?))
+    };
+    canonical(a).is_some_and(|a| canonical(b).is_some_and(|b| a == b))
 }
 
 /// Parses a duration: a number with `ms`, `s`, `m` or `h` (a bare number is seconds).

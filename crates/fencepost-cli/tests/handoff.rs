@@ -213,3 +213,134 @@ fn h3_records_lost_for_good_are_accepted_explicitly_and_only_then_run_again() {
         "the decision is recorded: {log}"
     );
 }
+
+/// Rule H3 (found by an adversarial run): accepting a device's lost records waives only those
+/// published when they were accepted. A host that accepted them and then waited for the lease
+/// ran an occurrence that the other host ran in the meantime: the acceptance covered the whole
+/// device, records published later included.
+#[test]
+fn h3_accepting_lost_records_waives_only_those_published_by_then() {
+    let shared = Shared::sqlite();
+    let first = run_as(&shared, "host-1", &strs(&report(&shared, "s0", &[], "0")));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    // A third party holds the lease, so host-2 waits for it after accepting host-1's records.
+    let agent = shared.agent.clone();
+    let held = run_as(
+        &shared,
+        "host-3",
+        &["lease", "acquire", "--agent", &agent, "--ttl", "60s"],
+    );
+    assert!(held.status.success(), "{}", text(&held.stderr));
+    let waiting = host(
+        &shared,
+        "host-2",
+        &strs(&report(
+            &shared,
+            "s1",
+            &["--accept-damaged", "host-1", "--wait", "3s"],
+            "0",
+        )),
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // Once its acceptance is recorded, host-2 is stopped while host-1 runs s1.
+    let log = ledger_of(&shared, "host-2")
+        .join("devices")
+        .join(device_file_name("host-2"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&log).is_ok_and(|text| text.contains("fencepost.accept-missing")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "host-2 never recorded its acceptance"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = waiting.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let epoch = text(&run_as(&shared, "host-3", &["lease", "current", "--agent", &agent]).stdout);
+    let epoch = epoch
+        .split_whitespace()
+        .skip_while(|word| *word != "epoch")
+        .nth(1)
+        .unwrap_or("1")
+        .trim_end_matches(',')
+        .to_owned();
+    let released = run_as(
+        &shared,
+        "host-3",
+        &["lease", "release", "--agent", &agent, "--epoch", &epoch],
+    );
+    assert!(released.status.success(), "{}", text(&released.stderr));
+    let ran = run_as(&shared, "host-1", &strs(&report(&shared, "s1", &[], "0")));
+    assert_eq!(ran.status.code(), Some(0), "{}", text(&ran.stderr));
+    assert!(Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let output = waiting.wait_with_output().unwrap();
+    let message = text(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(7),
+        "host-1's later records are waited for: {message}"
+    );
+    let s1 = shared.effects().len();
+    assert_eq!(s1, 2, "s0 and s1 once each: {:?}", shared.effects());
+}
+
+/// Rule H3 (found by an adversarial run): a host that holds the lease while it waits for its
+/// ledger gives the lease back when it is told to stop (SIGTERM): it used to die holding it, so
+/// every other host was refused (exit 4) until the TTL ran out.
+#[test]
+fn h3_a_host_stopped_while_it_waits_for_its_ledger_gives_the_lease_back() {
+    let shared = Shared::sqlite();
+    let first = run_as(&shared, "host-1", &strs(&report(&shared, "s1", &[], "0")));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let waiting = host(
+        &shared,
+        "host-2",
+        &strs(&report(&shared, "s2", &["--wait", "30s", "--ttl", "30s"], "0")),
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let agent = shared.agent.clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !text(&run_as(&shared, "host-3", &["lease", "current", "--agent", &agent]).stdout)
+        .contains("held by host-2")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "host-2 never took the lease"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500)); // in its wait for the ledger
+    let pid = waiting.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let output = waiting.wait_with_output().unwrap();
+    let message = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(143), "{message}");
+    assert!(
+        message.contains("the lease of") && message.contains("given back"),
+        "{message}"
+    );
+    let current = text(&run_as(&shared, "host-3", &["lease", "current", "--agent", &agent]).stdout);
+    assert!(
+        !current.contains("held by host-2"),
+        "the lease was given back: {current}"
+    );
+    assert_eq!(shared.effects().len(), 1, "s2 did not run");
+}

@@ -117,6 +117,33 @@ fn sqlite_ledger_usage_errors_are_clear() {
         "{}",
         text(&same.stderr)
     );
+    // The coordinator's file through a hard link, or through a folder that does not exist (found
+    // by an adversarial run: both wrote the relay's tables into the coordinator's database).
+    let warm = shared.run("host-1", &["lease", "list"]);
+    assert!(warm.status.success(), "{}", text(&warm.stderr));
+    std::fs::hard_link(&coordinator_file, shared.path("hard.db")).unwrap();
+    for ledger in [
+        format!("sqlite:{}", shared.path("hard.db").display()),
+        format!("sqlite:{}/missing/../leases.db", shared.folder.path().display()),
+    ] {
+        let refused = shared
+            .command("host-1", &["ledger", "runs"])
+            .env("FENCEPOST_LEDGER", &ledger)
+            .output()
+            .unwrap();
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "{ledger}: {}",
+            text(&refused.stderr)
+        );
+    }
+    let intact = shared.run("host-1", &["lease", "list"]);
+    assert!(
+        intact.status.success(),
+        "the coordinator is intact: {}",
+        text(&intact.stderr)
+    );
     let folder = shared
         .command("host-1", &["ledger", "runs"])
         .env(

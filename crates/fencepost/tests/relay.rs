@@ -94,6 +94,57 @@ fn r1_conformance_sqlite_relay_damage_is_isolated_and_reported() {
     conformance::r1_damage_of_one_device_is_isolated_and_reported(&Sqlite);
 }
 
+/// R1 (found by an adversarial run): a SQLite ledger whose device length disagrees with its
+/// records (edited by hand) is damage of that device, reported by a pull and refusing appends;
+/// a length set too low used to pass every check and leave the device unable to write.
+#[test]
+fn r1_sqlite_a_device_length_that_disagrees_with_its_records_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    let relay = SqliteRelay::open(&path).unwrap();
+    let laptop = ops_of("laptop", 6);
+    relay.push(&laptop).unwrap();
+    relay.push(&ops_of("phone", 2)).unwrap();
+    for (length, what) in [(4, "too low"), (8, "too high")] {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection
+            .execute(
+                "UPDATE fencepost_relay_devices SET next_seq = ?1 WHERE device_id = 'laptop'",
+                [length],
+            )
+            .unwrap();
+        let batch = SqliteRelay::open(&path).unwrap().pull(&Frontier::new()).unwrap();
+        assert!(
+            batch
+                .problems
+                .iter()
+                .any(|problem| problem.is_damage() && problem.device_id.as_deref() == Some("laptop")),
+            "a length {what} is damage: {:?}",
+            batch.problems
+        );
+        assert_eq!(
+            batch.ops.iter().filter(|op| &*op.device_id == "phone").count(),
+            2,
+            "the other device is unaffected"
+        );
+        let mut log = DeviceLog::resume(
+            "laptop",
+            ManualClock::new(20_000).wall_clock(),
+            fencepost::clock::HlcConfig::default(),
+            &laptop,
+        )
+        .unwrap();
+        let appended = relay.append("laptop", 6, &mut |tail: &[OpRecord]| {
+            log.catch_up(tail)?;
+            Ok(vec![log.try_append(Surface::log("note"), json!({"n": 6}))?])
+        });
+        assert!(
+            matches!(appended, Err(RelayError::DeviceDamaged { .. })),
+            "nothing is appended to it ({what}): {appended:?}"
+        );
+    }
+}
+
 /// Overwrites one byte of the 0-based line `index` of `path` in place (same length, so later
 /// offsets are unchanged).
 fn corrupt_line(path: &Path, index: usize) -> Vec<u8> {

@@ -118,6 +118,9 @@ pub struct Ledger {
     replaced: Vec<RelayProblem>,
     /// Devices (or files) whose damage the caller accepted.
     accepted: BTreeSet<String>,
+    /// Per device, the published records the caller accepted as lost ([`Ledger::accept_missing`]):
+    /// those below this seq. Records published later are waited for as any others.
+    waived: BTreeMap<String, u64>,
     seen: Option<SeenFile>,
     /// Intent records of this device that other writers appended since this ledger's previous
     /// append, as found by the last append (see [`DispatchOutcome::ConcurrentAttempt`]).
@@ -221,6 +224,7 @@ impl Ledger {
             relay_problems: Vec::new(),
             replaced: Vec::new(),
             accepted: BTreeSet::new(),
+            waived: BTreeMap::new(),
             seen,
             others_appended: Vec::new(),
         };
@@ -300,8 +304,9 @@ impl Ledger {
     /// Accepts that the records of `device` that the agent's earlier holders published
     /// (`published`, from [`LeaseCoordinator::published_frontier`](crate::lease::LeaseCoordinator::published_frontier))
     /// and that this ledger lacks are lost for good (a host whose ledger was never shared, a
-    /// disk that died): [`behind`](Self::behind) no longer waits for that device, in this ledger,
-    /// so the runs those records settled may run again. The decision is recorded in this
+    /// disk that died): [`behind`](Self::behind) no longer waits for *those* records, in this
+    /// ledger, so the runs they settled may run again. Records of the device published later
+    /// (beyond `published`) are waited for as any others. The decision is recorded in this
     /// device's log (surface `log/fencepost.accept-missing`, with the records missing). Returns
     /// how many records it covers; when none (the ledger lacks nothing of `device`), nothing is
     /// recorded or accepted.
@@ -323,7 +328,8 @@ impl Ledger {
             Surface::log("fencepost.accept-missing"),
             serde_json::json!({"device": device, "has": has, "published": needs}),
         )?;
-        self.accepted.insert(device.to_owned());
+        let waived = self.waived.entry(device.to_owned()).or_insert(0);
+        *waived = (*waived).max(needs);
         Ok(needs - has)
     }
 
@@ -530,8 +536,9 @@ impl Ledger {
 
     /// What this ledger lacks of `published` (rule H3): per device, the records that the agent's
     /// earlier holders pushed and published and that have not reached this site yet, in device
-    /// order. Empty when the ledger has everything. A device whose damage was accepted
-    /// ([`accept_damage`](Self::accept_damage)) is not waited for. [`Ledger::begin`] refuses to
+    /// order. Empty when the ledger has everything. Records accepted as lost
+    /// ([`accept_missing`](Self::accept_missing)) are not waited for; accepting a device's
+    /// *damage* does not waive its published records. [`Ledger::begin`] refuses to
     /// dispatch while anything is missing ([`Refusal::LedgerBehind`](crate::dispatch::Refusal::LedgerBehind)):
     /// [`sync`](Self::sync) and ask again.
     pub fn behind(&self, published: &Frontier) -> Vec<MissingRecords> {
@@ -539,7 +546,7 @@ impl Ledger {
             .frontier
             .lacking(published)
             .into_iter()
-            .filter(|(device, _, _)| !self.accepted.contains(device))
+            .filter(|(device, _, needs)| self.waived.get(device).is_none_or(|waived| needs > waived))
             .map(|(device_id, has, needs)| MissingRecords {
                 device_id,
                 has,

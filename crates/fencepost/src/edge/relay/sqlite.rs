@@ -171,6 +171,28 @@ impl SqliteRelay {
     /// anything from being appended to it.
     fn head(&self, transaction: &Transaction<'_>, device_id: &str) -> Result<LogHead, RelayError> {
         let next_seq = self.next_seq(transaction, device_id)?;
+        // The device's length and its records must agree (a row or a length edited by hand).
+        let top: Option<i64> = transaction
+            .prepare_cached("SELECT max(seq) FROM fencepost_relay_records WHERE device_id = ?1")
+            .and_then(|mut statement| {
+                statement.query_row([device_id], |row| row.get_ref(0).map(|value| value.as_i64().ok()))
+            })
+            .map_err(self.failed("read"))?;
+        let rows_next = top
+            .and_then(|top| u64::try_from(top).ok())
+            .map_or(0, |top| top.saturating_add(1));
+        if rows_next != next_seq {
+            return Err(RelayError::DeviceDamaged {
+                device_id: device_id.to_owned(),
+                problem: self.damage(
+                    device_id,
+                    next_seq.min(rows_next),
+                    format!(
+                        "the device's length says {next_seq} records, but its records run to {rows_next}"
+                    ),
+                ),
+            });
+        }
         let mut head = LogHead::new(device_id);
         if next_seq == 0 {
             return Ok(head);
@@ -341,6 +363,16 @@ impl Relay for SqliteRelay {
                     break; // a gap, or a seq that is no number: reported below
                 }
                 let seq = expected;
+                if seq >= stored {
+                    problem = Some(self.damage(
+                        &device_id,
+                        seq,
+                        format!(
+                            "beyond the device's length ({stored} records): a row or the length was edited"
+                        ),
+                    ));
+                    break;
+                }
                 let Some(bytes) = bytes else {
                     problem = Some(self.damage(
                         &device_id,
