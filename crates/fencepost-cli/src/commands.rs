@@ -18,7 +18,7 @@ use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
 use crate::child::{self, Ending, Signals, Supervision, Watchdog};
-use crate::settings::{parse_duration_ms, Settings};
+use crate::settings::{parse_duration_ms, Access, Settings};
 use crate::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
     EXIT_RAN_FAILED, EXIT_RAN_OK,
@@ -84,7 +84,17 @@ pub struct RunArgs {
 
 /// Opens the site's ledger on the ledger folder and syncs it.
 fn open_ledger(settings: &Settings) -> Result<Ledger> {
-    let relay = settings.relay()?;
+    open_ledger_to(settings, Access::ReadOnly)
+}
+
+/// Opens the site's ledger to write to it (`run`, `lease acquire`): a SQLite ledger file is
+/// created when missing.
+fn open_ledger_to_write(settings: &Settings) -> Result<Ledger> {
+    open_ledger_to(settings, Access::Write)
+}
+
+fn open_ledger_to(settings: &Settings, access: Access) -> Result<Ledger> {
+    let relay = settings.relay(access)?;
     let options = LedgerOptions::default().seen_file(settings.seen_file()?);
     let mut ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
         .with_context(|| format!("cannot open the ledger in {}", settings.ledger.display()))?;
@@ -136,7 +146,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         Err(error) => crate::usage!("cannot name the run: {error}"),
     };
     let agent = args.agent.as_str();
-    let mut ledger = open_ledger(settings)?;
+    let mut ledger = open_ledger_to_write(settings)?;
     // What earlier holders published, read once: accepting a device's lost records waives only
     // those published by now (rule H3); any published later are waited for.
     let mut published = None;
@@ -696,7 +706,7 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
     match command {
         LeaseCommand::Acquire { agent, ttl, json } => {
             // As `run` does (rule L5): a coordinator that lost its state never reuses an epoch.
-            let ledger = open_ledger(settings)?;
+            let ledger = open_ledger_to_write(settings)?;
             let floor = ledger.state().fencing_epoch(&agent).min(MAX_EPOCH_FLOOR);
             coordinator
                 .raise_epoch_floor(&agent, floor)
@@ -1007,7 +1017,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
 }
 
 fn verify(settings: &Settings, json: bool) -> Result<i32> {
-    let relay = settings.relay()?;
+    let relay = settings.relay(Access::ReadOnly)?;
     let batch = relay
         .pull(&Frontier::new())
         .context("cannot read the ledger folder")?;

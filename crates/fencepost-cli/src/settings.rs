@@ -59,6 +59,15 @@ pub struct Settings {
     pub device: String,
 }
 
+/// What a command does with the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads it (and may record an operator's decision in an existing one).
+    ReadOnly,
+    /// Writes to it (`run`, `lease acquire`): a SQLite ledger file is created when missing.
+    Write,
+}
+
 /// Where the ledger lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LedgerKind {
@@ -136,9 +145,16 @@ impl Settings {
     }
 
     /// Opens the ledger: a folder (a named one must exist; the default one is created) or a
-    /// SQLite file (created in an existing folder).
-    pub fn relay(&self) -> Result<Arc<dyn Relay>> {
+    /// SQLite file (created in an existing folder, by a command that writes to it; a command that
+    /// only reads refuses a missing one, which is a mistyped path more often than a new ledger).
+    pub fn relay(&self, access: Access) -> Result<Arc<dyn Relay>> {
         if self.ledger_kind == LedgerKind::Sqlite {
+            if access == Access::ReadOnly && !self.ledger.exists() {
+                bail!(
+                    "no ledger at {}: nothing was recorded there yet (a mistyped path?); `fencepost run` creates it",
+                    self.ledger.display()
+                );
+            }
             if self.ledger.is_dir() {
                 bail!(
                     "--ledger sqlite:{}: that is a folder; name the ledger's SQLite file (for example {})",

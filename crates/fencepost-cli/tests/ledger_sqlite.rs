@@ -138,6 +138,25 @@ fn sqlite_ledger_usage_errors_are_clear() {
             text(&refused.stderr)
         );
     }
+    // A command that only reads does not create a missing ledger file (a mistyped path used to
+    // read as an intact, empty ledger).
+    for command in [["ledger", "runs"], ["ledger", "verify"]] {
+        let missing = shared
+            .command("host-1", &command)
+            .env(
+                "FENCEPOST_LEDGER",
+                format!("sqlite:{}", shared.path("typo.db").display()),
+            )
+            .output()
+            .unwrap();
+        assert_eq!(missing.status.code(), Some(10), "{}", text(&missing.stderr));
+        assert!(
+            text(&missing.stderr).contains("no ledger at"),
+            "{}",
+            text(&missing.stderr)
+        );
+    }
+    assert!(!shared.path("typo.db").exists(), "nothing was created");
     let intact = shared.run("host-1", &["lease", "list"]);
     assert!(
         intact.status.success(),

@@ -54,7 +54,6 @@ fn url_as(role: &str, database: &str) -> String {
 /// A role with exactly the runtime grants the deployment docs list (README, "PostgreSQL"), and
 /// `settings` (`ALTER ROLE … SET …`).
 fn runtime_role(name: &str, settings: &[&str]) -> String {
-    let mut admin = admin();
     let mut statements = format!(
         "DROP ROLE IF EXISTS {name};
          CREATE ROLE {name} LOGIN PASSWORD 'secret';
@@ -65,8 +64,17 @@ fn runtime_role(name: &str, settings: &[&str]) -> String {
     for setting in settings {
         statements.push_str(&format!("ALTER ROLE {name} SET {setting};"));
     }
-    admin.batch_execute(&statements).unwrap();
+    catalog(&statements);
     url_as(name, "postgres")
+}
+
+/// Runs statements that change grants (`GRANT`, `DROP OWNED`), one test at a time: two sessions
+/// that change the grants of one table at once can fail with "tuple concurrently updated" (CI
+/// saw it when one test's `DROP OWNED` met another's `GRANT` on the coordinator's tables).
+fn catalog(statements: &str) {
+    static GRANTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = GRANTS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    admin().batch_execute(statements).unwrap();
 }
 
 #[test]
@@ -159,9 +167,7 @@ fn run_postgres_a_least_privilege_role_runs_every_command_but_migrate() {
     server
         .batch_execute(&format!("DROP DATABASE {database}"))
         .unwrap();
-    server
-        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
-        .unwrap();
+    catalog(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
 }
 
 /// Locks `agent`'s lease row from another session until the returned client is dropped.
@@ -222,11 +228,9 @@ fn run_postgres_wait_is_bounded_by_the_roles_timeout_or_the_operation_timeout() 
             "{case}: --wait 2s with a {bound:?} bound took {elapsed:?}"
         );
     }
-    admin()
-        .batch_execute(&format!(
-            "DROP OWNED BY {hasty}; DROP ROLE {hasty}; DROP OWNED BY {patient}; DROP ROLE {patient}"
-        ))
-        .unwrap();
+    catalog(&format!(
+        "DROP OWNED BY {hasty}; DROP ROLE {hasty}; DROP OWNED BY {patient}; DROP ROLE {patient}"
+    ));
 }
 
 /// A malformed or repeated `operation_timeout` in the coordinator URL is a usage error (exit 2),
@@ -262,9 +266,7 @@ fn run_postgres_a_read_only_server_is_named() {
     assert_eq!(output.status.code(), Some(10), "{message}");
     assert!(message.contains("read-only"), "{message}");
     assert!(!message.contains("CREATE"), "{message}");
-    admin()
-        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
-        .unwrap();
+    catalog(&format!("DROP OWNED BY {role}; DROP ROLE {role}"));
 }
 
 /// A TCP proxy in front of the server that records the text of every simple query a client
