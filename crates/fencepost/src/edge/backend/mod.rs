@@ -38,6 +38,19 @@ impl Columns {
     }
 
     /// A value to store.
+    /// `Lost` of `agent_id`, claimed at `claimed_epoch`, with the stored current epoch (0 for an
+    /// agent without a row); a stored epoch outside the domain is that error instead.
+    pub fn lost(&self, agent_id: &str, claimed_epoch: u64, stored_epoch: i64) -> LeaseError {
+        match self.stored(stored_epoch, "epoch") {
+            Ok(current_epoch) => LeaseError::Lost {
+                agent_id: agent_id.to_owned(),
+                claimed_epoch,
+                current_epoch,
+            },
+            Err(error) => error,
+        }
+    }
+
     pub fn storable(&self, value: u64, what: &str) -> Result<i64, LeaseError> {
         i64::try_from(value).map_err(|_| self.failure(format!("{what} {value} is out of the storable range")))
     }

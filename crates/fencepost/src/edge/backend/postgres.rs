@@ -1804,11 +1804,7 @@ impl LeaseCoordinator for PostgresLeaseCoordinator {
             .map_err(|error| self.explain("publish_frontier", error, true))?;
         match row {
             Some((Some(holder), current, _, _)) if holder == device_id && current == claimed(epoch) => Ok(()),
-            other => Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch: COLUMNS.stored(other.map_or(0, |row| row.1), "epoch")?,
-            }),
+            other => Err(COLUMNS.lost(agent_id, epoch, other.map_or(0, |row| row.1))),
         }
     }
 
@@ -1965,11 +1961,7 @@ impl PostgresLeaseCoordinator {
                 },
                 published || frontier.is_none_or(Frontier::is_empty),
             )),
-            Err(current_epoch) => Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch: COLUMNS.stored(current_epoch, "epoch")?,
-            }),
+            Err(current_epoch) => Err(COLUMNS.lost(agent_id, epoch, current_epoch)),
         }
     }
 
@@ -2002,11 +1994,7 @@ impl PostgresLeaseCoordinator {
         if let Some(row) = written.first() {
             return for_agent(row, agent_id);
         }
-        Err(LeaseError::Lost {
-            agent_id: agent_id.to_owned(),
-            claimed_epoch: epoch,
-            current_epoch: COLUMNS.stored(read.map_or(0, |row| row.1), "epoch")?,
-        })
+        Err(COLUMNS.lost(agent_id, epoch, read.map_or(0, |row| row.1)))
     }
 
     /// The `INSERT … VALUES` list of a frontier to publish.

@@ -520,16 +520,8 @@ impl SqliteLeaseCoordinator {
                     expires_at_ms: COLUMNS.stored(stored_expiry, "expires_at_ms")?,
                 })
             }
-            Some((_, current, _)) => Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch: COLUMNS.stored(current, "epoch")?,
-            }),
-            None => Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch: 0,
-            }),
+            Some((_, current, _)) => Err(COLUMNS.lost(agent_id, epoch, current)),
+            None => Err(COLUMNS.lost(agent_id, epoch, 0)),
         }
     }
 
@@ -547,13 +539,7 @@ impl SqliteLeaseCoordinator {
             Some((Some(holder), current, _, _)) if holder == device_id && *current == claimed(epoch) => {
                 Ok(())
             }
-            other => Err(LeaseError::Lost {
-                agent_id: agent_id.to_owned(),
-                claimed_epoch: epoch,
-                current_epoch: other
-                    .as_ref()
-                    .map_or(Ok(0), |row| COLUMNS.stored(row.1, "epoch"))?,
-            }),
+            other => Err(COLUMNS.lost(agent_id, epoch, other.as_ref().map_or(0, |row| row.1))),
         }
     }
 
