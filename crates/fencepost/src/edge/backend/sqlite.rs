@@ -168,6 +168,24 @@ fn sqlite_failure(context: &str, error: rusqlite::Error, writing: bool) -> Lease
 /// The conversions to and from this backend's signed 64-bit columns.
 const COLUMNS: Columns = Columns { backend: "sqlite" };
 
+/// Switches `connection`'s file to write-ahead logging, waiting up to `wait` for other
+/// connections. Switching needs the file to itself, and SQLite does not wait for that through
+/// the busy handler when another process opens the same new file at the same moment. The SQLite
+/// coordinator and the SQLite relay both open files this way.
+pub(crate) fn switch_to_wal(connection: &Connection, wait: Duration) -> rusqlite::Result<String> {
+    let limit = crate::clock::RealTimeLimit::starting_now(wait);
+    loop {
+        match connection.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0)) {
+            Err(rusqlite::Error::SqliteFailure(error, _))
+                if error.code == rusqlite::ErrorCode::DatabaseBusy && !limit.passed() =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// A register row: holder, epoch, expiry, floor.
 type Row = (Option<String>, i64, i64, i64);
 
@@ -228,23 +246,7 @@ impl SqliteLeaseCoordinator {
                 ));
             }
         }
-        // Switching to WAL needs the file to itself, and SQLite does not wait for that through the
-        // busy handler when another process opens the same new file at the same moment: wait here,
-        // up to the busy timeout.
-        let limit = crate::clock::RealTimeLimit::starting_now(Duration::from_millis(config.busy_timeout_ms));
-        let switch_to_wal = || loop {
-            match connection
-                .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
-            {
-                Err(rusqlite::Error::SqliteFailure(error, _))
-                    if error.code == rusqlite::ErrorCode::DatabaseBusy && !limit.passed() =>
-                {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                outcome => return outcome,
-            }
-        };
-        switch_to_wal().map_err(|error| {
+        switch_to_wal(&connection, Duration::from_millis(config.busy_timeout_ms)).map_err(|error| {
             sqlite_failure(
                 &format!("cannot switch {shown} to write-ahead logging"),
                 error,

@@ -71,9 +71,8 @@ impl SqliteRelay {
         let failed = |error| storage("open", &path, error);
         let connection = Connection::open(&path).map_err(failed)?;
         connection.busy_timeout(BUSY_TIMEOUT).map_err(failed)?;
-        connection
-            .pragma_update(None, "journal_mode", "WAL")
-            .map_err(failed)?;
+        // As the SQLite coordinator opens its file: several processes may create it at once.
+        crate::backend::sqlite::switch_to_wal(&connection, BUSY_TIMEOUT).map_err(failed)?;
         connection
             .pragma_update(None, "synchronous", "FULL")
             .map_err(failed)?;
