@@ -1,5 +1,7 @@
 //! The subcommands.
 
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use fencepost::dispatch::{
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
-use fencepost::oplog::Surface;
+use fencepost::oplog::{OpRecord, Surface};
 use fencepost::relay::{Frontier, ProblemKind};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
@@ -94,11 +96,19 @@ fn open_ledger_to_write(settings: &Settings) -> Result<Ledger> {
 }
 
 fn open_ledger_to(settings: &Settings, access: Access) -> Result<Ledger> {
+    if let Some(folder) = settings.folder_left_behind() {
+        crate::usage!(
+            "with a PostgreSQL coordinator and no --ledger, the ledger is in the coordinator's database, but {} holds a ledger folder from an earlier fencepost (its default), whose commits the database does not have. Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
+            folder.display(),
+            folder.display(),
+            folder.display()
+        );
+    }
     let relay = settings.relay(access)?;
     let options = LedgerOptions::default().seen_file(settings.seen_file()?);
-    let mut ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
-        .with_context(|| format!("cannot open the ledger in {}", settings.ledger.display()))?;
-    ledger.sync().context("cannot sync the ledger")?;
+    // Opening pulls everything once; a sync right after it would pull again for nothing.
+    let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
+        .with_context(|| format!("cannot open the ledger in {}", settings.ledger_label()))?;
     Ok(ledger)
 }
 
@@ -120,13 +130,14 @@ fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
         })
         .unwrap_or_default();
     bail!(
-        "the ledger in {} is damaged, so runs it recorded could run again; not running anything: {first}{}. Restore the file from a backup or another host's copy (`fencepost ledger verify` lists the damage), or run with --accept-damaged {which:?} to accept that its runs may repeat",
-        settings.ledger.display(),
+        "the ledger in {} is damaged, so runs it recorded could run again; not running anything: {first}{}. {} (`fencepost ledger verify` lists the damage), or run with --accept-damaged {which:?} to accept that its runs may repeat",
+        settings.ledger_label(),
         if damage.len() > 1 {
             format!(" (and {} more problem(s))", damage.len() - 1)
         } else {
             String::new()
-        }
+        },
+        settings.repair_hint()
     )
 }
 
@@ -179,7 +190,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         if covered == 0 && missing == 0 {
             crate::usage!(
                 "--accept-damaged {device:?}: no damage of that device (or file) in {}, and no record of it missing; `fencepost ledger verify` lists what is damaged",
-                settings.ledger.display()
+                settings.ledger_label()
             );
         }
     }
@@ -396,7 +407,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         };
         bail!(
             "{run_id} of {agent} {ran} could not be written to {} (see the warnings above); the run stays in doubt until `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` records it",
-            settings.ledger.display()
+            settings.ledger_label()
         );
     }
     Ok(match outcome {
@@ -563,10 +574,10 @@ fn ledger_behind_message(
 ) -> String {
     format!(
         "fencepost: not run: this host's ledger has not yet received what the previous holder of {agent} recorded (missing: {}), so {run_id} could have run or be running elsewhere. \
-Check that {} is the ledger every host shares (FENCEPOST_LEDGER) and that it syncs, then run again, or wait longer with --wait \
+Check that {} is the ledger every host shares (FENCEPOST_LEDGER) and that it syncs or is reachable, then run again, or wait longer with --wait \
 (if those records are lost for good, --accept-damaged DEVICE runs without them, and what they recorded may run again)",
         describe_missing(missing),
-        settings.ledger.display()
+        settings.ledger_label()
     )
 }
 
@@ -777,6 +788,15 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Copy every record of another ledger into this one (a folder, sqlite:PATH or a postgres://
+    /// URL): to move from a ledger folder to the database. Idempotent (records already there are
+    /// skipped) and verified (each device's chain); damaged devices are reported and not copied
+    /// (exit 1).
+    Import {
+        /// The ledger to copy from, named as --ledger names one.
+        #[arg(value_name = "DIR|sqlite:PATH|URL")]
+        from: PathBuf,
+    },
     /// Record the outcome of an in-doubt run after checking what really happened.
     Resolve {
         /// The agent whose run it is.
@@ -897,6 +917,7 @@ fn run_rows(
 pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     match command {
         LedgerCommand::Verify { json } => return verify(settings, json),
+        LedgerCommand::Import { from } => return import(settings, &from),
         LedgerCommand::Resolve {
             agent,
             run,
@@ -965,7 +986,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             if json {
                 out!("{}", serde_json::Value::Array(agents));
             } else if agents.is_empty() {
-                out!("the ledger in {} has no intents yet", settings.ledger.display());
+                out!("the ledger in {} has no intents yet", settings.ledger_label());
             } else {
                 for agent in agents {
                     out!(
@@ -1016,6 +1037,55 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     Ok(EXIT_RAN_OK)
 }
 
+/// `ledger import`: every intact device of `from`, pushed to this host's ledger.
+fn import(settings: &Settings, from: &Path) -> Result<i32> {
+    let source = settings.with_ledger(from)?;
+    if source.ledger_label() == settings.ledger_label() {
+        crate::usage!(
+            "ledger import {}: that is this host's ledger already",
+            from.display()
+        );
+    }
+    let batch = source
+        .relay(Access::ReadOnly)?
+        .pull(&Frontier::new())
+        .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
+    let damaged: BTreeSet<&str> = batch
+        .problems
+        .iter()
+        .filter(|problem| problem.is_damage())
+        .filter_map(|problem| problem.device_id.as_deref())
+        .collect();
+    // A damaged device's records up to the damage are intact, but its later ones are missing:
+    // copying part of it would make a log that looks whole. It is left out, and named.
+    let records: Vec<OpRecord> = batch
+        .ops
+        .into_iter()
+        .filter(|op| !damaged.contains(&*op.device_id))
+        .collect();
+    let devices: BTreeSet<&str> = records.iter().map(|op| &*op.device_id).collect();
+    let report = settings
+        .relay(Access::Write)?
+        .push(&records)
+        .with_context(|| format!("cannot write to the ledger {}", settings.ledger_label()))?;
+    out!(
+        "imported {} record(s) of {} device(s) from {} into {} ({} already there)",
+        report.appended,
+        devices.len(),
+        source.ledger_label(),
+        settings.ledger_label(),
+        report.already_present
+    );
+    for problem in &batch.problems {
+        err!("fencepost: not imported: {problem}");
+    }
+    Ok(if damaged.is_empty() {
+        EXIT_RAN_OK
+    } else {
+        EXIT_RAN_FAILED
+    })
+}
+
 fn verify(settings: &Settings, json: bool) -> Result<i32> {
     let relay = settings.relay(Access::ReadOnly)?;
     let batch = relay
@@ -1055,7 +1125,7 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
             .collect();
         out!(
             "{}",
-            json!({"ledger": settings.ledger.display().to_string(), "intact": bad == 0, "devices": devices, "problems": findings})
+            json!({"ledger": settings.ledger_label(), "intact": bad == 0, "devices": devices, "problems": findings})
         );
         return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
@@ -1068,14 +1138,15 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
     if bad == 0 {
         out!(
             "ledger {} is intact ({} devices)",
-            settings.ledger.display(),
+            settings.ledger_label(),
             devices.len()
         );
         return Ok(EXIT_RAN_OK);
     }
     err!(
-        "fencepost: {bad} problem(s) in {}: each device stops at its first bad line; restore that file from a backup or another host's copy (an incomplete last line may be a write or a sync in progress)",
-        settings.ledger.display()
+        "fencepost: {bad} problem(s) in {}: each device stops at its first bad record; {} (an incomplete last line of a folder's file may be a write or a sync in progress)",
+        settings.ledger_label(),
+        settings.repair_hint().to_lowercase()
     );
     Ok(EXIT_RAN_FAILED)
 }

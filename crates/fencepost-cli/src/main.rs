@@ -51,7 +51,7 @@ pub const EXIT_LEASE_LOST: i32 = 6;
 /// Did not run: this host's ledger has not received (within `--wait`) every record that the
 /// agent's earlier holders published (rule H3).
 pub const EXIT_LEDGER_BEHIND: i32 = 7;
-/// An error: unreachable coordinator, unusable ledger folder, bad settings.
+/// An error: unreachable coordinator, unusable or damaged ledger, bad settings.
 pub const EXIT_ERROR: i32 = 10;
 
 /// Run each side effect once across hosts: execution leases with fencing tokens, a convergent
@@ -64,7 +64,8 @@ pub const EXIT_ERROR: i32 = 10;
 /// agent's lease at its epoch.
 ///
 /// Where state lives: --coordinator (leases; sqlite:PATH on one host, a postgres:// URL for
-/// many), --ledger (a folder every host shares, e.g. a synced folder) and --device (this host).
+/// many), --ledger (with a PostgreSQL coordinator, its database by default; else a folder every
+/// host shares, e.g. a synced folder) and --device (this host).
 /// Each can also come from FENCEPOST_COORDINATOR, FENCEPOST_LEDGER, FENCEPOST_DEVICE or a config
 /// file; the defaults live in the user's data directory.
 #[derive(Debug, Parser)]
@@ -115,9 +116,10 @@ Every holder publishes, with its lease, how far it wrote its ledger before each 
 it; a new holder runs nothing until its ledger has caught up, so a ledger that lags (a synced \
 folder still copying, a host whose FENCEPOST_LEDGER is not shared) makes a wait, never a second \
 run\n  \
-10  error (a coordinator that no attempt reached, an unusable or damaged ledger folder, an \
-outcome that could not be written)\n\n\
-Example, the same line in the crontab of three hosts that share a synced ledger folder:\n  \
+10  error (a coordinator or ledger database that no attempt reached, an unusable or damaged \
+ledger, an outcome that could not be written)\n\n\
+Example, the same line in the crontab of three hosts whose FENCEPOST_COORDINATOR is one \
+PostgreSQL URL (leases and ledger in one database):\n  \
 0 9 * * * fencepost run --agent reports --intent 'daily report' --salt \"$(date +\\%F)\" --wait 2m -- ./send-report.sh"
     )]
     Run(commands::RunArgs),
@@ -126,7 +128,7 @@ Example, the same line in the crontab of three hosts that share a synced ledger 
         #[command(subcommand)]
         command: commands::LeaseCommand,
     },
-    /// Inspect the ledger folder: agents, runs, in-doubt runs, damaged files.
+    /// Inspect the ledger: agents, runs, in-doubt runs, damaged devices.
     Ledger {
         #[command(subcommand)]
         command: commands::LedgerCommand,

@@ -21,9 +21,15 @@ pub struct Global {
     #[arg(long, global = true, env = "FENCEPOST_COORDINATOR", value_name = "SPEC")]
     pub coordinator: Option<String>,
     /// Where intents live: a folder (one file per device; may be a synced folder every host
-    /// shares) or `sqlite:PATH` (a SQLite file: the processes of one host). Default: the folder
-    /// `<data dir>/ledger`.
-    #[arg(long, global = true, env = "FENCEPOST_LEDGER", value_name = "DIR|sqlite:PATH")]
+    /// shares), `sqlite:PATH` (a SQLite file: the processes of one host) or a `postgres://` URL
+    /// (tables beside a PostgreSQL coordinator's: many hosts). Default: with a PostgreSQL
+    /// coordinator, its database; else the folder `<data dir>/ledger`.
+    #[arg(
+        long,
+        global = true,
+        env = "FENCEPOST_LEDGER",
+        value_name = "DIR|sqlite:PATH|URL"
+    )]
     pub ledger: Option<PathBuf>,
     /// This host's device id. Default: the host name and a hash of the machine id, stable across
     /// runs.
@@ -50,7 +56,8 @@ struct ConfigFile {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub coordinator: String,
-    /// The ledger folder, or the ledger's SQLite file (`ledger_kind`).
+    /// The ledger folder, or the ledger's SQLite file (`ledger_kind`); for a ledger in PostgreSQL,
+    /// its URL (`ledger_label` names it without the password).
     pub ledger: PathBuf,
     /// What `ledger` is.
     pub ledger_kind: LedgerKind,
@@ -75,6 +82,30 @@ pub enum LedgerKind {
     Folder,
     /// A SQLite file (`SqliteRelay`, `--ledger sqlite:PATH`): the processes of one host.
     Sqlite,
+    /// Tables in PostgreSQL (`PostgresRelay`, `--ledger postgres://…`, or the PostgreSQL
+    /// coordinator's database when no ledger is named): many hosts.
+    Postgres,
+}
+
+/// Whether `spec` is a PostgreSQL URL.
+fn is_postgres_url(spec: &str) -> bool {
+    spec.starts_with("postgres://") || spec.starts_with("postgresql://")
+}
+
+/// A PostgreSQL URL without its password, to be shown.
+pub fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((credentials, host)) => match credentials.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 fn data_dir() -> Result<PathBuf> {
@@ -96,38 +127,11 @@ impl Settings {
         };
         let (ledger, ledger_named) = match global.ledger.clone().or(file.ledger) {
             Some(dir) => (dir, true),
+            // One URL for the whole deployment: the ledger beside the leases.
+            None if is_postgres_url(&coordinator) => (PathBuf::from(&coordinator), false),
             None => (data_dir()?.join("ledger"), false),
         };
-        let (ledger, ledger_kind) = match ledger.to_str().and_then(|spec| spec.strip_prefix("sqlite:")) {
-            Some(path) => (expand_home(Path::new(path)), LedgerKind::Sqlite),
-            None => (expand_home(&ledger), LedgerKind::Folder),
-        };
-        if ledger_kind == LedgerKind::Sqlite {
-            // The coordinator refuses a database with tables of another application's, and
-            // the relay's tables would be that.
-            let folder = ledger.parent().filter(|folder| !folder.as_os_str().is_empty());
-            if folder.is_some_and(|folder| std::fs::canonicalize(folder).is_err()) {
-                crate::usage!(
-                    "--ledger sqlite:{}: its folder does not exist (SQLite would resolve the path its own way); create it, or name the file by a path without `..`",
-                    ledger.display()
-                );
-            }
-            let coordinator_file = coordinator.strip_prefix("sqlite:").map(Path::new);
-            let same = coordinator_file.is_some_and(|file| same_file(file, &ledger));
-            if same {
-                crate::usage!(
-                    "--ledger sqlite:{}: that is the coordinator's file; give the ledger a file of its own (for example {})",
-                    ledger.display(),
-                    ledger.with_file_name("ledger.db").display()
-                );
-            }
-        }
-        if ledger.is_relative() {
-            crate::usage!(
-                "--ledger {}: the path must be absolute; a relative one names another folder in each working directory, and processes started in different folders would each have a ledger of their own",
-                ledger.display()
-            );
-        }
+        let (ledger, ledger_kind) = ledger_of_spec(&ledger, &coordinator)?;
         let device = match global.device.clone().or(file.device) {
             Some(device) => device,
             None => default_device()?,
@@ -144,10 +148,36 @@ impl Settings {
         })
     }
 
+    /// These settings with another ledger, named by `spec` as `--ledger` names one.
+    pub fn with_ledger(&self, spec: &Path) -> Result<Self> {
+        let (ledger, ledger_kind) = ledger_of_spec(spec, &self.coordinator)?;
+        Ok(Self {
+            ledger,
+            ledger_kind,
+            ledger_named: true,
+            ..self.clone()
+        })
+    }
+
+    /// With a PostgreSQL coordinator and no ledger named, the ledger is the database; a ledger
+    /// folder left in the data directory by an earlier fencepost (whose default it was) holds
+    /// records that the database lacks. Returns that folder when it has device files.
+    pub fn folder_left_behind(&self) -> Option<PathBuf> {
+        if self.ledger_named || self.ledger_kind != LedgerKind::Postgres {
+            return None;
+        }
+        let folder = data_dir().ok()?.join("ledger");
+        let mut devices = std::fs::read_dir(folder.join("devices")).ok()?;
+        devices.next().is_some().then_some(folder)
+    }
+
     /// Opens the ledger: a folder (a named one must exist; the default one is created) or a
     /// SQLite file (created in an existing folder, by a command that writes to it; a command that
     /// only reads refuses a missing one, which is a mistyped path more often than a new ledger).
     pub fn relay(&self, access: Access) -> Result<Arc<dyn Relay>> {
+        if self.ledger_kind == LedgerKind::Postgres {
+            return self.postgres_relay();
+        }
         if self.ledger_kind == LedgerKind::Sqlite {
             if access == Access::ReadOnly && !self.ledger.exists() {
                 bail!(
@@ -167,6 +197,50 @@ impl Settings {
             })?));
         }
         Ok(Arc::new(self.folder_relay()?))
+    }
+
+    /// Connects to the ledger in PostgreSQL and checks its schema (made by `fencepost admin
+    /// migrate`, with the coordinator's).
+    fn postgres_relay(&self) -> Result<Arc<dyn Relay>> {
+        #[cfg(feature = "postgres")]
+        {
+            use fencepost::backend::postgres::PostgresConfig;
+            use fencepost::relay::PostgresRelay;
+            let url = self.ledger.to_string_lossy();
+            let relay = PostgresRelay::connect(PostgresConfig::new(url.as_ref())).with_context(|| {
+                format!(
+                    "cannot connect to the ledger in PostgreSQL ({}): check the URL, the password, and that the server runs",
+                    self.ledger_label()
+                )
+            })?;
+            // In the coordinator's database (the default), the coordinator checks the schema.
+            if url != self.coordinator.as_str() {
+                relay.check_schema()?;
+            }
+            Ok(Arc::new(relay))
+        }
+        #[cfg(not(feature = "postgres"))]
+        bail!("this fencepost was built without PostgreSQL support (feature `postgres`)")
+    }
+
+    /// The ledger as messages name it: its folder or file, or its URL without the password.
+    pub fn ledger_label(&self) -> String {
+        match self.ledger_kind {
+            LedgerKind::Postgres => format!(
+                "the PostgreSQL database {}",
+                without_password(&self.ledger.to_string_lossy())
+            ),
+            LedgerKind::Folder | LedgerKind::Sqlite => self.ledger.display().to_string(),
+        }
+    }
+
+    /// How to repair a damaged device of this ledger.
+    pub fn repair_hint(&self) -> &'static str {
+        match self.ledger_kind {
+            LedgerKind::Folder => "Restore the device's file from a backup or another host's copy",
+            LedgerKind::Sqlite => "Restore the ledger's file from a backup",
+            LedgerKind::Postgres => "Restore the device's rows from a backup of the database",
+        }
     }
 
     fn folder_relay(&self) -> Result<FsRelay> {
@@ -195,7 +269,12 @@ impl Settings {
     /// Where this site remembers what it has seen of the ledger (per ledger folder and device), so
     /// that a device file that later shrinks or is replaced counts as damage.
     pub fn seen_file(&self) -> Result<PathBuf> {
-        let ledger = std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone());
+        let ledger = match self.ledger_kind {
+            LedgerKind::Postgres => PathBuf::from(self.ledger_label()),
+            LedgerKind::Folder | LedgerKind::Sqlite => {
+                std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone())
+            }
+        };
         let digest = Sha256::digest(ledger.as_os_str().as_encoded_bytes());
         let hex: String = digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
         let folder = data_dir()?.join("seen");
@@ -221,6 +300,44 @@ impl Settings {
     pub fn migrate_coordinator(&self) -> Result<Arc<Backend>> {
         Backend::open(&self.coordinator, Schema::Migrate).map(Arc::new)
     }
+}
+
+/// The ledger a `--ledger` spec names: `sqlite:PATH`, a `postgres://` URL, or a folder; checked
+/// against the coordinator's spec (a SQLite ledger needs a file of its own).
+fn ledger_of_spec(spec: &Path, coordinator: &str) -> Result<(PathBuf, LedgerKind)> {
+    let text = spec.to_str();
+    let (ledger, ledger_kind) = match text.and_then(|text| text.strip_prefix("sqlite:")) {
+        Some(path) => (expand_home(Path::new(path)), LedgerKind::Sqlite),
+        None if text.is_some_and(is_postgres_url) => (spec.to_path_buf(), LedgerKind::Postgres),
+        None => (expand_home(spec), LedgerKind::Folder),
+    };
+    if ledger_kind == LedgerKind::Sqlite {
+        // The coordinator refuses a database with tables of another application's, and
+        // the relay's tables would be that.
+        let folder = ledger.parent().filter(|folder| !folder.as_os_str().is_empty());
+        if folder.is_some_and(|folder| std::fs::canonicalize(folder).is_err()) {
+            crate::usage!(
+                "--ledger sqlite:{}: its folder does not exist (SQLite would resolve the path its own way); create it, or name the file by a path without `..`",
+                ledger.display()
+            );
+        }
+        let coordinator_file = coordinator.strip_prefix("sqlite:").map(Path::new);
+        let same = coordinator_file.is_some_and(|file| same_file(file, &ledger));
+        if same {
+            crate::usage!(
+                "--ledger sqlite:{}: that is the coordinator's file; give the ledger a file of its own (for example {})",
+                ledger.display(),
+                ledger.with_file_name("ledger.db").display()
+            );
+        }
+    }
+    if ledger_kind != LedgerKind::Postgres && ledger.is_relative() {
+        crate::usage!(
+            "--ledger {}: the path must be absolute; a relative one names another folder in each working directory, and processes started in different folders would each have a ledger of their own",
+            ledger.display()
+        );
+    }
+    Ok((ledger, ledger_kind))
 }
 
 /// `~/x` as `$HOME/x` (a config file is read by no shell); anything else as it is.

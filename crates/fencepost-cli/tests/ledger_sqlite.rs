@@ -74,6 +74,7 @@ fn d2_sqlite_ledger_a_killed_process_leaves_the_run_in_doubt() {
         folder: tempfile::tempdir_in(shared.folder.path()).unwrap(),
         coordinator: shared.coordinator.clone(),
         agent: agent.clone(),
+        database_ledger: false,
     };
     let ledger = ledger_spec(&shared);
     let effect = format!(

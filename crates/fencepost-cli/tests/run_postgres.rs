@@ -59,7 +59,8 @@ fn runtime_role(name: &str, settings: &[&str]) -> String {
          CREATE ROLE {name} LOGIN PASSWORD 'secret';
          GRANT USAGE ON SCHEMA fencepost TO {name};
          GRANT SELECT, INSERT, UPDATE ON fencepost.leases, fencepost.frontiers TO {name};
-         GRANT SELECT ON fencepost.schema_version TO {name};"
+         GRANT SELECT ON fencepost.schema_version TO {name};
+         GRANT SELECT, INSERT, UPDATE ON fencepost.relay_devices, fencepost.relay_records TO {name};"
     );
     for setting in settings {
         statements.push_str(&format!("ALTER ROLE {name} SET {setting};"));
@@ -96,7 +97,7 @@ fn run_postgres_a_host_killed_mid_command_leaves_an_in_doubt_run() {
 }
 
 /// Least privilege (issue 14, item 3): a role with exactly the documented runtime grants runs
-/// `run`, `lease …` and `ledger …`; it cannot migrate; and a database without the schema gets a
+/// `run`, `lease …` and `ledger …` (the ledger in the same database, issue 16); it cannot migrate; and a database without the schema gets a
 /// message naming `fencepost admin migrate`, not "permission denied for database".
 #[test]
 #[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
@@ -104,7 +105,8 @@ fn run_postgres_a_least_privilege_role_runs_every_command_but_migrate() {
     migrate();
     let role = format!("fp_runtime_{}", std::process::id());
     let url = runtime_role(&role, &[]);
-    let host = Shared::with(
+    // No ledger named: it is in the coordinator's database, written with the documented grants.
+    let host = Shared::database_only(
         tempfile::tempdir().unwrap(),
         url.clone(),
         &format!("{role}-agent"),
@@ -389,6 +391,161 @@ fn h2_h3_the_hand_off_costs_no_round_trip_of_its_own() {
     assert!(
         with_frontiers[2].contains("SET holder = NULL"),
         "published with the release: {shown:#?}"
+    );
+}
+
+/// The ledger in the coordinator's database (issue 16): what a `fencepost run` sends besides the
+/// coordinator's 7 messages. The relay has a connection of its own (its set-up: 1; the schema is
+/// the coordinator's, checked once), pulls as the ledger opens and again after the grant (H3: 2),
+/// and writes the `pending` and the outcome with one append each (2 round trips each: lock and
+/// read the device's tail, then store and commit): 7 more, 14 in all.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test"]
+fn r1_h2_the_ledger_in_the_database_costs_seven_messages_per_run() {
+    migrate();
+    let proxy = CountingProxy::start();
+    let shared = Shared::database_only(
+        tempfile::tempdir().unwrap(),
+        proxy.url(),
+        &format!("ledger-round-trips-{}", std::process::id()),
+    );
+    let device = format!("counted-{}", std::process::id());
+    let first = shared.run(&device, &strs(&shared.report_args("1", &[], "0")));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    proxy.take();
+    let second = shared.run(&device, &strs(&shared.report_args("2", &[], "0")));
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+    let queries = proxy.take();
+    let shown: Vec<String> = queries
+        .iter()
+        .map(|query| query.chars().take(160).collect())
+        .collect();
+    let relay: Vec<&String> = queries.iter().filter(|query| query.contains(".relay_")).collect();
+    assert_eq!(queries.len(), 14, "{shown:#?}");
+    assert_eq!(
+        relay.len(),
+        6,
+        "two pulls, two appends of two round trips: {shown:#?}"
+    );
+}
+
+/// Upgrading to the ledger in the database: a host whose PostgreSQL coordinator had the default
+/// ledger folder in its data directory (an earlier fencepost's default) is stopped with the way
+/// forward (exit 2), never silently switched to an empty ledger; `ledger import` copies the
+/// folder in (idempotent), and the committed run stays committed. With the folder moved away
+/// before the import, the hand-off (H3) waits for the records it lacks (exit 7) instead of
+/// running the occurrence again.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn h3_moving_a_ledger_folder_into_the_database_runs_nothing_twice() {
+    let url = own_database("import");
+    let host = Shared::database_only(tempfile::tempdir().unwrap(), url, "reports");
+    let old_folder = host.path("data/fencepost/ledger");
+    std::fs::create_dir_all(&old_folder).unwrap();
+    let args = host.report_args("2026-11-30", &[], "0");
+    let mut with_folder = vec!["--ledger", old_folder.to_str().unwrap()];
+    with_folder.extend(strs(&args));
+    let first = host.run("host-1", &with_folder);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert_eq!(host.effects().len(), 1);
+
+    let stopped = host.run("host-1", &strs(&args));
+    assert_eq!(stopped.status.code(), Some(2), "{}", text(&stopped.stderr));
+    let message = text(&stopped.stderr);
+    assert!(message.contains("fencepost ledger import"), "{message}");
+
+    let moved = host.path("old-ledger");
+    std::fs::rename(&old_folder, &moved).unwrap();
+    let behind = host.run("host-1", &strs(&args));
+    assert_eq!(behind.status.code(), Some(7), "{}", text(&behind.stderr));
+    assert_eq!(
+        host.effects().len(),
+        1,
+        "not run on a ledger that lacks the commit"
+    );
+
+    let import = host.run("host-1", &["ledger", "import", moved.to_str().unwrap()]);
+    assert_eq!(import.status.code(), Some(0), "{}", text(&import.stderr));
+    assert!(
+        text(&import.stdout).contains("imported 2 record(s) of 1 device(s)"),
+        "{}",
+        text(&import.stdout)
+    );
+    let again = host.run("host-1", &["ledger", "import", moved.to_str().unwrap()]);
+    assert!(
+        text(&again.stdout).contains("imported 0 record(s) of 1 device(s)")
+            && text(&again.stdout).contains("2 already there"),
+        "{}",
+        text(&again.stdout)
+    );
+
+    let committed = host.run("host-2", &strs(&args));
+    assert_eq!(committed.status.code(), Some(3), "{}", text(&committed.stderr));
+    assert_eq!(host.effects().len(), 1, "once");
+}
+
+/// `url` naming `database` instead of its own.
+fn in_database(url: &str, database: &str) -> String {
+    let (before, after) = url.rsplit_once('/').expect("a URL with a database");
+    let query = after
+        .split_once('?')
+        .map_or(String::new(), |(_, query)| format!("?{query}"));
+    format!("{before}/{database}{query}")
+}
+
+/// A database of the test's own, migrated (`fencepost admin migrate`, as the superuser): the
+/// ledger's tables would otherwise be shared by every test. Returns the URL the hosts use (through
+/// the pooler when one is set; it forwards any database).
+fn own_database(test: &str) -> String {
+    let name = format!("fp_{test}_{}", std::process::id());
+    let mut admin = admin();
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let folder = tempfile::tempdir().unwrap();
+    let migrator = Shared::with(folder, in_database(&server_url(), &name), "admin");
+    let output = migrator.run("admin-host", &["admin", "migrate"]);
+    assert!(output.status.success(), "migrate: {}", text(&output.stderr));
+    let hosts = std::env::var("FENCEPOST_POSTGRES_COORDINATOR_URL").unwrap_or_else(|_| server_url());
+    in_database(&hosts, &name)
+}
+
+/// Issue 16, acceptance (b): three hosts that share only a PostgreSQL URL (no ledger folder, no
+/// FENCEPOST_LEDGER): the ledger lives in the coordinator's database. Concurrent occurrences run
+/// once each, and a holder killed mid-command leaves the run in doubt for the next host (H3 and
+/// the fold see its `pending` at once: there is no relay lag to wait for).
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn run_postgres_three_hosts_sharing_only_a_database_url_run_each_occurrence_once() {
+    let url = own_database("one_url");
+    let shared = Shared::database_only(tempfile::tempdir().unwrap(), url.clone(), "reports");
+    for (round, salt) in ["2026-11-29", "2026-11-30", "2026-12-01"].iter().enumerate() {
+        let codes = three_hosts_at_once(&shared, salt, &["--wait", "20s"]);
+        assert_eq!(codes.iter().filter(|code| **code == 0).count(), 1, "{codes:?}");
+        assert!(codes.iter().all(|code| [0, 3].contains(code)), "{codes:?}");
+        assert_eq!(shared.effects().len(), round + 1, "once per occurrence");
+    }
+    let killed = Shared::database_only(tempfile::tempdir().unwrap(), url.clone(), "backups");
+    killed_host_leaves_an_in_doubt_run(&killed, "2026-12-02");
+    // No folder was used: the intents are rows of the database.
+    assert!(
+        !shared.path("data/fencepost/ledger").exists(),
+        "no ledger folder in the data directory"
+    );
+    let name = format!("fp_one_url_{}", std::process::id());
+    let mut database = Client::connect(&in_database(&server_url(), &name), NoTls).unwrap();
+    let records: i64 = database
+        .query_one("SELECT count(*) FROM fencepost.relay_records", &[])
+        .unwrap()
+        .get(0);
+    assert!(records >= 8, "the intents are in the database: {records} records");
+    let verify = shared.run("host-1", &["ledger", "verify"]);
+    assert!(verify.status.success(), "{}", text(&verify.stderr));
+    let said = text(&verify.stdout);
+    assert!(
+        said.contains("the PostgreSQL database") && !said.contains("secret"),
+        "{said}"
     );
 }
 

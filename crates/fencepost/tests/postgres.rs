@@ -24,11 +24,14 @@ use fencepost::backend::postgres::driver::types::Type;
 use fencepost::backend::postgres::{
     FencedError, PostgresConfig, PostgresLeaseCoordinator, StatementError, SERVER_CLOCK_SQL,
 };
+use fencepost::conformance::relay::{self as relay_conformance, RelayHarness, RelayStore};
 use fencepost::conformance::{
     self, check_history, Event, Harness, HistoryConfig, LeaseOp, Opener, Worker, HISTORY_START_MS,
 };
 use fencepost::fence::FenceDecision;
 use fencepost::lease::{Lease, LeaseCoordinator, LeaseError};
+use fencepost::oplog::{DeviceLog, OpRecord, Surface};
+use fencepost::relay::{Frontier, PostgresRelay, Relay, RelayError};
 use postgres::{Client, NoTls};
 
 fn url() -> String {
@@ -1371,4 +1374,136 @@ fn a_pooler_in_statement_mode_runs_leases_and_the_fence_names_the_mode() {
         other => panic!("the fence cannot run in statement mode: {other:?}"),
     }
     coordinator.release("milo", "laptop", lease.epoch).unwrap();
+}
+
+/// The ledger in the database (`PostgresRelay`): each store is a schema of its own, every handle a
+/// connection of its own (as another host's would be), through the pooler when one is set;
+/// damage is a record edited in place.
+struct PostgresRelayHarness {
+    schemas: Mutex<Vec<std::sync::Arc<TestSchema>>>,
+}
+
+impl RelayHarness for PostgresRelayHarness {
+    fn fresh_store(&self) -> RelayStore {
+        let schema = std::sync::Arc::new(TestSchema::new());
+        schema.coordinator(); // migrate once: the relay's tables are the coordinator schema's
+        self.schemas.lock().unwrap().push(std::sync::Arc::clone(&schema));
+        let config = schema.config();
+        let name = schema.name.clone();
+        RelayStore::new(move || {
+            let relay = PostgresRelay::connect(config.clone()).unwrap();
+            relay.check_schema().unwrap();
+            Box::new(relay) as Box<dyn Relay>
+        })
+        .with_damage(move |device| {
+            let changed = admin()
+                .execute(
+                    &format!(
+                        "UPDATE {name}.relay_records SET record = replace(record, 'note', 'n0te')
+                         WHERE device_id = $1 AND seq = 2"
+                    ),
+                    &[&device],
+                )
+                .unwrap();
+            assert_eq!(changed, 1, "damaged one record");
+        })
+    }
+}
+
+fn relay_harness() -> PostgresRelayHarness {
+    PostgresRelayHarness {
+        schemas: Mutex::new(Vec::new()),
+    }
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn r1_conformance_postgres_relay() {
+    relay_conformance::run_all(&relay_harness());
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn r1_conformance_postgres_relay_damage_is_isolated_and_reported() {
+    relay_conformance::r1_damage_of_one_device_is_isolated_and_reported(&relay_harness());
+}
+
+/// R1: a device whose stored length disagrees with its rows (edited by hand), or whose rows have
+/// a hole, is damage of that device: reported by a pull, and refusing appends and pushes; the
+/// other devices go on.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn r1_postgres_relay_a_length_or_a_hole_that_disagrees_with_the_rows_is_damage() {
+    let schema = TestSchema::new();
+    schema.coordinator();
+    let relay = PostgresRelay::connect(schema.config()).unwrap();
+    let clock = fencepost::clock::ManualClock::new(10_000);
+    let mut logs: Vec<DeviceLog> = ["short", "holed", "fine"]
+        .iter()
+        .map(|device| DeviceLog::new(device, clock.wall_clock()).unwrap())
+        .collect();
+    for log in &mut logs {
+        let ops: Vec<OpRecord> = (0..4)
+            .map(|n| log.append(Surface::log("note"), serde_json::json!({ "n": n })))
+            .collect();
+        relay.push(&ops).unwrap();
+    }
+    let name = &schema.name;
+    admin()
+        .batch_execute(&format!(
+            "UPDATE {name}.relay_devices SET next_seq = 2 WHERE device_id = 'short';
+             DELETE FROM {name}.relay_records WHERE device_id = 'holed' AND seq = 1;"
+        ))
+        .unwrap();
+    let batch = relay.pull(&Frontier::new()).unwrap();
+    let damaged: Vec<_> = batch
+        .problems
+        .iter()
+        .map(|problem| problem.device_id.clone().unwrap())
+        .collect();
+    assert_eq!(damaged, ["holed", "short"], "{:?}", batch.problems);
+    assert!(batch.problems.iter().all(|problem| problem.is_damage()));
+    assert_eq!(
+        batch.ops.iter().filter(|op| &*op.device_id == "fine").count(),
+        4,
+        "the intact device is whole"
+    );
+    for device in ["short", "holed"] {
+        let refused = relay.append(device, 0, &mut |_| Ok(Vec::new()));
+        assert!(
+            matches!(refused, Err(RelayError::DeviceDamaged { .. })),
+            "{device}: {refused:?}"
+        );
+    }
+    let fine = &mut logs[2];
+    let more = fine.append(Surface::log("note"), serde_json::json!({ "n": 4 }));
+    relay.push(&[more]).unwrap();
+}
+
+/// R1 through a pooler in statement mode, which runs no transaction block: reads work, and a
+/// write is refused with an error that names the mode (nothing is stored half-way).
+#[test]
+#[ignore = "needs PostgreSQL and PgBouncer: run scripts/test (or set FENCEPOST_PGBOUNCER_STATEMENT_URL too)"]
+fn r1_postgres_relay_in_statement_mode_refuses_writes_and_names_the_mode() {
+    let pooled = std::env::var("FENCEPOST_PGBOUNCER_STATEMENT_URL").expect(
+        "FENCEPOST_PGBOUNCER_STATEMENT_URL is not set: this test needs PgBouncer in statement mode (scripts/test starts one)",
+    );
+    let schema = TestSchema::new();
+    schema.coordinator();
+    let relay = PostgresRelay::connect(PostgresConfig {
+        url: pooled,
+        ..schema.config()
+    })
+    .unwrap();
+    assert!(relay.pull(&Frontier::new()).unwrap().ops.is_empty());
+    let clock = fencepost::clock::ManualClock::new(10_000);
+    let mut log = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
+    let op = log.append(Surface::log("note"), serde_json::json!({}));
+    let message = relay.push(&[op]).unwrap_err().to_string();
+    assert!(message.contains("statement mode"), "{message}");
+    let direct = PostgresRelay::connect(schema.config()).unwrap();
+    assert!(
+        direct.pull(&Frontier::new()).unwrap().ops.is_empty(),
+        "nothing stored"
+    );
 }

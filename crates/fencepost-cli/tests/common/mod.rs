@@ -13,6 +13,9 @@ pub struct Shared {
     pub coordinator: String,
     /// The agent of the daily-report runs (unique per test where the coordinator is shared).
     pub agent: String,
+    /// Whether the hosts name no ledger (with a PostgreSQL coordinator, the ledger is then in its
+    /// database); else they share the folder `ledger`.
+    pub database_ledger: bool,
 }
 
 impl Shared {
@@ -28,6 +31,16 @@ impl Shared {
             folder,
             coordinator,
             agent: agent.to_owned(),
+            database_ledger: false,
+        }
+    }
+
+    /// Hosts that share only the coordinator's URL: no ledger is named (with a PostgreSQL
+    /// coordinator, the ledger is in its database).
+    pub fn database_only(folder: tempfile::TempDir, coordinator: String, agent: &str) -> Self {
+        Self {
+            database_ledger: true,
+            ..Self::with(folder, coordinator, agent)
         }
     }
 
@@ -48,6 +61,9 @@ impl Shared {
             .env("XDG_CONFIG_HOME", self.path("config"))
             .env_remove("FENCEPOST_CONFIG")
             .env_remove("RUST_LOG");
+        if self.database_ledger {
+            command.env_remove("FENCEPOST_LEDGER");
+        }
         command
     }
 

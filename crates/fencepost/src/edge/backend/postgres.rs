@@ -15,10 +15,13 @@
 //!   GRANT USAGE ON SCHEMA fencepost TO fencepost_agent;
 //!   GRANT SELECT, INSERT, UPDATE ON fencepost.leases, fencepost.frontiers TO fencepost_agent;
 //!   GRANT SELECT ON fencepost.schema_version TO fencepost_agent;
+//!   -- for the ledger in the same database (PostgresRelay, `--ledger postgres://…`):
+//!   GRANT SELECT, INSERT, UPDATE ON fencepost.relay_devices, fencepost.relay_records TO fencepost_agent;
 //!   ```
 //!
 //!   Never grant `DELETE` or `TRUNCATE` on `leases`: a deleted row forgets its epoch, and the next
-//!   grant would repeat epoch 1.
+//!   grant would repeat epoch 1. Nor on the relay's tables: a deleted record is a hole in a
+//!   device's log (damage), and a deleted commit could be run again by a site that never saw it.
 //! * **Poolers.** Every operation is one simple-query message: its statements run as one implicit
 //!   transaction in one round trip, with values as escaped literals, no prepared statement and no
 //!   session setting; `acquire` alone sends its `COMMIT` in a second message, so that a grant the
@@ -79,6 +82,7 @@ use crate::lease::{
     LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EXPIRES_AT_MS,
 };
 use crate::oplog::Frontier;
+use crate::relay::RelayError;
 
 /// The database server's clock in milliseconds since the Unix epoch: the coordinator clock.
 pub const SERVER_CLOCK_SQL: &str = "(floor(extract(epoch from clock_timestamp()) * 1000))::bigint";
@@ -293,6 +297,8 @@ impl Statements {
         let table = format!("{schema}.leases");
         let versions = format!("{schema}.schema_version");
         let frontiers = format!("{schema}.frontiers");
+        let relay_devices = format!("{schema}.relay_devices");
+        let relay_records = format!("{schema}.relay_records");
         // The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on
         // the database even when the schema exists, which its owner may not have.
         let mut tag = "$fencepost$".to_owned();
@@ -324,6 +330,16 @@ impl Statements {
                      device_id text NOT NULL,
                      next_seq bigint NOT NULL CHECK (next_seq >= 0),
                      PRIMARY KEY (agent_id, device_id)
+                 );
+                 CREATE TABLE IF NOT EXISTS {relay_devices} (
+                     device_id text PRIMARY KEY,
+                     next_seq bigint NOT NULL CHECK (next_seq >= 0)
+                 );
+                 CREATE TABLE IF NOT EXISTS {relay_records} (
+                     device_id text NOT NULL,
+                     seq bigint NOT NULL,
+                     record text NOT NULL,
+                     PRIMARY KEY (device_id, seq)
                  );
                  CREATE TABLE IF NOT EXISTS {versions} (
                      singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -401,7 +417,7 @@ type Row = (Option<String>, i64, i64, i64);
 /// state (it works through a transaction-pooling proxy such as PgBouncer); values are therefore
 /// literals, never parameters.
 #[derive(Debug, Clone, Copy)]
-enum Literal<'a> {
+pub(crate) enum Literal<'a> {
     /// Text (ids are validated: no control characters, rule L8).
     Text(&'a str),
     Int(i64),
@@ -410,7 +426,7 @@ enum Literal<'a> {
 }
 
 impl Literal<'_> {
-    fn write(self, out: &mut String) {
+    pub(crate) fn write(self, out: &mut String) {
         match self {
             Literal::Text(text) => {
                 // An escape string constant means the same whatever `standard_conforming_strings`
@@ -436,7 +452,7 @@ impl Literal<'_> {
 }
 
 /// `template` with `$1`, `$2`, … replaced by `literals` (at most 9).
-fn bind(template: &str, literals: &[Literal<'_>]) -> String {
+pub(crate) fn bind(template: &str, literals: &[Literal<'_>]) -> String {
     debug_assert!(literals.len() <= 9);
     let mut out = String::with_capacity(template.len() + 64);
     let mut rest = template;
@@ -780,7 +796,7 @@ fn outcome_unknown(error: &tokio_postgres::Error) -> bool {
 }
 
 /// Quotes an SQL identifier.
-fn quote_identifier(name: &str) -> String {
+pub(crate) fn quote_identifier(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
@@ -840,8 +856,9 @@ impl From<LeaseError> for CallError {
 }
 
 /// The version of the schema this code reads and writes ([`PostgresLeaseCoordinator::migrate`]
-/// brings a database to it).
-pub const SCHEMA_VERSION: i32 = 2;
+/// brings a database to it). Version 2 added the published frontiers (`frontiers`), version 3
+/// the ledger's tables (`relay_devices`, `relay_records`, [`PostgresRelay`](crate::relay::PostgresRelay)).
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// What [`PostgresLeaseCoordinator::schema_version`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1497,6 +1514,9 @@ impl PostgresLeaseCoordinator {
                     Some(code) if *code == SqlState::READ_ONLY_SQL_TRANSACTION => {
                         " (the server is read-only: a standby, or default_transaction_read_only is set; point the coordinator at the primary)"
                     }
+                    Some(code) if (*code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE) && RELAY_OPERATIONS.contains(&operation) => {
+                        " (timed out: another writer held the device's row of the ledger, or the server is slow; not applied. The bound is the lower of operation_timeout and the role's statement_timeout/lock_timeout)"
+                    }
                     Some(code) if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE => {
                         " (timed out: the lease row stayed locked, or the server is slow; not applied. The bound is the lower of operation_timeout and the role's statement_timeout/lock_timeout)"
                     }
@@ -1623,6 +1643,138 @@ impl PostgresLeaseCoordinator {
             .skip(skip)
             .take(statements.len())
             .collect())
+    }
+}
+
+/// The operations of the ledger in the database, as [`RelayError::Database`] names them.
+const RELAY_OPERATIONS: [&str; 3] = ["push to", "pull from", "append to"];
+
+/// What the ledger in the database ([`PostgresRelay`](crate::relay::PostgresRelay)) runs on a
+/// coordinator's session: the same bounds, reconnection and pooler-safe statements (simple query
+/// protocol, values as literals, no prepared statement, no session setting).
+impl PostgresLeaseCoordinator {
+    /// The schema's name, quoted as an SQL identifier.
+    pub(crate) fn quoted_schema(&self) -> String {
+        quote_identifier(&self.config.schema)
+    }
+
+    /// Runs `statement` (a read) as one implicit transaction in one round trip; returns its rows.
+    pub(crate) fn read_rows(
+        &self,
+        operation: &'static str,
+        statement: String,
+    ) -> Result<Vec<SimpleQueryRow>, RelayError> {
+        let statements = [statement];
+        self.with_session(|session| self.batch(session, &statements))
+            .map(|sets| sets.into_iter().next().unwrap_or_default())
+            .map_err(|error| self.relay_failure(operation, error, false))
+    }
+
+    /// One explicit transaction in two round trips: `first` (reads that lock what they read), then
+    /// the statements `then` builds from their rows, with the `COMMIT`. `then` refusing rolls the
+    /// transaction back. Only a lost answer to the second round trip leaves the outcome unknown
+    /// (`may_have_applied`).
+    pub(crate) fn two_round_transaction<T>(
+        &self,
+        operation: &'static str,
+        first: &[String],
+        then: impl FnOnce(Vec<Vec<SimpleQueryRow>>) -> Result<(Vec<String>, T), RelayError>,
+    ) -> Result<T, RelayError> {
+        let limit = self.client_limit();
+        let mut refused = None;
+        let mut commit_sent = false;
+        let outcome = self.with_session(|session| {
+            let mut text = String::with_capacity(256 + first.iter().map(String::len).sum::<usize>());
+            text.push_str("BEGIN ISOLATION LEVEL READ COMMITTED;");
+            text.push_str(&session.timeouts);
+            for statement in first {
+                text.push_str(statement);
+                text.push(';');
+            }
+            session.open_transaction = true;
+            let messages = match session.simple_query_within(&text, limit) {
+                // PgBouncer in statement mode answers a transaction block by closing the
+                // connection, often before its message can be read. Nothing was written.
+                Err(CallError::Statement(error))
+                    if (error.is_closed() && error.as_db_error().is_none())
+                        || describe(&error).contains("pooling mode") =>
+                {
+                    return Err(CallError::Reply(failure(
+                        format!(
+                            "the connection was closed as the transaction began ({}): a pooler in statement mode (PgBouncer's pool_mode = statement) runs no transaction block; use transaction or session pooling for the ledger",
+                            describe(&error)
+                        ),
+                        false,
+                        Some(error),
+                    )));
+                }
+                answer => Self::or_roll_back(session, limit, answer)?,
+            };
+            let skip = 1 + session.timeouts.matches(';').count();
+            let sets: Vec<_> = result_sets(messages).into_iter().skip(skip).take(first.len()).collect();
+            let (second, value) = match then(sets) {
+                Ok(planned) => planned,
+                Err(error) => {
+                    refused = Some(error);
+                    session.run(limit, |client| client.batch_execute("ROLLBACK"))?;
+                    session.open_transaction = false;
+                    return Ok(None);
+                }
+            };
+            let mut text = String::with_capacity(16 + second.iter().map(String::len).sum::<usize>());
+            for statement in &second {
+                text.push_str(statement);
+                text.push(';');
+            }
+            text.push_str("COMMIT");
+            commit_sent = true;
+            let messages = session.simple_query_within(&text, limit);
+            Self::or_roll_back(session, limit, messages)?;
+            session.open_transaction = false;
+            Ok(Some(value))
+        });
+        match outcome {
+            Ok(Some(value)) => Ok(value),
+            Ok(None) => Err(refused.unwrap_or_else(|| unreachable!("set when `then` refused"))),
+            Err(error) => Err(self.relay_failure(operation, error, commit_sent)),
+        }
+    }
+
+    /// A round trip's answer; a statement the server refused has aborted the transaction, which
+    /// is rolled back (the session stays usable).
+    fn or_roll_back(
+        session: &mut Session,
+        limit: Option<Duration>,
+        answer: Result<Vec<SimpleQueryMessage>, CallError>,
+    ) -> Result<Vec<SimpleQueryMessage>, CallError> {
+        match answer {
+            Err(CallError::Statement(error)) if !outcome_unknown(&error) => {
+                session.run(limit, |client| client.batch_execute("ROLLBACK"))?;
+                session.open_transaction = false;
+                Err(CallError::Statement(error))
+            }
+            other => other,
+        }
+    }
+
+    /// A failed call of the relay as a [`RelayError`]; `write` says whether a write was sent
+    /// whose answer may be lost.
+    fn relay_failure(&self, operation: &'static str, error: CallError, write: bool) -> RelayError {
+        let (message, may_have_applied) = match self.explain(operation, error, write) {
+            LeaseError::Backend(error) => (error.message, error.may_have_applied),
+            other => (other.to_string(), false),
+        };
+        // `explain` names the operation first; the relay's error names it too.
+        let message = message
+            .strip_prefix(operation)
+            .and_then(|rest| rest.strip_prefix(": "))
+            .map(str::to_owned)
+            .unwrap_or(message);
+        RelayError::Database {
+            operation,
+            message,
+            may_have_applied,
+        }
     }
 }
 

@@ -11,10 +11,13 @@
 //!   devices keep syncing).
 //!
 //! Implementations: [`InMemoryRelay`] (tests, the simulator, one process), [`FsRelay`] (a folder,
-//! possibly a synced one) and, with feature `sqlite`, `SqliteRelay` (a SQLite file, one host).
+//! possibly a synced one), with feature `sqlite` `SqliteRelay` (a SQLite file, one host), and with
+//! feature `postgres` `PostgresRelay` (tables beside the PostgreSQL coordinator's, many hosts).
 
 mod fs;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -30,6 +33,8 @@ use crate::oplog::{LogError, LogHead, OpId, OpRecord};
 pub use crate::oplog::Frontier;
 pub use fs::{device_file_name, FsRelay, FsRelayConfig};
 pub use memory::InMemoryRelay;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresRelay;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteRelay;
 
@@ -198,6 +203,21 @@ pub enum RelayError {
         /// How long this call waited.
         waited_ms: u64,
     },
+    /// The database that stores the relay failed (PostgreSQL): unreachable, refused, or no answer
+    /// in time.
+    #[error("{operation} the ledger in the database: {message}{}", if *.may_have_applied {
+        " (the records may have been stored: a later pull shows whether; pushing them again is safe)"
+    } else {
+        ""
+    })]
+    Database {
+        /// What was being done (`"push to"`, `"pull from"`, `"append to"`).
+        operation: &'static str,
+        /// What went wrong, with the database's own words.
+        message: String,
+        /// Whether records may have been stored although the call failed (its answer was lost).
+        may_have_applied: bool,
+    },
     /// A file-system operation failed.
     #[error("{operation} {path}: {source}")]
     Io {
@@ -271,4 +291,132 @@ pub(crate) fn group_by_device(ops: &[OpRecord]) -> Result<BTreeMap<&str, Vec<&Op
         groups.entry(&op.device_id).or_default().push(op);
     }
     Ok(groups)
+}
+
+/// Builds the [`RelayProblem`] of a damaged stored record: `(seq, what is wrong)`.
+pub(crate) type DamageOf<'a> = dyn Fn(u64, String) -> RelayProblem + 'a;
+
+/// Decodes the stored record `seq` of `device_id`, checking that it says it is that record (its id
+/// over its content is checked by the caller, against the chain or alone).
+pub(crate) fn decode_stored(
+    device_id: &str,
+    seq: u64,
+    bytes: &[u8],
+    damage: &DamageOf<'_>,
+) -> Result<OpRecord, RelayProblem> {
+    let op = OpRecord::from_json(bytes).map_err(|error| damage(seq, format!("does not decode: {error}")))?;
+    if &*op.device_id != device_id || op.seq != seq {
+        return Err(damage(
+            seq,
+            format!("holds record {} of device {:?}", op.seq, op.device_id),
+        ));
+    }
+    Ok(op)
+}
+
+/// Decodes a stored record and checks its id over its content: a record that can head a log.
+pub(crate) fn stored_record(
+    device_id: &str,
+    seq: u64,
+    bytes: Option<&[u8]>,
+    damage: &DamageOf<'_>,
+) -> Result<OpRecord, RelayProblem> {
+    let bytes = bytes.ok_or_else(|| damage(seq, "not a record (a value of another type)".to_owned()))?;
+    let op = decode_stored(device_id, seq, bytes, damage)?;
+    LogHead::new(device_id)
+        .check_identity(&op)
+        .map_err(|error| damage(seq, error.to_string()))?;
+    Ok(op)
+}
+
+/// The head of a device's stored log in a database relay, from its stored length (`next_seq`),
+/// the largest seq of its rows (`top`) and its last record (`last`, the row `next_seq - 1`, `None`
+/// when missing): the length and the rows must agree (a row or a length edited by hand is damage).
+pub(crate) fn stored_head(
+    device_id: &str,
+    next_seq: u64,
+    top: Option<u64>,
+    last: Option<Option<&[u8]>>,
+    damage: &DamageOf<'_>,
+) -> Result<LogHead, RelayError> {
+    let damaged = |problem| RelayError::DeviceDamaged {
+        device_id: device_id.to_owned(),
+        problem,
+    };
+    let rows_next = top.map_or(0, |top| top.saturating_add(1));
+    if rows_next != next_seq {
+        return Err(damaged(damage(
+            next_seq.min(rows_next),
+            format!("the device's length says {next_seq} records, but its records run to {rows_next}"),
+        )));
+    }
+    let mut head = LogHead::new(device_id);
+    if next_seq == 0 {
+        return Ok(head);
+    }
+    let Some(last) = last else {
+        return Err(damaged(damage(next_seq - 1, "missing".to_owned())));
+    };
+    let last = stored_record(device_id, next_seq - 1, last, damage).map_err(damaged)?;
+    head.advance_unchecked(&last);
+    Ok(head)
+}
+
+/// Verifies what a database relay read of one device for a pull: `rows` (seq and bytes, either
+/// unreadable after a hand edit) in seq order from `from - 1` on when `from > 0` (the record before
+/// the first new one, which anchors its chain), else from 0; `stored` is the device's length.
+/// Returns the new records that continue the chain, and the damage that stopped the reading.
+pub(crate) fn verify_pulled<'b>(
+    device_id: &str,
+    from: u64,
+    stored: u64,
+    rows: impl IntoIterator<Item = (Option<u64>, Option<&'b [u8]>)>,
+    damage: &DamageOf<'_>,
+) -> (Vec<OpRecord>, Option<RelayProblem>) {
+    let mut rows = rows.into_iter().peekable();
+    let mut head = LogHead::new(device_id);
+    let mut ops = Vec::new();
+    if from > 0 {
+        let before = match rows.next_if(|(seq, _)| *seq == Some(from - 1)) {
+            Some((_, bytes)) => stored_record(device_id, from - 1, bytes, damage),
+            None => Err(damage(from - 1, "missing".to_owned())),
+        };
+        match before {
+            Ok(before) => head.advance_unchecked(&before),
+            Err(problem) => return (ops, Some(problem)),
+        }
+    }
+    let mut expected = from;
+    for (seq, bytes) in rows {
+        if seq != Some(expected) {
+            break; // a gap, or a seq that is no number: reported below
+        }
+        if expected >= stored {
+            let detail =
+                format!("beyond the device's length ({stored} records): a row or the length was edited");
+            return (ops, Some(damage(expected, detail)));
+        }
+        let Some(bytes) = bytes else {
+            return (
+                ops,
+                Some(damage(
+                    expected,
+                    "not a record (a value of another type)".to_owned(),
+                )),
+            );
+        };
+        // Checked against the head: the device, the id over the content, seq, chain, HLC.
+        let checked = decode_stored(device_id, expected, bytes, damage).and_then(|op| {
+            head.accept(&op)
+                .map(|()| op)
+                .map_err(|error| damage(expected, error.to_string()))
+        });
+        match checked {
+            Ok(op) => ops.push(op),
+            Err(problem) => return (ops, Some(problem)),
+        }
+        expected += 1;
+    }
+    let problem = (expected < stored).then(|| damage(expected, "missing".to_owned()));
+    (ops, problem)
 }

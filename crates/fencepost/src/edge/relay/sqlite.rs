@@ -7,8 +7,8 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{
-    group_by_device, plan_device_push, Appended, Frontier, MakeRecords, ProblemKind, PullBatch, PushReport,
-    Relay, RelayError, RelayProblem,
+    group_by_device, plan_device_push, stored_head, stored_record, verify_pulled, Appended, Frontier,
+    MakeRecords, ProblemKind, PullBatch, PushReport, Relay, RelayError, RelayProblem,
 };
 use crate::oplog::{LogHead, OpId, OpRecord};
 
@@ -114,47 +114,12 @@ impl SqliteRelay {
         device_id: &str,
         seq: u64,
     ) -> Result<Result<OpRecord, RelayProblem>, RelayError> {
-        let stored_seq = i64::try_from(seq).unwrap_or(i64::MAX);
-        let bytes: Option<Option<Vec<u8>>> = transaction
-            .prepare_cached("SELECT record FROM fencepost_relay_records WHERE device_id = ?1 AND seq = ?2")
-            .and_then(|mut statement| {
-                statement
-                    .query_row(params![device_id, stored_seq], |row| {
-                        Ok(bytes_of(row.get_ref(0)?))
-                    })
-                    .optional()
-            })
-            .map_err(self.failed("read"))?;
-        let Some(bytes) = bytes else {
-            return Ok(Err(self.damage(device_id, seq, "missing".to_owned())));
-        };
-        let Some(bytes) = bytes else {
-            return Ok(Err(self.damage(
-                device_id,
-                seq,
-                "not a record (a value of another type)".to_owned(),
-            )));
-        };
-        Ok(self.decode(device_id, seq, &bytes).and_then(|op| {
-            LogHead::new(device_id)
-                .check_identity(&op)
-                .map(|()| op)
-                .map_err(|error| self.damage(device_id, seq, error.to_string()))
-        }))
-    }
-
-    /// Decodes the stored record `seq` of `device_id` (its id is not checked here).
-    fn decode(&self, device_id: &str, seq: u64, bytes: &[u8]) -> Result<OpRecord, RelayProblem> {
-        let op = OpRecord::from_json(bytes)
-            .map_err(|error| self.damage(device_id, seq, format!("does not decode: {error}")))?;
-        if &*op.device_id != device_id || op.seq != seq {
-            return Err(self.damage(
-                device_id,
-                seq,
-                format!("holds record {} of device {:?}", op.seq, op.device_id),
-            ));
-        }
-        Ok(op)
+        let bytes = self.bytes_at(transaction, device_id, seq)?;
+        let damage = |seq, detail| self.damage(device_id, seq, detail);
+        Ok(match bytes {
+            None => Err(damage(seq, "missing".to_owned())),
+            Some(bytes) => stored_record(device_id, seq, bytes.as_deref(), &damage),
+        })
     }
 
     /// How many records of `device_id` are stored.
@@ -170,42 +135,46 @@ impl SqliteRelay {
     /// anything from being appended to it.
     fn head(&self, transaction: &Transaction<'_>, device_id: &str) -> Result<LogHead, RelayError> {
         let next_seq = self.next_seq(transaction, device_id)?;
-        // The device's length and its records must agree (a row or a length edited by hand).
         let top: Option<i64> = transaction
             .prepare_cached("SELECT max(seq) FROM fencepost_relay_records WHERE device_id = ?1")
             .and_then(|mut statement| {
                 statement.query_row([device_id], |row| row.get_ref(0).map(|value| value.as_i64().ok()))
             })
             .map_err(self.failed("read"))?;
-        let rows_next = top
-            .and_then(|top| u64::try_from(top).ok())
-            .map_or(0, |top| top.saturating_add(1));
-        if rows_next != next_seq {
-            return Err(RelayError::DeviceDamaged {
-                device_id: device_id.to_owned(),
-                problem: self.damage(
-                    device_id,
-                    next_seq.min(rows_next),
-                    format!(
-                        "the device's length says {next_seq} records, but its records run to {rows_next}"
-                    ),
-                ),
-            });
-        }
-        let mut head = LogHead::new(device_id);
-        if next_seq == 0 {
-            return Ok(head);
-        }
-        match self.record_at(transaction, device_id, next_seq - 1)? {
-            Ok(last) => {
-                head.advance_unchecked(&last);
-                Ok(head)
-            }
-            Err(problem) => Err(RelayError::DeviceDamaged {
-                device_id: device_id.to_owned(),
-                problem,
-            }),
-        }
+        let top = top.and_then(|top| u64::try_from(top).ok());
+        let last = match next_seq.checked_sub(1) {
+            Some(last) if top == Some(last) => self.bytes_at(transaction, device_id, last)?,
+            _ => None,
+        };
+        let damage = |seq, detail| self.damage(device_id, seq, detail);
+        stored_head(
+            device_id,
+            next_seq,
+            top,
+            last.as_ref().map(Option::as_deref),
+            &damage,
+        )
+    }
+
+    /// The bytes of the stored record `seq` of `device_id`: `None` when there is no such row,
+    /// `Some(None)` when it holds a value of another type.
+    fn bytes_at(
+        &self,
+        transaction: &Transaction<'_>,
+        device_id: &str,
+        seq: u64,
+    ) -> Result<Option<Option<Vec<u8>>>, RelayError> {
+        transaction
+            .prepare_cached("SELECT record FROM fencepost_relay_records WHERE device_id = ?1 AND seq = ?2")
+            .and_then(|mut statement| {
+                statement
+                    .query_row(
+                        params![device_id, i64::try_from(seq).unwrap_or(i64::MAX)],
+                        |row| Ok(bytes_of(row.get_ref(0)?)),
+                    )
+                    .optional()
+            })
+            .map_err(self.failed("read"))
     }
 
     /// Stores `ops` (checked to continue `device_id`'s chain) and the device's new length.
@@ -327,18 +296,8 @@ impl Relay for SqliteRelay {
             if from >= stored {
                 continue;
             }
-            // The head before `from`, so that the first record read is checked against it.
-            let mut head = LogHead::new(device_id.as_str());
-            if from > 0 {
-                match self.record_at(&transaction, &device_id, from - 1)? {
-                    Ok(before) => head.advance_unchecked(&before),
-                    Err(problem) => {
-                        batch.problems.push(problem);
-                        continue;
-                    }
-                }
-            }
-            let rows: Vec<(Option<i64>, Option<Vec<u8>>)> = transaction
+            // From the record before `from`, which anchors the chain of the first new one.
+            let rows: Vec<(Option<u64>, Option<Vec<u8>>)> = transaction
                 .prepare_cached(
                     "SELECT seq, record FROM fencepost_relay_records
                      WHERE device_id = ?1 AND seq >= ?2 ORDER BY seq",
@@ -346,58 +305,33 @@ impl Relay for SqliteRelay {
                 .and_then(|mut statement| {
                     statement
                         .query_map(
-                            params![device_id, i64::try_from(from).unwrap_or(i64::MAX)],
-                            |row| Ok((row.get_ref(0)?.as_i64().ok(), bytes_of(row.get_ref(1)?))),
+                            params![
+                                device_id,
+                                i64::try_from(from.saturating_sub(1)).unwrap_or(i64::MAX)
+                            ],
+                            |row| {
+                                // A row edited by hand may hold values of any type: damage of
+                                // its device, not an error of the whole pull.
+                                let seq = row
+                                    .get_ref(0)?
+                                    .as_i64()
+                                    .ok()
+                                    .and_then(|seq| u64::try_from(seq).ok());
+                                Ok((seq, bytes_of(row.get_ref(1)?)))
+                            },
                         )?
                         .collect::<Result<Vec<_>, _>>()
                 })
                 .map_err(self.failed("read"))?;
-            let mut expected = from;
-            let mut problem = None;
-            for (seq, bytes) in rows {
-                // A row edited by hand may hold values of any type: damage of its device, not an
-                // error of the whole pull.
-                let seq = seq.and_then(|seq| u64::try_from(seq).ok());
-                if seq != Some(expected) {
-                    break; // a gap, or a seq that is no number: reported below
-                }
-                let seq = expected;
-                if seq >= stored {
-                    problem = Some(self.damage(
-                        &device_id,
-                        seq,
-                        format!(
-                            "beyond the device's length ({stored} records): a row or the length was edited"
-                        ),
-                    ));
-                    break;
-                }
-                let Some(bytes) = bytes else {
-                    problem = Some(self.damage(
-                        &device_id,
-                        seq,
-                        "not a record (a value of another type)".to_owned(),
-                    ));
-                    break;
-                };
-                // Checked against the head: the device, the id over the content, seq, chain, HLC.
-                let checked = self.decode(&device_id, seq, &bytes).and_then(|op| {
-                    head.accept(&op)
-                        .map(|()| op)
-                        .map_err(|error| self.damage(&device_id, seq, error.to_string()))
-                });
-                match checked {
-                    Ok(op) => batch.ops.push(op),
-                    Err(damage) => {
-                        problem = Some(damage);
-                        break;
-                    }
-                }
-                expected += 1;
-            }
-            if problem.is_none() && expected < stored {
-                problem = Some(self.damage(&device_id, expected, "missing".to_owned()));
-            }
+            let damage = |seq, detail| self.damage(&device_id, seq, detail);
+            let (ops, problem) = verify_pulled(
+                &device_id,
+                from,
+                stored,
+                rows.iter().map(|(seq, bytes)| (*seq, bytes.as_deref())),
+                &damage,
+            );
+            batch.ops.extend(ops);
             batch.problems.extend(problem);
         }
         Ok(batch)

@@ -1,0 +1,379 @@
+//! [`PostgresRelay`] (feature `postgres`): the ledger in PostgreSQL, in the coordinator's schema, for
+//! many hosts that share only a database URL.
+
+use std::collections::BTreeMap;
+
+use tokio_postgres::SimpleQueryRow;
+
+use super::{
+    group_by_device, plan_device_push, stored_head, verify_pulled, Appended, Frontier, MakeRecords,
+    ProblemKind, PullBatch, PushReport, Relay, RelayError, RelayProblem,
+};
+use crate::backend::postgres::{bind, Literal, PostgresConfig, PostgresLeaseCoordinator};
+use crate::oplog::{LogHead, OpRecord};
+
+/// Every device's log in two tables beside the PostgreSQL coordinator's, in its schema
+/// (`relay_devices`: each device's length; `relay_records`: each record's JSON wire form, keyed by
+/// device and seq), made by the coordinator's [`migrate`](PostgresLeaseCoordinator::migrate)
+/// (schema version 3). Rule R1:
+///
+/// * [`push`](Relay::push) is one transaction in two round trips: the first locks the pushed
+///   devices' rows (in device order, so two pushes never deadlock) and reads their heads and the
+///   stored records the push overlaps; the chains are verified here; the second stores the new
+///   records and lengths and commits. A refused push stores nothing.
+/// * [`pull`](Relay::pull) is one statement (one snapshot of every device) that reads, per device,
+///   only the records from the caller's frontier on (the primary key is `(device_id, seq)`:
+///   O(new records)); they are verified here, and a damaged record (a row edited by hand, a gap, a
+///   length that disagrees with the rows) is damage of its device, the other devices going on.
+/// * [`append`](Relay::append) holds the device's row lock from reading its tail to the commit,
+///   so the processes of every host that share a device id interleave instead of forking it.
+///
+/// Like the coordinator it works through PgBouncer in transaction or session mode (statement
+/// mode runs no transaction block: pushes and appends are refused there with an error naming the
+/// mode). It has a connection of its own (a coordinator's [`PostgresConfig`]: URL, schema and
+/// bounds), so a long pull never delays the lease's renewal. Grants for a least-privilege role:
+/// `SELECT, INSERT, UPDATE` on `relay_devices` and `relay_records` (never `DELETE`).
+///
+/// ```no_run
+/// use fencepost::backend::postgres::PostgresConfig;
+/// use fencepost::relay::{Frontier, PostgresRelay, Relay};
+///
+/// let relay = PostgresRelay::connect(PostgresConfig::new("postgres://fencepost_agent:secret@db.internal/app"))?;
+/// relay.check_schema()?; // `fencepost admin migrate` made the tables
+/// let batch = relay.pull(&Frontier::new())?;
+/// println!("{} records, {} problems", batch.ops.len(), batch.problems.len());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct PostgresRelay {
+    database: PostgresLeaseCoordinator,
+    devices: String,
+    records: String,
+}
+
+impl PostgresRelay {
+    /// Connects (a bounded number of attempts; see [`PostgresLeaseCoordinator::connect`]).
+    /// The tables are made by the coordinator's `migrate` (`fencepost admin migrate`);
+    /// [`check_schema`](Self::check_schema) says whether it was done.
+    ///
+    /// # Errors
+    /// [`RelayError::Database`] when the URL or schema name is invalid or no attempt connects.
+    pub fn connect(config: PostgresConfig) -> Result<Self, RelayError> {
+        let database = PostgresLeaseCoordinator::connect(config).map_err(|error| RelayError::Database {
+            operation: "connect to",
+            message: error.to_string(),
+            may_have_applied: false,
+        })?;
+        let schema = database.quoted_schema();
+        Ok(Self {
+            devices: format!("{schema}.relay_devices"),
+            records: format!("{schema}.relay_records"),
+            database,
+        })
+    }
+
+    /// Checks that the schema is at the version this code needs (one read), as
+    /// [`PostgresLeaseCoordinator::check_schema`] does.
+    ///
+    /// # Errors
+    /// [`RelayError::Database`] saying what to do (run `fencepost admin migrate`, or upgrade).
+    pub fn check_schema(&self) -> Result<(), RelayError> {
+        self.database
+            .check_schema()
+            .map_err(|error| RelayError::Database {
+                operation: "open",
+                message: error.to_string(),
+                may_have_applied: false,
+            })
+    }
+
+    /// The settings of the connection.
+    pub fn config(&self) -> &PostgresConfig {
+        self.database.config()
+    }
+
+    fn damage(&self, device_id: &str, seq: u64, detail: String) -> RelayProblem {
+        RelayProblem {
+            kind: ProblemKind::Damage,
+            device_id: Some(device_id.to_owned()),
+            file: None,
+            line_number: None,
+            detail: format!("record {seq} in {} (the ledger's table): {detail}", self.records),
+        }
+    }
+
+    /// The statements of the first round trip of a write to `device_id`: make its row when new,
+    /// lock it and read its length, then read its largest seq and its stored records with seq in
+    /// `from..=to` and its last one.
+    fn lock_and_read(&self, device_id: &str, from: u64, to: u64) -> [String; 4] {
+        let device = Literal::Text(device_id);
+        [
+            bind(
+                &format!(
+                    "INSERT INTO {devices} (device_id, next_seq) VALUES ($1, 0) ON CONFLICT (device_id) DO NOTHING",
+                    devices = self.devices
+                ),
+                &[device],
+            ),
+            // The lock first, in a statement of its own: in READ COMMITTED each statement reads a
+            // snapshot taken when it starts, and only the next statements see what the writer
+            // this one waited for committed.
+            bind(
+                &format!(
+                    "SELECT next_seq FROM {devices} WHERE device_id = $1 FOR UPDATE",
+                    devices = self.devices
+                ),
+                &[device],
+            ),
+            bind(
+                &format!(
+                    "SELECT max(seq) FROM {records} WHERE device_id = $1",
+                    records = self.records
+                ),
+                &[device],
+            ),
+            bind(
+                &format!(
+                    "SELECT seq, record FROM {records} WHERE device_id = $1 AND seq >= $2 AND seq <= $3
+                     UNION
+                     SELECT seq, record FROM {records}
+                     WHERE device_id = $1 AND seq = (SELECT d.next_seq - 1 FROM {devices} AS d WHERE d.device_id = $1)
+                     ORDER BY seq",
+                    devices = self.devices,
+                    records = self.records
+                ),
+                &[device, Literal::Int(seq_value(from)), Literal::Int(seq_value(to))],
+            ),
+        ]
+    }
+
+    /// What the first round trip read of one device: its head (or the damage that keeps it from
+    /// being written) and its stored records by seq.
+    fn read_device(
+        &self,
+        device_id: &str,
+        sets: &mut impl Iterator<Item = Vec<SimpleQueryRow>>,
+    ) -> Result<(LogHead, BTreeMap<u64, String>), RelayError> {
+        let _inserted = sets.next();
+        let length = sets.next().unwrap_or_default();
+        let top = sets.next().unwrap_or_default();
+        let rows = sets.next().unwrap_or_default();
+        let row = length.first().ok_or_else(|| RelayError::Database {
+            operation: "read",
+            message: format!("device {device_id:?}: its row was not returned"),
+            may_have_applied: false,
+        })?;
+        let next_seq = row.get(0).and_then(|text| text.parse::<u64>().ok()).unwrap_or(0);
+        let top = top
+            .first()
+            .and_then(|row| row.get(0))
+            .and_then(|text| text.parse::<u64>().ok());
+        let stored: BTreeMap<u64, String> = rows
+            .iter()
+            .filter_map(|row| Some((row.get(0)?.parse::<u64>().ok()?, row.get(1)?.to_owned())))
+            .collect();
+        let damage = |seq, detail| self.damage(device_id, seq, detail);
+        let last = next_seq
+            .checked_sub(1)
+            .and_then(|last| stored.get(&last))
+            .map(|record| Some(record.as_bytes()));
+        let head = stored_head(device_id, next_seq, top, last, &damage)?;
+        Ok((head, stored))
+    }
+
+    /// The statements of the second round trip: store `ops` of `device_id` and its new length.
+    fn store(&self, device_id: &str, ops: &[&OpRecord], next_seq: u64) -> Vec<String> {
+        let mut values = String::new();
+        let mut line = Vec::new();
+        for op in ops {
+            line.clear();
+            op.write_json_line(&mut line);
+            let record = String::from_utf8_lossy(line.trim_ascii_end());
+            if !values.is_empty() {
+                values.push(',');
+            }
+            values.push('(');
+            Literal::Text(device_id).write(&mut values);
+            values.push(',');
+            Literal::Int(seq_value(op.seq)).write(&mut values);
+            values.push(',');
+            Literal::Text(&record).write(&mut values);
+            values.push(')');
+        }
+        vec![
+            format!(
+                "INSERT INTO {records} (device_id, seq, record) VALUES {values}",
+                records = self.records
+            ),
+            bind(
+                &format!(
+                    "UPDATE {devices} SET next_seq = $2 WHERE device_id = $1",
+                    devices = self.devices
+                ),
+                &[Literal::Text(device_id), Literal::Int(seq_value(next_seq))],
+            ),
+        ]
+    }
+}
+
+/// A seq as a stored `bigint` (seqs beyond 2^63 are refused by the log long before).
+fn seq_value(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+/// The stored record `seq` of `device_id` (the chain head is checked by the caller), as a
+/// pushed record's duplicate check needs it.
+fn stored_op_id(
+    relay: &PostgresRelay,
+    device_id: &str,
+    stored: &BTreeMap<u64, String>,
+    seq: u64,
+) -> Result<crate::oplog::OpId, RelayError> {
+    let damage = |seq, detail| relay.damage(device_id, seq, detail);
+    let op = match stored.get(&seq) {
+        Some(record) => super::stored_record(device_id, seq, Some(record.as_bytes()), &damage),
+        None => Err(damage(seq, "missing".to_owned())),
+    };
+    op.map(|op| op.op_id)
+        .map_err(|problem| RelayError::DeviceDamaged {
+            device_id: device_id.to_owned(),
+            problem,
+        })
+}
+
+impl Relay for PostgresRelay {
+    fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
+        let groups = group_by_device(ops)?;
+        if groups.is_empty() {
+            return Ok(PushReport::default());
+        }
+        // Devices in order (the map's): two pushes lock rows in the same order.
+        let mut first = Vec::with_capacity(groups.len() * 4);
+        for (device_id, device_ops) in &groups {
+            let from = device_ops.iter().map(|op| op.seq).min().unwrap_or(0);
+            let to = device_ops.iter().map(|op| op.seq).max().unwrap_or(0);
+            first.extend(self.lock_and_read(device_id, from, to));
+        }
+        self.database.two_round_transaction("push to", &first, |sets| {
+            let mut sets = sets.into_iter();
+            let mut report = PushReport::default();
+            let mut second = Vec::new();
+            for (device_id, device_ops) in groups {
+                let (head, stored) = self.read_device(device_id, &mut sets)?;
+                let plan = plan_device_push(
+                    &head,
+                    |seq| stored_op_id(self, device_id, &stored, seq),
+                    device_ops,
+                )?;
+                report.already_present += plan.already_present;
+                report.appended += plan.fresh.len();
+                if !plan.fresh.is_empty() {
+                    second.extend(self.store(device_id, &plan.fresh, plan.head.next_seq()));
+                }
+            }
+            Ok((second, report))
+        })
+    }
+
+    fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError> {
+        let mut devices = String::new();
+        let mut froms = String::new();
+        for (device_id, next_seq) in since.iter() {
+            if !devices.is_empty() {
+                devices.push(',');
+                froms.push(',');
+            }
+            Literal::Text(device_id).write(&mut devices);
+            Literal::Int(seq_value(next_seq)).write(&mut froms);
+        }
+        // One statement, one snapshot. Per device, from the record before the caller's frontier
+        // (which anchors the chain of the first new one): an index range scan each.
+        let statement = format!(
+            "SELECT d.device_id, d.next_seq, r.seq, r.record
+             FROM {devices_table} AS d
+             LEFT JOIN unnest(ARRAY[{devices}]::text[], ARRAY[{froms}]::bigint[]) AS f(device_id, from_seq)
+                 ON f.device_id = d.device_id
+             LEFT JOIN LATERAL (
+                 SELECT seq, record FROM {records} AS r
+                 WHERE r.device_id = d.device_id AND r.seq >= greatest(coalesce(f.from_seq, 0) - 1, 0)
+                 ORDER BY r.seq
+             ) AS r ON true
+             WHERE d.next_seq > coalesce(f.from_seq, 0)
+             ORDER BY d.device_id COLLATE \"C\", r.seq",
+            devices_table = self.devices,
+            records = self.records
+        );
+        let rows = self.database.read_rows("pull from", statement)?;
+        let mut batch = PullBatch::default();
+        let mut index = 0;
+        while index < rows.len() {
+            let device_id = rows[index].get(0).unwrap_or("").to_owned();
+            let end = rows[index..]
+                .iter()
+                .position(|row| row.get(0) != Some(device_id.as_str()))
+                .map_or(rows.len(), |offset| index + offset);
+            let stored = rows[index]
+                .get(1)
+                .and_then(|text| text.parse::<u64>().ok())
+                .unwrap_or(0);
+            let device_rows = rows[index..end]
+                .iter()
+                .filter(|row| row.get(2).is_some())
+                .map(|row| {
+                    (
+                        row.get(2).and_then(|seq| seq.parse::<u64>().ok()),
+                        row.get(3).map(str::as_bytes),
+                    )
+                });
+            let damage = |seq, detail| self.damage(&device_id, seq, detail);
+            let (ops, problem) = verify_pulled(
+                &device_id,
+                since.next_seq(&device_id),
+                stored,
+                device_rows,
+                &damage,
+            );
+            batch.ops.extend(ops);
+            batch.problems.extend(problem);
+            index = end;
+        }
+        Ok(batch)
+    }
+
+    fn append(
+        &self,
+        device_id: &str,
+        since_seq: u64,
+        make: &mut MakeRecords<'_>,
+    ) -> Result<Appended, RelayError> {
+        crate::id::validate_id(crate::id::IdKind::Device, device_id)?;
+        let first = self.lock_and_read(device_id, since_seq, u64::MAX >> 1);
+        self.database.two_round_transaction("append to", &first, |sets| {
+            let mut sets = sets.into_iter();
+            let (mut head, stored) = self.read_device(device_id, &mut sets)?;
+            let damage = |seq, detail| self.damage(device_id, seq, detail);
+            let mut tail = Vec::new();
+            for seq in since_seq..head.next_seq() {
+                let op = match stored.get(&seq) {
+                    Some(record) => super::stored_record(device_id, seq, Some(record.as_bytes()), &damage),
+                    None => Err(damage(seq, "missing".to_owned())),
+                };
+                tail.push(op.map_err(|problem| RelayError::DeviceDamaged {
+                    device_id: device_id.to_owned(),
+                    problem,
+                })?);
+            }
+            let made = make(&tail)?;
+            for op in &made {
+                head.accept(op)?;
+            }
+            let refs: Vec<&OpRecord> = made.iter().collect();
+            let second = if refs.is_empty() {
+                Vec::new()
+            } else {
+                self.store(device_id, &refs, head.next_seq())
+            };
+            Ok((second, Appended { tail, appended: made }))
+        })
+    }
+}
