@@ -26,68 +26,14 @@
 // the library's (crates/fencepost/clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-use std::path::PathBuf;
-use std::process::Command;
+#[path = "support/postgres_server.rs"]
+mod postgres_server;
+
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
 use fencepost::lease::{LeaseCoordinator, LeaseError};
-
-/// A throw-away server, stopped on drop.
-struct Sandbox {
-    script: PathBuf,
-    folder: tempfile::TempDir,
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = Command::new(&self.script)
-            .arg("stop")
-            .arg(self.folder.path())
-            .status();
-    }
-}
-
-/// The server's URL and the transaction pooler's.
-fn server() -> (String, String, Option<Sandbox>) {
-    if let (Ok(url), Ok(pooled)) = (
-        std::env::var("FENCEPOST_POSTGRES_URL"),
-        std::env::var("FENCEPOST_PGBOUNCER_TRANSACTION_URL"),
-    ) {
-        return (url, pooled, None);
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/postgres-sandbox");
-    let folder = tempfile::tempdir().unwrap();
-    let mut permissions = std::fs::metadata(folder.path()).unwrap().permissions();
-    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
-    std::fs::set_permissions(folder.path(), permissions).unwrap();
-    let output = Command::new(&script)
-        .arg("start")
-        .arg(folder.path())
-        .output()
-        .unwrap();
-    let sandbox = Sandbox { script, folder };
-    assert!(
-        output.status.success(),
-        "could not start a PostgreSQL server: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let exports = String::from_utf8(output.stdout).unwrap();
-    let export = |name: &str| {
-        exports
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("export {name}='")))
-            .and_then(|rest| rest.strip_suffix('\''))
-            .expect("the sandbox prints its URLs")
-            .to_owned()
-    };
-    (
-        export("FENCEPOST_POSTGRES_URL"),
-        export("FENCEPOST_PGBOUNCER_TRANSACTION_URL"),
-        Some(sandbox),
-    )
-}
 
 fn coordinator(url: &str) -> PostgresLeaseCoordinator {
     let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig {
@@ -209,7 +155,7 @@ fn renew_against_a_bare_write(criterion: &mut Criterion, path: &str, url: &str) 
 }
 
 fn benchmarks(criterion: &mut Criterion) {
-    let (url, pooled, _sandbox) = server();
+    let (url, pooled, _sandbox) = postgres_server::server();
     renew_against_a_bare_write(criterion, "direct", &url);
     renew_against_a_bare_write(criterion, "pgbouncer_transaction", &pooled);
 
