@@ -539,7 +539,9 @@ fn wait_for_ledger(
         if let Some(signal) = signals.pending() {
             return Ok(LedgerWait::Signalled(signal));
         }
-        if now >= deadline {
+        // Another log under a published device id does not turn into the published one by
+        // syncing: no use waiting.
+        if now >= deadline || missing.iter().any(|missing| missing.differs) {
             return Ok(LedgerWait::Behind(missing));
         }
         if !told && !missing.is_empty() {

@@ -345,3 +345,48 @@ fn h3_a_host_stopped_while_it_waits_for_its_ledger_gives_the_lease_back() {
     );
     assert_eq!(shared.effects().len(), 1, "s2 did not run");
 }
+
+/// H3 with a broken setup (found by an adversarial run, F2): two hosts that use one device id
+/// with ledger folders of their own. Host Y's records of another agent filled its ledger to the
+/// count host X published, and Y ran X's committed occurrence again (exit 0). The published head
+/// names X's record: Y exits 7 at once (waiting would not help), naming the device id.
+#[test]
+fn h3_a_device_id_used_by_two_hosts_with_ledgers_of_their_own_runs_nothing_twice() {
+    let shared = Shared::sqlite();
+    let as_site = |site: &str, args: &[&str]| {
+        shared
+            .command("h1", args)
+            .env("FENCEPOST_LEDGER", ledger_of(&shared, site))
+            .env("XDG_DATA_HOME", shared.path(&format!("data-{site}")))
+            .output()
+            .unwrap()
+    };
+    let other = as_site(
+        "y",
+        &[
+            "run", "--agent", "other", "--intent", "b", "--salt", "1", "--", "true",
+        ],
+    );
+    assert_eq!(other.status.code(), Some(0), "{}", text(&other.stderr));
+    let args = report(&shared, "2026-11-30", &[], "0");
+    let first = as_site("x", &strs(&args));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert_eq!(shared.effects().len(), 1);
+
+    let started = std::time::Instant::now();
+    let again = as_site(
+        "y",
+        &strs(&report(&shared, "2026-11-30", &["--wait", "20s"], "0")),
+    );
+    let message = text(&again.stderr);
+    assert_eq!(again.status.code(), Some(7), "{message}");
+    assert!(
+        message.contains("h1 record 1 (this ledger has another record there"),
+        "{message}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "no use waiting"
+    );
+    assert_eq!(shared.effects().len(), 1, "ran once");
+}

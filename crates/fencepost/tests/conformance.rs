@@ -788,3 +788,42 @@ fn l1_sqlite_a_new_clock_timeline_expires_every_lease_and_keeps_epochs() {
     );
     assert_eq!(rebooted.acquire("a", "laptop", 60_000).unwrap().epoch, 3);
 }
+
+/// H1 with heads, on a SQLite coordinator file made before heads were published (its frontiers
+/// table has no `last_op_id` column): opening it adds the column, keeps what was published, and
+/// heads are then published and read back.
+#[test]
+fn h1_sqlite_a_file_from_before_heads_gains_the_column_and_keeps_its_frontier() {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("leases.db");
+    {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection
+            .execute_batch(&format!(
+                "CREATE TABLE fencepost_leases (agent_id TEXT PRIMARY KEY NOT NULL, holder TEXT, epoch INTEGER NOT NULL CHECK (epoch >= 0), expires_at_ms INTEGER NOT NULL CHECK (expires_at_ms >= 0), floor INTEGER NOT NULL CHECK (floor >= 0)) STRICT, WITHOUT ROWID;
+                 CREATE TABLE fencepost_settings (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL) STRICT, WITHOUT ROWID;
+                 CREATE TABLE fencepost_frontiers (agent_id TEXT NOT NULL, device_id TEXT NOT NULL, next_seq INTEGER NOT NULL CHECK (next_seq >= 0), PRIMARY KEY (agent_id, device_id)) STRICT, WITHOUT ROWID;
+                 INSERT INTO fencepost_frontiers VALUES ('milo', 'laptop', 3);
+                 PRAGMA application_id = {};",
+                fencepost::backend::sqlite::SQLITE_APPLICATION_ID
+            ))
+            .unwrap();
+    }
+    let clock = ManualClock::new(1_000);
+    let coordinator = SqliteLeaseCoordinator::open(&path, clock.wall_clock()).unwrap();
+    let before = coordinator.published_frontier("milo").unwrap();
+    assert_eq!((before.next_seq("laptop"), before.head("laptop")), (3, None));
+    let lease = coordinator.acquire("milo", "laptop", 1_000).unwrap();
+    let mut frontier = fencepost::relay::Frontier::new();
+    frontier.raise_to("laptop", 4, Some(fencepost::oplog::OpId([7; 32])));
+    coordinator
+        .publish_frontier("milo", "laptop", lease.epoch, &frontier)
+        .unwrap();
+    drop(coordinator);
+    let reopened = SqliteLeaseCoordinator::open(&path, clock.wall_clock()).unwrap();
+    let after = reopened.published_frontier("milo").unwrap();
+    assert_eq!(
+        (after.next_seq("laptop"), after.head("laptop")),
+        (4, Some(fencepost::oplog::OpId([7; 32])))
+    );
+}

@@ -143,6 +143,7 @@ fn h3_a_new_holder_whose_ledger_lacks_the_commit_dispatches_nothing_until_it_arr
         device_id: "laptop".into(),
         has: 0,
         needs: 2,
+        differs: false,
     }];
     assert_eq!(phone.behind(&handed_over), missing);
     assert_eq!(missing[0].to_string(), "laptop records 0..=1");
@@ -163,7 +164,8 @@ fn h3_a_new_holder_whose_ledger_lacks_the_commit_dispatches_nothing_until_it_arr
         vec![MissingRecords {
             device_id: "laptop".into(),
             has: 1,
-            needs: 2
+            needs: 2,
+            differs: false,
         }]
     );
     world.copy(0, 1);
@@ -338,4 +340,62 @@ fn h3_the_acquisition_keeps_what_the_predecessors_published_with_the_grant() {
     coordinator.release("milo", "phone", lease.epoch).unwrap();
     let (_, read) = coordinator.acquire_handing_over("milo", "laptop", 900).unwrap();
     assert_eq!(read, Some(published));
+}
+
+/// H3 with a broken setup (found by an adversarial run): two sites that use one device id with
+/// ledgers of their own. Site Y's records of another agent fill its ledger to the count that site
+/// X published for `milo`; a frontier of counts alone read as caught up, and Y ran X's committed
+/// run again. The published head names X's record, so Y's ledger differs and is refused.
+#[test]
+fn h3_a_ledger_that_counts_other_records_under_the_device_id_is_not_caught_up() {
+    let world = World::new();
+    let effects = AtomicUsize::new(0);
+    // Y (device "h1", relay 1) runs another agent once: records 0 and 1 of its "h1".
+    let mut y = world.ledger(1, "h1");
+    let other = LeaseKeeper::builder(world.coordinator.clone(), "other", "h1")
+        .config(KeeperConfig::new(TTL_MS))
+        .clock(KeeperClock::manual(&ManualClock::new(0)))
+        .acquire()
+        .unwrap();
+    dispatch(&other, &mut y, "run-b", |_| Ok::<_, String>(())).unwrap();
+    other.shutdown().unwrap();
+    // X (device "h1" too, relay 0) runs milo's run-1: records 0 and 1 of its "h1", published.
+    let mut x = world.ledger(0, "h1");
+    let x_keeper = world.keeper("h1", &ManualClock::new(0), &x);
+    dispatch(&x_keeper, &mut x, "run-1", |_| {
+        effects.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(())
+    })
+    .unwrap();
+    x_keeper.shutdown().unwrap();
+    assert_eq!(world.published().next_seq("h1"), 2);
+    assert!(world.published().head("h1").is_some(), "the head is published");
+
+    // Y takes milo: its ledger has two records of "h1", but not X's.
+    y.sync().unwrap();
+    let y_keeper = world.keeper("h1", &ManualClock::new(0), &y);
+    let handed_over = y_keeper.handed_over().expect("read after the grant");
+    let missing = y.behind(&handed_over);
+    assert_eq!(
+        missing,
+        vec![MissingRecords {
+            device_id: "h1".into(),
+            has: 2,
+            needs: 2,
+            differs: true,
+        }]
+    );
+    assert!(
+        missing[0].to_string().contains("another record there"),
+        "{}",
+        missing[0]
+    );
+    let outcome = dispatch(&y_keeper, &mut y, "run-1", |_| {
+        effects.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, String>(())
+    })
+    .unwrap();
+    assert_eq!(outcome, DispatchOutcome::LedgerBehind { missing });
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "run-1 ran once");
+    y_keeper.shutdown().unwrap();
 }

@@ -43,11 +43,22 @@ pub struct MissingRecords {
     pub has: u64,
     /// How many were published (the ledger needs every record below this seq).
     pub needs: u64,
+    /// The ledger has that many records, but its record `needs - 1` is not the one published:
+    /// it holds another log under the device's id (two hosts that use one device id with ledgers
+    /// of their own, or a device log replaced by another). Syncing does not cure it.
+    pub differs: bool,
 }
 
 impl std::fmt::Display for MissingRecords {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.has + 1 == self.needs {
+        if self.differs {
+            write!(
+                formatter,
+                "{} record {} (this ledger has another record there: a device id used by two hosts with ledgers of their own, or a replaced log)",
+                self.device_id,
+                self.needs.saturating_sub(1)
+            )
+        } else if self.has + 1 == self.needs {
             write!(formatter, "{} record {}", self.device_id, self.has)
         } else {
             write!(
@@ -157,6 +168,9 @@ pub struct LedgerState {
     frontier: Frontier,
     /// Per device, the head of the records folded.
     heads: BTreeMap<String, LogHead>,
+    /// Per device, the id of each record folded, by seq: what a published head (rule H3) is
+    /// compared with.
+    ids: BTreeMap<String, Vec<OpId>>,
     /// Per device, the record handed over that did not verify (a forged or damaged one): damage
     /// until a valid record takes its place.
     rejected: BTreeMap<String, RelayProblem>,
@@ -527,9 +541,9 @@ impl Ledger {
     /// device. What a holder publishes (rule H2; [`LeaseKeeper::pushed`](crate::keeper::LeaseKeeper::pushed)).
     pub fn pushed(&self) -> Frontier {
         let mut frontier = Frontier::new();
-        let next_seq = self.log.head().next_seq();
-        if next_seq > 0 {
-            frontier.raise(self.device_id(), next_seq);
+        let head = self.log.head();
+        if head.next_seq() > 0 {
+            frontier.raise_to(self.device_id(), head.next_seq(), head.last_op_id());
         }
         frontier
     }
@@ -542,15 +556,33 @@ impl Ledger {
     /// dispatch while anything is missing ([`Refusal::LedgerBehind`](crate::dispatch::Refusal::LedgerBehind)):
     /// [`sync`](Self::sync) and ask again.
     pub fn behind(&self, published: &Frontier) -> Vec<MissingRecords> {
-        self.view
-            .frontier
-            .lacking(published)
-            .into_iter()
-            .filter(|(device, _, needs)| self.waived.get(device).is_none_or(|waived| needs > waived))
-            .map(|(device_id, has, needs)| MissingRecords {
-                device_id,
-                has,
-                needs,
+        published
+            .iter()
+            .filter_map(|(device, needs)| {
+                let has = self.view.frontier.next_seq(device);
+                // The record the previous holder published last: this ledger's record at that
+                // seq must be the same one, or this ledger counts other records (a device id
+                // that two hosts use with ledgers of their own, a log replaced by another).
+                let differs = match (published.head(device), needs.checked_sub(1)) {
+                    (Some(head), Some(last)) if has >= needs => self
+                        .view
+                        .ids
+                        .get(device)
+                        .and_then(|ids| ids.get(usize::try_from(last).ok()?))
+                        .is_some_and(|here| *here != head),
+                    _ => false,
+                };
+                (has < needs || differs).then(|| MissingRecords {
+                    device_id: device.to_owned(),
+                    has,
+                    needs,
+                    differs,
+                })
+            })
+            .filter(|missing| {
+                self.waived
+                    .get(&missing.device_id)
+                    .is_none_or(|waived| missing.needs > *waived)
             })
             .collect()
     }
@@ -673,6 +705,7 @@ impl LedgerState {
             match head.accept(op) {
                 Ok(()) => {
                     self.rejected.remove(device);
+                    self.ids.entry(device.to_owned()).or_default().push(op.op_id);
                     verified.push(op);
                 }
                 Err(error) => {

@@ -90,6 +90,12 @@ macro_rules! conformance_tests {
 
             #[test]
             $(#[$meta])*
+            fn h1_the_published_heads_name_the_records() {
+                conformance::h1_the_published_heads_name_the_records(&$harness);
+            }
+
+            #[test]
+            $(#[$meta])*
             fn h2_h3_the_combined_calls_act_as_their_parts() {
                 conformance::h2_h3_the_combined_calls_act_as_their_parts(&$harness);
             }

@@ -37,7 +37,13 @@ impl Columns {
         u64::try_from(value).map_err(|_| self.failure(format!("corrupt row: {column} is {value}")))
     }
 
-    /// A value to store.
+    /// A stored published head (the id of a device's last published record).
+    pub fn head(&self, value: &str) -> Result<crate::oplog::OpId, LeaseError> {
+        value
+            .parse()
+            .map_err(|_| self.failure(format!("corrupt row: a published head is {value:?}")))
+    }
+
     /// `Lost` of `agent_id`, claimed at `claimed_epoch`, with the stored current epoch (0 for an
     /// agent without a row); a stored epoch outside the domain is that error instead.
     pub fn lost(&self, agent_id: &str, claimed_epoch: u64, stored_epoch: i64) -> LeaseError {
@@ -51,6 +57,7 @@ impl Columns {
         }
     }
 
+    /// A value to store.
     pub fn storable(&self, value: u64, what: &str) -> Result<i64, LeaseError> {
         i64::try_from(value).map_err(|_| self.failure(format!("{what} {value} is out of the storable range")))
     }

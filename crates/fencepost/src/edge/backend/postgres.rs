@@ -284,10 +284,11 @@ struct Statements {
     read: String,
     /// `$1` agent, `$2` floor.
     raise_floor: String,
-    /// `$1` agent, `$2` device, `$3` epoch, `$4` the `VALUES` list of `(device_id, next_seq)`.
+    /// `$1` agent, `$2` device, `$3` epoch, `$4` the `VALUES` list of `(device_id, next_seq,
+    /// last_op_id)`.
     /// Raises the published frontier if the caller holds the agent at the epoch. Returns the agent.
     publish: String,
-    /// `$1` agent. Returns `agent_id, device_id, next_seq`.
+    /// `$1` agent. Returns `agent_id, device_id, next_seq, last_op_id`.
     published: String,
 }
 
@@ -331,6 +332,7 @@ impl Statements {
                      next_seq bigint NOT NULL CHECK (next_seq >= 0),
                      PRIMARY KEY (agent_id, device_id)
                  );
+                 ALTER TABLE {frontiers} ADD COLUMN IF NOT EXISTS last_op_id text;
                  CREATE TABLE IF NOT EXISTS {relay_devices} (
                      device_id text PRIMARY KEY,
                      next_seq bigint NOT NULL CHECK (next_seq >= 0)
@@ -391,14 +393,18 @@ impl Statements {
             // Run after the share-locked read of the agent's row in the same transaction, so
             // that no grant can come between the holder check and the write.
             publish: format!(
-                "INSERT INTO {frontiers} AS f (agent_id, device_id, next_seq)
-                 SELECT lease.agent_id, d.device_id, d.next_seq
-                 FROM {table} AS lease, (VALUES $4) AS d(device_id, next_seq)
+                "INSERT INTO {frontiers} AS f (agent_id, device_id, next_seq, last_op_id)
+                 SELECT lease.agent_id, d.device_id, d.next_seq, d.last_op_id
+                 FROM {table} AS lease, (VALUES $4) AS d(device_id, next_seq, last_op_id)
                  WHERE lease.agent_id = $1 AND lease.holder = $2 AND lease.epoch = $3
-                 ON CONFLICT (agent_id, device_id) DO UPDATE SET next_seq = greatest(f.next_seq, excluded.next_seq)
+                 ON CONFLICT (agent_id, device_id) DO UPDATE SET
+                     next_seq = greatest(f.next_seq, excluded.next_seq),
+                     last_op_id = CASE WHEN excluded.next_seq > f.next_seq THEN excluded.last_op_id
+                                       WHEN excluded.next_seq = f.next_seq THEN coalesce(f.last_op_id, excluded.last_op_id)
+                                       ELSE f.last_op_id END
                  RETURNING f.agent_id"
             ),
-            published: format!("SELECT agent_id, device_id, next_seq FROM {frontiers} WHERE agent_id = $1"),
+            published: format!("SELECT agent_id, device_id, next_seq, last_op_id FROM {frontiers} WHERE agent_id = $1"),
             raise_floor: format!(
                 "INSERT INTO {table} AS lease (agent_id, holder, epoch, expires_at_ms, floor)
                  VALUES ($1, NULL, 0, 0, $2)
@@ -857,7 +863,8 @@ impl From<LeaseError> for CallError {
 
 /// The version of the schema this code reads and writes ([`PostgresLeaseCoordinator::migrate`]
 /// brings a database to it). Version 2 added the published frontiers (`frontiers`), version 3
-/// the ledger's tables (`relay_devices`, `relay_records`, [`PostgresRelay`](crate::relay::PostgresRelay)).
+/// the ledger's tables (`relay_devices`, `relay_records`, [`PostgresRelay`](crate::relay::PostgresRelay))
+/// and each published device's head (`frontiers.last_op_id`).
 pub const SCHEMA_VERSION: i32 = 3;
 
 /// What [`PostgresLeaseCoordinator::schema_version`] found.
@@ -1824,7 +1831,8 @@ fn frontier_of(rows: &[SimpleQueryRow], agent_id: &str) -> Result<Frontier, Leas
     for row in rows {
         for_agent(row, agent_id)?;
         let device = row.get(1).unwrap_or("");
-        frontier.raise(device, COLUMNS.stored(integer(row, 2)?, "next seq")?);
+        let head = row.get(3).map(|head| COLUMNS.head(head)).transpose()?;
+        frontier.raise_to(device, COLUMNS.stored(integer(row, 2)?, "next seq")?, head);
     }
     Ok(frontier)
 }
@@ -2163,6 +2171,11 @@ impl PostgresLeaseCoordinator {
             Literal::Text(device).write(&mut values);
             values.push(',');
             Literal::Int(COLUMNS.storable(next_seq, "next seq")?).write(&mut values);
+            values.push(',');
+            match frontier.head(device) {
+                Some(head) => Literal::Text(&head.to_string()).write(&mut values),
+                None => values.push_str("NULL::text"),
+            }
             values.push(')');
         }
         Ok(values)

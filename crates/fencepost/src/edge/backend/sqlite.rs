@@ -78,8 +78,16 @@ impl Default for SqliteConfig {
 const SETTINGS_TABLE: &str = "fencepost_settings";
 /// The published frontiers (rule H1): per agent and device, the largest next seq published.
 const FRONTIERS_TABLE: &str = "fencepost_frontiers";
-const PUBLISH: &str = "INSERT INTO fencepost_frontiers (agent_id, device_id, next_seq) VALUES (?1, ?2, ?3) ON CONFLICT (agent_id, device_id) DO UPDATE SET next_seq = max(next_seq, excluded.next_seq)";
-const PUBLISHED: &str = "SELECT device_id, next_seq FROM fencepost_frontiers WHERE agent_id = ?1";
+/// Raises a device's published next seq; the head (`last_op_id`, the id of its record
+/// `next_seq - 1`) goes with the larger count, and for an equal count the first one stays.
+const PUBLISH: &str =
+    "INSERT INTO fencepost_frontiers (agent_id, device_id, next_seq, last_op_id) VALUES (?1, ?2, ?3, ?4)
+    ON CONFLICT (agent_id, device_id) DO UPDATE SET
+        last_op_id = CASE WHEN excluded.next_seq > next_seq THEN excluded.last_op_id
+                          WHEN excluded.next_seq = next_seq THEN coalesce(last_op_id, excluded.last_op_id)
+                          ELSE last_op_id END,
+        next_seq = max(next_seq, excluded.next_seq)";
+const PUBLISHED: &str = "SELECT device_id, next_seq, last_op_id FROM fencepost_frontiers WHERE agent_id = ?1";
 
 /// A lease coordinator in a SQLite database file: durable, and safe for many processes **on one
 /// host**.
@@ -284,6 +292,7 @@ impl SqliteLeaseCoordinator {
                      agent_id TEXT NOT NULL,
                      device_id TEXT NOT NULL,
                      next_seq INTEGER NOT NULL CHECK (next_seq >= 0),
+                     last_op_id TEXT,
                      PRIMARY KEY (agent_id, device_id)
                  ) STRICT, WITHOUT ROWID;
                  PRAGMA application_id = {SQLITE_APPLICATION_ID};
@@ -293,6 +302,10 @@ impl SqliteLeaseCoordinator {
                     sqlite_failure(&format!("cannot create the lease table in {shown}"), error, true)
                 })?;
         }
+        // A file made before published heads were kept (fencepost 0.1 of session 7) gains the
+        // column; a fencepost of then still works with it (it names its columns).
+        Self::add_head_column(&connection)
+            .map_err(|error| sqlite_failure(&format!("cannot upgrade {shown}"), error, true))?;
         if let Some(timeline) = &config.clock_timeline {
             Self::enter_timeline(&connection, timeline).map_err(|error| {
                 sqlite_failure(
@@ -545,6 +558,28 @@ impl SqliteLeaseCoordinator {
         }
     }
 
+    /// Adds the `last_op_id` column to a frontiers table made without it (checked again under
+    /// the write lock: several processes may open the file at once).
+    fn add_head_column(connection: &Connection) -> rusqlite::Result<()> {
+        const HAS_COLUMN: &str =
+            "SELECT count(*) FROM pragma_table_info('fencepost_frontiers') WHERE name = 'last_op_id'";
+        let has = |connection: &Connection| connection.query_row(HAS_COLUMN, [], |row| row.get::<_, i64>(0));
+        if has(connection)? > 0 {
+            return Ok(());
+        }
+        connection.execute_batch("BEGIN IMMEDIATE")?;
+        let added = has(connection).and_then(|count| {
+            if count == 0 {
+                connection.execute_batch("ALTER TABLE fencepost_frontiers ADD COLUMN last_op_id TEXT")?;
+            }
+            connection.execute_batch("COMMIT")
+        });
+        if added.is_err() {
+            let _ = connection.execute_batch("ROLLBACK");
+        }
+        added
+    }
+
     /// Merges `frontier` into the agent's published frontier (rule H1), in `transaction`.
     fn write_frontier(
         transaction: &Transaction<'_>,
@@ -555,9 +590,10 @@ impl SqliteLeaseCoordinator {
             .prepare_cached(PUBLISH)
             .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
         for (device, next_seq) in frontier.iter() {
+            let head = frontier.head(device).map(|head| head.to_string());
             let next_seq = COLUMNS.storable(next_seq, "next seq")?;
             statement
-                .execute(params![agent_id, device, next_seq])
+                .execute(params![agent_id, device, next_seq, head])
                 .map_err(|error| sqlite_failure("publish_frontier", error, false))?;
         }
         Ok(())
@@ -570,14 +606,19 @@ impl SqliteLeaseCoordinator {
             .and_then(|mut statement| {
                 statement
                     .query_map([agent_id], |row| {
-                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, i64>(1)?,
+                            row.get::<_, Option<String>>(2)?,
+                        ))
                     })?
                     .collect::<Result<Vec<_>, _>>()
             })
             .map_err(|error| sqlite_failure("published_frontier", error, false))?;
         let mut frontier = Frontier::new();
-        for (device, next_seq) in rows {
-            frontier.raise(&device, COLUMNS.stored(next_seq, "next seq")?);
+        for (device, next_seq, head) in rows {
+            let head = head.map(|head| COLUMNS.head(&head)).transpose()?;
+            frontier.raise_to(&device, COLUMNS.stored(next_seq, "next seq")?, head);
         }
         Ok(frontier)
     }

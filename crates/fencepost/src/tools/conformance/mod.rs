@@ -40,7 +40,7 @@ use crate::lease::{
     expiry_after, Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR,
     MAX_TTL_MS,
 };
-use crate::oplog::{DeviceLog, Frontier, Surface};
+use crate::oplog::{DeviceLog, Frontier, OpId, Surface};
 
 mod linearizability;
 pub use linearizability::*;
@@ -80,6 +80,7 @@ pub fn run_all(harness: &dyn Harness) {
     l8_bad_input_is_a_clear_error_and_changes_nothing(harness);
     d1_the_fence_reads_the_oracle_then_the_coordinator(harness);
     h1_the_holder_publishes_a_monotone_cumulative_frontier(harness);
+    h1_the_published_heads_name_the_records(harness);
     h2_h3_the_combined_calls_act_as_their_parts(harness);
     h4_the_published_frontier_survives_reopening(harness);
 }
@@ -312,6 +313,68 @@ pub fn h1_the_holder_publishes_a_monotone_cumulative_frontier(harness: &dyn Harn
         published_of(coordinator.as_ref(), "h1-other").is_empty(),
         "H1: another agent's frontier is its own"
     );
+}
+
+/// H1 with heads: a device's published head (the id of its last published record) goes with the
+/// larger count; for an equal count the first head published stays (a second log under one device
+/// id does not replace it); a larger count published without a head forgets it; the combined
+/// calls carry heads like `publish_frontier`.
+pub fn h1_the_published_heads_name_the_records(harness: &dyn Harness) {
+    let coordinator = open_one(harness);
+    let ttl = harness.ttl_ms();
+    let head = |byte: u8| Some(OpId([byte; 32]));
+    let with_head = |next_seq: u64, byte: u8| {
+        let mut frontier = Frontier::new();
+        frontier.raise_to("laptop", next_seq, head(byte));
+        frontier
+    };
+    let published = || {
+        let frontier = coordinator.published_frontier("heads").expect("H1: read");
+        (frontier.next_seq("laptop"), frontier.head("laptop"))
+    };
+    let lease = coordinator.acquire("heads", "laptop", ttl).expect("H1 setup");
+    let publish = |frontier: &Frontier| {
+        coordinator
+            .publish_frontier("heads", "laptop", lease.epoch, frontier)
+            .expect("H1: the holder publishes");
+    };
+    publish(&with_head(2, 0xa0));
+    assert_eq!(published(), (2, head(0xa0)), "H1: the head is kept");
+    publish(&with_head(2, 0xb0));
+    assert_eq!(
+        published(),
+        (2, head(0xa0)),
+        "H1: an equal count keeps the first head"
+    );
+    publish(&with_head(1, 0xc0));
+    assert_eq!(published(), (2, head(0xa0)), "H1: a lower count changes nothing");
+    publish(&with_head(3, 0xd0));
+    assert_eq!(published(), (3, head(0xd0)), "H1: a larger count brings its head");
+    publish(&frontier_of(&[("laptop", 4)]));
+    assert_eq!(
+        published(),
+        (4, None),
+        "H1: a larger count without a head forgets it"
+    );
+    let renewed = coordinator
+        .renew_publishing("heads", "laptop", lease.epoch, ttl, &with_head(5, 0xe0))
+        .expect("H1: renew and publish");
+    assert!(renewed.1, "H1: published with the renewal");
+    assert_eq!(published(), (5, head(0xe0)), "H1: the renewal's head");
+    coordinator
+        .release_publishing("heads", "laptop", lease.epoch, &with_head(6, 0xf0))
+        .expect("H1: publish and release");
+    let (next, handed) = {
+        let (lease, frontier) = coordinator
+            .acquire_handing_over("heads", "phone", ttl)
+            .expect("H1: acquire and read");
+        let frontier = frontier.expect("H1: read with the grant");
+        coordinator
+            .release("heads", "phone", lease.epoch)
+            .expect("H1: release");
+        (frontier.next_seq("laptop"), frontier.head("laptop"))
+    };
+    assert_eq!((next, handed), (6, head(0xf0)), "H1: handed over with its head");
 }
 
 /// H2, H3: the combined calls, which a backend may run in one round trip, do what their parts
