@@ -98,7 +98,7 @@ fn open_ledger_to_write(settings: &Settings) -> Result<Ledger> {
 fn open_ledger_to(settings: &Settings, access: Access) -> Result<Ledger> {
     if let Some(folder) = settings.folder_left_behind() {
         crate::usage!(
-            "with a PostgreSQL coordinator and no --ledger, the ledger is in the coordinator's database, but {} holds a ledger folder from an earlier fencepost (its default), whose commits the database does not have. Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
+            "the ledger is in PostgreSQL, but {} holds a ledger folder from an earlier fencepost (the default before), whose commits the database may not have (or cannot be read: a link to a share that is not mounted?). Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
             folder.display(),
             folder.display(),
             folder.display()
@@ -1045,7 +1045,15 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
     if source.ledger_label() == settings.ledger_label() {
         crate::usage!(
             "ledger import {}: that is this host's ledger already",
-            from.display()
+            source.ledger_label()
+        );
+    }
+    // A folder to import from must hold a ledger: an empty or wrong folder would import nothing
+    // and say so quietly, and the operator would then move the real one away.
+    if source.ledger_kind == crate::settings::LedgerKind::Folder && !source.ledger.join("devices").is_dir() {
+        crate::usage!(
+            "ledger import {}: no ledger there (a ledger folder has a devices/ folder; the old default is <data dir>/fencepost/ledger)",
+            source.ledger_label()
         );
     }
     let batch = source

@@ -159,16 +159,26 @@ impl Settings {
         })
     }
 
-    /// With a PostgreSQL coordinator and no ledger named, the ledger is the database; a ledger
-    /// folder left in the data directory by an earlier fencepost (whose default it was) holds
-    /// records that the database lacks. Returns that folder when it has device files.
+    /// With a ledger in PostgreSQL (the default with a PostgreSQL coordinator, or named), a
+    /// ledger folder left in the data directory by an earlier fencepost (whose default it was)
+    /// holds records that the database lacks. Returns that folder when it has device files, or
+    /// when it cannot tell (a link to a share that is not mounted, an unreadable folder).
     pub fn folder_left_behind(&self) -> Option<PathBuf> {
-        if self.ledger_named || self.ledger_kind != LedgerKind::Postgres {
+        if self.ledger_kind != LedgerKind::Postgres {
             return None;
         }
         let folder = data_dir().ok()?.join("ledger");
-        let mut devices = std::fs::read_dir(folder.join("devices")).ok()?;
-        devices.next().is_some().then_some(folder)
+        std::fs::symlink_metadata(&folder).ok()?;
+        match std::fs::metadata(&folder) {
+            Err(_) => return Some(folder), // a dangling link, or unreadable
+            Ok(metadata) if !metadata.is_dir() => return None,
+            Ok(_) => {}
+        }
+        match std::fs::read_dir(folder.join("devices")) {
+            Ok(mut devices) => devices.next().is_some().then_some(folder),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(_) => Some(folder),
+        }
     }
 
     /// Opens the ledger: a folder (a named one must exist; the default one is created) or a
@@ -192,7 +202,12 @@ impl Settings {
                     self.ledger.join("ledger.db").display()
                 );
             }
-            return Ok(Arc::new(SqliteRelay::open(&self.ledger).with_context(|| {
+            let relay = match access {
+                // Reading changes nothing: a file that holds no ledger is refused, not made one.
+                Access::ReadOnly => SqliteRelay::open_existing(&self.ledger),
+                Access::Write => SqliteRelay::open(&self.ledger),
+            };
+            return Ok(Arc::new(relay.with_context(|| {
                 format!("cannot open the ledger {}", self.ledger.display())
             })?));
         }

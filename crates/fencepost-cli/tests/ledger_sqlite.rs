@@ -179,3 +179,44 @@ fn sqlite_ledger_usage_errors_are_clear() {
         text(&folder.stderr)
     );
 }
+
+/// R1: a SQLite file that holds no ledger (another coordinator's file) is refused by the commands
+/// that only read a ledger, and left as it was (found by an adversarial run: `ledger import
+/// sqlite:<a coordinator's file>` read it as an empty ledger and made the relay's tables in it).
+#[test]
+fn sqlite_ledger_a_file_that_holds_no_ledger_is_refused_and_left_unchanged() {
+    let shared = shared();
+    let other = shared.path("other-leases.db");
+    let listed = shared.run(
+        "host-1",
+        &[
+            "--coordinator",
+            &format!("sqlite:{}", other.display()),
+            "lease",
+            "list",
+        ],
+    );
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let tables = || {
+        rusqlite::Connection::open(&other)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'fencepost_relay%'",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(tables(), 0);
+    let spec = format!("sqlite:{}", other.display());
+    let import = shared.run("host-1", &["ledger", "import", &spec]);
+    assert_eq!(import.status.code(), Some(10), "{}", text(&import.stderr));
+    assert!(
+        text(&import.stderr).contains("holds no fencepost ledger"),
+        "{}",
+        text(&import.stderr)
+    );
+    let runs = shared.run("host-1", &["--ledger", &spec, "ledger", "runs"]);
+    assert_eq!(runs.status.code(), Some(10), "{}", text(&runs.stderr));
+    assert_eq!(tables(), 0, "the file is left as it was");
+}

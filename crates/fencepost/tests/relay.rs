@@ -105,14 +105,24 @@ fn r1_sqlite_a_device_length_that_disagrees_with_its_records_is_damage() {
     let laptop = ops_of("laptop", 6);
     relay.push(&laptop).unwrap();
     relay.push(&ops_of("phone", 2)).unwrap();
-    for (length, what) in [(4, "too low"), (8, "too high")] {
+    // 0 and a deleted length row hid every record of the device (found by an adversarial run
+    // on the PostgreSQL ledger: `ledger verify` said intact); -1 stands for the deleted row.
+    for (length, what) in [(4, "too low"), (8, "too high"), (0, "zero"), (-1, "deleted")] {
         let connection = rusqlite::Connection::open(&path).unwrap();
         connection
             .execute(
-                "UPDATE fencepost_relay_devices SET next_seq = ?1 WHERE device_id = 'laptop'",
-                [length],
+                "INSERT OR REPLACE INTO fencepost_relay_devices (device_id, next_seq) VALUES ('laptop', ?1)",
+                [length.max(0)],
             )
             .unwrap();
+        if length < 0 {
+            connection
+                .execute(
+                    "DELETE FROM fencepost_relay_devices WHERE device_id = 'laptop'",
+                    [],
+                )
+                .unwrap();
+        }
         let batch = SqliteRelay::open(&path).unwrap().pull(&Frontier::new()).unwrap();
         assert!(
             batch

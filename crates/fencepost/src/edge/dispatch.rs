@@ -73,7 +73,9 @@ pub enum DispatchError {
     },
     /// The relay failed: the records are kept and pushed by the next [`Ledger::sync`] or
     /// [`Ledger::flush`]. When `dispatch` returns this before the effect, the effect did not run.
-    #[error("relay: {0}")]
+    // Transparent: the relay's errors say what they were doing ("append to the ledger …"), and a
+    // message that also showed its source would repeat it in every report of the chain.
+    #[error(transparent)]
     Relay(#[from] RelayError),
     /// The relay holds a log of this device that cannot be continued.
     #[error("this device's log in the relay cannot be continued: {0}")]

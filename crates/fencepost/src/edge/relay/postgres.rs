@@ -299,12 +299,44 @@ impl Relay for PostgresRelay {
                  ORDER BY r.seq
              ) AS r ON true
              WHERE d.next_seq > coalesce(f.from_seq, 0)
+                -- Rows at or beyond both the stored length and the frontier (a length edited
+                -- down, or to 0): read, so that they are reported as damage.
+                OR EXISTS (SELECT 1 FROM {records} AS x
+                           WHERE x.device_id = d.device_id AND x.seq >= greatest(d.next_seq, coalesce(f.from_seq, 0)))
              ORDER BY d.device_id COLLATE \"C\", r.seq",
             devices_table = self.devices,
             records = self.records
         );
-        let rows = self.database.read_rows("pull from", statement)?;
+        // Devices with records but no length row (deleted by hand): their records would be
+        // invisible. A loose index scan over the records' device ids: O(devices).
+        let orphans = format!(
+            "WITH RECURSIVE ids AS (
+                 (SELECT device_id FROM {records} ORDER BY device_id LIMIT 1)
+                 UNION ALL
+                 SELECT (SELECT r.device_id FROM {records} AS r WHERE r.device_id > ids.device_id
+                         ORDER BY r.device_id LIMIT 1)
+                 FROM ids WHERE ids.device_id IS NOT NULL
+             )
+             SELECT device_id FROM ids
+             WHERE device_id IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM {devices_table} AS d WHERE d.device_id = ids.device_id)",
+            devices_table = self.devices,
+            records = self.records
+        );
+        let mut sets = self
+            .database
+            .read_rows("pull from", vec![statement, orphans])?
+            .into_iter();
+        let rows = sets.next().unwrap_or_default();
         let mut batch = PullBatch::default();
+        for row in sets.next().unwrap_or_default() {
+            let device_id = row.get(0).unwrap_or("");
+            batch.problems.push(self.damage(
+                device_id,
+                0,
+                "the device has records but no length (its row in the devices table was deleted)".to_owned(),
+            ));
+        }
         let mut index = 0;
         while index < rows.len() {
             let device_id = rows[index].get(0).unwrap_or("").to_owned();

@@ -83,6 +83,50 @@ impl SqliteRelay {
         })
     }
 
+    /// Opens the relay in an existing SQLite file without changing it: no table is created and
+    /// the journal mode is left as it is (a file opened only to be read, or one the process may
+    /// not write). A file without the relay's tables is refused: it is no ledger (a coordinator's
+    /// file, say), and reading it as an empty one would hide that.
+    ///
+    /// # Errors
+    /// [`RelayError::Io`] when the file is missing, cannot be opened, or holds no ledger.
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Self, RelayError> {
+        use rusqlite::OpenFlags;
+        let path = path.as_ref().to_path_buf();
+        let failed = |error| storage("open", &path, error);
+        let connection = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .or_else(|_| {
+            Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+        })
+        .map_err(failed)?;
+        connection.busy_timeout(BUSY_TIMEOUT).map_err(failed)?;
+        let tables: i64 = connection
+            .query_row(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'table'
+                 AND name IN ('fencepost_relay_records', 'fencepost_relay_devices')",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(failed)?;
+        if tables < 2 {
+            return Err(storage_text(
+                "open",
+                &path,
+                "this file holds no fencepost ledger (no relay tables): a coordinator's file, or another database",
+            ));
+        }
+        Ok(Self {
+            path,
+            connection: Mutex::new(connection),
+        })
+    }
+
     /// The file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -290,10 +334,51 @@ impl Relay for SqliteRelay {
             })
             .map_err(self.failed("read"))?;
         let mut batch = PullBatch::default();
+        // Devices with records but no length row (deleted by hand): their records would be
+        // invisible. A walk over the records' device ids by the primary key: O(devices).
+        let orphans: Vec<String> = transaction
+            .prepare_cached(
+                "WITH RECURSIVE ids(device_id) AS (
+                     SELECT (SELECT device_id FROM fencepost_relay_records ORDER BY device_id LIMIT 1)
+                     UNION ALL
+                     SELECT (SELECT r.device_id FROM fencepost_relay_records AS r
+                             WHERE r.device_id > ids.device_id ORDER BY r.device_id LIMIT 1)
+                     FROM ids WHERE ids.device_id IS NOT NULL
+                 )
+                 SELECT device_id FROM ids
+                 WHERE device_id IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM fencepost_relay_devices AS d WHERE d.device_id = ids.device_id)",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| row.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(self.failed("read"))?;
+        for device_id in orphans {
+            batch.problems.push(self.damage(
+                &device_id,
+                0,
+                "the device has records but no length (its row in the devices table was deleted)".to_owned(),
+            ));
+        }
         for (device_id, stored) in devices {
             let stored = u64::try_from(stored).unwrap_or(0);
             let from = since.next_seq(&device_id);
-            if from >= stored {
+            // Rows at or beyond both the stored length and the frontier (a length edited down,
+            // or to 0) are read, so that they are reported as damage.
+            let beyond: bool = transaction
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM fencepost_relay_records WHERE device_id = ?1 AND seq >= ?2)",
+                )
+                .and_then(|mut statement| {
+                    statement.query_row(
+                        params![device_id, i64::try_from(from.max(stored)).unwrap_or(i64::MAX)],
+                        |row| row.get(0),
+                    )
+                })
+                .map_err(self.failed("read"))?;
+            if from >= stored && !beyond {
                 continue;
             }
             // From the record before `from`, which anchors the chain of the first new one.
