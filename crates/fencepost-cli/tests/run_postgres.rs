@@ -534,6 +534,26 @@ fn h3_an_old_ledger_folder_that_cannot_be_read_stops_the_database_ledger() {
     assert_eq!(ran.status.code(), Some(0), "{}", text(&ran.stderr));
 }
 
+/// L7 through the binary (found by an adversarial run): the server closes the ledger's connection
+/// while the command runs (`idle_session_timeout` shorter than the command; a restart does the
+/// same). The outcome is still written (exit 0), and the next host finds the run committed, not
+/// in doubt.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn l7_an_outcome_is_written_after_the_server_closed_the_idle_ledger_connection() {
+    let url = own_database("idle");
+    let name = format!("fp_idle_{}", std::process::id());
+    admin()
+        .batch_execute(&format!("ALTER DATABASE {name} SET idle_session_timeout = '1s'"))
+        .unwrap();
+    let host = Shared::database_only(tempfile::tempdir().unwrap(), url, "reports");
+    let ran = host.run("host-1", &strs(&host.report_args("1", &["--ttl", "2s"], "2.5")));
+    assert_eq!(ran.status.code(), Some(0), "{}", text(&ran.stderr));
+    let again = host.run("host-2", &strs(&host.report_args("1", &[], "0")));
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
+    assert_eq!(host.effects().len(), 1);
+}
+
 /// `url` naming `database` instead of its own.
 fn in_database(url: &str, database: &str) -> String {
     let (before, after) = url.rsplit_once('/').expect("a URL with a database");

@@ -29,11 +29,13 @@
 #[path = "support/postgres_server.rs"]
 mod postgres_server;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
 use fencepost::lease::{LeaseCoordinator, LeaseError};
+
+use postgres_server::{median_us, timed};
 
 fn coordinator(url: &str) -> PostgresLeaseCoordinator {
     let coordinator = PostgresLeaseCoordinator::connect(PostgresConfig {
@@ -45,28 +47,8 @@ fn coordinator(url: &str) -> PostgresLeaseCoordinator {
     coordinator
 }
 
-/// Runs each of `others` then `measured`, `iterations` times; returns the time spent in `measured`.
-fn timed(iterations: u64, others: &[&dyn Fn()], measured: &dyn Fn()) -> Duration {
-    let mut elapsed = Duration::ZERO;
-    for _ in 0..iterations {
-        for other in others {
-            other();
-        }
-        let started = Instant::now();
-        measured();
-        elapsed += started.elapsed();
-    }
-    elapsed
-}
-
 /// How many (renew, bare write) pairs the paired ratio runs.
 const PAIRS: usize = 2_000;
-
-/// The median of `samples` (sorted in place), in µs.
-fn median_us(samples: &mut [Duration]) -> f64 {
-    samples.sort_unstable();
-    samples[samples.len() / 2].as_secs_f64() * 1e6
-}
 
 /// Runs `renew` and `bare` alternately, [`PAIRS`] times each, and prints their medians and ratio.
 fn paired_ratio(path: &str, renew: &dyn Fn(), bare: &dyn Fn()) {

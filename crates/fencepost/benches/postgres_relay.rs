@@ -27,7 +27,7 @@ mod postgres_server;
 
 use std::cell::RefCell;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
@@ -36,6 +36,8 @@ use fencepost::oplog::{DeviceLog, Frontier, OpRecord, Surface};
 use fencepost::relay::{PostgresRelay, Relay};
 use postgres::{Client, NoTls};
 use serde_json::json;
+
+use postgres_server::{median_us, timed};
 
 /// How many (push, pull, bare insert) triples the paired medians run.
 const PAIRS: usize = 1_000;
@@ -62,25 +64,6 @@ fn migrate(url: &str, schema: &str) {
 /// A record's payload, about the size of an intent's.
 fn payload(n: u64) -> serde_json::Value {
     json!({"agent_id": "billing-agent", "run_id": format!("run-{n:016x}"), "epoch": 3, "status": "committed"})
-}
-
-/// Runs each of `others` then `measured`, `iterations` times; returns the time spent in `measured`.
-fn timed(iterations: u64, others: &[&dyn Fn()], measured: &dyn Fn()) -> Duration {
-    let mut elapsed = Duration::ZERO;
-    for _ in 0..iterations {
-        for other in others {
-            other();
-        }
-        let started = Instant::now();
-        measured();
-        elapsed += started.elapsed();
-    }
-    elapsed
-}
-
-fn median_us(samples: &mut [Duration]) -> f64 {
-    samples.sort_unstable();
-    samples[samples.len() / 2].as_secs_f64() * 1e6
 }
 
 fn push_pull_and_a_bare_insert(criterion: &mut Criterion, url: &str) {

@@ -1,10 +1,33 @@
 //! A PostgreSQL server for the benchmarks: the one `FENCEPOST_POSTGRES_URL` names (with its
 //! pooler at `FENCEPOST_PGBOUNCER_TRANSACTION_URL`), or a throw-away one that
-//! `scripts/postgres-sandbox` starts and that is stopped at the end.
+//! `scripts/postgres-sandbox` starts and that is stopped at the end; and the timing helpers of
+//! the benchmarks that interleave operations against it.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Runs each of `others` then `measured`, `iterations` times; returns the time spent in `measured`
+/// (operations interleaved, so that drift in fsync latency hits them alike).
+pub fn timed(iterations: u64, others: &[&dyn Fn()], measured: &dyn Fn()) -> Duration {
+    let mut elapsed = Duration::ZERO;
+    for _ in 0..iterations {
+        for other in others {
+            other();
+        }
+        let started = Instant::now();
+        measured();
+        elapsed += started.elapsed();
+    }
+    elapsed
+}
+
+/// The median of `samples` (sorted in place), in µs.
+pub fn median_us(samples: &mut [Duration]) -> f64 {
+    samples.sort_unstable();
+    samples[samples.len() / 2].as_secs_f64() * 1e6
+}
 
 /// A throw-away server, stopped on drop.
 pub struct Sandbox {

@@ -221,24 +221,24 @@ fn seq_value(seq: u64) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
 }
 
-/// The stored record `seq` of `device_id` (the chain head is checked by the caller), as a
-/// pushed record's duplicate check needs it.
-fn stored_op_id(
+/// The stored record `seq` of `device_id` as read by a write's first round trip, checked to be
+/// that record with an id over its content (the chain is checked by the caller); a missing or
+/// damaged one is damage of the device.
+fn stored_op(
     relay: &PostgresRelay,
     device_id: &str,
     stored: &BTreeMap<u64, String>,
     seq: u64,
-) -> Result<crate::oplog::OpId, RelayError> {
+) -> Result<OpRecord, RelayError> {
     let damage = |seq, detail| relay.damage(device_id, seq, detail);
-    let op = match stored.get(&seq) {
+    match stored.get(&seq) {
         Some(record) => super::stored_record(device_id, seq, Some(record.as_bytes()), &damage),
         None => Err(damage(seq, "missing".to_owned())),
-    };
-    op.map(|op| op.op_id)
-        .map_err(|problem| RelayError::DeviceDamaged {
-            device_id: device_id.to_owned(),
-            problem,
-        })
+    }
+    .map_err(|problem| RelayError::DeviceDamaged {
+        device_id: device_id.to_owned(),
+        problem,
+    })
 }
 
 impl Relay for PostgresRelay {
@@ -262,7 +262,7 @@ impl Relay for PostgresRelay {
                 let (head, stored) = self.read_device(device_id, &mut sets)?;
                 let plan = plan_device_push(
                     &head,
-                    |seq| stored_op_id(self, device_id, &stored, seq),
+                    |seq| stored_op(self, device_id, &stored, seq).map(|op| op.op_id),
                     device_ops,
                 )?;
                 report.already_present += plan.already_present;
@@ -383,18 +383,9 @@ impl Relay for PostgresRelay {
         self.database.two_round_transaction("append to", &first, |sets| {
             let mut sets = sets.into_iter();
             let (mut head, stored) = self.read_device(device_id, &mut sets)?;
-            let damage = |seq, detail| self.damage(device_id, seq, detail);
-            let mut tail = Vec::new();
-            for seq in since_seq..head.next_seq() {
-                let op = match stored.get(&seq) {
-                    Some(record) => super::stored_record(device_id, seq, Some(record.as_bytes()), &damage),
-                    None => Err(damage(seq, "missing".to_owned())),
-                };
-                tail.push(op.map_err(|problem| RelayError::DeviceDamaged {
-                    device_id: device_id.to_owned(),
-                    problem,
-                })?);
-            }
+            let tail = (since_seq..head.next_seq())
+                .map(|seq| stored_op(self, device_id, &stored, seq))
+                .collect::<Result<Vec<_>, _>>()?;
             let made = make(&tail)?;
             for op in &made {
                 head.accept(op)?;
