@@ -386,3 +386,194 @@ fn o1_floats_in_payloads_round_trip_exactly() {
         assert!(decoded.has_valid_id(), "{float}");
     }
 }
+
+/// Two records as an earlier version of `fencepost run` wrote them (the JSON object form), copied
+/// from a ledger folder: readers still accept that form.
+const OBJECT_FORM_RECORDS: [&str; 2] = [
+    r#"{"op_id":"548f5d43754b96347f26434374382b90217a5eff285366a79ad4ddf22fccf76f","hlc":{"wall_ms":1796085755970,"counter":0,"device_id":"vm-0035969e"},"device_id":"vm-0035969e","seq":0,"prev":null,"surface":"intent","payload":{"agent_id":"demo","epoch":1,"id":"run-710757806a991ed791b5178e9a5ffac0","status":"pending"}}"#,
+    r#"{"op_id":"d4954202ad1477682313e76d0f0447bca51d817a73ab6d517ce39330a1c2e31a","hlc":{"wall_ms":1796085755974,"counter":0,"device_id":"vm-0035969e"},"device_id":"vm-0035969e","seq":1,"prev":"548f5d43754b96347f26434374382b90217a5eff285366a79ad4ddf22fccf76f","surface":"intent","payload":{"agent_id":"demo","epoch":1,"id":"run-710757806a991ed791b5178e9a5ffac0","status":"committed"}}"#,
+];
+
+/// O1: records written in the object form by earlier versions still decode and verify, chained,
+/// and are written back in the compact form with the same ids, less than half as long.
+#[test]
+fn o1_the_object_form_of_earlier_versions_is_read_and_rewritten_compact() {
+    let ops: Vec<OpRecord> = OBJECT_FORM_RECORDS
+        .iter()
+        .map(|line| OpRecord::from_json(line.as_bytes()).unwrap())
+        .collect();
+    assert_eq!(verify_log(&ops), Ok(()));
+    for (op, object_line) in ops.iter().zip(OBJECT_FORM_RECORDS) {
+        let mut line = Vec::new();
+        op.write_json_line(&mut line);
+        assert!(line.starts_with(b"[2,\""), "{}", String::from_utf8_lossy(&line));
+        assert!(
+            line.len() * 2 < object_line.len(),
+            "{} vs {}",
+            line.len(),
+            object_line.len()
+        );
+        assert_eq!(&OpRecord::from_json(&line).unwrap(), op);
+        assert_eq!(
+            serde_json::to_string(op).unwrap(),
+            object_line,
+            "serde keeps the object form"
+        );
+    }
+}
+
+/// O1 (issue 17, a smaller record): an intent record of a typical job, with a `prev`, takes at
+/// most 200 bytes on disk, newline included (the object form took 379).
+#[test]
+fn o1_an_intent_record_takes_at_most_200_bytes() {
+    let clock = ManualClock::new(1_796_085_755_970);
+    let mut log = DeviceLog::new("vm-0035969e", clock.wall_clock()).unwrap();
+    let intent = |status: &str| json!({"id": "run-710757806a991ed791b5178e9a5ffac0", "agent_id": "demo", "epoch": 1, "status": status});
+    log.append(Surface::Intent, intent("pending"));
+    clock.advance(4);
+    let committed = log.append(Surface::Intent, intent("committed"));
+    let mut line = Vec::new();
+    committed.write_json_line(&mut line);
+    assert!(
+        line.len() <= 200,
+        "{} bytes: {}",
+        line.len(),
+        String::from_utf8_lossy(&line)
+    );
+    assert_eq!(
+        line.len(),
+        180,
+        "the documented size: {}",
+        String::from_utf8_lossy(&line)
+    );
+}
+
+/// O1: a compact line that is not exactly what the writer makes is refused with a message that
+/// says what is wrong, and never panics.
+#[test]
+fn o1_decoding_refuses_malformed_compact_lines() {
+    let (_, _, notes) = log_of("laptop", 2);
+    let clock = ManualClock::new(1_000);
+    let mut log = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
+    let intent = log.append(
+        Surface::Intent,
+        json!({"id": "run-1", "agent_id": "milo", "epoch": 3, "status": "committed"}),
+    );
+    let line_of = |op: &OpRecord| {
+        let mut line = Vec::new();
+        op.write_json_line(&mut line);
+        line.pop();
+        serde_json::from_slice::<Value>(&line).unwrap()
+    };
+    let (intent_line, note_line) = (line_of(&intent), line_of(&notes[1]));
+    assert_eq!(intent_line[7], json!(0));
+    assert_eq!(note_line[7], json!(1));
+    // `base` with element `index` set to `value` (pushed when `index` is its length), or popped.
+    let with = |base: &Value, index: usize, value: Option<Value>| {
+        let mut items = base.as_array().unwrap().clone();
+        match value {
+            Some(value) if index == items.len() => items.push(value),
+            Some(value) => items[index] = value,
+            None => drop(items.pop()),
+        }
+        Value::Array(items)
+    };
+    let op_id_text = intent_line[1].as_str().unwrap();
+    let non_canonical = format!("{}B", &op_id_text[..op_id_text.len() - 1]);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("a newer format", json!([3, "x"]), "format 3"),
+        ("format 1", json!([1]), "format 1"),
+        ("empty", json!([]), "before the format"),
+        (
+            "hex op_id",
+            with(&intent_line, 1, Some(json!(intent.op_id.to_string()))),
+            "base64url",
+        ),
+        (
+            "padded op_id",
+            with(&intent_line, 1, Some(json!(format!("{op_id_text}=")))),
+            "base64url",
+        ),
+        (
+            "non-canonical op_id",
+            with(&intent_line, 1, Some(json!(non_canonical))),
+            "base64url",
+        ),
+        ("bad prev", with(&note_line, 6, Some(json!("nope"))), "prev"),
+        ("status 3", with(&intent_line, 11, Some(json!(3))), "status 3"),
+        (
+            "empty agent",
+            with(&intent_line, 8, Some(json!(""))),
+            "well-formed intent",
+        ),
+        (
+            "epoch over the limit",
+            with(&intent_line, 9, Some(json!(u64::MAX))),
+            "well-formed intent",
+        ),
+        ("tag 4", with(&intent_line, 7, Some(json!(4))), "surface tag 4"),
+        (
+            "an extra element",
+            with(&intent_line, 12, Some(json!(1))),
+            "more elements",
+        ),
+        (
+            "a missing element",
+            with(&note_line, 0, None),
+            "before the payload",
+        ),
+        (
+            "a string seq",
+            with(&intent_line, 5, Some(json!("0"))),
+            "invalid type",
+        ),
+        (
+            "a negative counter",
+            with(&intent_line, 3, Some(json!(-1))),
+            "invalid value",
+        ),
+        ("an empty device", with(&intent_line, 4, Some(json!(""))), "empty"),
+    ];
+    for (name, value, expected) in cases {
+        let error = OpRecord::from_json(&serde_json::to_vec(&value).unwrap()).expect_err(name);
+        assert!(error.to_string().contains(expected), "{name}: {error}");
+    }
+    // The tag and the status are numbers: a changed one is a changed record, caught by its id.
+    let mut committed_as_pending = intent_line.clone();
+    committed_as_pending[11] = json!(0);
+    let forged = OpRecord::from_json(&serde_json::to_vec(&committed_as_pending).unwrap()).unwrap();
+    assert!(!forged.has_valid_id());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// O1: any intent, well-formed or not, under any device id, survives both wire forms with its
+    /// id, and the compact form is never the longer.
+    #[test]
+    fn o1_intents_survive_both_wire_forms(
+        device in "[a-z\"\\\\é]{1,12}",
+        agent in "\\PC{0,12}",
+        run in prop_oneof!["run-[0-9a-f]{32}", "\\PC{0,20}"],
+        epoch in prop_oneof![0..10u64, Just(i64::MAX as u64), Just(u64::MAX)],
+        status in prop_oneof![Just("pending"), Just("committed"), Just("failed"), Just("other")],
+        extra in proptest::option::of(arbitrary_json()),
+    ) {
+        let mut log = DeviceLog::new(&device, ManualClock::new(5).wall_clock()).unwrap();
+        let mut payload = json!({"id": run, "agent_id": agent, "epoch": epoch, "status": status});
+        if let Some(extra) = extra {
+            payload["extra"] = extra;
+        }
+        log.append(Surface::log("x"), json!(1));
+        let op = log.append(Surface::Intent, payload);
+        let mut line = Vec::new();
+        op.write_json_line(&mut line);
+        let object = serde_json::to_vec(&op).unwrap();
+        prop_assert!(line.len() <= object.len() + 1);
+        for form in [&line[..line.len() - 1], &object[..]] {
+            let decoded = OpRecord::from_json(form).unwrap();
+            prop_assert!(decoded.has_valid_id());
+            prop_assert_eq!(&decoded, &op);
+        }
+    }
+}

@@ -117,7 +117,12 @@ impl IntentAgent {
 
     /// The greatest committed record of `run_id` (rule F6).
     pub fn committed_run(&self, run_id: &str) -> Option<&RunRecord> {
-        self.runs.get(&RunKey::new(run_id)).and_then(RunEntry::committed)
+        self.committed_run_key(&RunKey::new(run_id))
+    }
+
+    /// [`committed_run`](Self::committed_run) by key.
+    pub(crate) fn committed_run_key(&self, run: &RunKey) -> Option<&RunRecord> {
+        self.runs.get(run).and_then(RunEntry::committed)
     }
 
     /// Every run with an eligible record, in run-id order (rule F5's view).
@@ -488,6 +493,11 @@ impl SyncState {
     /// The greatest committed record of the run, whatever its epoch (rule F6): the idempotency oracle.
     pub fn committed_run(&self, agent_id: &str, run_id: &str) -> Option<&RunRecord> {
         self.agent(agent_id)?.committed_run(run_id)
+    }
+
+    /// [`committed_run`](Self::committed_run) by key.
+    pub(crate) fn committed_run_key(&self, agent_id: &str, run: &RunKey) -> Option<&RunRecord> {
+        self.agent(agent_id)?.committed_run_key(run)
     }
 
     /// The agent's fencing epoch (rule F4); 0 for an agent without intents.

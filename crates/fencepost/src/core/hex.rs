@@ -1,4 +1,5 @@
-//! Lowercase hexadecimal, the only text form of hashes in fencepost.
+//! Lowercase hexadecimal, the text form of hashes in messages, run ids and the JSON object form of
+//! records (the compact record line carries op ids in base64url, to be short: `oplog::line`).
 
 const DIGITS: &[u8; 16] = b"0123456789abcdef";
 

@@ -7,7 +7,28 @@
 //!
 //! # Wire form
 //!
-//! A record travels as one JSON object (one line in a relay file). The form is stable:
+//! A record travels as one line of JSON (one line in a relay file, one row of a database relay).
+//! Two forms are read; [`OpRecord::write_json_line`] writes the compact one. Both are stable.
+//!
+//! **The compact form** (format 2), a JSON array, about 180 bytes for an intent:
+//!
+//! ```json
+//! [2,"<op_id>",1764400000000,0,"laptop",1,"<prev>",0,"milo",1,"run-…",1]
+//! ```
+//!
+//! In order: the format number `2`; `op_id`; `hlc.wall_ms`; `hlc.counter`; `device_id` (which
+//! is also `hlc.device_id`); `seq`; `prev` (`null` for `seq` 0); a surface tag; then the body:
+//!
+//! * tag `0`, an intent record whose payload is a well-formed intent: its `agent_id`, `epoch`,
+//!   `id` (the run id) and `status` as a number (`0` pending, `1` committed, `2` failed);
+//! * tag `1`, a grow-only log: its kind, then the payload;
+//! * tag `2`, a registry: its kind, then the payload;
+//! * tag `3`, an intent record whose payload is not a well-formed intent: the payload.
+//!
+//! Op ids are their 32 bytes in unpadded base64url (43 characters); payloads are canonical JSON.
+//! An array of any other length or format number is refused (a newer format is named as such).
+//!
+//! **The JSON object form**, written by earlier versions and still read:
 //!
 //! ```json
 //! {"op_id":"<64 lowercase hex>",
@@ -22,6 +43,11 @@
 //! * `prev` is `null` for `seq` 0, else the previous record's `op_id`.
 //! * `surface` is `"intent"`, `{"log":{"kind":"…"}}` or `{"registry":{"kind":"…"}}`.
 //! * Unknown fields are refused.
+//!
+//! `OpRecord`'s `serde` implementation is the object form (what `--json` output shows). A record
+//! whose `hlc.device_id` differs from its `device_id` (which no log makes, and every verifier
+//! refuses) is written in the object form. Both forms of a record have the same `op_id`, which is
+//! computed from the content, not from either text.
 //!
 //! # How `op_id` is computed
 //!
@@ -52,6 +78,9 @@ use crate::intent::{
     INTENT_FIELD_STATUS,
 };
 use crate::run_id::RunKey;
+
+#[path = "oplog/line.rs"]
+mod line;
 
 /// The deepest nesting of arrays and objects a record's payload may have (`{"a":[1]}` is 2 deep).
 /// Well below the JSON reader's own recursion limit, so a record within it can always be read
@@ -200,6 +229,18 @@ pub(crate) struct CompactIntent {
 }
 
 impl CompactIntent {
+    /// Appends the run id as a JSON string.
+    fn write_run_id(&self, out: &mut Vec<u8>) {
+        match &self.run {
+            RunKey::Hashed(bytes) => {
+                out.push(b'"');
+                out.extend_from_slice(&RunKey::hashed_text(bytes));
+                out.push(b'"');
+            }
+            RunKey::Text(text) => write_serde_json(&**text, out),
+        }
+    }
+
     /// The compact form of `value`, if it is an object of exactly the four intent fields.
     fn from_value(value: &Value) -> Option<Self> {
         let object = value.as_object()?;
@@ -285,14 +326,7 @@ impl Payload {
                 out.extend_from_slice(b",\"epoch\":");
                 write_serde_json(&intent.epoch, out);
                 out.extend_from_slice(b",\"id\":");
-                match &intent.run {
-                    RunKey::Hashed(bytes) => {
-                        out.push(b'"');
-                        out.extend_from_slice(&RunKey::hashed_text(bytes));
-                        out.push(b'"');
-                    }
-                    RunKey::Text(text) => write_serde_json(&**text, out),
-                }
+                intent.write_run_id(out);
                 out.extend_from_slice(b",\"status\":\"");
                 out.extend_from_slice(intent.status.as_str().as_bytes());
                 out.extend_from_slice(b"\"}");
@@ -449,6 +483,21 @@ impl OpRecord {
         Ok(self.id_over(&canonical))
     }
 
+    /// Checks the record limits and that `op_id` is what the content hashes to
+    /// ([`LogError::OverLimit`], [`LogError::BadId`]).
+    pub(crate) fn check_id(&self) -> Result<(), LogError> {
+        let expected = self.checked_content_id()?;
+        if expected != self.op_id {
+            return Err(LogError::BadId {
+                device_id: self.device_id.to_string(),
+                seq: self.seq,
+                found: self.op_id,
+                expected,
+            });
+        }
+        Ok(())
+    }
+
     /// The `op_id` of this record with `canonical` as its payload's canonical JSON.
     fn id_over(&self, canonical: &[u8]) -> OpId {
         let mut hasher = Sha256::new();
@@ -485,17 +534,23 @@ impl OpRecord {
         self.op_id == self.content_id()
     }
 
-    /// Appends the wire form (see the module docs) and a newline to `out`.
+    /// Appends the wire form (the compact form, see the [module docs](self#wire-form)) and a
+    /// newline to `out`.
     pub fn write_json_line(&self, out: &mut Vec<u8>) {
-        let written = serde_json::to_writer(&mut *out, self);
-        // Serializing a record cannot fail: every field is a string, a number or a JSON value.
-        debug_assert!(written.is_ok());
+        if line::has_compact_form(self) {
+            line::write_compact(self, out);
+        } else {
+            let written = serde_json::to_writer(&mut *out, self);
+            // Serializing a record cannot fail: every field is a string, a number or a JSON value.
+            debug_assert!(written.is_ok());
+        }
         out.push(b'\n');
     }
 
-    /// Decodes the wire form. Checks the length ([`MAX_RECORD_BYTES`]), the shape and the ids'
-    /// syntax (L8); does *not* check that `op_id` matches the content, nor the payload limits:
-    /// [`LogHead`] and [`verify_log`] do that.
+    /// Decodes either wire form (see the [module docs](self#wire-form)): the compact form when
+    /// the line starts with `[`, else the JSON object form. Checks the length
+    /// ([`MAX_RECORD_BYTES`]), the shape and the ids' syntax (L8); does *not* check that `op_id`
+    /// matches the content, nor the payload limits: [`LogHead`] and [`verify_log`] do that.
     pub fn from_json(bytes: &[u8]) -> Result<Self, DecodeError> {
         if bytes.len() > MAX_RECORD_BYTES {
             return Err(DecodeError::TooLong {
@@ -503,8 +558,13 @@ impl OpRecord {
                 max_bytes: MAX_RECORD_BYTES,
             });
         }
-        let record: OpRecord =
-            serde_json::from_slice(bytes).map_err(|error| DecodeError::Json(error.to_string()))?;
+        let compact = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'[');
+        let decoded = if compact {
+            line::read_compact(bytes)
+        } else {
+            serde_json::from_slice(bytes)
+        };
+        let record: OpRecord = decoded.map_err(|error| DecodeError::Json(error.to_string()))?;
         validate_id(IdKind::Device, &record.device_id)?;
         validate_id(IdKind::Device, &record.hlc.device_id)?;
         Ok(record)
@@ -719,6 +779,12 @@ impl LogHead {
     /// Checks that `op` belongs to this device, is within the record limits, and that its `op_id`
     /// matches its content, whatever its seq.
     pub fn check_identity(&self, op: &OpRecord) -> Result<(), LogError> {
+        self.check_device(op)?;
+        op.check_id()
+    }
+
+    /// Checks that `op` and its stamp name this log's device.
+    pub(crate) fn check_device(&self, op: &OpRecord) -> Result<(), LogError> {
         for found in [&op.device_id, &op.hlc.device_id] {
             if **found != *self.device_id {
                 return Err(LogError::DeviceMismatch {
@@ -728,15 +794,6 @@ impl LogHead {
                 });
             }
         }
-        let expected = op.checked_content_id()?;
-        if expected != op.op_id {
-            return Err(LogError::BadId {
-                device_id: self.device_id.to_string(),
-                seq: op.seq,
-                found: op.op_id,
-                expected,
-            });
-        }
         Ok(())
     }
 
@@ -744,6 +801,21 @@ impl LogHead {
     /// `prev` naming the last record, and an HLC stamp after the last one.
     pub fn check_next(&self, op: &OpRecord) -> Result<(), LogError> {
         self.check_identity(op)?;
+        self.check_order(op)
+    }
+
+    /// [`accept`](Self::accept) for a record whose identity (its `op_id` over its content, within
+    /// the limits) a relay has checked already: checks the device, the seq, the chain and the HLC
+    /// order, and moves past it.
+    pub(crate) fn accept_identified(&mut self, op: &OpRecord) -> Result<(), LogError> {
+        self.check_device(op)?;
+        self.check_order(op)?;
+        self.advance_unchecked(op);
+        Ok(())
+    }
+
+    /// The seq, `prev` and HLC order of `op` as this log's next record.
+    fn check_order(&self, op: &OpRecord) -> Result<(), LogError> {
         let device_id = || self.device_id.to_string();
         if op.seq > self.next_seq {
             return Err(LogError::SeqGap {
@@ -904,6 +976,17 @@ impl DeviceLog {
             None => HlcClock::new(device_id, wall_clock, config),
         };
         Ok(Self { clock, head })
+    }
+
+    /// Continues after `head`, the end of a log a relay has checked (its records are not at
+    /// hand): the next record follows it in seq, chain and HLC.
+    pub(crate) fn continue_after(wall_clock: WallClock, config: HlcConfig, head: LogHead) -> Self {
+        let device_id = Arc::clone(head.device_id());
+        let clock = match head.last_hlc() {
+            Some(last) => HlcClock::resume(device_id, wall_clock, config, last),
+            None => HlcClock::new(device_id, wall_clock, config),
+        };
+        Self { clock, head }
     }
 
     /// Appends a record and returns it; the caller stores and relays it.

@@ -15,6 +15,7 @@ use crate::id::{validate_id, IdKind};
 use crate::lease::{Intent, IntentStatus};
 use crate::oplog::{DeviceLog, LogHead, OpId, OpRecord, Surface};
 use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
+use crate::run_id::RunKey;
 
 /// A run in doubt (rule D2): it has no `committed` record, and a `pending` of some epoch has no
 /// `committed` or `failed` record of that same epoch, so that attempt's effect may or may not have
@@ -175,7 +176,7 @@ pub struct LedgerState {
     /// until a valid record takes its place.
     rejected: BTreeMap<String, RelayProblem>,
     /// Per agent and run, the attempts, for runs with no commit.
-    attempts: BTreeMap<(String, String), Attempts>,
+    attempts: BTreeMap<String, BTreeMap<RunKey, Attempts>>,
     /// Per agent, the highest epoch of its `pending` intents and the devices that wrote one at it:
     /// only the holder of an epoch writes `pending`s at it, so two devices there mean the epoch
     /// was granted twice (a coordinator that lost or rolled back its state).
@@ -222,13 +223,21 @@ impl Ledger {
         validate_id(IdKind::Device, device_id)?;
         let seen = options.seen_file.map(SeenFile::load).transpose()?;
         let batch = relay.pull(&Frontier::new())?;
-        let own: Vec<OpRecord> = batch
-            .ops
-            .iter()
-            .filter(|op| &*op.device_id == device_id)
-            .cloned()
-            .collect();
-        let log = DeviceLog::resume(device_id, wall_clock, HlcConfig::default(), &own)?;
+        // A relay that checks its records hands over a checked prefix of this device's log: the
+        // log continues from where the fold's check of it ends, below. Any other relay's records
+        // are checked here, and a log that does not verify is an error.
+        let checked = relay.checks_records();
+        let log = if checked {
+            DeviceLog::new(device_id, wall_clock.clone())?
+        } else {
+            let own: Vec<OpRecord> = batch
+                .ops
+                .iter()
+                .filter(|op| &*op.device_id == device_id)
+                .cloned()
+                .collect();
+            DeviceLog::resume(device_id, wall_clock.clone(), HlcConfig::default(), &own)?
+        };
         let mut ledger = Self {
             log,
             relay,
@@ -243,6 +252,11 @@ impl Ledger {
             others_appended: Vec::new(),
         };
         ledger.take_pull(batch)?;
+        if checked {
+            if let Some(head) = ledger.view.heads.get(device_id) {
+                ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
+            }
+        }
         Ok(ledger)
     }
 
@@ -514,7 +528,7 @@ impl Ledger {
     /// Folds `ops` (stored in the relay) into the view, then checks the records that verified
     /// against the seen file.
     fn absorb(&mut self, ops: &[OpRecord]) {
-        let verified = self.view.absorb(ops);
+        let verified = self.view.absorb_from(ops, self.relay.checks_records());
         for op in verified {
             if let Some(mark) = self
                 .seen
@@ -686,6 +700,17 @@ impl LedgerState {
     /// ids match their content. A record that does not verify is damage of its device; the
     /// frontier stays before it.
     pub fn absorb<'ops>(&mut self, ops: &'ops [OpRecord]) -> Vec<&'ops OpRecord> {
+        self.absorb_from(ops, false)
+    }
+
+    /// [`absorb`](Self::absorb); `identified` when a relay that [checks its
+    /// records](crate::relay::Relay::checks_records) handed `ops` over, so their ids are not
+    /// hashed again (seq, chain and HLC order still are checked).
+    pub(crate) fn absorb_from<'ops>(
+        &mut self,
+        ops: &'ops [OpRecord],
+        identified: bool,
+    ) -> Vec<&'ops OpRecord> {
         let mut verified: Vec<&OpRecord> = Vec::with_capacity(ops.len());
         for op in ops {
             let device = &*op.device_id;
@@ -702,10 +727,20 @@ impl LedgerState {
             if self.rejected.contains_key(device) && op.seq > head.next_seq() {
                 continue; // after a record that did not verify
             }
-            match head.accept(op) {
+            let accepted = if identified {
+                head.accept_identified(op)
+            } else {
+                head.accept(op)
+            };
+            match accepted {
                 Ok(()) => {
-                    self.rejected.remove(device);
-                    self.ids.entry(device.to_owned()).or_default().push(op.op_id);
+                    if !self.rejected.is_empty() {
+                        self.rejected.remove(device);
+                    }
+                    match self.ids.get_mut(device) {
+                        Some(ids) => ids.push(op.op_id),
+                        None => drop(self.ids.insert(device.to_owned(), vec![op.op_id])),
+                    }
                     verified.push(op);
                 }
                 Err(error) => {
@@ -731,16 +766,17 @@ impl LedgerState {
             if op.surface != Surface::Intent {
                 continue;
             }
-            let Some(intent) = op.payload.intent() else {
+            // Read in place: no allocation unless the run is in doubt.
+            let Some(intent) = op.payload.compact_intent() else {
                 continue;
             };
+            let agent = intent.agent.as_str();
             if intent.status == IntentStatus::Pending {
                 // No allocation for the common case: a known agent, a known device.
-                if !self.pending_epochs.contains_key(&intent.agent_id) {
-                    self.pending_epochs
-                        .insert(intent.agent_id.clone(), Default::default());
+                if !self.pending_epochs.contains_key(agent) {
+                    self.pending_epochs.insert(agent.to_owned(), Default::default());
                 }
-                if let Some((top, devices)) = self.pending_epochs.get_mut(&intent.agent_id) {
+                if let Some((top, devices)) = self.pending_epochs.get_mut(agent) {
                     if intent.epoch > *top {
                         *top = intent.epoch;
                         devices.clear();
@@ -750,17 +786,21 @@ impl LedgerState {
                     }
                 }
             }
-            let run_id = intent.run_id;
-            let key = (intent.agent_id, run_id.clone());
-            if self.state.committed_run(&key.0, &key.1).is_some() {
-                self.attempts.remove(&key);
+            if self.state.committed_run_key(agent, &intent.run).is_some() {
+                if let Some(runs) = self.attempts.get_mut(agent) {
+                    runs.remove(&intent.run);
+                }
                 continue;
             }
-            let attempts = self.attempts.entry(key).or_default();
+            let runs = match self.attempts.get_mut(agent) {
+                Some(runs) => runs,
+                None => self.attempts.entry(agent.to_owned()).or_default(),
+            };
+            let attempts = runs.entry(intent.run.clone()).or_default();
             if intent.status == IntentStatus::Pending {
                 if !attempts.settled.contains(&intent.epoch) {
                     let candidate = InDoubtRun {
-                        run_id: run_id.clone(),
+                        run_id: intent.run.to_string(),
                         epoch: intent.epoch,
                         device_id: op.device_id.to_string(),
                         op_id: op.op_id,
@@ -787,11 +827,11 @@ impl LedgerState {
     /// acquiring, before dispatching; see the [dispatch docs](crate::dispatch) for what to do with them.
     /// `held_epoch = u64::MAX` lists every run in doubt.
     pub fn in_doubt(&self, agent_id: &str, held_epoch: u64) -> Vec<InDoubtRun> {
-        let start = (agent_id.to_owned(), String::new());
         self.attempts
-            .range(start..)
-            .take_while(|((agent, _), _)| agent == agent_id)
-            .filter_map(|(_, attempts)| attempts.unsettled.range(..held_epoch).next_back())
+            .get(agent_id)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter_map(|attempts| attempts.unsettled.range(..held_epoch).next_back())
             .map(|(_, run)| run.clone())
             .collect()
     }
@@ -812,7 +852,7 @@ impl LedgerState {
     /// [`in_doubt`](Self::in_doubt), but a `pending` *at* `held_epoch` with no outcome counts too
     /// (an earlier attempt of this tenure whose outcome was never stored).
     pub fn in_doubt_run(&self, agent_id: &str, run_id: &str, held_epoch: u64) -> Option<InDoubtRun> {
-        let attempts = self.attempts.get(&(agent_id.to_owned(), run_id.to_owned()))?;
+        let attempts = self.attempts.get(agent_id)?.get(&RunKey::new(run_id))?;
         attempts
             .unsettled
             .range(..=held_epoch)

@@ -13,7 +13,7 @@ use super::{
     group_by_device, plan_device_push, Appended, DevicePlan, Frontier, MakeRecords, ProblemKind, PullBatch,
     PushReport, Relay, RelayError, RelayProblem,
 };
-use crate::oplog::{LogHead, OpId, OpRecord};
+use crate::oplog::{LogError, LogHead, OpId, OpRecord};
 
 /// The folder, inside the relay folder, that holds one file per device.
 const DEVICES_DIR: &str = "devices";
@@ -248,45 +248,77 @@ impl FsRelay {
         reader
             .seek(SeekFrom::Start(entry.verified_to))
             .map_err(io_error("seek in", &entry.path))?;
-        let mut line = Vec::new();
+        // Lines are read a chunk at a time; the chunk's records are decoded and hashed on every
+        // core, then checked in order against the file's chain.
+        let max_line_bytes = self.config.max_line_bytes;
+        // Room for the records at a typical line length, so that the vector is rarely moved.
+        let expected_records = (length - entry.verified_to) / 160;
+        refresh
+            .fresh
+            .reserve(usize::try_from(expected_records).unwrap_or(0).min(1 << 24));
+        let mut chunk = Vec::new();
+        let mut ends: Vec<usize> = Vec::new();
         loop {
-            let read = self
-                .read_line(&mut reader, &mut line)
-                .map_err(io_error("read", &entry.path))?;
-            if read == 0 {
-                break;
+            chunk.clear();
+            ends.clear();
+            let mut incomplete = None;
+            let mut at_end = false;
+            while ends.len() < CHUNK_LINES && chunk.len() < CHUNK_BYTES {
+                let start = chunk.len();
+                let read = (&mut reader)
+                    .take(max_line_bytes as u64 + 1)
+                    .read_until(b'\n', &mut chunk)
+                    .map_err(io_error("read", &entry.path))?;
+                if read == 0 {
+                    at_end = true;
+                    break;
+                }
+                if chunk.last() != Some(&b'\n') {
+                    incomplete = Some(read);
+                    chunk.truncate(start);
+                    break;
+                }
+                ends.push(chunk.len());
             }
-            let line_number = entry.offsets.len() as u64 + 1;
-            if line.last() != Some(&b'\n') {
-                if line.len() > self.config.max_line_bytes {
+            let mut start = 0;
+            for (end, decoded) in ends.iter().zip(decode_lines(&chunk, &ends)) {
+                let line_number = entry.offsets.len() as u64 + 1;
+                match Self::accept_decoded(name, entry, decoded) {
+                    Ok(op) => {
+                        entry.offsets.push(entry.verified_to);
+                        entry.verified_to += (end - start) as u64;
+                        refresh.fresh.push(op);
+                    }
+                    Err(detail) => {
+                        entry.damage = Some(self.problem(entry, Some(line_number), detail));
+                        return Ok(refresh);
+                    }
+                }
+                start = *end;
+            }
+            if let Some(length) = incomplete {
+                let line_number = entry.offsets.len() as u64 + 1;
+                if length > max_line_bytes {
                     entry.damage = Some(self.problem(
                         entry,
                         Some(line_number),
-                        format!("a line longer than {} bytes", self.config.max_line_bytes),
+                        format!("a line longer than {max_line_bytes} bytes"),
                     ));
                 } else {
                     refresh.torn_tail = true;
                 }
                 break;
             }
-            match self.decode_next(name, entry, &line[..line.len() - 1]) {
-                Ok(op) => {
-                    entry.offsets.push(entry.verified_to);
-                    entry.verified_to += line.len() as u64;
-                    refresh.fresh.push(op);
-                }
-                Err(detail) => {
-                    entry.damage = Some(self.problem(entry, Some(line_number), detail));
-                    break;
-                }
+            if at_end {
+                break;
             }
         }
         Ok(refresh)
     }
 
-    /// Decodes one line of `name` and checks that it continues the file's log.
-    fn decode_next(&self, name: &str, entry: &mut DeviceFile, line: &[u8]) -> Result<OpRecord, String> {
-        let mut op = OpRecord::from_json(line).map_err(|error| error.to_string())?;
+    /// Checks a decoded line of `name` (see [`decode_lines`]) as the next record of the file's log.
+    fn accept_decoded(name: &str, entry: &mut DeviceFile, decoded: Decoded) -> Result<OpRecord, String> {
+        let (mut op, id_checked) = decoded?;
         let head = match &mut entry.head {
             Some(head) => head,
             None => {
@@ -300,7 +332,9 @@ impl FsRelay {
                 entry.head.insert(LogHead::new(Arc::clone(&op.device_id)))
             }
         };
-        head.accept(&op).map_err(|error| error.to_string())?;
+        head.check_device(&op).map_err(|error| error.to_string())?;
+        id_checked.map_err(|error| error.to_string())?;
+        head.accept_identified(&op).map_err(|error| error.to_string())?;
         // Share one allocation of the device id among the device's records.
         op.device_id = Arc::clone(head.device_id());
         op.hlc.device_id = Arc::clone(head.device_id());
@@ -395,6 +429,11 @@ struct PendingAppend {
 }
 
 impl Relay for FsRelay {
+    /// Every record is checked against its chain as it is read.
+    fn checks_records(&self) -> bool {
+        true
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         // Lock the files in name order, so that concurrent pushes of several devices cannot deadlock.
@@ -491,6 +530,7 @@ impl Relay for FsRelay {
             let Some(head) = &entry.head else { continue };
             let from = since.next_seq(head.device_id());
             match self.records_from(entry, from, refresh.fresh) {
+                Ok(ops) if batch.ops.is_empty() => batch.ops = ops,
                 Ok(ops) => batch.ops.extend(ops),
                 Err(detail) => batch.problems.push(self.problem(entry, None, detail)),
             }
@@ -599,6 +639,9 @@ impl FsRelay {
             ops = self.read_range(entry, from, first_fresh)?;
         }
         let skip = usize::try_from(from.saturating_sub(first_fresh)).unwrap_or(usize::MAX);
+        if ops.is_empty() && skip == 0 {
+            return Ok(fresh); // the usual case: no copy
+        }
         ops.extend(fresh.into_iter().skip(skip));
         Ok(ops)
     }
@@ -703,6 +746,53 @@ impl FsRelay {
             .take(self.config.max_line_bytes as u64 + 1)
             .read_until(b'\n', line)
     }
+}
+
+/// The most lines [`FsRelay::refresh`] reads before it decodes them.
+const CHUNK_LINES: usize = 8192;
+/// The most bytes of lines it reads before it decodes them (a line may be longer).
+const CHUNK_BYTES: usize = 4 << 20;
+/// Below this many lines, a chunk is decoded on the calling thread alone.
+const PARALLEL_LINES: usize = 512;
+
+/// A decoded line: the record, and the check of its `op_id` over its content and the limits; or
+/// why it does not decode.
+type Decoded = Result<(OpRecord, Result<(), LogError>), String>;
+
+/// Decodes the lines of `chunk` (each ending at the matching offset of `ends`, newline included)
+/// and checks each record's id, in order, on two threads when there are enough lines and cores.
+fn decode_lines(chunk: &[u8], ends: &[usize]) -> Vec<Decoded> {
+    fn decode(chunk: &[u8], from: usize, ends: &[usize]) -> Vec<Decoded> {
+        let mut start = from;
+        ends.iter()
+            .map(|&end| {
+                let line = without_newline(&chunk[start..end]);
+                start = end;
+                OpRecord::from_json(line)
+                    .map(|op| {
+                        let checked = op.check_id();
+                        (op, checked)
+                    })
+                    .map_err(|error| error.to_string())
+            })
+            .collect()
+    }
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
+    if ends.len() < PARALLEL_LINES || cores < 2 {
+        return decode(chunk, 0, ends);
+    }
+    let (first, second) = ends.split_at(ends.len() / 2);
+    let split = first.last().copied().unwrap_or(0);
+    std::thread::scope(|scope| {
+        let later = scope.spawn(|| decode(chunk, split, second));
+        let mut decoded = decode(chunk, 0, first);
+        match later.join() {
+            Ok(rest) => decoded.extend(rest),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+        decoded
+    })
 }
 
 /// A line without its trailing newline.

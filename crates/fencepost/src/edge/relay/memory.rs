@@ -43,6 +43,11 @@ impl InMemoryRelay {
 }
 
 impl Relay for InMemoryRelay {
+    /// Every record is checked against its chain as it is stored.
+    fn checks_records(&self) -> bool {
+        true
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         // A panic elsewhere cannot leave the map half-written: it is changed only after all checks.

@@ -55,6 +55,18 @@ pub trait Relay: Send + Sync {
     /// [`PullBatch::problems`] and do not stop the others.
     fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError>;
 
+    /// Whether every record [`pull`](Self::pull) and [`append`](Self::append) hand over has been
+    /// checked by the relay as the next record of its device's chain ([`LogHead::accept`]: its
+    /// `op_id` over its content, the limits, seq, `prev`, HLC order), from seq 0 or from a
+    /// record it checked before. A [`Ledger`](crate::ledger::Ledger) then does not hash them
+    /// again; it still checks each device's seq, chain and HLC order.
+    ///
+    /// The default, `false`, makes the ledger check everything: the right answer for a relay
+    /// that merely moves records. Every relay of this crate checks, and says so.
+    fn checks_records(&self) -> bool {
+        false
+    }
+
     /// Appends new records to `device_id`'s log while holding the relay's exclusive claim on that
     /// log, so that any number of writers of one device (threads, processes sharing a device id)
     /// interleave instead of forking it (rule R1).

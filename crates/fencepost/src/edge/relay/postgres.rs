@@ -242,6 +242,11 @@ fn stored_op(
 }
 
 impl Relay for PostgresRelay {
+    /// Every record is checked against its chain as it is read.
+    fn checks_records(&self) -> bool {
+        true
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         if groups.is_empty() {

@@ -285,6 +285,11 @@ fn storage_text(operation: &'static str, path: &Path, text: &str) -> RelayError 
 }
 
 impl Relay for SqliteRelay {
+    /// Every record is checked against its chain as it is read.
+    fn checks_records(&self) -> bool {
+        true
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         let mut connection = self.lock();

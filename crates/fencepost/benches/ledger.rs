@@ -1,0 +1,118 @@
+//! Opening a ledger folder cold, with no snapshot: read, parse and verify every record of every
+//! device, then fold them (issue 17's "cold open" target: 2 M records at ≥ 1.5 M records/s).
+//!
+//! * `ledger_open/cold/current_format`: 1 M occurrences of one host's job (a `pending` and a
+//!   `committed` each, 2 M records) in the record format this version writes, opened by that
+//!   host (`Ledger::open` with its own device id, so its log is resumed too).
+//! * `ledger_open/cold/json_object_format`: the same records written in the JSON object form of
+//!   earlier versions, which readers still accept.
+//!
+//! The bytes per record of each form are printed before the runs.
+//!
+//! `FENCEPOST_BENCH_OCCURRENCES` changes the number of occurrences (default 1 000 000).
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use fencepost::clock::ManualClock;
+use fencepost::ledger::Ledger;
+use fencepost::oplog::{DeviceLog, OpRecord, Surface};
+use fencepost::relay::{device_file_name, FsRelay, Relay};
+use serde_json::json;
+
+const DEVICE: &str = "vm-0035969e";
+const BATCH: usize = 10_000;
+
+fn occurrences() -> usize {
+    std::env::var("FENCEPOST_BENCH_OCCURRENCES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// `count` occurrences of one job, each a `pending` and a `committed` at its own epoch, in
+/// batches of [`BATCH`] records.
+fn occurrence_batches(clock: &ManualClock, count: usize, mut each: impl FnMut(&[OpRecord])) {
+    let mut log = DeviceLog::new(DEVICE, clock.wall_clock()).unwrap();
+    let mut batch = Vec::with_capacity(BATCH);
+    for occurrence in 0..count {
+        let run = format!(
+            "run-{:032x}",
+            (occurrence as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        );
+        let epoch = occurrence as u64 + 1;
+        for status in ["pending", "committed"] {
+            clock.advance(5);
+            batch.push(log.append(
+                Surface::Intent,
+                json!({"id": run, "agent_id": "demo", "epoch": epoch, "status": status}),
+            ));
+        }
+        if batch.len() >= BATCH {
+            each(&batch);
+            batch.clear();
+        }
+    }
+    if !batch.is_empty() {
+        each(&batch);
+    }
+}
+
+fn folder_size(dir: &std::path::Path) -> u64 {
+    std::fs::metadata(dir.join("devices").join(device_file_name(DEVICE)))
+        .map(|metadata| metadata.len())
+        .unwrap_or(0)
+}
+
+fn cold_open(criterion: &mut Criterion) {
+    let count = occurrences();
+    let records = 2 * count as u64;
+    let clock = ManualClock::new(1_796_085_755_970);
+
+    // The current format, written by the relay.
+    let current = tempfile::tempdir().unwrap();
+    let relay = FsRelay::open(current.path()).unwrap();
+    occurrence_batches(&clock, count, |batch| {
+        relay.push(batch).unwrap();
+    });
+    // The JSON object form of earlier versions, written line by line.
+    let object = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(object.path().join("devices")).unwrap();
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(object.path().join("devices").join(device_file_name(DEVICE))).unwrap(),
+    );
+    occurrence_batches(&ManualClock::new(1_796_085_755_970), count, |batch| {
+        for op in batch {
+            serde_json::to_writer(&mut file, op).unwrap();
+            file.write_all(b"\n").unwrap();
+        }
+    });
+    file.into_inner().unwrap().sync_all().unwrap();
+    for (name, dir) in [("current_format", &current), ("json_object_format", &object)] {
+        println!(
+            "ledger_open/cold/{name}: {records} records, {} bytes, {:.1} bytes per record",
+            folder_size(dir.path()),
+            folder_size(dir.path()) as f64 / records as f64
+        );
+    }
+
+    let mut group = criterion.benchmark_group("ledger_open/cold");
+    group.sample_size(10).measurement_time(Duration::from_secs(40));
+    group.throughput(Throughput::Elements(records));
+    for (name, dir) in [("current_format", &current), ("json_object_format", &object)] {
+        group.bench_function(name, |bencher| {
+            bencher.iter(|| {
+                let relay = Arc::new(FsRelay::open(dir.path()).unwrap());
+                let ledger = Ledger::open(DEVICE, clock.wall_clock(), relay).unwrap();
+                assert_eq!(ledger.view().frontier().next_seq(DEVICE), records);
+                ledger
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, cold_open);
+criterion_main!(benches);
