@@ -441,9 +441,10 @@ impl OpRecord {
     /// Computes it whatever the record's size; [`LogHead`] and [`DeviceLog`] check the record
     /// limits first ([`checked_content_id`](Self::checked_content_id)).
     pub fn content_id(&self) -> OpId {
-        let mut canonical = Vec::with_capacity(128);
-        self.payload.write_canonical_json(&mut canonical);
-        self.id_over(&canonical)
+        let mut preimage = Vec::with_capacity(256);
+        self.write_header(&mut preimage);
+        self.payload.write_canonical_json(&mut preimage);
+        OpId(Sha256::digest(&preimage).into())
     }
 
     /// Checks the record limits ([`MAX_PAYLOAD_DEPTH`], [`MAX_PAYLOAD_BYTES`],
@@ -472,15 +473,17 @@ impl OpRecord {
                 )));
             }
         }
-        let mut canonical = Vec::with_capacity(128);
-        self.payload.write_canonical_json(&mut canonical);
-        if canonical.len() > MAX_PAYLOAD_BYTES {
+        let mut preimage = Vec::with_capacity(256);
+        self.write_header(&mut preimage);
+        let header_bytes = preimage.len();
+        self.payload.write_canonical_json(&mut preimage);
+        let payload_bytes = preimage.len() - header_bytes;
+        if payload_bytes > MAX_PAYLOAD_BYTES {
             return Err(over(format!(
-                "its payload is {} bytes long; the limit is {MAX_PAYLOAD_BYTES}",
-                canonical.len()
+                "its payload is {payload_bytes} bytes long; the limit is {MAX_PAYLOAD_BYTES}"
             )));
         }
-        Ok(self.id_over(&canonical))
+        Ok(OpId(Sha256::digest(&preimage).into()))
     }
 
     /// Checks the record limits and that `op_id` is what the content hashes to
@@ -498,35 +501,33 @@ impl OpRecord {
         Ok(())
     }
 
-    /// The `op_id` of this record with `canonical` as its payload's canonical JSON.
-    fn id_over(&self, canonical: &[u8]) -> OpId {
-        let mut hasher = Sha256::new();
-        hasher.update(b"fencepost/op/v1\0");
-        hasher.update(self.hlc.wall_ms.to_be_bytes());
-        hasher.update(self.hlc.counter.to_be_bytes());
-        hash_text(&mut hasher, &self.hlc.device_id);
-        hash_text(&mut hasher, &self.device_id);
-        hasher.update(self.seq.to_be_bytes());
+    /// Appends what `op_id` hashes before the payload's canonical JSON (see the module docs), so
+    /// that the whole is hashed in one call.
+    fn write_header(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"fencepost/op/v1\0");
+        out.extend_from_slice(&self.hlc.wall_ms.to_be_bytes());
+        out.extend_from_slice(&self.hlc.counter.to_be_bytes());
+        push_text(out, &self.hlc.device_id);
+        push_text(out, &self.device_id);
+        out.extend_from_slice(&self.seq.to_be_bytes());
         match &self.prev {
-            None => hasher.update([0]),
+            None => out.push(0),
             Some(prev) => {
-                hasher.update([1]);
-                hasher.update(prev.0);
+                out.push(1);
+                out.extend_from_slice(&prev.0);
             }
         }
         match &self.surface {
-            Surface::Intent => hasher.update([0]),
+            Surface::Intent => out.push(0),
             Surface::Log { kind } => {
-                hasher.update([1]);
-                hash_text(&mut hasher, kind);
+                out.push(1);
+                push_text(out, kind);
             }
             Surface::Registry { kind } => {
-                hasher.update([2]);
-                hash_text(&mut hasher, kind);
+                out.push(2);
+                push_text(out, kind);
             }
         }
-        hasher.update(canonical);
-        OpId(hasher.finalize().into())
     }
 
     /// Whether `op_id` matches the content.
@@ -552,6 +553,12 @@ impl OpRecord {
     /// ([`MAX_RECORD_BYTES`]), the shape and the ids' syntax (L8); does *not* check that `op_id`
     /// matches the content, nor the payload limits: [`LogHead`] and [`verify_log`] do that.
     pub fn from_json(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::from_json_sharing(bytes, None)
+    }
+
+    /// [`from_json`](Self::from_json) of a line expected to belong to `device`: a record of it
+    /// shares that allocation of the device id.
+    pub(crate) fn from_json_sharing(bytes: &[u8], device: Option<&Arc<str>>) -> Result<Self, DecodeError> {
         if bytes.len() > MAX_RECORD_BYTES {
             return Err(DecodeError::TooLong {
                 length_bytes: bytes.len(),
@@ -560,7 +567,7 @@ impl OpRecord {
         }
         let compact = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'[');
         let decoded = if compact {
-            line::read_compact(bytes)
+            line::read_compact(bytes, device)
         } else {
             serde_json::from_slice(bytes)
         };
@@ -586,9 +593,10 @@ fn exceeds_depth(value: &Value, limit: usize) -> bool {
     children.any(|child| exceeds_depth(child, limit - 1))
 }
 
-fn hash_text(hasher: &mut Sha256, text: &str) {
-    hasher.update((text.len() as u64).to_be_bytes());
-    hasher.update(text.as_bytes());
+/// Appends `text` as its length (8 bytes, big-endian) and its UTF-8.
+fn push_text(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(&(text.len() as u64).to_be_bytes());
+    out.extend_from_slice(text.as_bytes());
 }
 
 /// A record's wire form could not be decoded.

@@ -222,25 +222,9 @@ impl Ledger {
     ) -> Result<Self, DispatchError> {
         validate_id(IdKind::Device, device_id)?;
         let seen = options.seen_file.map(SeenFile::load).transpose()?;
-        let batch = relay.pull(&Frontier::new())?;
-        // A relay that checks its records hands over a checked prefix of this device's log: the
-        // log continues from where the fold's check of it ends, below. Any other relay's records
-        // are checked here, and a log that does not verify is an error.
-        let checked = relay.checks_records();
-        let log = if checked {
-            DeviceLog::new(device_id, wall_clock.clone())?
-        } else {
-            let own: Vec<OpRecord> = batch
-                .ops
-                .iter()
-                .filter(|op| &*op.device_id == device_id)
-                .cloned()
-                .collect();
-            DeviceLog::resume(device_id, wall_clock.clone(), HlcConfig::default(), &own)?
-        };
         let mut ledger = Self {
-            log,
-            relay,
+            log: DeviceLog::new(device_id, wall_clock.clone())?,
+            relay: Arc::clone(&relay),
             view: LedgerState::default(),
             unsent: Vec::new(),
             problems: Vec::new(),
@@ -251,11 +235,27 @@ impl Ledger {
             seen,
             others_appended: Vec::new(),
         };
-        ledger.take_pull(batch)?;
-        if checked {
-            if let Some(head) = ledger.view.heads.get(device_id) {
-                ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
-            }
+        if !relay.checks_records() {
+            // This device's records are verified here (a log that does not verify is an error),
+            // then the ledger folds what the relay handed over, checking it again.
+            let batch = relay.pull(&Frontier::new())?;
+            let own: Vec<OpRecord> = batch
+                .ops
+                .iter()
+                .filter(|op| &*op.device_id == device_id)
+                .cloned()
+                .collect();
+            ledger.log = DeviceLog::resume(device_id, wall_clock, HlcConfig::default(), &own)?;
+            ledger.take_pull(batch)?;
+            return Ok(ledger);
+        }
+        // A relay that checks its records hands over checked chains: they are folded as they are
+        // read (no need to hold them all), and this device's log continues from where the fold's
+        // check of it ends.
+        let problems = relay.pull_in_batches(&Frontier::new(), &mut |ops| ledger.absorb(&ops))?;
+        ledger.take_problems(problems)?;
+        if let Some(head) = ledger.view.heads.get(device_id) {
+            ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
         }
         Ok(ledger)
     }
@@ -466,11 +466,16 @@ impl Ledger {
 
     /// Folds a pull, keeps its problems, and checks and updates the seen file.
     fn take_pull(&mut self, batch: crate::relay::PullBatch) -> Result<(), DispatchError> {
-        for problem in batch.problems.iter().filter(|problem| problem.is_damage()) {
+        self.absorb(&batch.ops);
+        self.take_problems(batch.problems)
+    }
+
+    /// Takes the problems of a pull whose records were absorbed.
+    fn take_problems(&mut self, problems: Vec<RelayProblem>) -> Result<(), DispatchError> {
+        for problem in problems.iter().filter(|problem| problem.is_damage()) {
             tracing::debug!(%problem, "the ledger is damaged");
         }
-        self.relay_problems = batch.problems;
-        self.absorb(&batch.ops);
+        self.relay_problems = problems;
         self.recompute_problems();
         self.save_seen()
     }
@@ -786,7 +791,10 @@ impl LedgerState {
                     }
                 }
             }
-            if self.state.committed_run_key(agent, &intent.run).is_some() {
+            // A commit was just folded; anything else asks the fold (one lookup).
+            let committed = intent.status == IntentStatus::Committed
+                || self.state.committed_run_key(agent, &intent.run).is_some();
+            if committed {
                 if let Some(runs) = self.attempts.get_mut(agent) {
                     runs.remove(&intent.run);
                 }

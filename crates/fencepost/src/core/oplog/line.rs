@@ -114,16 +114,13 @@ pub(super) fn write_compact(op: &OpRecord, out: &mut Vec<u8>) {
 
 /// Decodes a compact line (already within the length limit). The ids' syntax is checked by the
 /// caller.
-pub(super) fn read_compact(bytes: &[u8]) -> Result<OpRecord, serde_json::Error> {
-    serde_json::from_slice::<CompactLine>(bytes).map(|line| line.0)
-}
-
-struct CompactLine(OpRecord);
-
-impl<'de> Deserialize<'de> for CompactLine {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_seq(LineVisitor).map(CompactLine)
-    }
+/// `device`, when given, is the device the line is expected to belong to: a record of it shares
+/// that allocation of the id.
+pub(super) fn read_compact(bytes: &[u8], device: Option<&Arc<str>>) -> Result<OpRecord, serde_json::Error> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let op = deserializer.deserialize_seq(LineVisitor { device })?;
+    deserializer.end()?;
+    Ok(op)
 }
 
 /// A string, borrowed from the input when it has no escapes.
@@ -166,9 +163,11 @@ fn op_id_of<E: de::Error>(text: &str, what: &str) -> Result<OpId, E> {
     }
 }
 
-struct LineVisitor;
+struct LineVisitor<'a> {
+    device: Option<&'a Arc<str>>,
+}
 
-impl LineVisitor {
+impl LineVisitor<'_> {
     fn next<'de, T: Deserialize<'de>, A: SeqAccess<'de>>(
         seq: &mut A,
         index: usize,
@@ -179,7 +178,7 @@ impl LineVisitor {
     }
 }
 
-impl<'de> Visitor<'de> for LineVisitor {
+impl<'de> Visitor<'de> for LineVisitor<'_> {
     type Value = OpRecord;
 
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
@@ -200,7 +199,10 @@ impl<'de> Visitor<'de> for LineVisitor {
         let wall_ms: u64 = Self::next(&mut seq, 2, "hlc.wall_ms")?;
         let counter: u32 = Self::next(&mut seq, 3, "hlc.counter")?;
         let device: Text = Self::next(&mut seq, 4, "the device_id")?;
-        let device_id: Arc<str> = Arc::from(device.0);
+        let device_id: Arc<str> = match self.device {
+            Some(shared) if **shared == *device.0 => Arc::clone(shared),
+            _ => Arc::from(device.0),
+        };
         let seq_number: u64 = Self::next(&mut seq, 5, "the seq")?;
         let prev: Option<Text> = Self::next(&mut seq, 6, "prev")?;
         let prev = prev.map(|prev| op_id_of(&prev.0, "prev")).transpose()?;

@@ -13,7 +13,7 @@ use super::{
     group_by_device, plan_device_push, Appended, DevicePlan, Frontier, MakeRecords, ProblemKind, PullBatch,
     PushReport, Relay, RelayError, RelayProblem,
 };
-use crate::oplog::{LogError, LogHead, OpId, OpRecord};
+use crate::oplog::{LogHead, OpId, OpRecord};
 
 /// The folder, inside the relay folder, that holds one file per device.
 const DEVICES_DIR: &str = "devices";
@@ -214,8 +214,14 @@ impl FsRelay {
         }
     }
 
-    /// Reads what was appended to `entry`'s file since the last call, verifying each record.
-    fn refresh(&self, name: &str, entry: &mut DeviceFile) -> Result<Refresh, RelayError> {
+    /// Reads what was appended to `entry`'s file since the last call, verifying each record. The
+    /// records are kept in [`Refresh::fresh`], or with `hand`, handed over a chunk at a time.
+    fn refresh(
+        &self,
+        name: &str,
+        entry: &mut DeviceFile,
+        mut hand: Option<Hand<'_>>,
+    ) -> Result<Refresh, RelayError> {
         let mut refresh = Refresh {
             fresh: Vec::new(),
             torn_tail: false,
@@ -251,11 +257,6 @@ impl FsRelay {
         // Lines are read a chunk at a time; the chunk's records are decoded and hashed on every
         // core, then checked in order against the file's chain.
         let max_line_bytes = self.config.max_line_bytes;
-        // Room for the records at a typical line length, so that the vector is rarely moved.
-        let expected_records = (length - entry.verified_to) / 160;
-        refresh
-            .fresh
-            .reserve(usize::try_from(expected_records).unwrap_or(0).min(1 << 24));
         let mut chunk = Vec::new();
         let mut ends: Vec<usize> = Vec::new();
         loop {
@@ -281,21 +282,25 @@ impl FsRelay {
                 ends.push(chunk.len());
             }
             let mut start = 0;
-            for (end, decoded) in ends.iter().zip(decode_lines(&chunk, &ends)) {
+            let device = entry.head.as_ref().map(|head| Arc::clone(head.device_id()));
+            let mut accepted = Vec::with_capacity(ends.len());
+            for (end, decoded) in ends.iter().zip(decode_lines(&chunk, &ends, device.as_ref())) {
                 let line_number = entry.offsets.len() as u64 + 1;
                 match Self::accept_decoded(name, entry, decoded) {
                     Ok(op) => {
                         entry.offsets.push(entry.verified_to);
                         entry.verified_to += (end - start) as u64;
-                        refresh.fresh.push(op);
+                        accepted.push(op);
                     }
                     Err(detail) => {
                         entry.damage = Some(self.problem(entry, Some(line_number), detail));
+                        hand_over(accepted, &mut refresh.fresh, &mut hand);
                         return Ok(refresh);
                     }
                 }
                 start = *end;
             }
+            hand_over(accepted, &mut refresh.fresh, &mut hand);
             if let Some(length) = incomplete {
                 let line_number = entry.offsets.len() as u64 + 1;
                 if length > max_line_bytes {
@@ -318,7 +323,7 @@ impl FsRelay {
 
     /// Checks a decoded line of `name` (see [`decode_lines`]) as the next record of the file's log.
     fn accept_decoded(name: &str, entry: &mut DeviceFile, decoded: Decoded) -> Result<OpRecord, String> {
-        let (mut op, id_checked) = decoded?;
+        let (mut op, id_matches) = decoded?;
         let head = match &mut entry.head {
             Some(head) => head,
             None => {
@@ -333,7 +338,10 @@ impl FsRelay {
             }
         };
         head.check_device(&op).map_err(|error| error.to_string())?;
-        id_checked.map_err(|error| error.to_string())?;
+        if !id_matches {
+            // Hashed again for the error (the rare case).
+            op.check_id().map_err(|error| error.to_string())?;
+        }
         head.accept_identified(&op).map_err(|error| error.to_string())?;
         // Share one allocation of the device id among the device's records.
         op.device_id = Arc::clone(head.device_id());
@@ -484,6 +492,24 @@ impl Relay for FsRelay {
     }
 
     fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError> {
+        let mut ops = Vec::new();
+        let problems = self.pull_in_batches(since, &mut |batch| {
+            if ops.is_empty() {
+                ops = batch;
+            } else {
+                ops.extend(batch);
+            }
+        })?;
+        Ok(PullBatch { ops, problems })
+    }
+
+    /// Hands the records of a device file over a chunk at a time as they are verified, when the
+    /// caller lacks none of those this relay verified before (a first pull does); else as `pull`.
+    fn pull_in_batches(
+        &self,
+        since: &Frontier,
+        each: &mut dyn FnMut(Vec<OpRecord>),
+    ) -> Result<Vec<RelayProblem>, RelayError> {
         let mut batch = PullBatch::default();
         let mut names = Vec::new();
         let listing = std::fs::read_dir(&self.devices_dir).map_err(io_error("list", &self.devices_dir))?;
@@ -509,7 +535,15 @@ impl Relay for FsRelay {
         let mut files = self.lock_files();
         for name in names {
             let entry = Self::entry(&mut files, &self.devices_dir, &name);
-            let refresh = match self.refresh(&name, entry) {
+            let streams = entry
+                .head
+                .as_ref()
+                .is_none_or(|head| since.next_seq(head.device_id()) >= head.next_seq());
+            let hand = streams.then(|| Hand {
+                since,
+                each: &mut *each,
+            });
+            let refresh = match self.refresh(&name, entry, hand) {
                 Ok(refresh) => refresh,
                 Err(error) => {
                     batch.problems.push(self.problem(entry, None, error.to_string()));
@@ -527,15 +561,18 @@ impl Relay for FsRelay {
                 problem.kind = ProblemKind::IncompleteLine;
                 batch.problems.push(problem);
             }
+            if streams {
+                continue; // handed over already
+            }
             let Some(head) = &entry.head else { continue };
             let from = since.next_seq(head.device_id());
             match self.records_from(entry, from, refresh.fresh) {
-                Ok(ops) if batch.ops.is_empty() => batch.ops = ops,
-                Ok(ops) => batch.ops.extend(ops),
+                Ok(ops) if ops.is_empty() => {}
+                Ok(ops) => each(ops),
                 Err(detail) => batch.problems.push(self.problem(entry, None, detail)),
             }
         }
-        Ok(batch)
+        Ok(batch.problems)
     }
 
     fn append(
@@ -595,7 +632,7 @@ impl FsRelay {
             .open(&path)
             .map_err(io_error("open", &path))?;
         self.lock_exclusive(&file, &path)?;
-        let refresh = self.refresh(name, entry)?;
+        let refresh = self.refresh(name, entry, None)?;
         if let Some(problem) = &entry.damage {
             return Err(RelayError::DeviceDamaged {
                 device_id: device_id.to_owned(),
@@ -748,6 +785,32 @@ impl FsRelay {
     }
 }
 
+/// Where [`FsRelay::refresh`] hands records over instead of keeping them: `each` gets those the
+/// caller lacks (from its frontier of the device on).
+struct Hand<'a> {
+    since: &'a Frontier,
+    each: &'a mut dyn FnMut(Vec<OpRecord>),
+}
+
+/// Keeps `accepted` (one chunk's verified records, in seq order) in `fresh`, or hands those the
+/// caller lacks over.
+fn hand_over(mut accepted: Vec<OpRecord>, fresh: &mut Vec<OpRecord>, hand: &mut Option<Hand<'_>>) {
+    let Some(hand) = hand else {
+        fresh.append(&mut accepted);
+        return;
+    };
+    let Some(first) = accepted.first() else {
+        return;
+    };
+    let from = hand.since.next_seq(&first.device_id);
+    if first.seq < from {
+        accepted.retain(|op| op.seq >= from);
+    }
+    if !accepted.is_empty() {
+        (hand.each)(accepted);
+    }
+}
+
 /// The most lines [`FsRelay::refresh`] reads before it decodes them.
 const CHUNK_LINES: usize = 8192;
 /// The most bytes of lines it reads before it decodes them (a line may be longer).
@@ -755,38 +818,39 @@ const CHUNK_BYTES: usize = 4 << 20;
 /// Below this many lines, a chunk is decoded on the calling thread alone.
 const PARALLEL_LINES: usize = 512;
 
-/// A decoded line: the record, and the check of its `op_id` over its content and the limits; or
-/// why it does not decode.
-type Decoded = Result<(OpRecord, Result<(), LogError>), String>;
+/// A decoded line: the record, and whether its `op_id` is what its content hashes to (within the
+/// limits); or why it does not decode.
+type Decoded = Result<(OpRecord, bool), String>;
 
 /// Decodes the lines of `chunk` (each ending at the matching offset of `ends`, newline included)
 /// and checks each record's id, in order, on two threads when there are enough lines and cores.
-fn decode_lines(chunk: &[u8], ends: &[usize]) -> Vec<Decoded> {
-    fn decode(chunk: &[u8], from: usize, ends: &[usize]) -> Vec<Decoded> {
+/// Records of `device` share its allocation of the id.
+fn decode_lines(chunk: &[u8], ends: &[usize], device: Option<&Arc<str>>) -> Vec<Decoded> {
+    let decode = |from: usize, ends: &[usize]| -> Vec<Decoded> {
         let mut start = from;
         ends.iter()
             .map(|&end| {
                 let line = without_newline(&chunk[start..end]);
                 start = end;
-                OpRecord::from_json(line)
+                OpRecord::from_json_sharing(line, device)
                     .map(|op| {
-                        let checked = op.check_id();
-                        (op, checked)
+                        let id_matches = op.check_id().is_ok();
+                        (op, id_matches)
                     })
                     .map_err(|error| error.to_string())
             })
             .collect()
-    }
+    };
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
     if ends.len() < PARALLEL_LINES || cores < 2 {
-        return decode(chunk, 0, ends);
+        return decode(0, ends);
     }
     let (first, second) = ends.split_at(ends.len() / 2);
     let split = first.last().copied().unwrap_or(0);
     std::thread::scope(|scope| {
-        let later = scope.spawn(|| decode(chunk, split, second));
-        let mut decoded = decode(chunk, 0, first);
+        let later = scope.spawn(|| decode(split, second));
+        let mut decoded = decode(0, first);
         match later.join() {
             Ok(rest) => decoded.extend(rest),
             Err(panic) => std::panic::resume_unwind(panic),

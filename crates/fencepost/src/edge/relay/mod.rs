@@ -55,6 +55,23 @@ pub trait Relay: Send + Sync {
     /// [`PullBatch::problems`] and do not stop the others.
     fn pull(&self, since: &Frontier) -> Result<PullBatch, RelayError>;
 
+    /// [`pull`](Self::pull), handing the records over in consecutive batches as they are read
+    /// (what `pull` returns, cut into pieces: per device in seq order), so that a caller that
+    /// folds them needs not hold them all at once. Returns the problems `pull` would report.
+    ///
+    /// The default calls `pull` and hands its records over as one batch.
+    fn pull_in_batches(
+        &self,
+        since: &Frontier,
+        each: &mut dyn FnMut(Vec<OpRecord>),
+    ) -> Result<Vec<RelayProblem>, RelayError> {
+        let batch = self.pull(since)?;
+        if !batch.ops.is_empty() {
+            each(batch.ops);
+        }
+        Ok(batch.problems)
+    }
+
     /// Whether every record [`pull`](Self::pull) and [`append`](Self::append) hand over has been
     /// checked by the relay as the next record of its device's chain ([`LogHead::accept`]: its
     /// `op_id` over its content, the limits, seq, `prev`, HLC order), from seq 0 or from a
