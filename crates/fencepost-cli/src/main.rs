@@ -27,6 +27,7 @@ macro_rules! out_raw {
 
 mod child;
 mod commands;
+mod config;
 mod settings;
 
 use clap::{Parser, Subcommand};

@@ -4,13 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use crate::config::without_password;
+use crate::config::{is_postgres_url, ConfigFile};
 use anyhow::{bail, Context, Result};
 use fencepost::backend::sqlite::{SqliteConfig, SqliteLeaseCoordinator};
 use fencepost::clock::{system_clock, WallClock};
 use fencepost::id::{validate_id, IdKind};
 use fencepost::lease::{Lease, LeaseCoordinator, LeaseError};
 use fencepost::relay::{FsRelay, Relay, SqliteRelay};
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// The global options every command shares.
@@ -42,14 +43,6 @@ pub struct Global {
     /// More log output on stderr (`-v` info, `-vv` debug); `RUST_LOG` works too.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    coordinator: Option<String>,
-    ledger: Option<PathBuf>,
-    device: Option<String>,
 }
 
 /// The resolved settings.
@@ -85,27 +78,6 @@ pub enum LedgerKind {
     /// Tables in PostgreSQL (`PostgresRelay`, `--ledger postgres://…`, or the PostgreSQL
     /// coordinator's database when no ledger is named): many hosts.
     Postgres,
-}
-
-/// Whether `spec` is a PostgreSQL URL.
-fn is_postgres_url(spec: &str) -> bool {
-    spec.starts_with("postgres://") || spec.starts_with("postgresql://")
-}
-
-/// A PostgreSQL URL without its password, to be shown.
-pub fn without_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((credentials, host)) => match credentials.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
 }
 
 fn data_dir() -> Result<PathBuf> {
@@ -371,9 +343,9 @@ fn read_config(named: Option<&Path>) -> Result<ConfigFile> {
             _ => return Ok(ConfigFile::default()),
         },
     };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+    let bytes =
+        std::fs::read(&path).with_context(|| format!("cannot read config file {}", path.display()))?;
+    ConfigFile::parse(&bytes, &path)
 }
 
 /// The host name and 8 hex digits of a hash of the machine id: stable for the machine, and not the

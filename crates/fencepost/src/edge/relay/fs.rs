@@ -539,7 +539,7 @@ impl Relay for FsRelay {
                 .head
                 .as_ref()
                 .is_none_or(|head| since.next_seq(head.device_id()) >= head.next_seq());
-            let hand = streams.then(|| Hand {
+            let hand = streams.then_some(Hand {
                 since,
                 each: &mut *each,
             });
