@@ -96,6 +96,12 @@ fn open_ledger_to_write(settings: &Settings) -> Result<Ledger> {
 }
 
 fn open_ledger_to(settings: &Settings, access: Access) -> Result<Ledger> {
+    open_ledger_with(settings, access, false)
+}
+
+/// Opens the ledger; with `snapshot`, from this site's snapshot of a ledger folder (what `run`
+/// does: it asks about one run). The commands that list or check everything read it all.
+fn open_ledger_with(settings: &Settings, access: Access, snapshot: bool) -> Result<Ledger> {
     if let Some(folder) = settings.folder_left_behind() {
         crate::usage!(
             "the ledger is in PostgreSQL, but {} holds a ledger folder from an earlier fencepost (the default before), whose commits the database may not have (or cannot be read: a link to a share that is not mounted?). Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
@@ -105,7 +111,10 @@ fn open_ledger_to(settings: &Settings, access: Access) -> Result<Ledger> {
         );
     }
     let relay = settings.relay(access)?;
-    let options = LedgerOptions::default().seen_file(settings.seen_file()?);
+    let mut options = LedgerOptions::default().seen_file(settings.seen_file()?);
+    if snapshot {
+        options = options.snapshot(settings.snapshot_file()?);
+    }
     // Opening pulls everything once; a sync right after it would pull again for nothing.
     let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
         .with_context(|| format!("cannot open the ledger in {}", settings.ledger_label()))?;
@@ -157,7 +166,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         Err(error) => crate::usage!("cannot name the run: {error}"),
     };
     let agent = args.agent.as_str();
-    let mut ledger = open_ledger_to_write(settings)?;
+    let mut ledger = open_ledger_with(settings, Access::Write, true)?;
     // What earlier holders published, read once: accepting a device's lost records waives only
     // those published by now (rule H3); any published later are waited for.
     let mut published = None;
@@ -195,7 +204,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         }
     }
     refuse_damage(&ledger, settings)?;
-    if ledger.state().committed_run(agent, &run_id).is_some() {
+    if ledger.committed_run(agent, &run_id).is_some() {
         err!("fencepost: {run_id} of {agent} already committed; not running it again");
         return Ok(EXIT_ALREADY_COMMITTED);
     }

@@ -836,14 +836,16 @@ fn wait_covers_a_busy_coordinator_before_the_first_acquire() {
 fn keeper_a_loss_noticed_only_at_release_is_reported() {
     let shared = Shared::sqlite();
     let started = shared.path("started");
-    let script = format!("touch '{}'; sleep 0.3", started.display());
+    // The command outlasts the test's reaction to `started` (even on a loaded machine), so the
+    // stop comes while it runs; the stop outlasts the command and the lease's TTL.
+    let script = format!("touch '{}'; sleep 1", started.display());
     let child = shared.spawn(
         "host-1",
         &run_args("a", "1", &["--ttl", "1s"], &["sh", "-c", &script]),
     );
     wait_for_file(&started);
     signal(child.id(), "STOP");
-    std::thread::sleep(Duration::from_millis(1_500)); // the command ends; the lease runs out
+    std::thread::sleep(Duration::from_millis(2_500)); // the command ends; the lease runs out
     signal(child.id(), "CONT");
     let output = child.wait_with_output().unwrap();
     assert_eq!(code(&output), 0, "{}", text(&output.stderr));

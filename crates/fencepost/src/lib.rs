@@ -159,6 +159,8 @@ pub mod keeper;
 pub mod ledger;
 #[path = "edge/relay/mod.rs"]
 pub mod relay;
+#[path = "edge/snapshot.rs"]
+pub mod snapshot;
 
 // The tools: built on both, deciding nothing of the protocol.
 #[cfg(feature = "conformance")]

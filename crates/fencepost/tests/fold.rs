@@ -569,6 +569,43 @@ proptest! {
         prop_assert!(merged == whole);
     }
 
+    /// F3, F5, F6 (what a snapshot or checkpoint relies on): merging the run summaries and
+    /// fencing epochs of one folded set into the fold of another equals folding their union,
+    /// for any split, with records in both.
+    #[test]
+    fn f3_merging_run_summaries_equals_folding_the_union(
+        steps in steps(),
+        mask in any::<u64>(),
+        overlap in any::<u64>(),
+    ) {
+        let ops = build(&steps);
+        let mut left = Vec::new();
+        let mut right = Vec::new();
+        for (index, op) in ops.iter().enumerate() {
+            let bit = 1u64 << (index % 64);
+            if mask & bit != 0 || overlap & bit != 0 {
+                left.push(op.clone());
+            }
+            if mask & bit == 0 || overlap & bit != 0 {
+                right.push(op.clone());
+            }
+        }
+        let summarized = fold(&right);
+        let mut merged = fold(&left);
+        for (agent, run, summary) in summarized.run_summaries() {
+            prop_assert_eq!(summarized.run_summary(agent, &run), Some(summary.clone()));
+            merged.merge_summary(agent, &run, &summary);
+        }
+        for (agent, folded) in summarized.agents() {
+            merged.raise_fencing_epoch(agent, folded.fencing_epoch());
+        }
+        merged.apply_all(right.iter().filter(|op| op.surface != Surface::Intent));
+        let whole = fold(&ops);
+        prop_assert!(merged == whole);
+        prop_assert_eq!(merged.state_hash(), whole.state_hash());
+        prop_assert_eq!(as_reference(&merged), reference_fold(&ops));
+    }
+
     /// F4–F6: the fold agrees with the naive reference on random op sets.
     #[test]
     fn f4_f5_f6_fold_agrees_with_the_reference(steps in steps()) {

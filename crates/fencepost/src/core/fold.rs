@@ -92,6 +92,46 @@ impl RunEntry {
     }
 }
 
+/// One intent record of a [`RunSummary`]: a [`RunRecord`] with its full HLC stamp (the device
+/// by name), as a store outside the fold keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryRecord {
+    /// The record's op id.
+    pub op_id: OpId,
+    /// The epoch it was written under.
+    pub epoch: u64,
+    /// Its status.
+    pub status: IntentStatus,
+    /// Its HLC stamp.
+    pub hlc: Hlc,
+}
+
+/// What the fold keeps of one run, as a value that a snapshot or a checkpoint stores and gives
+/// back ([`SyncState::run_summaries`], [`SyncState::merge_summary`]): the greatest record that
+/// was eligible when it arrived and, when that one is a `failed`, the greatest `committed`
+/// record below it.
+///
+/// Merging the summaries of a folded set of records into the fold of another set gives the fold
+/// of their union (with the agents' fencing epochs raised, [`SyncState::raise_fencing_epoch`]):
+/// a summary stands for the records it was folded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSummary {
+    /// The greatest record.
+    pub best: SummaryRecord,
+    /// The greatest `committed` record, when `best` is a `failed` above it.
+    pub committed_below_failed: Option<SummaryRecord>,
+}
+
+impl RunSummary {
+    /// The greatest committed record of the run (rule F6), if any.
+    pub fn committed(&self) -> Option<&SummaryRecord> {
+        match self.best.status {
+            IntentStatus::Committed => Some(&self.best),
+            _ => self.committed_below_failed.as_ref(),
+        }
+    }
+}
+
 /// The folded intents of one agent.
 ///
 /// Fencing is applied lazily: when the fencing epoch rises, the pending entries below it stay in
@@ -467,6 +507,89 @@ impl SyncState {
                 );
             }
         }
+    }
+
+    /// Every run entry of every agent as a [`RunSummary`], in (agent id, run id) order. An entry
+    /// whose `pending` was fenced since it arrived is listed too (merging it changes nothing).
+    pub fn run_summaries(&self) -> Vec<(&str, String, RunSummary)> {
+        let mut summaries = Vec::new();
+        for (agent_id, agent) in self.agents() {
+            let mut entries: Vec<_> = agent.runs.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (run, entry) in entries {
+                summaries.push((agent_id, run.to_string(), self.summary_of(entry)));
+            }
+        }
+        summaries
+    }
+
+    /// Calls `each` with every run entry as a [`RunSummary`], in no particular order, one at a
+    /// time (what [`run_summaries`](Self::run_summaries) lists, without holding them all); stops
+    /// at the first error.
+    pub fn for_each_run_summary<E>(
+        &self,
+        mut each: impl FnMut(&str, &str, RunSummary) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut run_id = String::new();
+        for (agent_id, agent) in &self.agents {
+            for (run, entry) in &agent.runs {
+                run_id.clear();
+                std::fmt::Write::write_fmt(&mut run_id, format_args!("{run}")).ok();
+                each(agent_id, &run_id, self.summary_of(entry))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry of run `run_id` of `agent_id` as a [`RunSummary`] (a fenced one too).
+    pub fn run_summary(&self, agent_id: &str, run_id: &str) -> Option<RunSummary> {
+        let entry = self.agent(agent_id)?.runs.get(&RunKey::new(run_id))?;
+        Some(self.summary_of(entry))
+    }
+
+    fn summary_of(&self, entry: &RunEntry) -> RunSummary {
+        let record = |record: &RunRecord| SummaryRecord {
+            op_id: record.op_id,
+            epoch: record.epoch,
+            status: record.status,
+            hlc: self.hlc_of(record),
+        };
+        RunSummary {
+            best: record(&entry.best),
+            committed_below_failed: entry.committed_below_failed.as_deref().map(record),
+        }
+    }
+
+    /// Folds in a run summary taken from another state (rules F3, F5, F6: the same as folding
+    /// the records it stands for). The summary's records must have been verified when they were
+    /// folded.
+    pub fn merge_summary(&mut self, agent_id: &str, run_id: &str, summary: &RunSummary) {
+        let run = RunKey::new(run_id);
+        let agent = match self.agents.get_mut(agent_id) {
+            Some(agent) => agent,
+            None => self.agents.entry(CompactString::from(agent_id)).or_default(),
+        };
+        for record in std::iter::once(&summary.best).chain(summary.committed_below_failed.as_ref()) {
+            let record = RunRecord {
+                op_id: record.op_id,
+                epoch: record.epoch,
+                status: record.status,
+                hlc_wall_ms: record.hlc.wall_ms,
+                hlc_counter: record.hlc.counter,
+                device: self.devices.intern(&record.hlc.device_id),
+            };
+            agent.apply(&run, record, &self.devices.names);
+        }
+    }
+
+    /// Raises `agent_id`'s fencing epoch to at least `epoch` (rule F4), as the records of another
+    /// state would: a state merged with another's summaries takes its fencing epochs too.
+    pub fn raise_fencing_epoch(&mut self, agent_id: &str, epoch: u64) {
+        let agent = match self.agents.get_mut(agent_id) {
+            Some(agent) => agent,
+            None => self.agents.entry(CompactString::from(agent_id)).or_default(),
+        };
+        agent.fencing_epoch = agent.fencing_epoch.max(epoch);
     }
 
     /// The folded intents of `agent_id`.

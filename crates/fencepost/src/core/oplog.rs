@@ -742,6 +742,15 @@ pub enum LogError {
     },
 }
 
+/// A [`LogHead`] as a stored value: the device, the next seq, and the last record's id and HLC
+/// stamp.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct HeadMark {
+    pub(crate) device_id: String,
+    pub(crate) next_seq: u64,
+    pub(crate) last: Option<(OpId, u64, u32)>,
+}
+
 /// The end of a verified log prefix of one device: what the next record must continue.
 ///
 /// Used to check records one at a time (relays, [`verify_log`], [`DeviceLog`]).
@@ -767,6 +776,40 @@ impl LogHead {
     /// The device.
     pub fn device_id(&self) -> &Arc<str> {
         &self.device_id
+    }
+
+    /// The head as a value to store (a snapshot, a relay's cursor): [`from_mark`](Self::from_mark)
+    /// gives it back.
+    pub(crate) fn mark(&self) -> HeadMark {
+        HeadMark {
+            device_id: self.device_id.to_string(),
+            next_seq: self.next_seq,
+            last: self
+                .last_op_id
+                .zip(self.last_hlc.as_ref())
+                .map(|(op_id, hlc)| (op_id, hlc.wall_ms, hlc.counter)),
+        }
+    }
+
+    /// The head a [`mark`](Self::mark) stands for; `None` when the mark is not one a head makes
+    /// (read from a damaged store).
+    pub(crate) fn from_mark(mark: &HeadMark) -> Option<Self> {
+        crate::id::validate_id(crate::id::IdKind::Device, &mark.device_id).ok()?;
+        let device_id: Arc<str> = Arc::from(mark.device_id.as_str());
+        match (mark.next_seq, mark.last) {
+            (0, None) => Some(Self::new(device_id)),
+            (1.., Some((op_id, wall_ms, counter))) => Some(Self {
+                last_hlc: Some(Hlc {
+                    wall_ms,
+                    counter,
+                    device_id: Arc::clone(&device_id),
+                }),
+                device_id,
+                next_seq: mark.next_seq,
+                last_op_id: Some(op_id),
+            }),
+            _ => None,
+        }
     }
 
     /// The seq the next record must have (the number of records so far).

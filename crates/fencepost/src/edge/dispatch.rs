@@ -595,6 +595,9 @@ impl Ledger {
         }
         let agent_id = holder.agent_id();
         let epoch = holder.epoch();
+        // With a snapshot, the run's stored entry joins the state (a failed read is damage,
+        // refused below).
+        self.prepare_run(agent_id, run_id);
         if !holder.holds() {
             return Err(Refusal::NotHeld { claimed_epoch: epoch });
         }

@@ -10,19 +10,20 @@ use serde_json::Value;
 
 use crate::clock::{HlcConfig, WallClock};
 use crate::dispatch::DispatchError;
-use crate::fold::SyncState;
+use crate::fold::{RunRecord, SyncState};
 use crate::id::{validate_id, IdKind};
 use crate::lease::{Intent, IntentStatus};
-use crate::oplog::{DeviceLog, LogHead, OpId, OpRecord, Surface};
+use crate::oplog::{DeviceLog, HeadMark, LogHead, OpId, OpRecord, Surface};
 use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
 use crate::run_id::RunKey;
+use crate::snapshot::{AttemptsMark, Snapshot, SnapshotBase, SnapshotError};
 
 /// A run in doubt (rule D2): it has no `committed` record, and a `pending` of some epoch has no
 /// `committed` or `failed` record of that same epoch, so that attempt's effect may or may not have
 /// happened. A `failed` of an *older* epoch does not settle a newer attempt: a run whose history is
 /// `failed`@1 then `pending`@2 is in doubt at epoch 2 (the fold's view of the run, F5, still shows
 /// the `failed`@1; `fencepost ledger runs` shows `in-doubt … epoch 2 … after failed@1`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InDoubtRun {
     /// The run.
     pub run_id: String,
@@ -92,6 +93,14 @@ pub struct LedgerOptions {
     /// shrank, was replaced or lost records), so nothing is dispatched on what is left. Shared by
     /// every process of the site (updates merge under a file lock).
     pub seen_file: Option<std::path::PathBuf>,
+    /// A file (in the site's own data directory) where the ledger keeps what it folded, per
+    /// ledger and device, so that the next open reads only the records added since; see
+    /// [`crate::snapshot`]. Used with relays that can resume ([`Relay::resume`]): a folder. A
+    /// snapshot that cannot be used is rebuilt, never trusted blindly.
+    ///
+    /// With a snapshot, [`Ledger::state`] holds the runs read or asked about in this process
+    /// only: ask [`Ledger::committed_run`], or open without one to list everything.
+    pub snapshot: Option<std::path::PathBuf>,
 }
 
 impl LedgerOptions {
@@ -100,10 +109,16 @@ impl LedgerOptions {
         self.seen_file = Some(path.into());
         self
     }
+
+    /// Keep a snapshot in `path` (see [`LedgerOptions::snapshot`]).
+    pub fn snapshot(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.snapshot = Some(path.into());
+        self
+    }
 }
 
 /// Per run: the pendings with no outcome of their epoch yet, and the epochs that have one.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Attempts {
     unsettled: BTreeMap<u64, InDoubtRun>,
     settled: BTreeSet<u64>,
@@ -137,6 +152,28 @@ pub struct Ledger {
     /// Intent records of this device that other writers appended since this ledger's previous
     /// append, as found by the last append (see [`DispatchOutcome::ConcurrentAttempt`]).
     others_appended: Vec<OpRecord>,
+    /// The snapshot in use, if any.
+    snapshot: Option<SnapshotUse>,
+    /// The snapshot that could not be read in this process: damage, for good.
+    snapshot_damage: Option<RelayProblem>,
+}
+
+/// How many ids of each device a snapshot keeps (what a published head is compared with).
+const RECENT_IDS: usize = 1024;
+
+/// A ledger's snapshot ([`LedgerOptions::snapshot`]) and what this process did with it.
+#[derive(Debug)]
+struct SnapshotUse {
+    store: Snapshot,
+    /// Whether the stored runs are part of the state (the ledger resumed from it): a run not in
+    /// the view is looked up there. After a read from the start, the view has every run.
+    queried: bool,
+    /// The runs looked up in the store (found or not) and merged into the view.
+    loaded: BTreeSet<(String, String)>,
+    /// The runs whose entries changed since the last save; `None`: every run.
+    dirty: Option<BTreeSet<(String, String)>>,
+    /// The frontier of the last save (or of the resumed snapshot).
+    saved: Option<Frontier>,
 }
 
 /// Why a grant is not fresh: [`Ledger::stale_grant`].
@@ -169,9 +206,12 @@ pub struct LedgerState {
     frontier: Frontier,
     /// Per device, the head of the records folded.
     heads: BTreeMap<String, LogHead>,
-    /// Per device, the id of each record folded, by seq: what a published head (rule H3) is
-    /// compared with.
-    ids: BTreeMap<String, Vec<OpId>>,
+    /// Per device, the seq of the first id kept and the id of each record folded from it on, by
+    /// seq: what a published head (rule H3) is compared with. From seq 0, or from the first id a
+    /// snapshot kept.
+    ids: BTreeMap<String, (u64, Vec<OpId>)>,
+    /// The verified records of the other surfaces (logs, registries), for a snapshot.
+    other_records: Vec<OpRecord>,
     /// Per device, the record handed over that did not verify (a forged or damaged one): damage
     /// until a valid record takes its place.
     rejected: BTreeMap<String, RelayProblem>,
@@ -234,6 +274,8 @@ impl Ledger {
             waived: BTreeMap::new(),
             seen,
             others_appended: Vec::new(),
+            snapshot: None,
+            snapshot_damage: None,
         };
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),
@@ -251,13 +293,166 @@ impl Ledger {
         }
         // A relay that checks its records hands over checked chains: they are folded as they are
         // read (no need to hold them all), and this device's log continues from where the fold's
-        // check of it ends.
-        let problems = relay.pull_in_batches(&Frontier::new(), &mut |ops| ledger.absorb(&ops))?;
+        // check of it ends. With a snapshot that matches the relay, only what follows it is read.
+        if let Some(path) = options.snapshot {
+            ledger.snapshot = SnapshotUse::open(path, device_id);
+        }
+        ledger.resume_snapshot();
+        let since = ledger.view.frontier.clone();
+        let problems = relay.pull_in_batches(&since, &mut |ops| ledger.absorb(&ops))?;
         ledger.take_problems(problems)?;
         if let Some(head) = ledger.view.heads.get(device_id) {
             ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
         }
+        ledger.save_snapshot();
         Ok(ledger)
+    }
+
+    /// Restores the view from the snapshot, if it has a saved state and the relay resumes at its
+    /// cursor; otherwise starts the snapshot over (a new file: a process still reading the old
+    /// one keeps it).
+    fn resume_snapshot(&mut self) {
+        let Some(snapshot) = &mut self.snapshot else {
+            return;
+        };
+        let restored = match snapshot.store.base() {
+            Ok(None) => return, // nothing saved yet
+            Ok(Some(base)) => LedgerState::restored(&base)
+                .and_then(|view| self.relay.resume(&base.cursor).map(|()| view))
+                .map_err(|reason| format!("it does not match the ledger: {reason}")),
+            Err(error) => Err(error.to_string()),
+        };
+        match restored {
+            Ok(view) => {
+                snapshot.saved = Some(view.frontier.clone());
+                snapshot.queried = true;
+                snapshot.dirty = Some(BTreeSet::new());
+                self.view = view;
+                tracing::debug!(snapshot = %snapshot.store.path().display(), "resumed from the snapshot");
+            }
+            Err(reason) => {
+                tracing::info!(snapshot = %snapshot.store.path().display(), %reason, "not using the snapshot; reading the whole ledger and starting it over");
+                let path = snapshot.store.path().to_path_buf();
+                let device = self.log.device_id().to_owned();
+                Snapshot::remove(&path);
+                self.snapshot = SnapshotUse::open(path, &device);
+            }
+        }
+    }
+
+    /// Saves what the view holds to the snapshot, when it is at a clean point: no damage, and
+    /// the relay's cursor exactly at the view's frontier. A failure only costs the next process
+    /// a longer read.
+    fn save_snapshot(&mut self) {
+        let Some(snapshot) = &mut self.snapshot else {
+            return;
+        };
+        let unchanged = snapshot.saved.as_ref() == Some(&self.view.frontier)
+            && snapshot.dirty.as_ref().is_some_and(BTreeSet::is_empty);
+        if unchanged || self.problems.iter().any(RelayProblem::is_damage) || !self.view.rejected.is_empty() {
+            return;
+        }
+        let Some(cursor) = self.relay.cursor(&self.view.frontier) else {
+            return;
+        };
+        let base = self.view.base_mark(cursor);
+        let view = &self.view;
+        let saved = (|| -> Result<bool, SnapshotError> {
+            let Some(mut save) = snapshot
+                .store
+                .begin_save(|stored| contains(&base.heads, stored))?
+            else {
+                return Ok(false);
+            };
+            match &snapshot.dirty {
+                None => view
+                    .state
+                    .for_each_run_summary(|agent, run, summary| save.put_run(agent, run, &summary))?,
+                Some(dirty) => {
+                    for (agent, run) in dirty {
+                        if let Some(summary) = view.state.run_summary(agent, run) {
+                            save.put_run(agent, run, &summary)?;
+                        }
+                    }
+                }
+            }
+            save.finish(&base)?;
+            Ok(true)
+        })();
+        match saved {
+            Ok(true) => {
+                snapshot.dirty = Some(BTreeSet::new());
+                snapshot.saved = Some(self.view.frontier.clone());
+            }
+            Ok(false) => {
+                tracing::debug!("another process saved a snapshot this one does not contain; not saving")
+            }
+            Err(error) => {
+                tracing::warn!(snapshot = %snapshot.store.path().display(), %error, "cannot save the snapshot (the next command reads more of the ledger)");
+            }
+        }
+    }
+
+    /// Merges the stored entry of a run into the view, once, when the view resumed from a
+    /// snapshot. A snapshot that cannot be read is damage (see [`crate::snapshot`]).
+    fn load_run(&mut self, agent_id: &str, run_id: &str) {
+        let Some(snapshot) = self.snapshot.as_mut().filter(|snapshot| snapshot.queried) else {
+            return;
+        };
+        let key = (agent_id.to_owned(), run_id.to_owned());
+        if snapshot.loaded.contains(&key) {
+            return;
+        }
+        match snapshot.store.run(agent_id, run_id) {
+            Ok(summary) => {
+                if let Some(summary) = summary {
+                    self.view.state.merge_summary(agent_id, run_id, &summary);
+                }
+                snapshot.loaded.insert(key);
+            }
+            Err(error) => self.snapshot_failed(&error),
+        }
+    }
+
+    /// A stored run could not be read: the snapshot is removed, and this ledger, which may lack
+    /// a commit, reports damage until the process ends.
+    fn snapshot_failed(&mut self, error: &SnapshotError) {
+        let Some(snapshot) = self.snapshot.take() else {
+            return;
+        };
+        let path = snapshot.store.path().to_path_buf();
+        drop(snapshot);
+        Snapshot::remove(&path);
+        tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be read; removed");
+        self.snapshot_damage = Some(RelayProblem {
+            kind: crate::relay::ProblemKind::Damage,
+            device_id: None,
+            file: Some(path),
+            line_number: None,
+            detail: format!(
+                "this site's snapshot of the ledger cannot be read ({error}); it was removed, and the next command reads the whole ledger again"
+            ),
+        });
+        self.recompute_problems();
+    }
+
+    /// Whether this ledger resumed from its [snapshot](LedgerOptions::snapshot): it read only the
+    /// records that followed it.
+    pub fn resumed_from_snapshot(&self) -> bool {
+        self.snapshot.as_ref().is_some_and(|snapshot| snapshot.queried)
+    }
+
+    /// The greatest committed record of the run (rule F6: the idempotency oracle), looking it up
+    /// in the snapshot when the ledger resumed from one.
+    pub fn committed_run(&mut self, agent_id: &str, run_id: &str) -> Option<RunRecord> {
+        self.load_run(agent_id, run_id);
+        self.view.state.committed_run(agent_id, run_id).copied()
+    }
+
+    /// Merges the run's stored entry into [`state`](Self::state) when the ledger resumed from a
+    /// snapshot, so that the state answers for it (the dispatch steps call it).
+    pub(crate) fn prepare_run(&mut self, agent_id: &str, run_id: &str) {
+        self.load_run(agent_id, run_id);
     }
 
     /// This site's device id.
@@ -265,7 +460,8 @@ impl Ledger {
         self.log.device_id()
     }
 
-    /// The folded state of every intent this ledger has.
+    /// The folded state of every intent this ledger has; with a [snapshot](LedgerOptions::snapshot),
+    /// of the runs read or asked about in this process ([`committed_run`](Self::committed_run)).
     pub fn state(&self) -> &SyncState {
         &self.view.state
     }
@@ -431,6 +627,7 @@ impl Ledger {
         self.absorb(&appended.appended);
         self.recompute_problems();
         self.save_seen()?;
+        self.save_snapshot();
         Ok(appended.appended)
     }
 
@@ -461,6 +658,7 @@ impl Ledger {
         }
         let pulled = batch.ops.len();
         self.take_pull(batch)?;
+        self.save_snapshot();
         Ok(SyncReport { pushed, pulled })
     }
 
@@ -487,6 +685,7 @@ impl Ledger {
         self.problems = self.relay_problems.clone();
         self.problems.extend(self.replaced.iter().cloned());
         self.problems.extend(self.view.rejected.values().cloned());
+        self.problems.extend(self.snapshot_damage.iter().cloned());
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.view.frontier.next_seq(device);
@@ -533,7 +732,35 @@ impl Ledger {
     /// Folds `ops` (stored in the relay) into the view, then checks the records that verified
     /// against the seen file.
     fn absorb(&mut self, ops: &[OpRecord]) {
+        if self.snapshot.as_ref().is_some_and(|snapshot| snapshot.queried) {
+            // The runs these records continue: their stored entries first.
+            for op in ops {
+                if let Some(intent) = op
+                    .payload
+                    .compact_intent()
+                    .filter(|_| op.surface == Surface::Intent)
+                {
+                    let (agent, run) = (intent.agent.to_string(), intent.run.to_string());
+                    self.load_run(&agent, &run);
+                }
+            }
+        }
         let verified = self.view.absorb_from(ops, self.relay.checks_records());
+        if let Some(dirty) = self
+            .snapshot
+            .as_mut()
+            .and_then(|snapshot| snapshot.dirty.as_mut())
+        {
+            for op in &verified {
+                if let Some(intent) = op
+                    .payload
+                    .compact_intent()
+                    .filter(|_| op.surface == Surface::Intent)
+                {
+                    dirty.insert((intent.agent.to_string(), intent.run.to_string()));
+                }
+            }
+        }
         for op in verified {
             if let Some(mark) = self
                 .seen
@@ -587,7 +814,7 @@ impl Ledger {
                         .view
                         .ids
                         .get(device)
-                        .and_then(|ids| ids.get(usize::try_from(last).ok()?))
+                        .and_then(|(first, ids)| ids.get(usize::try_from(last.checked_sub(*first)?).ok()?))
                         .is_some_and(|here| *here != head),
                     _ => false,
                 };
@@ -743,8 +970,11 @@ impl LedgerState {
                         self.rejected.remove(device);
                     }
                     match self.ids.get_mut(device) {
-                        Some(ids) => ids.push(op.op_id),
-                        None => drop(self.ids.insert(device.to_owned(), vec![op.op_id])),
+                        Some((_, ids)) => ids.push(op.op_id),
+                        None => drop(self.ids.insert(device.to_owned(), (op.seq, vec![op.op_id]))),
+                    }
+                    if op.surface != Surface::Intent {
+                        self.other_records.push(op.clone());
                     }
                     verified.push(op);
                 }
@@ -866,6 +1096,152 @@ impl LedgerState {
             .range(..=held_epoch)
             .next_back()
             .map(|(_, run)| run.clone())
+    }
+}
+
+impl SnapshotUse {
+    /// Opens the snapshot at `path`; one that cannot be used (another format or device, not a
+    /// database) is removed and started over. `None` when no snapshot can be kept there.
+    fn open(path: std::path::PathBuf, device_id: &str) -> Option<Self> {
+        let store = match Snapshot::open(&path, device_id) {
+            Ok(store) => store,
+            Err(error) => {
+                tracing::info!(snapshot = %path.display(), %error, "starting the snapshot over");
+                Snapshot::remove(&path);
+                match Snapshot::open(&path, device_id) {
+                    Ok(store) => store,
+                    Err(error) => {
+                        tracing::warn!(snapshot = %path.display(), %error, "cannot keep a snapshot; every command reads the whole ledger");
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(Self {
+            store,
+            queried: false,
+            loaded: BTreeSet::new(),
+            dirty: None,
+            saved: None,
+        })
+    }
+}
+
+/// Whether a state with `heads` contains the one saved with `stored`: every stored device at
+/// least as far, and the same last record where as far.
+fn contains(heads: &[HeadMark], stored: &[HeadMark]) -> bool {
+    stored.iter().all(|old| {
+        heads.iter().any(|new| {
+            new.device_id == old.device_id
+                && (new.next_seq > old.next_seq || (new.next_seq == old.next_seq && new.last == old.last))
+        })
+    })
+}
+
+impl LedgerState {
+    /// The view a snapshot's loaded part stands for (its runs stay in the store); `Err` when the
+    /// part is not one a view makes.
+    pub(crate) fn restored(base: &SnapshotBase) -> Result<Self, String> {
+        let mut view = Self::default();
+        for mark in &base.heads {
+            let head = LogHead::from_mark(mark)
+                .ok_or_else(|| format!("the head of {:?} is damaged", mark.device_id))?;
+            view.frontier
+                .raise_to(&mark.device_id, head.next_seq(), head.last_op_id());
+            if view.heads.insert(mark.device_id.clone(), head).is_some() {
+                return Err(format!("two heads of {:?}", mark.device_id));
+            }
+        }
+        for (device, first, ids) in &base.recent_ids {
+            let next = first.checked_add(ids.len() as u64);
+            if next != Some(view.frontier.next_seq(device)) || ids.is_empty() {
+                return Err(format!("the ids of {device:?} do not end at its head"));
+            }
+            view.ids.insert(device.clone(), (*first, ids.clone()));
+        }
+        for (agent, epoch) in &base.fencing {
+            view.state.raise_fencing_epoch(agent, *epoch);
+        }
+        for (agent, top, devices) in &base.pending_epochs {
+            view.pending_epochs
+                .insert(agent.clone(), (*top, devices.iter().cloned().collect()));
+        }
+        for mark in &base.attempts {
+            let attempts = Attempts {
+                unsettled: mark
+                    .unsettled
+                    .iter()
+                    .map(|run| (run.epoch, run.clone()))
+                    .collect(),
+                settled: mark.settled.iter().copied().collect(),
+            };
+            view.attempts
+                .entry(mark.agent.clone())
+                .or_default()
+                .insert(RunKey::new(&mark.run), attempts);
+        }
+        for line in &base.records {
+            let op = OpRecord::from_json(line.as_bytes())
+                .map_err(|error| format!("a stored record is damaged: {error}"))?;
+            let folded = view
+                .heads
+                .get(&*op.device_id)
+                .is_some_and(|head| op.seq < head.next_seq());
+            if op.surface == Surface::Intent || !folded || !op.has_valid_id() {
+                return Err("a stored record is not one of the other surfaces' verified records".to_owned());
+            }
+            view.state.apply(&op);
+            view.other_records.push(op);
+        }
+        Ok(view)
+    }
+
+    /// The loaded part of a snapshot of this view, with the relay's `cursor`.
+    pub(crate) fn base_mark(&self, cursor: Value) -> SnapshotBase {
+        SnapshotBase {
+            heads: self.heads.values().map(LogHead::mark).collect(),
+            recent_ids: self
+                .ids
+                .iter()
+                .map(|(device, (first, ids))| {
+                    let skip = ids.len().saturating_sub(RECENT_IDS);
+                    (device.clone(), first + skip as u64, ids[skip..].to_vec())
+                })
+                .collect(),
+            fencing: self
+                .state
+                .agents()
+                .into_iter()
+                .map(|(agent, folded)| (agent.to_owned(), folded.fencing_epoch()))
+                .collect(),
+            pending_epochs: self
+                .pending_epochs
+                .iter()
+                .map(|(agent, (top, devices))| (agent.clone(), *top, devices.iter().cloned().collect()))
+                .collect(),
+            attempts: self
+                .attempts
+                .iter()
+                .flat_map(|(agent, runs)| {
+                    runs.iter().map(move |(run, attempts)| AttemptsMark {
+                        agent: agent.clone(),
+                        run: run.to_string(),
+                        unsettled: attempts.unsettled.values().cloned().collect(),
+                        settled: attempts.settled.iter().copied().collect(),
+                    })
+                })
+                .collect(),
+            records: self
+                .other_records
+                .iter()
+                .map(|op| {
+                    let mut line = Vec::new();
+                    op.write_json_line(&mut line);
+                    String::from_utf8_lossy(&line).trim_end().to_owned()
+                })
+                .collect(),
+            cursor,
+        }
     }
 }
 

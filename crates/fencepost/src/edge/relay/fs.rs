@@ -13,7 +13,9 @@ use super::{
     group_by_device, plan_device_push, Appended, DevicePlan, Frontier, MakeRecords, ProblemKind, PullBatch,
     PushReport, Relay, RelayError, RelayProblem,
 };
-use crate::oplog::{LogHead, OpId, OpRecord};
+use serde::{Deserialize, Serialize};
+
+use crate::oplog::{HeadMark, LogHead, OpId, OpRecord};
 
 /// The folder, inside the relay folder, that holds one file per device.
 const DEVICES_DIR: &str = "devices";
@@ -71,7 +73,10 @@ pub struct FsRelay {
 #[derive(Debug)]
 struct DeviceFile {
     path: PathBuf,
-    /// The byte offset where each record (seq = index) starts.
+    /// The seq of the first record in `offsets`: 0, or where reading resumed from a cursor
+    /// ([`Relay::resume`]); the records before it are not read again.
+    first_seq: u64,
+    /// The byte offset where each record (seq = `first_seq` + index) starts.
     offsets: Vec<u64>,
     /// The end of the last verified record; reading resumes here.
     verified_to: u64,
@@ -79,6 +84,26 @@ struct DeviceFile {
     head: Option<LogHead>,
     /// The damage found at `verified_to`, if the line there is not a valid next record.
     damage: Option<RelayProblem>,
+}
+
+impl DeviceFile {
+    /// How many records of the file were verified (the next record's seq).
+    fn records(&self) -> u64 {
+        self.first_seq + self.offsets.len() as u64
+    }
+
+    /// Where record `seq` starts, if this process knows it.
+    fn offset_of(&self, seq: u64) -> Result<u64, String> {
+        seq.checked_sub(self.first_seq)
+            .and_then(|index| usize::try_from(index).ok())
+            .and_then(|index| self.offsets.get(index).copied())
+            .ok_or_else(|| {
+                format!(
+                    "record {seq} is not indexed in this process (it reads the file from record {} on, where its snapshot ends)",
+                    self.first_seq
+                )
+            })
+    }
 }
 
 /// The result of reading what was appended to a device file.
@@ -285,7 +310,7 @@ impl FsRelay {
             let device = entry.head.as_ref().map(|head| Arc::clone(head.device_id()));
             let mut accepted = Vec::with_capacity(ends.len());
             for (end, decoded) in ends.iter().zip(decode_lines(&chunk, &ends, device.as_ref())) {
-                let line_number = entry.offsets.len() as u64 + 1;
+                let line_number = entry.records() + 1;
                 match Self::accept_decoded(name, entry, decoded) {
                     Ok(op) => {
                         entry.offsets.push(entry.verified_to);
@@ -302,7 +327,7 @@ impl FsRelay {
             }
             hand_over(accepted, &mut refresh.fresh, &mut hand);
             if let Some(length) = incomplete {
-                let line_number = entry.offsets.len() as u64 + 1;
+                let line_number = entry.records() + 1;
                 if length > max_line_bytes {
                     entry.damage = Some(self.problem(
                         entry,
@@ -361,8 +386,8 @@ impl FsRelay {
 
     /// Reads the stored records `from..to` of `entry` (already verified once), checking them again.
     fn read_range(&self, entry: &DeviceFile, from: u64, to: u64) -> Result<Vec<OpRecord>, String> {
-        let mut reader =
-            open_at(&entry.path, entry.offsets[from as usize]).map_err(|error| error.to_string())?;
+        let offset = entry.offset_of(from)?;
+        let mut reader = open_at(&entry.path, offset).map_err(|error| error.to_string())?;
         let mut ops = Vec::with_capacity((to - from) as usize);
         let mut line = Vec::new();
         let mut expected_prev = None;
@@ -391,6 +416,7 @@ impl FsRelay {
     ) -> &'a mut DeviceFile {
         files.entry(name.to_owned()).or_insert_with(|| DeviceFile {
             path: devices_dir.join(name),
+            first_seq: 0,
             offsets: Vec::new(),
             verified_to: 0,
             head: None,
@@ -425,6 +451,90 @@ fn open_at(path: &Path, offset: u64) -> std::io::Result<BufReader<File>> {
     Ok(reader)
 }
 
+/// Where an [`FsRelay`]'s reading stands ([`Relay::cursor`]).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FsCursor {
+    files: Vec<FileCursor>,
+}
+
+/// Where the reading of one device file stands.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileCursor {
+    name: String,
+    verified_to: u64,
+    last_start: u64,
+    head: HeadMark,
+}
+
+impl FsRelay {
+    /// The index of a file resumed at `file`, once the file is checked against it.
+    fn resumed_file(&self, file: &FileCursor) -> Result<DeviceFile, String> {
+        let head = LogHead::from_mark(&file.head)
+            .ok_or_else(|| format!("the cursor of {} is damaged", file.name))?;
+        let (Some(last_op_id), Some(last_seq)) = (head.last_op_id(), head.next_seq().checked_sub(1)) else {
+            return Err(format!("the cursor of {} names no record", file.name));
+        };
+        if !is_device_file_name(&file.name) || device_file_name(head.device_id()) != file.name {
+            return Err(format!(
+                "the cursor names {:?}, not the file of {:?}",
+                file.name,
+                head.device_id()
+            ));
+        }
+        let line_bytes = file
+            .verified_to
+            .checked_sub(file.last_start)
+            .filter(|length| (1..=self.config.max_line_bytes as u64 + 1).contains(length))
+            .ok_or_else(|| format!("the cursor of {} is damaged", file.name))?;
+        let path = self.devices_dir.join(&file.name);
+        if let Some(detail) = not_a_log_file(&path) {
+            return Err(format!("{}: {detail}", path.display()));
+        }
+        let mut reader =
+            open_at(&path, file.last_start).map_err(|error| format!("{}: {error}", path.display()))?;
+        let length = reader
+            .get_ref()
+            .metadata()
+            .map_err(|error| format!("{}: {error}", path.display()))?
+            .len();
+        if length < file.verified_to {
+            return Err(format!(
+                "{} has {length} bytes, fewer than the {} read before",
+                path.display(),
+                file.verified_to
+            ));
+        }
+        let mut line = Vec::new();
+        self.read_line(&mut reader, &mut line)
+            .map_err(|error| format!("{}: {error}", path.display()))?;
+        let same = line.len() as u64 == line_bytes
+            && line.last() == Some(&b'\n')
+            && OpRecord::from_json(without_newline(&line)).is_ok_and(|op| {
+                op.op_id == last_op_id
+                    && op.seq == last_seq
+                    && Some(&op.hlc) == head.last_hlc()
+                    && op.device_id == *head.device_id()
+                    && op.check_id().is_ok()
+            });
+        if !same {
+            return Err(format!(
+                "record {last_seq} of {} is not the one read before, where it was",
+                path.display()
+            ));
+        }
+        Ok(DeviceFile {
+            path,
+            first_seq: last_seq,
+            offsets: vec![file.last_start],
+            verified_to: file.verified_to,
+            head: Some(head),
+            damage: None,
+        })
+    }
+}
+
 /// A device file locked for appending, with what will be written to it.
 struct PendingAppend {
     name: String,
@@ -442,6 +552,60 @@ impl Relay for FsRelay {
         true
     }
 
+    /// Per device file: where the verified records end, where the last one starts, and the
+    /// file's head.
+    fn cursor(&self, frontier: &Frontier) -> Option<serde_json::Value> {
+        let files = self.lock_files();
+        let mut cursor = FsCursor {
+            files: Vec::with_capacity(files.len()),
+        };
+        for (device, next_seq) in frontier.iter() {
+            let at = files
+                .get(&device_file_name(device))
+                .and_then(|entry| entry.head.as_ref())
+                .is_some_and(|head| head.next_seq() == next_seq);
+            if !at {
+                return None;
+            }
+        }
+        for (name, entry) in files.iter() {
+            if entry.damage.is_some() {
+                return None; // not a clean point: read the file again next time
+            }
+            let Some(head) = &entry.head else { continue };
+            if frontier.next_seq(head.device_id()) != head.next_seq() {
+                return None;
+            }
+            cursor.files.push(FileCursor {
+                name: name.clone(),
+                verified_to: entry.verified_to,
+                last_start: *entry.offsets.last()?,
+                head: head.mark(),
+            });
+        }
+        serde_json::to_value(cursor).ok()
+    }
+
+    /// Checks every file of the cursor (long enough, and the cursor's last record still where it
+    /// was, with a valid id), then continues each after it.
+    fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
+        let cursor =
+            FsCursor::deserialize(cursor).map_err(|error| format!("the cursor is damaged: {error}"))?;
+        let mut resumed = BTreeMap::new();
+        for file in cursor.files {
+            let entry = self.resumed_file(&file)?;
+            if resumed.insert(file.name.clone(), entry).is_some() {
+                return Err(format!("the cursor names {} twice", file.name));
+            }
+        }
+        let mut files = self.lock_files();
+        if !files.is_empty() {
+            return Err("this relay has read records already".to_owned());
+        }
+        *files = resumed;
+        Ok(())
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         // Lock the files in name order, so that concurrent pushes of several devices cannot deadlock.
@@ -456,13 +620,13 @@ impl Relay for FsRelay {
             let entry = Self::entry(&mut files, &self.devices_dir, &name);
             let (file, _) = self.open_for_append(&name, device_id, entry)?;
             let path = entry.path.clone();
-            let offsets = &entry.offsets;
+            let indexed: &DeviceFile = entry;
             let mut reader: Option<(BufReader<File>, u64)> = None;
             let stored = entry.head.clone().unwrap_or_else(|| LogHead::new(device_id));
             let plan: DevicePlan<'_> = plan_device_push(
                 &stored,
                 |seq| {
-                    self.stored_op_id(&path, offsets, seq, &mut reader)
+                    self.stored_op_id(indexed, seq, &mut reader)
                         .map_err(|detail| RelayError::DeviceDamaged {
                             device_id: device_id.to_owned(),
                             problem: RelayProblem {
@@ -555,7 +719,7 @@ impl Relay for FsRelay {
             } else if refresh.torn_tail {
                 let mut problem = self.problem(
                     entry,
-                    Some(entry.offsets.len() as u64 + 1),
+                    Some(entry.records() + 1),
                     "the last line is incomplete (a write or a sync in progress, or a file cut short); its record is read once the line is complete".to_owned(),
                 );
                 problem.kind = ProblemKind::IncompleteLine;
@@ -741,7 +905,7 @@ impl FsRelay {
             entry.offsets.push(entry.verified_to);
             entry.verified_to += length;
         }
-        debug_assert_eq!(entry.offsets.len() as u64, append.head.next_seq());
+        debug_assert_eq!(entry.records(), append.head.next_seq());
         entry.head = Some(append.head);
         Ok(())
     }
@@ -749,12 +913,12 @@ impl FsRelay {
     /// The `op_id` of stored record `seq`, reading sequentially when the requests are consecutive.
     fn stored_op_id(
         &self,
-        path: &Path,
-        offsets: &[u64],
+        entry: &DeviceFile,
         seq: u64,
         reader: &mut Option<(BufReader<File>, u64)>,
     ) -> Result<OpId, String> {
-        let offset = offsets[seq as usize];
+        let path = &entry.path;
+        let offset = entry.offset_of(seq)?;
         let (file, position) = match reader {
             Some((file, position)) if *position == offset => (file, position),
             _ => {

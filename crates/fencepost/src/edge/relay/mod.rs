@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use serde::Deserialize;
 use thiserror::Error;
 
 use crate::id::IdError;
@@ -82,6 +83,31 @@ pub trait Relay: Send + Sync {
     /// that merely moves records. Every relay of this crate checks, and says so.
     fn checks_records(&self) -> bool {
         false
+    }
+
+    /// Where this relay's reading stands, as a value to keep beside a snapshot of what it handed
+    /// over ([`Ledger`](crate::ledger::Ledger)'s snapshot), so that a later process of the same
+    /// site [resumes](Self::resume) there instead of reading everything again: when it stands
+    /// exactly at `frontier` (the caller's, who has every record read and only those). `None`
+    /// when the relay cannot resume, stands elsewhere, or is not at a clean point (damage).
+    ///
+    /// The default: `None`.
+    fn cursor(&self, frontier: &Frontier) -> Option<serde_json::Value> {
+        let _ = frontier;
+        None
+    }
+
+    /// Continues reading at `cursor` (from [`cursor`](Self::cursor) of an earlier instance of
+    /// this relay): the records before it are taken as read and verified, and the next pull
+    /// hands over only what follows. Called on a relay that has read nothing yet. The relay first
+    /// checks that what it holds still matches the cursor (for a folder: every file at least as
+    /// long, and the record where the cursor ends still there, the same one); `Err` says why not,
+    /// and leaves the relay as it was, reading from the start.
+    ///
+    /// The default: `Err` (a relay that cannot resume).
+    fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
+        let _ = cursor;
+        Err("this relay does not resume from a cursor".to_owned())
     }
 
     /// Appends new records to `device_id`'s log while holding the relay's exclusive claim on that
@@ -268,6 +294,48 @@ pub(crate) struct DevicePlan<'a> {
     pub already_present: usize,
     /// The head after appending `fresh`.
     pub head: LogHead,
+}
+
+/// The cursor of a relay that reads by the caller's frontier (a database): the frontier itself,
+/// every device with its next seq and last record's id ([`Relay::cursor`]).
+pub(crate) fn frontier_cursor(frontier: &Frontier) -> Option<serde_json::Value> {
+    let mut marks: Vec<(String, u64, OpId)> = Vec::new();
+    for (device_id, next_seq) in frontier.iter() {
+        marks.push((device_id.to_owned(), next_seq, frontier.head(device_id)?));
+    }
+    serde_json::to_value(marks).ok()
+}
+
+/// [`Relay::resume`] for a relay that reads by the caller's frontier: checks that every device of
+/// the cursor still holds its last record, the same one (a device whose records were deleted, or
+/// replaced, does not match), with one pull of those records and what follows them.
+pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> Result<(), String> {
+    let marks = Vec::<(String, u64, OpId)>::deserialize(cursor)
+        .map_err(|error| format!("the cursor is damaged: {error}"))?;
+    let mut since = Frontier::new();
+    for (device_id, next_seq, _) in &marks {
+        let last = next_seq
+            .checked_sub(1)
+            .ok_or_else(|| format!("the cursor of {device_id:?} names no record"))?;
+        since.raise(device_id, last);
+    }
+    let batch = relay.pull(&since).map_err(|error| error.to_string())?;
+    if let Some(problem) = batch.problems.iter().find(|problem| problem.is_damage()) {
+        return Err(problem.to_string());
+    }
+    for (device_id, next_seq, last_op_id) in &marks {
+        let found = batch
+            .ops
+            .iter()
+            .find(|op| &*op.device_id == device_id && op.seq + 1 == *next_seq);
+        if found.is_none_or(|op| op.op_id != *last_op_id) {
+            return Err(format!(
+                "record {} of {device_id:?} is not the one read before",
+                next_seq - 1
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks `ops` (one device's pushed records, any order) against the stored log ending at `stored`.

@@ -247,6 +247,16 @@ impl Relay for PostgresRelay {
         true
     }
 
+    /// The caller's frontier: this relay reads by it.
+    fn cursor(&self, frontier: &Frontier) -> Option<serde_json::Value> {
+        super::frontier_cursor(frontier)
+    }
+
+    /// Checks that every device still holds the cursor's last record.
+    fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
+        super::resume_by_pull(self, cursor)
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         if groups.is_empty() {

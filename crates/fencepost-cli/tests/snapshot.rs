@@ -1,0 +1,230 @@
+//! The local snapshot (issue 17, item 1) through the built binary: a `run` resumes from it, and
+//! a snapshot that is damaged, cut short, replaced, deleted or killed while being written never
+//! makes a committed run run again (rules F6, R1).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use common::{text, Shared};
+
+const HOST: &str = "host-1";
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+/// `fencepost run` of a job for `salt` that appends the salt to `effects`.
+fn job(shared: &Shared, device: &str, salt: &str) -> Output {
+    shared.run(
+        device,
+        &job_args(shared, salt)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// The job's arguments; a salt `agent/salt` runs for that agent.
+fn job_args(shared: &Shared, salt: &str) -> Vec<String> {
+    let (agent, salt) = salt.split_once('/').unwrap_or(("cron", salt));
+    let effect = format!("echo {salt} >> '{}'", shared.path("effects").display());
+    // A short lease, waited for: a killed holder's lease ends soon.
+    [
+        "run", "--agent", agent, "--intent", "backup", "--salt", salt, "--ttl", "1s", "--wait", "20s", "--",
+        "sh", "-c", &effect,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The snapshot files of the site (one per ledger and device).
+fn snapshots(shared: &Shared) -> Vec<PathBuf> {
+    let folder = shared.path("data").join("fencepost").join("snapshots");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
+        .map(|listing| {
+            listing
+                .map(|item| item.unwrap().path())
+                .filter(|path| path.extension().is_some_and(|extension| extension == "sqlite"))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+}
+
+/// Commits `count` occurrences on [`HOST`]; returns their salts.
+fn committed(shared: &Shared, count: usize) -> Vec<String> {
+    let salts: Vec<String> = (0..count).map(|index| format!("day-{index}")).collect();
+    for salt in &salts {
+        let output = job(shared, HOST, salt);
+        assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    }
+    salts
+}
+
+/// Every salt ran at most once.
+fn assert_once(shared: &Shared) {
+    let effects = shared.effects();
+    let mut unique = effects.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), effects.len(), "an effect ran twice: {effects:?}");
+}
+
+/// R1, F6: a `run` on a host that ran before resumes from its snapshot (reads only what was added
+/// since), and a `run` of a committed occurrence is refused from it.
+#[test]
+fn r1_snapshot_a_run_resumes_from_its_snapshot_and_refuses_a_committed_occurrence() {
+    let shared = Shared::sqlite();
+    let salts = committed(&shared, 3);
+    assert_eq!(snapshots(&shared).len(), 1, "one snapshot per ledger and device");
+    let mut again = shared.command(
+        HOST,
+        &job_args(&shared, &salts[1])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let again = again.env("RUST_LOG", "fencepost=debug").output().unwrap();
+    assert_eq!(code(&again), 3, "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("resumed from the snapshot"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(shared.effects().len(), 3);
+}
+
+/// A change made to a snapshot file.
+type Damage<'a> = Box<dyn Fn() + 'a>;
+
+/// R1, F6: whatever happens to the snapshot file (garbage, cut short, a stored run changed, gone,
+/// another device's in its place), a committed occurrence never runs again, and new ones run
+/// once.
+#[test]
+fn r1_snapshot_a_damaged_or_replaced_snapshot_never_runs_a_committed_occurrence_again() {
+    let shared = Shared::sqlite();
+    let salts = committed(&shared, 4);
+    // Another device's snapshot of the same ledger, to put in this one's place.
+    assert_eq!(code(&job(&shared, "host-2", &salts[0])), 3);
+    let files = snapshots(&shared);
+    assert_eq!(files.len(), 2);
+    let (mine, theirs) = if files[0].to_string_lossy().contains(HOST) {
+        (files[0].clone(), files[1].clone())
+    } else {
+        (files[1].clone(), files[0].clone())
+    };
+    let damages: Vec<(&str, Damage)> = vec![
+        (
+            "garbage",
+            Box::new(|| std::fs::write(&mine, b"disk full garbage, not a database").unwrap()),
+        ),
+        (
+            "cut short",
+            Box::new(|| {
+                let bytes = std::fs::read(&mine).unwrap();
+                std::fs::write(&mine, &bytes[..bytes.len() / 2]).unwrap();
+            }),
+        ),
+        (
+            "a stored run changed",
+            Box::new(|| {
+                let connection = rusqlite::Connection::open(&mine).unwrap();
+                let changed = connection
+                    .execute("UPDATE runs SET value = x'00' || substr(value, 2)", [])
+                    .unwrap();
+                assert!(changed > 0);
+            }),
+        ),
+        ("removed", Box::new(|| std::fs::remove_file(&mine).unwrap())),
+        (
+            "another device's",
+            Box::new(|| {
+                std::fs::copy(&theirs, &mine).unwrap();
+            }),
+        ),
+    ];
+    for (index, (what, damage)) in damages.iter().enumerate() {
+        // A run first, so that the snapshot is there and up to date.
+        let fresh = job(&shared, HOST, &format!("new-{index}"));
+        assert_eq!(code(&fresh), 0, "{what}: {}", text(&fresh.stderr));
+        damage();
+        for salt in &salts {
+            let again = job(&shared, HOST, salt);
+            let status = code(&again);
+            // Refused as committed, or (a stored run that cannot be read) as damage: never run.
+            assert!(
+                status == 3 || status == 10,
+                "{what}: {salt}: exit {status}: {}",
+                text(&again.stderr)
+            );
+            if status == 10 {
+                assert!(
+                    text(&again.stderr).contains("snapshot"),
+                    "{what}: {}",
+                    text(&again.stderr)
+                );
+            }
+        }
+        // The next command rebuilds the snapshot: every committed occurrence refused as such.
+        for salt in &salts {
+            let again = job(&shared, HOST, salt);
+            assert_eq!(
+                code(&again),
+                3,
+                "{what}, rebuilt: {salt}: {}",
+                text(&again.stderr)
+            );
+        }
+        assert_once(&shared);
+    }
+    assert_eq!(shared.effects().len(), salts.len() + damages.len());
+}
+
+/// R1, F6: runs killed (SIGKILL) at any point, the snapshot's save included, lose nothing: every
+/// occurrence whose effect happened is refused afterwards, none runs twice.
+#[test]
+fn r1_snapshot_runs_killed_at_any_point_never_run_an_effect_twice() {
+    let shared = Shared::sqlite();
+    let started = std::time::Instant::now();
+    committed(&shared, 2);
+    // How long a run takes here: the kills are spread over it.
+    let span = started.elapsed() / 2;
+    let mut salts = Vec::new();
+    for index in 0..24u32 {
+        // An agent each: a run killed while it holds its lease does not hold up the next.
+        let salt = format!("agent-{index}/killed-{index}");
+        let args = job_args(&shared, &salt);
+        let mut child = shared.spawn(HOST, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        // From right at the start to after the end of the command.
+        std::thread::sleep(span * index / 20);
+        let _ = child.kill();
+        let _ = child.wait();
+        salts.push(salt);
+    }
+    let mut statuses = Vec::new();
+    for salt in &salts {
+        // Runs that never began run now; those killed mid-command are in doubt (exit 5); those
+        // that committed are refused.
+        let output = job(&shared, HOST, salt);
+        statuses.push(code(&output));
+        assert!(
+            [0, 3, 5].contains(&code(&output)),
+            "{salt}: exit {}: {}",
+            code(&output),
+            text(&output.stderr)
+        );
+    }
+    eprintln!("after the kills, the runs again exited with {statuses:?}");
+    for salt in &salts {
+        let output = job(&shared, HOST, salt);
+        assert!(
+            [3, 5].contains(&code(&output)),
+            "{salt}: {}",
+            text(&output.stderr)
+        );
+    }
+    assert_once(&shared);
+}

@@ -1,0 +1,88 @@
+//! A ledger's local snapshot: what one site folded of a ledger, kept between processes so that
+//! the next one reads only the records added since (see [`LedgerOptions::snapshot`]).
+//!
+//! # What it holds, and why SQLite
+//!
+//! A command asks a few questions of the fold (is this run committed? the agent's fencing epoch,
+//! its runs in doubt, this device's log head), so the snapshot is *queried*, not loaded: the runs
+//! (one row per run, the fold's [`RunSummary`]) stay on disk in an indexed table, and a command
+//! that checks one run of a ledger of a million reads that run's row. The rest is small and is
+//! loaded whole: every device's verified head, the last ids of each device (what a published head
+//! is compared with, rule H3), the agents' fencing epochs, the in-doubt index, the records of
+//! the other surfaces, and the relay's [cursor](crate::relay::Relay::cursor). SQLite gives the
+//! index, atomic writes (a process killed while saving leaves the previous snapshot), and
+//! locking between the processes of one site; it is already the embedded coordinator's store.
+//!
+//! # Never trusted blindly
+//!
+//! * Every row carries a checksum over its key and content, and the loaded part a SHA-256 digest:
+//!   a row that does not match is damage. The ledger then removes the snapshot and refuses to
+//!   dispatch in this process (a committed run must not look new); the next process rebuilds it
+//!   from the relay.
+//! * A snapshot of another format or device, or one SQLite cannot read, is removed and rebuilt.
+//! * The relay checks its cursor against what it holds ([`Relay::resume`](crate::relay::Relay::resume));
+//!   a ledger that does not match (a file that shrank or was replaced) is read from the start,
+//!   where the seen file reports the damage as before.
+//! * A process saves only a state that contains the saved one (every device at least as far):
+//!   two processes of one site never step back each other's snapshot.
+//!
+//! [`LedgerOptions::snapshot`]: crate::ledger::LedgerOptions::snapshot
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::InDoubtRun;
+use crate::oplog::{HeadMark, OpId};
+
+#[cfg(feature = "sqlite")]
+#[path = "snapshot/store.rs"]
+mod store;
+#[cfg(not(feature = "sqlite"))]
+#[path = "snapshot/store_off.rs"]
+mod store;
+
+pub(crate) use store::Snapshot;
+
+/// Why a snapshot cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SnapshotError {
+    /// SQLite failed (an I/O error, a file that is not a database, a lock held too long).
+    #[cfg(feature = "sqlite")]
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The snapshot was written by another format or for another device.
+    #[error("{0}")]
+    Other(String),
+    /// Its content does not match its checksums.
+    #[error("{0}")]
+    Damaged(String),
+}
+
+/// The part of a snapshot loaded whole when a ledger opens.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SnapshotBase {
+    /// Every device's verified head.
+    pub(crate) heads: Vec<HeadMark>,
+    /// Per device: the seq of the first id kept, and the last ids.
+    pub(crate) recent_ids: Vec<(String, u64, Vec<OpId>)>,
+    /// Per agent: the fencing epoch.
+    pub(crate) fencing: Vec<(String, u64)>,
+    /// Per agent: the highest `pending` epoch and the devices that wrote one at it.
+    pub(crate) pending_epochs: Vec<(String, u64, Vec<String>)>,
+    /// Per run with no commit: the unsettled `pending`s and the settled epochs.
+    pub(crate) attempts: Vec<AttemptsMark>,
+    /// The records of the other surfaces (logs, registries), as lines.
+    pub(crate) records: Vec<String>,
+    /// The relay's cursor.
+    pub(crate) cursor: serde_json::Value,
+}
+
+/// The attempts of one run, as stored.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AttemptsMark {
+    pub(crate) agent: String,
+    pub(crate) run: String,
+    pub(crate) unsettled: Vec<InDoubtRun>,
+    pub(crate) settled: Vec<u64>,
+}

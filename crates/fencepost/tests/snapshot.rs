@@ -1,0 +1,328 @@
+//! The local snapshot (issue 17, item 1; rules F3–F6, O1, R1): a ledger that resumes from its
+//! snapshot answers exactly as one that reads everything, and a snapshot that does not match the
+//! relay, or is damaged, is never trusted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fencepost::clock::ManualClock;
+use fencepost::dispatch::Ledger;
+use fencepost::lease::{Intent, IntentStatus};
+use fencepost::ledger::LedgerOptions;
+use fencepost::relay::{FsRelay, Relay, SqliteRelay};
+use proptest::prelude::*;
+
+const AGENTS: [&str; 2] = ["milo", "otto"];
+const RUNS: usize = 5;
+
+/// A folder ledger, or (a path ending in `.db`) one in a SQLite file.
+fn relay(ledger: &Path) -> Arc<dyn Relay> {
+    if ledger.extension().is_some_and(|extension| extension == "db") {
+        Arc::new(SqliteRelay::open(ledger).unwrap())
+    } else {
+        Arc::new(FsRelay::open(ledger).unwrap())
+    }
+}
+
+fn open(folder: &Path, device: &str, clock: &ManualClock, snapshot: Option<&Path>, seen: &Path) -> Ledger {
+    let mut options = LedgerOptions::default().seen_file(seen);
+    if let Some(snapshot) = snapshot {
+        options = options.snapshot(snapshot);
+    }
+    Ledger::open_with(device, clock.wall_clock(), relay(folder), options).unwrap()
+}
+
+/// Everything a dispatch asks, for every agent and run: the oracle, the fencing epochs, the runs
+/// in doubt, the own log head.
+fn answers(ledger: &mut Ledger) -> Vec<String> {
+    let mut out = Vec::new();
+    for agent in AGENTS {
+        out.push(format!("{agent} fencing {}", ledger.state().fencing_epoch(agent)));
+        for run in 0..RUNS {
+            let run = format!("run-{run}");
+            let committed = ledger.committed_run(agent, &run).map(|record| record.op_id);
+            out.push(format!("{agent} {run} committed {committed:?}"));
+            let held = ledger.in_doubt_run(agent, &run, u64::MAX);
+            out.push(format!("{agent} {run} in doubt {held:?}"));
+        }
+        out.push(format!("{agent} in doubt {:?}", ledger.in_doubt(agent, u64::MAX)));
+    }
+    out.push(format!("pushed {:?}", ledger.pushed()));
+    out.push(format!("damage {:?}", ledger.damage()));
+    out
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    writer: usize,
+    agent: usize,
+    run: usize,
+    epoch: u64,
+    status: u8,
+    reopen: bool,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let step = (0..3usize, 0..2usize, 0..RUNS, 1..5u64, 0..3u8, any::<bool>()).prop_map(
+        |(writer, agent, run, epoch, status, reopen)| Step {
+            writer,
+            agent,
+            run,
+            epoch,
+            status,
+            reopen,
+        },
+    );
+    prop::collection::vec(step, 1..40)
+}
+
+struct Site {
+    _dir: tempfile::TempDir,
+    folder: PathBuf,
+    snapshot: PathBuf,
+    seen: PathBuf,
+    clock: ManualClock,
+}
+
+impl Site {
+    fn new() -> Self {
+        Self::with_ledger("ledger")
+    }
+
+    /// `name` ending in `.db`: a ledger in a SQLite file.
+    fn with_ledger(name: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join(name);
+        Self {
+            snapshot: dir.path().join("snapshot.sqlite"),
+            seen: dir.path().join("seen.json"),
+            folder,
+            _dir: dir,
+            clock: ManualClock::new(1_000),
+        }
+    }
+
+    fn write(&self, device: &str, intent: &Intent) {
+        let seen = self.seen.with_file_name(format!("seen-{device}.json"));
+        let mut writer = open(&self.folder, device, &self.clock, None, &seen);
+        writer.record(intent).unwrap();
+    }
+
+    fn reader(&self, snapshot: bool) -> Ledger {
+        let seen = self.seen.with_file_name(if snapshot {
+            "seen-snap.json"
+        } else {
+            "seen-full.json"
+        });
+        let path = snapshot.then_some(self.snapshot.as_path());
+        open(&self.folder, "reader", &self.clock, path, &seen)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// F3–F6: after any writes by several devices, with the snapshot saved at any points (and the
+    /// reader writing too), a ledger that resumes from it answers every question as one that
+    /// reads everything.
+    #[test]
+    fn f3_f6_a_ledger_resumed_from_its_snapshot_answers_as_a_full_read(steps in steps(), in_sqlite in any::<bool>()) {
+        let site = if in_sqlite { Site::with_ledger("ledger.db") } else { Site::new() };
+        let statuses = [IntentStatus::Pending, IntentStatus::Committed, IntentStatus::Failed];
+        for step in &steps {
+            site.clock.advance(1);
+            let intent = Intent::new(AGENTS[step.agent], format!("run-{}", step.run), step.epoch, statuses[usize::from(step.status)]);
+            if step.writer == 0 {
+                // The reader itself writes, through its snapshot.
+                let mut reader = site.reader(true);
+                reader.record(&intent).unwrap();
+            } else {
+                site.write(&format!("writer-{}", step.writer), &intent);
+            }
+            if step.reopen {
+                let mut resumed = site.reader(true);
+                let mut full = site.reader(false);
+                prop_assert_eq!(answers(&mut resumed), answers(&mut full));
+                prop_assert!(resumed.state() == full.state(), "every run asked: the states are equal");
+            }
+        }
+        drop(site.reader(true));
+        let mut resumed = site.reader(true);
+        prop_assert!(resumed.resumed_from_snapshot());
+        let mut full = site.reader(false);
+        prop_assert!(!full.resumed_from_snapshot());
+        prop_assert_eq!(answers(&mut resumed), answers(&mut full));
+    }
+}
+
+/// Commits of several runs by two devices, and a reader that saved its snapshot.
+fn committed_site() -> Site {
+    committed_site_in("ledger")
+}
+
+fn committed_site_in(ledger: &str) -> Site {
+    let site = Site::with_ledger(ledger);
+    for run in 0..RUNS {
+        site.clock.advance(1);
+        let device = if run % 2 == 0 { "laptop" } else { "phone" };
+        site.write(
+            device,
+            &Intent::new("milo", format!("run-{run}"), 1, IntentStatus::Pending),
+        );
+        site.write(
+            device,
+            &Intent::new("milo", format!("run-{run}"), 1, IntentStatus::Committed),
+        );
+    }
+    drop(site.reader(true));
+    assert!(site.snapshot.exists());
+    site
+}
+
+fn committed(ledger: &mut Ledger) -> usize {
+    (0..RUNS)
+        .filter(|run| ledger.committed_run("milo", &format!("run-{run}")).is_some())
+        .count()
+}
+
+/// Rewrites one byte of every stored run.
+fn damage_rows(snapshot: &Path) {
+    let connection = rusqlite::Connection::open(snapshot).unwrap();
+    let changed = connection
+        .execute(
+            "UPDATE runs SET value = CAST(substr(value, 1, 40) AS BLOB) || x'ff' || substr(value, 42)",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, RUNS);
+}
+
+#[test]
+fn r1_snapshot_a_damaged_row_is_damage_the_snapshot_is_removed_and_the_next_open_rebuilds_it() {
+    let site = committed_site();
+    damage_rows(&site.snapshot);
+    let mut resumed = site.reader(true);
+    // The damaged row is never taken for "not committed" silently: the ledger is damaged.
+    assert_eq!(committed(&mut resumed), 0);
+    let damage = resumed.damage();
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert!(damage[0].detail.contains("snapshot"), "{}", damage[0]);
+    assert!(!site.snapshot.exists(), "the damaged snapshot is removed");
+    drop(resumed);
+    let mut rebuilt = site.reader(true);
+    assert!(rebuilt.damage().is_empty());
+    assert_eq!(committed(&mut rebuilt), RUNS);
+    let mut resumed = site.reader(true);
+    assert_eq!(committed(&mut resumed), RUNS);
+}
+
+#[test]
+fn r1_snapshot_a_snapshot_of_another_device_or_not_a_database_is_rebuilt() {
+    let site = committed_site();
+    let other = site.snapshot.with_file_name("other.sqlite");
+    std::fs::copy(&site.snapshot, &other).unwrap();
+    // Another device's snapshot in this device's place.
+    let options = LedgerOptions::default()
+        .snapshot(&other)
+        .seen_file(site.seen.with_file_name("seen-other.json"));
+    let mut ledger =
+        Ledger::open_with("phone", site.clock.wall_clock(), relay(&site.folder), options).unwrap();
+    assert_eq!(committed(&mut ledger), RUNS);
+    assert!(ledger.damage().is_empty());
+    // Garbage where the snapshot was.
+    std::fs::write(
+        &site.snapshot,
+        b"not a database, not at all; garbage of a full disk",
+    )
+    .unwrap();
+    let mut ledger = site.reader(true);
+    assert_eq!(committed(&mut ledger), RUNS);
+    assert!(ledger.damage().is_empty());
+    // Cut short.
+    let bytes = std::fs::read(&site.snapshot).unwrap();
+    std::fs::write(&site.snapshot, &bytes[..bytes.len() / 3]).unwrap();
+    let mut ledger = site.reader(true);
+    assert_eq!(committed(&mut ledger), RUNS);
+}
+
+#[test]
+fn r1_snapshot_a_device_file_that_shrank_after_the_snapshot_is_damage() {
+    let site = committed_site();
+    let phone = site.folder.join("devices").join("phone.jsonl");
+    let bytes = std::fs::read(&phone).unwrap();
+    let cut = bytes[..bytes.len() - 1]
+        .iter()
+        .rposition(|byte| *byte == b'\n')
+        .unwrap()
+        + 1;
+    std::fs::write(&phone, &bytes[..cut]).unwrap();
+    let mut ledger = site.reader(true);
+    let damage: Vec<String> = ledger.damage().iter().map(ToString::to_string).collect();
+    assert!(
+        damage
+            .iter()
+            .any(|problem| problem.contains("phone") && problem.contains("shrank")),
+        "{damage:?}"
+    );
+    // The commit of the cut record stays known (the seen file's damage blocks dispatch anyway).
+    assert!(committed(&mut ledger) >= RUNS - 1);
+}
+
+#[test]
+fn r1_snapshot_a_device_file_replaced_by_another_of_the_same_length_is_not_resumed() {
+    let site = committed_site();
+    let phone = site.folder.join("devices").join("phone.jsonl");
+    let bytes = std::fs::read(&phone).unwrap();
+    // Another record of the same length in the last line's place.
+    let mut changed = bytes.clone();
+    let at = bytes.len() - 10;
+    changed[at] = if bytes[at] == b'A' { b'B' } else { b'A' };
+    std::fs::write(&phone, &changed).unwrap();
+    let mut ledger = site.reader(true);
+    assert!(!ledger.damage().is_empty(), "the changed record is damage");
+    assert!(committed(&mut ledger) >= RUNS - 1);
+}
+
+#[test]
+fn r1_snapshot_two_processes_of_one_device_never_step_back_each_others_snapshot() {
+    let site = committed_site();
+    let mut first = site.reader(true);
+    let mut second = site.reader(true);
+    site.clock.advance(1);
+    first
+        .record(&Intent::new("otto", "run-0", 1, IntentStatus::Committed))
+        .unwrap();
+    // The second appends after the first (it catches up on the first's record) and saves.
+    second
+        .record(&Intent::new("otto", "run-1", 1, IntentStatus::Committed))
+        .unwrap();
+    // The first saves again, knowing less than the second: it must not step back.
+    first.sync().unwrap();
+    drop((first, second));
+    let mut resumed = site.reader(true);
+    assert!(resumed.committed_run("otto", "run-0").is_some());
+    assert!(resumed.committed_run("otto", "run-1").is_some());
+    assert_eq!(committed(&mut resumed), RUNS);
+}
+
+#[test]
+fn r1_snapshot_records_deleted_from_a_sqlite_ledger_after_the_snapshot_are_damage() {
+    let site = committed_site_in("ledger.db");
+    let mut resumed = site.reader(true);
+    assert_eq!(committed(&mut resumed), RUNS);
+    assert!(resumed.damage().is_empty());
+    drop(resumed);
+    let connection = rusqlite::Connection::open(&site.folder).unwrap();
+    connection
+        .execute_batch(
+            "DELETE FROM fencepost_relay_records WHERE device_id = 'phone' AND seq = (SELECT max(seq) FROM fencepost_relay_records WHERE device_id = 'phone');
+             UPDATE fencepost_relay_devices SET next_seq = next_seq - 1 WHERE device_id = 'phone';",
+        )
+        .unwrap();
+    let ledger = site.reader(true);
+    let damage: Vec<String> = ledger.damage().iter().map(ToString::to_string).collect();
+    assert!(
+        damage.iter().any(|problem| problem.contains("phone")),
+        "{damage:?}"
+    );
+}
