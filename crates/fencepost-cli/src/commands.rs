@@ -113,7 +113,9 @@ fn open_ledger_with(settings: &Settings, access: Access, snapshot: bool) -> Resu
     let relay = settings.relay(access)?;
     let mut options = LedgerOptions::default().seen_file(settings.seen_file()?);
     if snapshot {
-        options = options.snapshot(settings.snapshot_file()?);
+        if let Some(path) = settings.snapshot_file()? {
+            options = options.snapshot(path);
+        }
     }
     // Opening pulls everything once; a sync right after it would pull again for nothing.
     let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
@@ -123,6 +125,13 @@ fn open_ledger_with(settings: &Settings, access: Access, snapshot: bool) -> Resu
 
 /// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to do.
 fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
+    if let Some(problem) = ledger.snapshot_failure() {
+        bail!(
+            "not running anything: {}. The ledger in {} is not damaged; run again",
+            problem.detail,
+            settings.ledger_label()
+        );
+    }
     let damage = ledger.damage();
     let Some(first) = damage.first() else {
         return Ok(());

@@ -279,20 +279,22 @@ impl Settings {
 
     /// Where this site keeps its snapshot of the ledger (per ledger and device), so that a
     /// command reads only the records added since the last one.
-    pub fn snapshot_file(&self) -> Result<PathBuf> {
+    /// `None` (said on stderr) when the folder cannot be made: the command then reads the whole
+    /// ledger, as it would without a snapshot.
+    pub fn snapshot_file(&self) -> Result<Option<PathBuf>> {
         let seen = self.seen_file()?;
         let name = seen
             .file_name()
             .map(|name| name.to_string_lossy().into_owned())
             .unwrap_or_default();
         let folder = data_dir()?.join("snapshots");
-        std::fs::create_dir_all(&folder).with_context(|| {
-            format!(
-                "cannot create {}, where this host keeps its snapshots of ledgers",
-                folder.display()
-            )
-        })?;
-        Ok(folder.join(format!("{}.sqlite", name.trim_end_matches(".jsonl"))))
+        if let Err(error) = std::fs::create_dir_all(&folder) {
+            tracing::warn!(folder = %folder.display(), %error, "cannot create the folder of this host's snapshots of ledgers; reading the whole ledger");
+            return Ok(None);
+        }
+        Ok(Some(
+            folder.join(format!("{}.sqlite", name.trim_end_matches(".jsonl"))),
+        ))
     }
 
     /// Connects to the coordinator; for PostgreSQL, checks that the schema exists at the version

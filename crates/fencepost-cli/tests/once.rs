@@ -691,11 +691,33 @@ fn r1_a_replaced_device_file_stays_damage_after_it_grows_back() {
     assert_eq!(code(&run("host-1", "x")), 0);
     let file = device_file(&shared, "host-1");
     let seen = seen_file(&shared, "host-1", "");
-    let snapshot = (std::fs::read(&file).unwrap(), std::fs::read(&seen).unwrap());
+    // The VM's snapshot: the device file and host-1's memory (its seen file and its snapshot of
+    // the ledger, with SQLite's files beside it).
+    let memory_files = || -> Vec<std::path::PathBuf> {
+        let folder = shared.path("data").join("fencepost").join("snapshots");
+        let mut files: Vec<_> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|item| item.unwrap().path())
+            .filter(|path| path.to_string_lossy().contains("host-1"))
+            .collect();
+        files.extend([file.clone(), seen.clone()]);
+        files
+    };
+    let vm_snapshot: Vec<(std::path::PathBuf, Vec<u8>)> = memory_files()
+        .into_iter()
+        .map(|path| {
+            let bytes = std::fs::read(&path).unwrap();
+            (path, bytes)
+        })
+        .collect();
     assert_eq!(code(&run("host-1", "y")), 0);
     assert_eq!(code(&run("host-2", "other")), 0, "host-2 has seen y");
-    std::fs::write(&file, &snapshot.0).unwrap();
-    std::fs::write(&seen, &snapshot.1).unwrap();
+    for path in memory_files() {
+        std::fs::remove_file(path).unwrap();
+    }
+    for (path, bytes) in &vm_snapshot {
+        std::fs::write(path, bytes).unwrap();
+    }
     assert_eq!(code(&run("host-2", "y")), 10, "the file shrank");
     // host-1 remembers nothing newer, but the coordinator does: agent a's holders published
     // host-1's lost records (rule H3), so host-1 runs nothing of a on what is left.

@@ -133,7 +133,7 @@ fn r1_snapshot_a_damaged_or_replaced_snapshot_never_runs_a_committed_occurrence_
             Box::new(|| {
                 let connection = rusqlite::Connection::open(&mine).unwrap();
                 let changed = connection
-                    .execute("UPDATE runs SET value = x'00' || substr(value, 2)", [])
+                    .execute("UPDATE buckets SET value = x'00' || substr(value, 2)", [])
                     .unwrap();
                 assert!(changed > 0);
             }),
@@ -227,4 +227,159 @@ fn r1_snapshot_runs_killed_at_any_point_never_run_an_effect_twice() {
         );
     }
     assert_once(&shared);
+}
+
+/// The snapshot file of [`HOST`].
+fn my_snapshot(shared: &Shared) -> PathBuf {
+    snapshots(shared)
+        .into_iter()
+        .find(|path| path.to_string_lossy().contains(HOST))
+        .unwrap()
+}
+
+/// Every committed occurrence is refused (exit 3), or the run stops on the damaged snapshot (exit
+/// 10, naming it); none runs. Then (the snapshot rebuilt) each is refused as committed.
+fn assert_nothing_runs_again(shared: &Shared, salts: &[String], what: &str) {
+    for salt in salts {
+        let again = job(shared, HOST, salt);
+        let status = code(&again);
+        assert!(
+            status == 3 || status == 10,
+            "{what}: {salt}: exit {status}: {}",
+            text(&again.stderr)
+        );
+    }
+    for salt in salts {
+        let again = job(shared, HOST, salt);
+        assert_eq!(
+            code(&again),
+            3,
+            "{what}, rebuilt: {salt}: {}",
+            text(&again.stderr)
+        );
+    }
+    assert_once(shared);
+}
+
+/// R1, F6 (found by an adversarial test): stored runs deleted, moved to another key, put back
+/// as an older version, or their table dropped, are damage; a committed occurrence never looks
+/// new.
+#[test]
+fn r1_snapshot_runs_deleted_moved_or_rolled_back_in_the_snapshot_never_run_again() {
+    let shared = Shared::sqlite();
+    // An occurrence that failed first: its older stored state says "failed".
+    let failing = [
+        "run", "--agent", "cron", "--intent", "backup", "--salt", "flaky", "--", "false",
+    ];
+    assert_eq!(code(&shared.run(HOST, &failing)), 1);
+    let mine = my_snapshot(&shared);
+    let read = |sql: &str| -> Vec<(i64, Vec<u8>)> {
+        let connection = rusqlite::Connection::open(&mine).unwrap();
+        let mut statement = connection.prepare(sql).unwrap();
+        let rows = statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap();
+        rows.map(Result::unwrap).collect()
+    };
+    let before = read("SELECT id, value FROM buckets");
+    let mut salts = committed(&shared, 4);
+    // The failed occurrence now commits.
+    let fixed = job(&shared, HOST, "flaky");
+    assert_eq!(code(&fixed), 0, "{}", text(&fixed.stderr));
+    salts.push("flaky".to_owned());
+    let edits: Vec<(&str, String)> = vec![
+        ("every bucket deleted", "DELETE FROM buckets".to_owned()),
+        ("buckets moved", "UPDATE buckets SET id = id + 100000".to_owned()),
+        ("the table dropped", "DROP TABLE buckets".to_owned()),
+        (
+            "a bucket put back as it was before its run committed",
+            before
+                .iter()
+                .map(|(id, value)| {
+                    let hex: String = value.iter().map(|byte| format!("{byte:02X}")).collect();
+                    format!("INSERT OR REPLACE INTO buckets (id, value) VALUES ({id}, X'{hex}');")
+                })
+                .collect(),
+        ),
+    ];
+    for (what, sql) in &edits {
+        // Fresh and up to date first.
+        let fresh = job(&shared, HOST, &format!("before-{what}"));
+        assert_eq!(code(&fresh), 0, "{what}: {}", text(&fresh.stderr));
+        let mine = my_snapshot(&shared);
+        rusqlite::Connection::open(&mine)
+            .unwrap()
+            .execute_batch(sql)
+            .unwrap();
+        assert_nothing_runs_again(&shared, &salts, what);
+    }
+}
+
+/// R1, F6 (found by an adversarial test): the snapshot's file restored from another time without
+/// its write-ahead log, and bytes of the file changed at random, never make a committed
+/// occurrence run again.
+#[test]
+fn r1_snapshot_a_file_restored_alone_or_with_random_bytes_changed_never_runs_again() {
+    let shared = Shared::sqlite();
+    let mut salts = committed(&shared, 6);
+    let mine = my_snapshot(&shared);
+    let checkpoint = |path: &PathBuf| {
+        let connection = rusqlite::Connection::open(path).unwrap();
+        connection
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+    };
+    checkpoint(&mine);
+    let aside = shared.path("aside.sqlite");
+    std::fs::copy(&mine, &aside).unwrap();
+    salts.extend(committed_more(&shared, "later", 12));
+    // The main file of earlier, under the log and index of now.
+    std::fs::copy(&aside, &mine).unwrap();
+    assert_nothing_runs_again(&shared, &salts, "main file restored alone");
+
+    // Random bytes changed in the (checkpointed) file, many times.
+    let mut seed = 0x5eed_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for trial in 0..25 {
+        if !snapshots(&shared)
+            .iter()
+            .any(|path| path.to_string_lossy().contains(HOST))
+        {
+            // The last run found the damage and removed the snapshot: the next one rebuilds it.
+            assert_eq!(code(&job(&shared, HOST, &salts[0])), 3);
+        }
+        let mine = my_snapshot(&shared);
+        checkpoint(&mine);
+        let mut bytes = std::fs::read(&mine).unwrap();
+        for _ in 0..(1 + next() % 3) {
+            let at = (next() % bytes.len() as u64) as usize;
+            bytes[at] ^= 1 << (next() % 8);
+        }
+        std::fs::write(&mine, &bytes).unwrap();
+        for salt in &salts {
+            let again = job(&shared, HOST, salt);
+            let status = code(&again);
+            assert!(
+                status == 3 || status == 10,
+                "trial {trial}: {salt}: exit {status}: {}",
+                text(&again.stderr)
+            );
+        }
+    }
+    assert_once(&shared);
+}
+
+/// Commits `count` more occurrences named `prefix-N`.
+fn committed_more(shared: &Shared, prefix: &str, count: usize) -> Vec<String> {
+    let salts: Vec<String> = (0..count).map(|index| format!("{prefix}-{index}")).collect();
+    for salt in &salts {
+        let output = job(shared, HOST, salt);
+        assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    }
+    salts
 }

@@ -509,30 +509,40 @@ impl SyncState {
         }
     }
 
+    /// How many run entries the state holds (every agent's, fenced ones too).
+    pub fn run_count(&self) -> usize {
+        self.agents.values().map(|agent| agent.runs.len()).sum()
+    }
+
     /// Every run entry of every agent as a [`RunSummary`], in (agent id, run id) order. An entry
     /// whose `pending` was fenced since it arrived is listed too (merging it changes nothing).
     pub fn run_summaries(&self) -> Vec<(&str, String, RunSummary)> {
         let mut summaries = Vec::new();
-        for (agent_id, agent) in self.agents() {
-            let mut entries: Vec<_> = agent.runs.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            for (run, entry) in entries {
-                summaries.push((agent_id, run.to_string(), self.summary_of(entry)));
-            }
-        }
+        let listed: Result<(), std::convert::Infallible> =
+            self.for_each_run_summary(|agent_id, run_id, summary| {
+                let agent_id = self
+                    .agents
+                    .get_key_value(agent_id)
+                    .map_or("", |(id, _)| id.as_str());
+                summaries.push((agent_id, run_id.to_owned(), summary));
+                Ok(())
+            });
+        let Ok(()) = listed;
         summaries
     }
 
-    /// Calls `each` with every run entry as a [`RunSummary`], in no particular order, one at a
-    /// time (what [`run_summaries`](Self::run_summaries) lists, without holding them all); stops
-    /// at the first error.
+    /// Calls `each` with every run entry as a [`RunSummary`], in (agent id, run id) order, one at
+    /// a time (what [`run_summaries`](Self::run_summaries) lists, without holding the summaries
+    /// all at once); stops at the first error.
     pub fn for_each_run_summary<E>(
         &self,
         mut each: impl FnMut(&str, &str, RunSummary) -> Result<(), E>,
     ) -> Result<(), E> {
         let mut run_id = String::new();
-        for (agent_id, agent) in &self.agents {
-            for (run, entry) in &agent.runs {
+        for (agent_id, agent) in self.agents() {
+            let mut entries: Vec<_> = agent.runs.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (run, entry) in entries {
                 run_id.clear();
                 std::fmt::Write::write_fmt(&mut run_id, format_args!("{run}")).ok();
                 each(agent_id, &run_id, self.summary_of(entry))?;

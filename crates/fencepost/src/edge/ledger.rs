@@ -156,6 +156,9 @@ pub struct Ledger {
     snapshot: Option<SnapshotUse>,
     /// The snapshot that could not be read in this process: damage, for good.
     snapshot_damage: Option<RelayProblem>,
+    /// What a snapshot that the ledger no longer matches had read, per device: checked like the
+    /// seen file's marks.
+    snapshot_marks: Vec<HeadMark>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -276,6 +279,7 @@ impl Ledger {
             others_appended: Vec::new(),
             snapshot: None,
             snapshot_damage: None,
+            snapshot_marks: Vec::new(),
         };
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),
@@ -309,35 +313,53 @@ impl Ledger {
     }
 
     /// Restores the view from the snapshot, if it has a saved state and the relay resumes at its
-    /// cursor; otherwise starts the snapshot over (a new file: a process still reading the old
-    /// one keeps it).
+    /// cursor. A snapshot that cannot be read is started over (a new file: a process still
+    /// reading the old one keeps it). One that the ledger no longer matches (a device file that
+    /// shrank or was replaced, records deleted) is kept as it is and not used: what it had read
+    /// is checked like the seen file's memory (damage until the ledger has it again), and it is
+    /// not overwritten while the ledger is damaged.
     fn resume_snapshot(&mut self) {
         let Some(snapshot) = &mut self.snapshot else {
             return;
         };
-        let restored = match snapshot.store.base() {
+        let path = snapshot.store.path().to_path_buf();
+        let base = match snapshot.store.base() {
             Ok(None) => return, // nothing saved yet
-            Ok(Some(base)) => LedgerState::restored(&base)
-                .and_then(|view| self.relay.resume(&base.cursor).map(|()| view))
-                .map_err(|reason| format!("it does not match the ledger: {reason}")),
-            Err(error) => Err(error.to_string()),
-        };
-        match restored {
-            Ok(view) => {
-                snapshot.saved = Some(view.frontier.clone());
-                snapshot.queried = true;
-                snapshot.dirty = Some(BTreeSet::new());
-                self.view = view;
-                tracing::debug!(snapshot = %snapshot.store.path().display(), "resumed from the snapshot");
+            Ok(Some(base)) => base,
+            Err(error) if error.is_busy() => {
+                tracing::warn!(snapshot = %path.display(), %error, "another process holds the snapshot; reading the whole ledger this time");
+                self.snapshot = None;
+                return;
             }
-            Err(reason) => {
-                tracing::info!(snapshot = %snapshot.store.path().display(), %reason, "not using the snapshot; reading the whole ledger and starting it over");
-                let path = snapshot.store.path().to_path_buf();
+            Err(error) => {
+                tracing::info!(snapshot = %path.display(), %error, "the snapshot cannot be read; reading the whole ledger and starting it over");
                 let device = self.log.device_id().to_owned();
                 Snapshot::remove(&path);
                 self.snapshot = SnapshotUse::open(path, &device);
+                return;
             }
+        };
+        let view = match LedgerState::restored(&base) {
+            Ok(view) => view,
+            Err(reason) => {
+                tracing::info!(snapshot = %path.display(), %reason, "the snapshot cannot be used; reading the whole ledger and starting it over");
+                let device = self.log.device_id().to_owned();
+                Snapshot::remove(&path);
+                self.snapshot = SnapshotUse::open(path, &device);
+                return;
+            }
+        };
+        if let Err(reason) = self.relay.resume(&base.cursor) {
+            tracing::warn!(snapshot = %path.display(), %reason, "the ledger no longer holds what this site's snapshot read; reading the whole ledger");
+            self.snapshot_marks = base.heads;
+            self.snapshot = None;
+            return;
         }
+        snapshot.saved = Some(view.frontier.clone());
+        snapshot.queried = true;
+        snapshot.dirty = Some(BTreeSet::new());
+        self.view = view;
+        tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
     }
 
     /// Saves what the view holds to the snapshot, when it is at a clean point: no damage, and
@@ -357,10 +379,14 @@ impl Ledger {
         };
         let base = self.view.base_mark(cursor);
         let view = &self.view;
+        let runs = match &snapshot.dirty {
+            None => view.state.run_count(),
+            Some(dirty) => dirty.len(),
+        };
         let saved = (|| -> Result<bool, SnapshotError> {
             let Some(mut save) = snapshot
                 .store
-                .begin_save(|stored| contains(&base.heads, stored))?
+                .begin_save(|stored| contains(&base.heads, stored), runs)?
             else {
                 return Ok(false);
             };
@@ -381,6 +407,12 @@ impl Ledger {
         })();
         match saved {
             Ok(true) => {
+                if snapshot.dirty.is_none() {
+                    // A whole ledger was written: out of the write-ahead log, into the file.
+                    if let Err(error) = snapshot.store.checkpoint() {
+                        tracing::debug!(%error, "cannot checkpoint the snapshot's log now");
+                    }
+                }
                 snapshot.dirty = Some(BTreeSet::new());
                 snapshot.saved = Some(self.view.frontier.clone());
             }
@@ -422,16 +454,26 @@ impl Ledger {
         };
         let path = snapshot.store.path().to_path_buf();
         drop(snapshot);
-        Snapshot::remove(&path);
-        tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be read; removed");
+        let detail = if error.is_busy() {
+            // Held by another program for longer than the busy wait: not damaged, but no answer.
+            format!(
+                "this site's snapshot of the ledger, {}, is held by another program ({error}); try again",
+                path.display()
+            )
+        } else {
+            Snapshot::remove(&path);
+            tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be read; removed");
+            format!(
+                "this site's snapshot of the ledger, {}, cannot be read ({error}); it was removed, and the next command reads the whole ledger again",
+                path.display()
+            )
+        };
         self.snapshot_damage = Some(RelayProblem {
             kind: crate::relay::ProblemKind::Damage,
             device_id: None,
+            detail,
             file: Some(path),
             line_number: None,
-            detail: format!(
-                "this site's snapshot of the ledger cannot be read ({error}); it was removed, and the next command reads the whole ledger again"
-            ),
         });
         self.recompute_problems();
     }
@@ -494,7 +536,18 @@ impl Ledger {
     }
 
     fn is_accepted(&self, problem: &RelayProblem) -> bool {
-        self.accepted.iter().any(|device| names(problem, device))
+        // A snapshot that cannot be read is not the ledger's damage: nothing to accept (the next
+        // process rebuilds it).
+        self.snapshot_damage.as_ref() != Some(problem)
+            && self.accepted.iter().any(|device| names(problem, device))
+    }
+
+    /// Why this ledger's [snapshot](LedgerOptions::snapshot) could not be read, if it could not
+    /// (a run's stored state was lost or changed): part of [`damage`](Self::damage) until the
+    /// process ends, and cannot be accepted; the snapshot was removed, so the next open reads the
+    /// whole ledger and rebuilds it.
+    pub fn snapshot_failure(&self) -> Option<&RelayProblem> {
+        self.snapshot_damage.as_ref()
     }
 
     /// Accepts the damage of `device` (a device id, or a device file's name): [`dispatch`](crate::dispatch::dispatch) no
@@ -511,6 +564,7 @@ impl Ledger {
         let covered: Vec<String> = self
             .problems
             .iter()
+            .filter(|problem| self.snapshot_damage.as_ref() != Some(*problem))
             .filter(|problem| problem.is_damage() && names(problem, device))
             .map(ToString::to_string)
             .collect();
@@ -686,6 +740,44 @@ impl Ledger {
         self.problems.extend(self.replaced.iter().cloned());
         self.problems.extend(self.view.rejected.values().cloned());
         self.problems.extend(self.snapshot_damage.iter().cloned());
+        for mark in &self.snapshot_marks {
+            let device = &mark.device_id;
+            if self
+                .problems
+                .iter()
+                .any(|problem| problem.device_id.as_ref() == Some(device))
+            {
+                continue; // said already
+            }
+            let has = self.view.frontier.next_seq(device);
+            let here = mark.next_seq.checked_sub(1).and_then(|last| {
+                let (first, ids) = self.view.ids.get(device)?;
+                ids.get(usize::try_from(last.checked_sub(*first)?).ok()?).copied()
+            });
+            let detail = if has < mark.next_seq {
+                format!(
+                    "this site's snapshot read {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",
+                    mark.next_seq
+                )
+            } else if let (Some(here), Some((last_op_id, _, _))) = (here, mark.last) {
+                if here == last_op_id {
+                    continue;
+                }
+                format!(
+                    "record {} is {here}, but this site's snapshot read {last_op_id} there: the file was replaced (restore it from a copy)",
+                    mark.next_seq - 1
+                )
+            } else {
+                continue;
+            };
+            self.problems.push(RelayProblem {
+                kind: crate::relay::ProblemKind::Damage,
+                device_id: Some(device.clone()),
+                file: None,
+                line_number: None,
+                detail,
+            });
+        }
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.view.frontier.next_seq(device);
@@ -1105,6 +1197,10 @@ impl SnapshotUse {
     fn open(path: std::path::PathBuf, device_id: &str) -> Option<Self> {
         let store = match Snapshot::open(&path, device_id) {
             Ok(store) => store,
+            Err(error) if error.is_busy() => {
+                tracing::warn!(snapshot = %path.display(), %error, "another process holds the snapshot; reading the whole ledger this time");
+                return None;
+            }
             Err(error) => {
                 tracing::info!(snapshot = %path.display(), %error, "starting the snapshot over");
                 Snapshot::remove(&path);

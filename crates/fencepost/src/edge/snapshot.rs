@@ -57,6 +57,21 @@ pub(crate) enum SnapshotError {
     Damaged(String),
 }
 
+impl SnapshotError {
+    /// Whether another process holds the file (it is not damaged: use no snapshot this time,
+    /// and leave it).
+    pub(crate) fn is_busy(&self) -> bool {
+        match self {
+            #[cfg(feature = "sqlite")]
+            Self::Sqlite(error) => matches!(
+                error.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// The part of a snapshot loaded whole when a ledger opens.
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -36,9 +36,14 @@ impl Snapshot {
         match *self {}
     }
 
+    pub(crate) fn checkpoint(&self) -> Result<(), SnapshotError> {
+        match *self {}
+    }
+
     pub(crate) fn begin_save(
         &mut self,
         _contains: impl FnOnce(&[HeadMark]) -> bool,
+        _runs_hint: usize,
     ) -> Result<Option<Save>, SnapshotError> {
         match *self {}
     }
