@@ -291,6 +291,11 @@ fn r1_snapshot_runs_deleted_moved_or_rolled_back_in_the_snapshot_never_run_again
         ("every bucket deleted", "DELETE FROM buckets".to_owned()),
         ("buckets moved", "UPDATE buckets SET id = id + 100000".to_owned()),
         ("the table dropped", "DROP TABLE buckets".to_owned()),
+        ("the checksums deleted", "DELETE FROM sums".to_owned()),
+        (
+            "buckets and checksums deleted together",
+            "DELETE FROM sums; DELETE FROM buckets".to_owned(),
+        ),
         (
             "a bucket put back as it was before its run committed",
             before

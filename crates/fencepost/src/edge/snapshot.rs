@@ -5,26 +5,35 @@
 //!
 //! A command asks a few questions of the fold (is this run committed? the agent's fencing epoch,
 //! its runs in doubt, this device's log head), so the snapshot is *queried*, not loaded: the runs
-//! (one row per run, the fold's [`RunSummary`]) stay on disk in an indexed table, and a command
-//! that checks one run of a ledger of a million reads that run's row. The rest is small and is
-//! loaded whole: every device's verified head, the last ids of each device (what a published head
-//! is compared with, rule H3), the agents' fencing epochs, the in-doubt index, the records of
-//! the other surfaces, and the relay's [cursor](crate::relay::Relay::cursor). SQLite gives the
-//! index, atomic writes (a process killed while saving leaves the previous snapshot), and
-//! locking between the processes of one site; it is already the embedded coordinator's store.
+//! (the fold's [`RunSummary`](crate::fold::RunSummary) per run) stay on disk in buckets, by a
+//! hash of agent and run, and a command that checks one run of a ledger of a million reads that
+//! run's bucket (a few dozen runs). The rest is small and is loaded whole: every device's verified head, the last ids of
+//! each device (what a published head is compared with, rule H3), the agents' fencing epochs, the
+//! in-doubt index, the records of the other surfaces, and the relay's
+//! [cursor](crate::relay::Relay::cursor). SQLite gives the index, atomic writes (a process killed
+//! while saving leaves the previous snapshot), and locking between the processes of one site; it
+//! is already the embedded coordinator's store.
 //!
 //! # Never trusted blindly
 //!
-//! * Every row carries a checksum over its key and content, and the loaded part a SHA-256 digest:
-//!   a row that does not match is damage. The ledger then removes the snapshot and refuses to
-//!   dispatch in this process (a committed run must not look new); the next process rebuilds it
-//!   from the relay.
-//! * A snapshot of another format or device, or one SQLite cannot read, is removed and rebuilt.
-//! * The relay checks its cursor against what it holds ([`Relay::resume`](crate::relay::Relay::resume));
-//!   a ledger that does not match (a file that shrank or was replaced) is read from the start,
-//!   where the seen file reports the damage as before.
+//! * The saved state holds the digest of every page of the buckets' checksums, and is itself
+//!   checked with a SHA-256 digest; a lookup checks the page and the bucket it reads. A run lost
+//!   from the snapshot (a row deleted, a damaged page of the file, the file restored from another
+//!   time) makes its bucket differ: damage, never "not committed". The ledger then removes the
+//!   snapshot and refuses to dispatch in this process; the next process rebuilds it from the
+//!   relay.
+//! * A snapshot of another format or device, or one SQLite cannot read, is removed and rebuilt;
+//!   one that another program holds is left alone (this process reads the whole ledger).
+//! * The relay checks its cursor against what it holds ([`Relay::resume`](crate::relay::Relay::resume)).
+//!   A ledger that does not match (a file that shrank or was replaced) is read from the start,
+//!   and what the snapshot had read is checked like the seen file's memory: damage until the
+//!   ledger has it again. Such a snapshot is kept, unused, until then.
 //! * A process saves only a state that contains the saved one (every device at least as far):
-//!   two processes of one site never step back each other's snapshot.
+//!   two processes of one site never step back each other's snapshot; a save merges each run
+//!   with what is stored, by the fold's own rule.
+//! * Limits: a published head older than the last 1 024 records of its device is not compared
+//!   (rule H3's check of *which* records this site has; their number still is), and the
+//!   in-doubt index and the other surfaces' records are loaded whole.
 //!
 //! [`LedgerOptions::snapshot`]: crate::ledger::LedgerOptions::snapshot
 

@@ -16,13 +16,15 @@ use crate::intent::IntentStatus;
 use crate::oplog::{HeadMark, OpId};
 
 /// The snapshot format this version writes and reads; any other is rebuilt.
-const FORMAT: &str = "fencepost-snapshot/2";
+const FORMAT: &str = "fencepost-snapshot/3";
 /// How long a save waits for another process's save.
 const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// The prefix of a bucket's checksum.
 const BUCKET_DOMAIN: &[u8] = b"fencepost/snapshot/bucket/v1\0";
 /// The prefix of the bucket a run is in.
 const PLACE_DOMAIN: &[u8] = b"fencepost/snapshot/place/v1\0";
+/// The prefix of a page of checksums' digest.
+const PAGE_DOMAIN: &[u8] = b"fencepost/snapshot/page/v1\0";
 /// The prefix of the loaded part's digest.
 const BASE_DOMAIN: &[u8] = b"fencepost/snapshot/base/v1\0";
 /// The bytes of a bucket's checksum.
@@ -35,17 +37,18 @@ const RUNS_PER_BUCKET: u64 = 16;
 const MAX_RUNS_PER_BUCKET: u64 = 64;
 
 /// What the `base` row holds: the ledger's loaded part, and how the runs are laid out. The runs
-/// are kept in buckets (by a hash of agent and run); the `sums` row holds every bucket's checksum,
-/// and this row the digest of `sums`. So a lookup checks the one bucket it reads against the
-/// saved state: a bucket that lost a run (a row deleted, a page of the file damaged or restored
-/// from another time) does not match, and is damage, never "not committed".
+/// are kept in buckets (by a hash of agent and run); each bucket's checksum is in a page of
+/// checksums (`sums`, 256 buckets a page), and each page's digest is here. So a lookup checks the
+/// one page and the one bucket it reads against the saved state (a tree of depth two): a bucket
+/// that lost a run (a row deleted, a page of the file damaged or restored from another time) does
+/// not match, and is damage, never "not committed".
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Stored {
     base: SnapshotBase,
     buckets: u32,
     runs: u64,
-    sums: String,
+    pages: String,
 }
 
 /// [`Stored`], borrowed, as a save writes it.
@@ -54,34 +57,97 @@ struct StoredRef<'a> {
     base: &'a SnapshotBase,
     buckets: u32,
     runs: u64,
-    sums: &'a str,
+    pages: &'a str,
 }
 
-/// The runs' layout: the buckets' checksums.
-#[derive(Debug, Clone)]
+/// How many buckets' checksums a page holds.
+const BUCKETS_PER_PAGE: u32 = 256;
+
+/// The runs' layout: the pages' digests, and the pages read.
+#[derive(Debug)]
 struct Layout {
     buckets: u32,
     runs: u64,
-    sums: Vec<[u8; CHECKSUM_BYTES]>,
-    /// The digest of `sums` as stored.
-    digest: String,
+    /// Per page, its digest in the saved state (or as this save leaves it).
+    pages: Vec<[u8; 32]>,
+    /// Whether the pages are those of empty buckets, not stored (a new layout).
+    fresh: bool,
+    /// The pages read or changed, checked.
+    loaded: BTreeMap<u32, Vec<[u8; CHECKSUM_BYTES]>>,
 }
 
 impl Layout {
-    fn empty(buckets: u32) -> Self {
-        let sums = (0..buckets).map(|id| bucket_sum(id, &[])).collect();
-        let mut layout = Self {
-            buckets,
-            runs: 0,
-            sums,
-            digest: String::new(),
-        };
-        layout.digest = sums_digest(&layout.sums_bytes());
-        layout
+    fn page_len(buckets: u32) -> u32 {
+        buckets.min(BUCKETS_PER_PAGE)
     }
 
-    fn sums_bytes(&self) -> Vec<u8> {
-        self.sums.iter().flatten().copied().collect()
+    fn empty_page(buckets: u32, page: u32) -> Vec<[u8; CHECKSUM_BYTES]> {
+        let first = page * Self::page_len(buckets);
+        (first..first + Self::page_len(buckets))
+            .map(|bucket| bucket_sum(bucket, &[]))
+            .collect()
+    }
+
+    /// A layout of `buckets` empty buckets.
+    fn empty(buckets: u32) -> Self {
+        let count = buckets / Self::page_len(buckets);
+        Self {
+            buckets,
+            runs: 0,
+            pages: (0..count)
+                .map(|page| page_digest(page, &Self::empty_page(buckets, page)))
+                .collect(),
+            fresh: true,
+            loaded: BTreeMap::new(),
+        }
+    }
+
+    /// The checksums of page `page`, read and checked against its digest when not loaded yet.
+    fn page(
+        &mut self,
+        connection: &Connection,
+        page: u32,
+    ) -> Result<&mut Vec<[u8; CHECKSUM_BYTES]>, SnapshotError> {
+        if !self.loaded.contains_key(&page) {
+            let sums = if self.fresh {
+                Self::empty_page(self.buckets, page)
+            } else {
+                let bytes: Vec<u8> = connection
+                    .prepare_cached("SELECT value FROM sums WHERE page = ?1")?
+                    .query_row([page], |row| row.get(0))
+                    .optional()?
+                    .unwrap_or_default();
+                let sums: Vec<[u8; CHECKSUM_BYTES]> = bytes
+                    .chunks_exact(CHECKSUM_BYTES)
+                    .map(|chunk| {
+                        let mut sum = [0u8; CHECKSUM_BYTES];
+                        sum.copy_from_slice(chunk);
+                        sum
+                    })
+                    .collect();
+                let expected = self.pages.get(page as usize);
+                if expected != Some(&page_digest(page, &sums))
+                    || sums.len() != Self::page_len(self.buckets) as usize
+                {
+                    return Err(SnapshotError::Damaged(format!(
+                        "its page {page} of checksums does not match the saved state"
+                    )));
+                }
+                sums
+            };
+            self.loaded.insert(page, sums);
+        }
+        self.loaded
+            .get_mut(&page)
+            .ok_or_else(|| SnapshotError::Other("a loaded page vanished".to_owned()))
+    }
+
+    fn pages_hex(&self) -> String {
+        self.pages
+            .iter()
+            .flatten()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
     }
 }
 
@@ -97,8 +163,6 @@ struct Entry {
 pub(crate) struct Snapshot {
     connection: Connection,
     path: PathBuf,
-    /// The layout last read, for lookups while no other process saves.
-    layout: std::cell::RefCell<Option<Layout>>,
 }
 
 impl std::fmt::Debug for Snapshot {
@@ -126,13 +190,13 @@ impl Snapshot {
         connection.pragma_update(None, "journal_size_limit", 4 * 1024 * 1024)?;
         connection.execute_batch(
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS base (id INTEGER PRIMARY KEY CHECK (id IN (1, 2)), value BLOB NOT NULL);
+             CREATE TABLE IF NOT EXISTS base (id INTEGER PRIMARY KEY CHECK (id = 1), value BLOB NOT NULL);
+             CREATE TABLE IF NOT EXISTS sums (page INTEGER PRIMARY KEY, value BLOB NOT NULL);
              CREATE TABLE IF NOT EXISTS buckets (id INTEGER PRIMARY KEY, value BLOB NOT NULL);",
         )?;
         let snapshot = Self {
             connection,
             path: path.to_path_buf(),
-            layout: std::cell::RefCell::new(None),
         };
         for (key, expected) in [("format", FORMAT), ("device", device_id)] {
             snapshot.connection.execute(
@@ -172,28 +236,19 @@ impl Snapshot {
 
     /// The loaded part, if a state was saved.
     pub(crate) fn base(&self) -> Result<Option<SnapshotBase>, SnapshotError> {
-        let transaction = self.connection.unchecked_transaction()?;
-        let cached = self.layout.borrow().clone();
-        let stored = read_stored(&transaction, cached)?;
-        transaction.commit()?;
-        Ok(stored.map(|(stored, layout)| {
-            *self.layout.borrow_mut() = Some(layout);
-            stored.base
-        }))
+        Ok(read_stored(&self.connection)?.map(|(stored, _)| stored.base))
     }
 
     /// The stored summary of a run, checked against the saved state (see [`Stored`]).
     pub(crate) fn run(&self, agent_id: &str, run_id: &str) -> Result<Option<RunSummary>, SnapshotError> {
-        // One read transaction: the saved state and the bucket of one save.
+        // One read transaction: the saved state, the page and the bucket of one save.
         let transaction = self.connection.unchecked_transaction()?;
-        let cached = self.layout.borrow().clone();
-        let Some((_, layout)) = read_stored(&transaction, cached)? else {
+        let Some((_, mut layout)) = read_stored(&transaction)? else {
             return Err(SnapshotError::Damaged("its saved state is gone".to_owned()));
         };
         let bucket = bucket_of(agent_id, run_id, layout.buckets);
-        let entries = read_bucket(&transaction, &layout, bucket)?;
+        let entries = read_bucket(&transaction, &mut layout, bucket)?;
         transaction.commit()?;
-        *self.layout.borrow_mut() = Some(layout);
         Ok(entries
             .into_iter()
             .find(|entry| entry.agent == agent_id && entry.run == run_id)
@@ -219,8 +274,7 @@ impl Snapshot {
         let transaction = self
             .connection
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let cached = self.layout.borrow().clone();
-        let stored = read_stored(&transaction, cached)?;
+        let stored = read_stored(&transaction)?;
         let (heads, layout, empty) = match stored {
             Some((stored, layout)) => (stored.base.heads, layout, false),
             None => {
@@ -237,7 +291,6 @@ impl Snapshot {
             layout,
             empty,
             pending: BTreeMap::new(),
-            cache: &self.layout,
         }))
     }
 }
@@ -250,7 +303,6 @@ pub(crate) struct Save<'a> {
     empty: bool,
     /// The buckets changed by this save, encoded.
     pending: BTreeMap<u32, Vec<u8>>,
-    cache: &'a std::cell::RefCell<Option<Layout>>,
 }
 
 impl Save<'_> {
@@ -271,7 +323,7 @@ impl Save<'_> {
         }
         let mut entries = match self.pending.get(&bucket) {
             Some(body) => decode_bucket(bucket, body)?,
-            None => read_bucket(&self.transaction, &self.layout, bucket)?,
+            None => read_bucket(&self.transaction, &mut self.layout, bucket)?,
         };
         match entries
             .iter_mut()
@@ -311,7 +363,7 @@ impl Save<'_> {
             let entries = match self.pending.get(&bucket) {
                 Some(body) => decode_bucket(bucket, body)?,
                 None if self.empty => Vec::new(),
-                None => read_bucket(&self.transaction, &self.layout, bucket)?,
+                None => read_bucket(&self.transaction, &mut self.layout, bucket)?,
             };
             for entry in entries {
                 let body = spread
@@ -320,7 +372,8 @@ impl Save<'_> {
                 push_entry(&entry.agent, &entry.run, &entry.summary, body);
             }
         }
-        self.transaction.execute("DELETE FROM buckets", [])?;
+        self.transaction
+            .execute_batch("DELETE FROM buckets; DELETE FROM sums;")?;
         let runs = self.layout.runs;
         self.layout = Layout::empty(buckets);
         self.layout.runs = runs;
@@ -329,27 +382,44 @@ impl Save<'_> {
         Ok(())
     }
 
-    /// Stores the changed buckets, their checksums and the loaded part, and commits.
+    /// Stores the changed buckets, their pages of checksums and the loaded part, and commits.
     pub(crate) fn finish(mut self, base: &SnapshotBase) -> Result<(), SnapshotError> {
         if self.layout.runs > u64::from(self.layout.buckets) * MAX_RUNS_PER_BUCKET {
             self.spread()?;
         }
+        let page_len = Layout::page_len(self.layout.buckets);
+        // A new layout stores every page; a save, the pages of the buckets it changed.
+        let mut touched: std::collections::BTreeSet<u32> = if self.layout.fresh {
+            (0..self.layout.pages.len() as u32).collect()
+        } else {
+            std::collections::BTreeSet::new()
+        };
         {
             let mut write = self
                 .transaction
                 .prepare_cached("INSERT OR REPLACE INTO buckets (id, value) VALUES (?1, ?2)")?;
             for (bucket, body) in &self.pending {
                 write.execute(params![bucket, body])?;
-                self.layout.sums[*bucket as usize] = bucket_sum(*bucket, body);
+                let page = bucket / page_len;
+                self.layout.page(&self.transaction, page)?[(bucket % page_len) as usize] =
+                    bucket_sum(*bucket, body);
+                touched.insert(page);
             }
         }
-        let sums = self.layout.sums_bytes();
-        self.layout.digest = sums_digest(&sums);
+        for page in touched {
+            let sums = self.layout.page(&self.transaction, page)?.clone();
+            let bytes: Vec<u8> = sums.iter().flatten().copied().collect();
+            self.transaction
+                .prepare_cached("INSERT OR REPLACE INTO sums (page, value) VALUES (?1, ?2)")?
+                .execute(params![page, bytes])?;
+            self.layout.pages[page as usize] = page_digest(page, &sums);
+        }
+        let pages = self.layout.pages_hex();
         let stored = StoredRef {
             base,
             buckets: self.layout.buckets,
             runs: self.layout.runs,
-            sums: &self.layout.digest,
+            pages: &pages,
         };
         let mut value =
             serde_json::to_vec(&stored).map_err(|error| SnapshotError::Other(error.to_string()))?;
@@ -357,20 +427,13 @@ impl Save<'_> {
         value.extend_from_slice(&digest);
         self.transaction
             .execute("INSERT OR REPLACE INTO base (id, value) VALUES (1, ?1)", [value])?;
-        self.transaction
-            .execute("INSERT OR REPLACE INTO base (id, value) VALUES (2, ?1)", [sums])?;
         self.transaction.commit()?;
-        *self.cache.borrow_mut() = Some(self.layout);
         Ok(())
     }
 }
 
-/// The saved state and the runs' layout, checked (the layout `cached` is used when its digest is
-/// the saved one).
-fn read_stored(
-    connection: &Connection,
-    cached: Option<Layout>,
-) -> Result<Option<(Stored, Layout)>, SnapshotError> {
+/// The saved state and the runs' layout, checked.
+fn read_stored(connection: &Connection) -> Result<Option<(Stored, Layout)>, SnapshotError> {
     let value: Option<Vec<u8>> = connection
         .query_row("SELECT value FROM base WHERE id = 1", [], |row| row.get(0))
         .optional()?;
@@ -388,53 +451,46 @@ fn read_stored(
     }
     let stored: Stored = serde_json::from_slice(json)
         .map_err(|error| SnapshotError::Damaged(format!("its saved state cannot be read: {error}")))?;
-    if !stored.buckets.is_power_of_two() {
+    if !stored.buckets.is_power_of_two() || stored.buckets < MIN_BUCKETS {
         return Err(damaged("has a wrong number of buckets"));
     }
-    if let Some(layout) =
-        cached.filter(|layout| layout.digest == stored.sums && layout.buckets == stored.buckets)
-    {
-        let layout = Layout {
-            runs: stored.runs,
-            ..layout
-        };
-        return Ok(Some((stored, layout)));
-    }
-    let sums: Vec<u8> = connection
-        .query_row("SELECT value FROM base WHERE id = 2", [], |row| row.get(0))
-        .optional()?
-        .ok_or_else(|| damaged("lacks its buckets' checksums"))?;
-    if sums_digest(&sums) != stored.sums || sums.len() != stored.buckets as usize * CHECKSUM_BYTES {
-        return Err(damaged("does not match its buckets' checksums"));
-    }
+    let count = (stored.buckets / Layout::page_len(stored.buckets)) as usize;
+    let pages: Vec<[u8; 32]> = (0..count)
+        .map(|page| {
+            let hex = stored.pages.get(page * 64..page * 64 + 64)?;
+            crate::hex::decode_lower_hex::<32>(hex)
+        })
+        .collect::<Option<_>>()
+        .filter(|_| stored.pages.len() == count * 64)
+        .ok_or_else(|| damaged("has damaged page digests"))?;
     let layout = Layout {
         buckets: stored.buckets,
         runs: stored.runs,
-        sums: sums
-            .chunks_exact(CHECKSUM_BYTES)
-            .map(|chunk| {
-                let mut sum = [0u8; CHECKSUM_BYTES];
-                sum.copy_from_slice(chunk);
-                sum
-            })
-            .collect(),
-        digest: stored.sums.clone(),
+        pages,
+        fresh: false,
+        loaded: BTreeMap::new(),
     };
     Ok(Some((stored, layout)))
 }
 
-/// The runs of `bucket`, checked against the layout's checksum (an absent row is an empty bucket).
-fn read_bucket(connection: &Connection, layout: &Layout, bucket: u32) -> Result<Vec<Entry>, SnapshotError> {
+/// The runs of `bucket`, checked against its page of checksums (an absent row is an empty
+/// bucket).
+fn read_bucket(
+    connection: &Connection,
+    layout: &mut Layout,
+    bucket: u32,
+) -> Result<Vec<Entry>, SnapshotError> {
     let body: Option<Vec<u8>> = connection
         .prepare_cached("SELECT value FROM buckets WHERE id = ?1")?
         .query_row([bucket], |row| row.get(0))
         .optional()?;
     let body = body.unwrap_or_default();
+    let page_len = Layout::page_len(layout.buckets);
     let expected = layout
-        .sums
-        .get(bucket as usize)
-        .ok_or_else(|| SnapshotError::Damaged(format!("bucket {bucket} is out of range")))?;
-    if bucket_sum(bucket, &body) != *expected {
+        .page(connection, bucket / page_len)?
+        .get((bucket % page_len) as usize)
+        .copied();
+    if expected != Some(bucket_sum(bucket, &body)) {
         return Err(SnapshotError::Damaged(format!(
             "its bucket {bucket} of runs does not match the saved state (a run lost or changed)"
         )));
@@ -449,9 +505,14 @@ fn base_digest(json: &[u8]) -> [u8; 32] {
     hasher.finalize().into()
 }
 
-fn sums_digest(sums: &[u8]) -> String {
-    let digest: [u8; 32] = Sha256::digest(sums).into();
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+fn page_digest(page: u32, sums: &[[u8; CHECKSUM_BYTES]]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(PAGE_DOMAIN);
+    hasher.update(page.to_be_bytes());
+    for sum in sums {
+        hasher.update(sum);
+    }
+    hasher.finalize().into()
 }
 
 fn bucket_sum(bucket: u32, body: &[u8]) -> [u8; CHECKSUM_BYTES] {
