@@ -398,3 +398,32 @@ fn r1_snapshot_what_the_snapshot_read_is_remembered_when_the_seen_file_is_lost()
     assert!(ledger.resumed_from_snapshot());
     assert_eq!(committed(&mut ledger), RUNS);
 }
+
+/// R1 (found by an adversarial test): the snapshot of another ledger copied in under this one's
+/// name is started over, not taken for this ledger's past (which would look like damage).
+#[test]
+fn r1_snapshot_another_ledgers_snapshot_under_this_name_is_rebuilt() {
+    let site = committed_site();
+    let other = Site::new();
+    other.write("phone", &Intent::new("otto", "run-x", 1, IntentStatus::Committed));
+    let other_snapshot = other.snapshot.with_file_name("other-ledger.sqlite");
+    let options = LedgerOptions::default()
+        .snapshot(&other_snapshot)
+        .seen_file(other.seen.with_file_name("seen-other.json"));
+    drop(Ledger::open_with("reader", other.clock.wall_clock(), relay(&other.folder), options).unwrap());
+    for suffix in ["-wal", "-shm"] {
+        let mut path = site.snapshot.clone().into_os_string();
+        path.push(suffix);
+        let _ = std::fs::remove_file(path);
+    }
+    std::fs::copy(&other_snapshot, &site.snapshot).unwrap();
+    let mut ledger = site.reader(true);
+    assert!(ledger.damage().is_empty(), "{:?}", ledger.damage());
+    assert!(!ledger.resumed_from_snapshot());
+    assert_eq!(committed(&mut ledger), RUNS);
+    assert!(ledger.committed_run("otto", "run-x").is_none());
+    drop(ledger);
+    let mut resumed = site.reader(true);
+    assert!(resumed.resumed_from_snapshot());
+    assert_eq!(committed(&mut resumed), RUNS);
+}

@@ -332,7 +332,7 @@ impl Ledger {
                 return;
             }
             Err(error) => {
-                tracing::info!(snapshot = %path.display(), %error, "the snapshot cannot be read; reading the whole ledger and starting it over");
+                tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be read; reading the whole ledger and starting it over");
                 let device = self.log.device_id().to_owned();
                 Snapshot::remove(&path);
                 self.snapshot = SnapshotUse::open(path, &device);
@@ -342,7 +342,7 @@ impl Ledger {
         let view = match LedgerState::restored(&base) {
             Ok(view) => view,
             Err(reason) => {
-                tracing::info!(snapshot = %path.display(), %reason, "the snapshot cannot be used; reading the whole ledger and starting it over");
+                tracing::warn!(snapshot = %path.display(), %reason, "the snapshot cannot be used; reading the whole ledger and starting it over");
                 let device = self.log.device_id().to_owned();
                 Snapshot::remove(&path);
                 self.snapshot = SnapshotUse::open(path, &device);
@@ -1202,7 +1202,7 @@ impl SnapshotUse {
                 return None;
             }
             Err(error) => {
-                tracing::info!(snapshot = %path.display(), %error, "starting the snapshot over");
+                tracing::warn!(snapshot = %path.display(), %error, "starting the snapshot over");
                 Snapshot::remove(&path);
                 match Snapshot::open(&path, device_id) {
                     Ok(store) => store,

@@ -22,7 +22,8 @@
 //!   time) makes its bucket differ: damage, never "not committed". The ledger then removes the
 //!   snapshot and refuses to dispatch in this process; the next process rebuilds it from the
 //!   relay.
-//! * A snapshot of another format or device, or one SQLite cannot read, is removed and rebuilt;
+//! * A snapshot of another format or device, or under another file name (the CLI names each after
+//!   its ledger), or one SQLite cannot read, is removed and rebuilt;
 //!   one that another program holds is left alone (this process reads the whole ledger).
 //! * The relay checks its cursor against what it holds ([`Relay::resume`](crate::relay::Relay::resume)).
 //!   A ledger that does not match (a file that shrank or was replaced) is read from the start,

@@ -198,7 +198,13 @@ impl Snapshot {
             connection,
             path: path.to_path_buf(),
         };
-        for (key, expected) in [("format", FORMAT), ("device", device_id)] {
+        // The file's own name too: the CLI names a snapshot after its ledger, so one copied in
+        // from another ledger's name is started over, not taken for this ledger's past.
+        let name = path
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        for (key, expected) in [("format", FORMAT), ("device", device_id), ("file", name.as_str())] {
             snapshot.connection.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES (?1, ?2)",
                 params![key, expected],
