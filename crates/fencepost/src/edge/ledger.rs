@@ -331,23 +331,11 @@ impl Ledger {
                 self.snapshot = None;
                 return;
             }
-            Err(error) => {
-                tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be read; reading the whole ledger and starting it over");
-                let device = self.log.device_id().to_owned();
-                Snapshot::remove(&path);
-                self.snapshot = SnapshotUse::open(path, &device);
-                return;
-            }
+            Err(error) => return self.start_snapshot_over(path, &error.to_string()),
         };
         let view = match LedgerState::restored(&base) {
             Ok(view) => view,
-            Err(reason) => {
-                tracing::warn!(snapshot = %path.display(), %reason, "the snapshot cannot be used; reading the whole ledger and starting it over");
-                let device = self.log.device_id().to_owned();
-                Snapshot::remove(&path);
-                self.snapshot = SnapshotUse::open(path, &device);
-                return;
-            }
+            Err(reason) => return self.start_snapshot_over(path, &reason),
         };
         if let Err(reason) = self.relay.resume(&base.cursor) {
             tracing::warn!(snapshot = %path.display(), %reason, "the ledger no longer holds what this site's snapshot read; reading the whole ledger");
@@ -360,6 +348,15 @@ impl Ledger {
         snapshot.dirty = Some(BTreeSet::new());
         self.view = view;
         tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
+    }
+
+    /// Removes a snapshot that cannot be used and starts a new one in its place (a process still
+    /// reading the old file keeps it); this open reads the whole ledger.
+    fn start_snapshot_over(&mut self, path: std::path::PathBuf, reason: &str) {
+        tracing::warn!(snapshot = %path.display(), %reason, "the snapshot cannot be used; reading the whole ledger and starting it over");
+        let device = self.log.device_id().to_owned();
+        Snapshot::remove(&path);
+        self.snapshot = SnapshotUse::open(path, &device);
     }
 
     /// Saves what the view holds to the snapshot, when it is at a clean point: no damage, and

@@ -143,11 +143,11 @@ impl Layout {
     }
 
     fn pages_hex(&self) -> String {
-        self.pages
-            .iter()
-            .flatten()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
+        let mut text = String::with_capacity(self.pages.len() * 64);
+        for page in &self.pages {
+            crate::hex::push_lower_hex(&mut text, page);
+        }
+        text
     }
 }
 
