@@ -9,6 +9,12 @@
 //! * Printed before each group: the snapshot's size, the first (cold) run's time, and the peak
 //!   RSS of a few warm runs (GNU time's `%M`, when `/usr/bin/time` is there).
 //!
+//! * `join/occurrences/N` (issue 17: "a new device joining a compacted ledger"): after a
+//!   `fencepost ledger compact` of that ledger, the wall time of the first `fencepost run` of a
+//!   new occurrence by a new device (a data directory of its own, empty before each run): it
+//!   copies the checkpoint, checking it whole, reads the records after it, and runs.
+//!   Printed before it: the compaction's time and the checkpoint's size.
+//!
 //! `FENCEPOST_BENCH_SIZES` changes the numbers of occurrences (default `1000,1000000`).
 
 use std::io::Write;
@@ -66,11 +72,19 @@ fn fill(ledger: &Path, count: usize) {
 
 /// `fencepost run` of occurrence `salt` of the job, as [`DEVICE`], with its data in `home`.
 fn run(home: &Path, salt: &str) -> Command {
+    fencepost(
+        home,
+        &[
+            "run", "--agent", AGENT, "--intent", INTENT, "--salt", salt, "--", "true",
+        ],
+    )
+}
+
+/// `fencepost ARGS` as [`DEVICE`], with its data in `home`.
+fn fencepost(home: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencepost"));
     command
-        .args([
-            "run", "--agent", AGENT, "--intent", INTENT, "--salt", salt, "--", "true",
-        ])
+        .args(args)
         .env(
             "FENCEPOST_COORDINATOR",
             format!("sqlite:{}", home.join("leases.db").display()),
@@ -160,5 +174,49 @@ fn warm_run(criterion: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, warm_run);
+fn join(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("join/occurrences");
+    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    for count in sizes() {
+        let home = tempfile::tempdir().unwrap();
+        fill(&home.path().join("ledger"), count);
+        let started = Instant::now();
+        succeed(&mut fencepost(home.path(), &["ledger", "compact"]));
+        let compacted = started.elapsed();
+        let checkpoints = home.path().join("ledger").join("checkpoints");
+        let checkpoint_bytes: u64 = std::fs::read_dir(&checkpoints)
+            .unwrap()
+            .map(|item| item.unwrap().metadata().unwrap().len())
+            .sum();
+        println!(
+            "join/occurrences/{count}: {} records; `ledger compact` (cold: reads everything, writes the host's snapshot and the checkpoint) took {:.2} s; checkpoint {:.1} MB",
+            2 * count,
+            compacted.as_secs_f64(),
+            checkpoint_bytes as f64 / 1e6,
+        );
+        let mut next = 0u64;
+        group.bench_with_input(BenchmarkId::from_parameter(count), &count, |bencher, _| {
+            bencher.iter_custom(|iterations| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iterations {
+                    next += 1;
+                    let data = home.path().join(format!("join-data-{next}"));
+                    let device = format!("joiner-{next}");
+                    let mut command = run(home.path(), &format!("join-{next}"));
+                    command
+                        .env("XDG_DATA_HOME", &data)
+                        .env("FENCEPOST_DEVICE", &device);
+                    let started = Instant::now();
+                    succeed(&mut command);
+                    total += started.elapsed();
+                    std::fs::remove_dir_all(&data).unwrap();
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, warm_run, join);
 criterion_main!(benches);

@@ -149,6 +149,8 @@ pub mod tenure;
 // The edge: the OS clock, storage, threads.
 #[path = "edge/backend/mod.rs"]
 pub mod backend;
+#[path = "edge/checkpoint.rs"]
+pub mod checkpoint;
 #[path = "edge/clock.rs"]
 pub mod clock;
 #[path = "edge/dispatch.rs"]

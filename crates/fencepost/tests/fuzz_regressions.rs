@@ -45,3 +45,13 @@ fn i1_fuzz_regressions_intent_payload() {
         decoders::intent_payload(&bytes);
     }
 }
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn k3_fuzz_regressions_checkpoint() {
+    let scratch = tempfile::tempdir().unwrap();
+    let fixture = decoders::checkpoint_fixture(scratch.path());
+    for (_, bytes) in inputs("checkpoint") {
+        decoders::checkpoint(&fixture, scratch.path(), &bytes);
+    }
+}

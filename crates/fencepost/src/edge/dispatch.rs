@@ -133,6 +133,10 @@ pub enum DispatchError {
         /// What is damaged.
         problems: Vec<RelayProblem>,
     },
+    /// A checkpoint could not be written ([`Ledger::compact`]): nothing was changed in the
+    /// ledger.
+    #[error("cannot write a checkpoint: {0}")]
+    Checkpoint(String),
     /// The seen file ([`LedgerOptions::seen_file`]) could not be read or written.
     #[error("cannot use the seen file {path}")]
     Seen {

@@ -18,6 +18,9 @@ use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
 use crate::run_id::RunKey;
 use crate::snapshot::{AttemptsMark, Snapshot, SnapshotBase, SnapshotError};
 
+#[path = "ledger/checkpoints.rs"]
+mod checkpoints;
+
 /// A run in doubt (rule D2): it has no `committed` record, and a `pending` of some epoch has no
 /// `committed` or `failed` record of that same epoch, so that attempt's effect may or may not have
 /// happened. A `failed` of an *older* epoch does not settle a newer attempt: a run whose history is
@@ -159,6 +162,10 @@ pub struct Ledger {
     /// What a snapshot that the ledger no longer matches had read, per device: checked like the
     /// seen file's marks.
     snapshot_marks: Vec<HeadMark>,
+    /// The shared checkpoint that could not be used: damage, for good (see [`crate::checkpoint`]).
+    checkpoint_damage: Option<RelayProblem>,
+    /// The id of the shared checkpoint this ledger started from, if it did.
+    started_from: Option<String>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -280,6 +287,8 @@ impl Ledger {
             snapshot: None,
             snapshot_damage: None,
             snapshot_marks: Vec::new(),
+            checkpoint_damage: None,
+            started_from: None,
         };
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),
@@ -319,11 +328,22 @@ impl Ledger {
     /// is checked like the seen file's memory (damage until the ledger has it again), and it is
     /// not overwritten while the ledger is damaged.
     fn resume_snapshot(&mut self) {
-        let Some(snapshot) = &mut self.snapshot else {
+        let Some(snapshot) = &self.snapshot else {
             return;
         };
         let path = snapshot.store.path().to_path_buf();
-        let base = match snapshot.store.base() {
+        let mut saved = snapshot.store.base();
+        let mut from_checkpoint = None;
+        if matches!(saved, Ok(None)) {
+            // Nothing saved yet (a new site, or a snapshot started over): from the shared
+            // checkpoint, if there is one.
+            from_checkpoint = self.import_checkpoint();
+            let Some(snapshot) = &self.snapshot else {
+                return;
+            };
+            saved = snapshot.store.base();
+        }
+        let base = match saved {
             Ok(None) => return, // nothing saved yet
             Ok(Some(base)) => base,
             Err(error) if error.is_busy() => {
@@ -338,15 +358,27 @@ impl Ledger {
             Err(reason) => return self.start_snapshot_over(path, &reason),
         };
         if let Err(reason) = self.relay.resume(&base.cursor) {
+            if let Some(id) = from_checkpoint {
+                // Not this site's past: the files here may not have reached the checkpoint yet.
+                tracing::warn!(checkpoint = %id, %reason, "the ledger's files here do not match the shared checkpoint (not synced up to it yet?); reading the whole ledger");
+                return self.start_snapshot_over(
+                    path,
+                    "it was copied from a checkpoint that this ledger does not match",
+                );
+            }
             tracing::warn!(snapshot = %path.display(), %reason, "the ledger no longer holds what this site's snapshot read; reading the whole ledger");
             self.snapshot_marks = base.heads;
             self.snapshot = None;
             return;
         }
+        let Some(snapshot) = &mut self.snapshot else {
+            return;
+        };
         snapshot.saved = Some(view.frontier.clone());
         snapshot.queried = true;
         snapshot.dirty = Some(BTreeSet::new());
         self.view = view;
+        self.started_from = from_checkpoint;
         tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
     }
 
@@ -536,6 +568,7 @@ impl Ledger {
         // A snapshot that cannot be read is not the ledger's damage: nothing to accept (the next
         // process rebuilds it).
         self.snapshot_damage.as_ref() != Some(problem)
+            && self.checkpoint_damage.as_ref() != Some(problem)
             && self.accepted.iter().any(|device| names(problem, device))
     }
 
@@ -562,6 +595,7 @@ impl Ledger {
             .problems
             .iter()
             .filter(|problem| self.snapshot_damage.as_ref() != Some(*problem))
+            .filter(|problem| self.checkpoint_damage.as_ref() != Some(*problem))
             .filter(|problem| problem.is_damage() && names(problem, device))
             .map(ToString::to_string)
             .collect();
@@ -737,6 +771,7 @@ impl Ledger {
         self.problems.extend(self.replaced.iter().cloned());
         self.problems.extend(self.view.rejected.values().cloned());
         self.problems.extend(self.snapshot_damage.iter().cloned());
+        self.problems.extend(self.checkpoint_damage.iter().cloned());
         for mark in &self.snapshot_marks {
             let device = &mark.device_id;
             if self

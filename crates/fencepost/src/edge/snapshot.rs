@@ -50,7 +50,7 @@ mod store;
 #[path = "snapshot/store_off.rs"]
 mod store;
 
-pub(crate) use store::Snapshot;
+pub(crate) use store::{CheckpointFile, Snapshot};
 
 /// Why a snapshot cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,7 @@ pub(crate) enum SnapshotError {
     Other(String),
     /// Its content does not match its checksums.
     #[error("{0}")]
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Damaged(String),
 }
 

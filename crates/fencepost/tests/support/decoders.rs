@@ -60,3 +60,118 @@ pub fn intent_payload(bytes: &[u8]) {
         );
     }
 }
+
+/// A ledger folder with a checkpoint, for [`checkpoint`]: the folder, the checkpoint's path and
+/// bytes, and the runs of agent `milo` with whether each committed.
+#[cfg(feature = "sqlite")]
+pub struct CheckpointFixture {
+    pub folder: std::path::PathBuf,
+    pub checkpoint: std::path::PathBuf,
+    pub pristine: Vec<u8>,
+    pub runs: Vec<(String, bool)>,
+}
+
+/// Writes a ledger of two devices (committed, failed and in-doubt runs) and its checkpoint
+/// under `scratch`.
+#[cfg(feature = "sqlite")]
+pub fn checkpoint_fixture(scratch: &std::path::Path) -> CheckpointFixture {
+    use fencepost::clock::ManualClock;
+    use fencepost::dispatch::Ledger;
+    use std::sync::Arc;
+
+    let folder = scratch.join("ledger");
+    let clock = ManualClock::new(1_000);
+    let mut runs = Vec::new();
+    for (index, device) in ["laptop", "phone"].iter().enumerate() {
+        let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(&folder).expect("a scratch ledger"));
+        let mut ledger = Ledger::open(device, clock.wall_clock(), relay).expect("a scratch ledger");
+        for run in 0..6 {
+            let run_id = format!("run-{index}-{run}");
+            let epoch = 1 + index as u64;
+            ledger
+                .record(&Intent::new("milo", run_id.clone(), epoch, IntentStatus::Pending))
+                .expect("a record");
+            let outcome = [
+                IntentStatus::Committed,
+                IntentStatus::Failed,
+                IntentStatus::Pending,
+            ][run % 3];
+            if outcome != IntentStatus::Pending {
+                ledger
+                    .record(&Intent::new("milo", run_id.clone(), epoch, outcome))
+                    .expect("a record");
+            }
+            runs.push((run_id, outcome == IntentStatus::Committed));
+        }
+    }
+    let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(&folder).expect("a scratch ledger"));
+    let mut ledger = Ledger::open("laptop", clock.wall_clock(), relay).expect("a scratch ledger");
+    let written = ledger.compact().expect("a checkpoint");
+    CheckpointFixture {
+        folder,
+        pristine: std::fs::read(&written.path).expect("the checkpoint"),
+        checkpoint: written.path,
+        runs,
+    }
+}
+
+/// A checkpoint as a synced folder may deliver it: damaged anywhere (`bytes`: the first byte
+/// says how, the rest where: byte patches of five bytes each, a 32-bit offset and a value, or a
+/// cut at an offset). A new site that starts from it reports damage or answers as the records
+/// say (rule K3): never "not committed" for a committed run, never a commit that is not there,
+/// never a panic.
+#[cfg(feature = "sqlite")]
+pub fn checkpoint(fixture: &CheckpointFixture, scratch: &std::path::Path, bytes: &[u8]) {
+    use fencepost::clock::ManualClock;
+    use fencepost::dispatch::Ledger;
+    use fencepost::ledger::LedgerOptions;
+    use std::sync::Arc;
+
+    let Some((mode, rest)) = bytes.split_first() else {
+        return;
+    };
+    let mut content = fixture.pristine.clone();
+    let offset = |chunk: &[u8], length: usize| {
+        let mut word = [0u8; 4];
+        word.copy_from_slice(&chunk[..4]);
+        u32::from_le_bytes(word) as usize % length.max(1)
+    };
+    if mode % 2 == 0 {
+        for patch in rest.chunks_exact(5) {
+            let at = offset(patch, content.len());
+            content[at] = patch[4];
+        }
+    } else if rest.len() >= 4 {
+        let at = offset(rest, content.len());
+        content.truncate(at);
+        content.extend_from_slice(&rest[4..]);
+    }
+    // The checkpoint as written needs starting from once per run of the fuzzer.
+    static PRISTINE_STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if content == fixture.pristine && PRISTINE_STARTED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    std::fs::write(&fixture.checkpoint, &content).expect("a scratch checkpoint");
+    // Read whole and checked as a new site does; only a checkpoint that passes (bytes that
+    // meant nothing were changed) is started from, the slower path.
+    if fencepost::checkpoint::inspect(&fixture.checkpoint).is_err() {
+        std::fs::write(&fixture.checkpoint, &fixture.pristine).expect("a scratch checkpoint");
+        return;
+    }
+    let snapshot = scratch.join("snapshot.sqlite");
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", snapshot.display()));
+    }
+    let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(&fixture.folder).expect("the scratch ledger"));
+    let options = LedgerOptions::default().snapshot(&snapshot);
+    let clock = ManualClock::new(1_000_000);
+    let mut ledger =
+        Ledger::open_with("newcomer", clock.wall_clock(), relay, options).expect("the ledger opens");
+    for (run, committed) in &fixture.runs {
+        let found = ledger.committed_run("milo", run).is_some();
+        if ledger.damage().is_empty() {
+            assert_eq!(found, *committed, "{run}: the oracle answers as the records say");
+        }
+    }
+    std::fs::write(&fixture.checkpoint, &fixture.pristine).expect("a scratch checkpoint");
+}

@@ -19,6 +19,8 @@ use crate::oplog::{HeadMark, LogHead, OpId, OpRecord};
 
 /// The folder, inside the relay folder, that holds one file per device.
 const DEVICES_DIR: &str = "devices";
+/// The folder, inside the relay folder, that holds the shared checkpoints.
+const CHECKPOINTS_DIR: &str = "checkpoints";
 /// The extension of a device's log file.
 const LOG_EXTENSION: &str = ".jsonl";
 /// Encoded names longer than this are shortened to a prefix and a hash.
@@ -604,6 +606,11 @@ impl Relay for FsRelay {
         }
         *files = resumed;
         Ok(())
+    }
+
+    /// `checkpoints/` beside `devices/`.
+    fn checkpoints_dir(&self) -> Option<PathBuf> {
+        self.devices_dir.parent().map(|root| root.join(CHECKPOINTS_DIR))
     }
 
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -108,6 +109,14 @@ pub trait Relay: Send + Sync {
     fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
         let _ = cursor;
         Err("this relay does not resume from a cursor".to_owned())
+    }
+
+    /// The folder where this relay keeps the ledger's shared [checkpoints](crate::checkpoint),
+    /// where every site finds them; `None` when it keeps none (a database relay, for now).
+    ///
+    /// The default: `None`.
+    fn checkpoints_dir(&self) -> Option<PathBuf> {
+        None
     }
 
     /// Appends new records to `device_id`'s log while holding the relay's exclusive claim on that
@@ -298,6 +307,7 @@ pub(crate) struct DevicePlan<'a> {
 
 /// The cursor of a relay that reads by the caller's frontier (a database): the frontier itself,
 /// every device with its next seq and last record's id ([`Relay::cursor`]).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn frontier_cursor(frontier: &Frontier) -> Option<serde_json::Value> {
     let mut marks: Vec<(String, u64, OpId)> = Vec::new();
     for (device_id, next_seq) in frontier.iter() {
@@ -309,6 +319,7 @@ pub(crate) fn frontier_cursor(frontier: &Frontier) -> Option<serde_json::Value> 
 /// [`Relay::resume`] for a relay that reads by the caller's frontier: checks that every device of
 /// the cursor still holds its last record, the same one (a device whose records were deleted, or
 /// replaced, does not match), with one pull of those records and what follows them.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> Result<(), String> {
     let marks = Vec::<(String, u64, OpId)>::deserialize(cursor)
         .map_err(|error| format!("the cursor is damaged: {error}"))?;
@@ -391,10 +402,12 @@ pub(crate) fn group_by_device(ops: &[OpRecord]) -> Result<BTreeMap<&str, Vec<&Op
 }
 
 /// Builds the [`RelayProblem`] of a damaged stored record: `(seq, what is wrong)`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) type DamageOf<'a> = dyn Fn(u64, String) -> RelayProblem + 'a;
 
 /// Decodes the stored record `seq` of `device_id`, checking that it says it is that record (its id
 /// over its content is checked by the caller, against the chain or alone).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn decode_stored(
     device_id: &str,
     seq: u64,
@@ -412,6 +425,7 @@ pub(crate) fn decode_stored(
 }
 
 /// Decodes a stored record and checks its id over its content: a record that can head a log.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn stored_record(
     device_id: &str,
     seq: u64,
@@ -429,6 +443,7 @@ pub(crate) fn stored_record(
 /// The head of a device's stored log in a database relay, from its stored length (`next_seq`),
 /// the largest seq of its rows (`top`) and its last record (`last`, the row `next_seq - 1`, `None`
 /// when missing): the length and the rows must agree (a row or a length edited by hand is damage).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn stored_head(
     device_id: &str,
     next_seq: u64,
@@ -463,6 +478,7 @@ pub(crate) fn stored_head(
 /// unreadable after a hand edit) in seq order from `from - 1` on when `from > 0` (the record before
 /// the first new one, which anchors its chain), else from 0; `stored` is the device's length.
 /// Returns the new records that continue the chain, and the damage that stopped the reading.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn verify_pulled<'b>(
     device_id: &str,
     from: u64,

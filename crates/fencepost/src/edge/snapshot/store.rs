@@ -662,3 +662,199 @@ fn decode_bucket(bucket: u32, body: &[u8]) -> Result<Vec<Entry>, SnapshotError> 
     }
     Ok(entries)
 }
+
+/// What a checkpoint file's meta names as its device and file: no site's.
+const CHECKPOINT_OWNER: &str = "checkpoint";
+
+impl Snapshot {
+    /// Writes a copy of the saved state to `dest` (which must not exist) as a checkpoint file
+    /// (see [`crate::checkpoint`]): one consistent read of the snapshot, with no write-ahead log,
+    /// and its meta naming no site. Returns the copy, opened and its saved state checked.
+    pub(crate) fn export(&self, dest: &Path) -> Result<CheckpointFile, SnapshotError> {
+        let target = dest
+            .to_str()
+            .ok_or_else(|| SnapshotError::Other(format!("{} is not a UTF-8 path", dest.display())))?;
+        self.connection.execute("VACUUM INTO ?1", [target])?;
+        {
+            let copy = Connection::open(dest)?;
+            copy.pragma_update(None, "journal_mode", "DELETE")?;
+            copy.execute(
+                "UPDATE meta SET value = ?1 WHERE key IN ('device', 'file')",
+                [CHECKPOINT_OWNER],
+            )?;
+            let sync = std::fs::File::open(dest).and_then(|file| file.sync_all());
+            sync.map_err(|error| SnapshotError::Other(format!("cannot sync {}: {error}", dest.display())))?;
+        }
+        CheckpointFile::open(dest)
+    }
+
+    /// Fills a snapshot that has no saved state with a checkpoint's, checking every page and
+    /// every bucket of the checkpoint against its saved state as it copies them. `false` (and
+    /// nothing changed) when the snapshot has a saved state (another process saved one).
+    pub(crate) fn import(&mut self, checkpoint: &mut CheckpointFile) -> Result<bool, SnapshotError> {
+        let transaction = self
+            .connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if read_stored(&transaction)?.is_some() {
+            return Ok(false);
+        }
+        transaction.execute_batch("DELETE FROM buckets; DELETE FROM sums;")?;
+        {
+            let mut put_sums = transaction.prepare("INSERT INTO sums (page, value) VALUES (?1, ?2)")?;
+            for page in 0..checkpoint.layout.pages.len() as u32 {
+                let sums = checkpoint.layout.page(&checkpoint.connection, page)?;
+                let bytes: Vec<u8> = sums.iter().flatten().copied().collect();
+                put_sums.execute(params![page, bytes])?;
+            }
+            let mut put_bucket = transaction.prepare("INSERT INTO buckets (id, value) VALUES (?1, ?2)")?;
+            checkpoint.for_each_bucket(|bucket, body| {
+                put_bucket.execute(params![bucket, body])?;
+                Ok(())
+            })?;
+        }
+        transaction.execute(
+            "INSERT INTO base (id, value) VALUES (1, ?1)",
+            [&checkpoint.raw_base],
+        )?;
+        transaction.commit()?;
+        if let Err(error) = self.checkpoint() {
+            tracing::debug!(%error, "cannot checkpoint the snapshot's log now");
+        }
+        Ok(true)
+    }
+}
+
+/// A checkpoint file, opened read-only, its saved state checked against its digest (the
+/// checkpoint's id).
+pub(crate) struct CheckpointFile {
+    connection: Connection,
+    stored: Stored,
+    layout: Layout,
+    /// The `base` row as stored: the saved state's JSON and its digest.
+    raw_base: Vec<u8>,
+}
+
+impl std::fmt::Debug for CheckpointFile {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("CheckpointFile")
+            .field("runs", &self.stored.runs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CheckpointFile {
+    /// Opens the checkpoint at `path` and checks its saved state.
+    pub(crate) fn open(path: &Path) -> Result<Self, SnapshotError> {
+        let connection = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        connection.busy_timeout(BUSY_WAIT)?;
+        for (key, expected) in [("format", FORMAT), ("device", CHECKPOINT_OWNER)] {
+            let found: Option<String> = connection
+                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |row| row.get(0))
+                .optional()?;
+            if found.as_deref() != Some(expected) {
+                return Err(SnapshotError::Damaged(format!(
+                    "its {key} is {found:?}, not {expected:?}"
+                )));
+            }
+        }
+        let raw_base: Vec<u8> = connection
+            .query_row("SELECT value FROM base WHERE id = 1", [], |row| row.get(0))
+            .optional()?
+            .ok_or_else(|| SnapshotError::Damaged("it has no saved state".to_owned()))?;
+        let Some((stored, layout)) = read_stored(&connection)? else {
+            return Err(SnapshotError::Damaged("it has no saved state".to_owned()));
+        };
+        Ok(Self {
+            connection,
+            stored,
+            layout,
+            raw_base,
+        })
+    }
+
+    /// The checkpoint's id: the digest of its saved state (which holds the digests of its pages
+    /// of checksums, which hold its buckets' checksums).
+    pub(crate) fn id(&self) -> [u8; 32] {
+        let mut id = [0u8; 32];
+        let start = self.raw_base.len().saturating_sub(32);
+        id.copy_from_slice(&self.raw_base[start..]);
+        id
+    }
+
+    /// Its loaded part.
+    pub(crate) fn base(&self) -> &SnapshotBase {
+        &self.stored.base
+    }
+
+    /// How many runs it holds.
+    pub(crate) fn runs(&self) -> u64 {
+        self.stored.runs
+    }
+
+    /// Calls `each` with every non-empty bucket, in order, each checked against its page of
+    /// checksums; an absent bucket must be an empty one.
+    fn for_each_bucket(
+        &mut self,
+        mut each: impl FnMut(u32, &[u8]) -> Result<(), SnapshotError>,
+    ) -> Result<(), SnapshotError> {
+        let buckets = self.layout.buckets;
+        let page_len = Layout::page_len(buckets);
+        let mut next = 0u32;
+        let mut statement = self
+            .connection
+            .prepare("SELECT id, value FROM buckets ORDER BY id")?;
+        let mut rows = statement.query([])?;
+        let mismatch = |bucket: u32| {
+            SnapshotError::Damaged(format!(
+                "its bucket {bucket} of runs does not match its saved state (a run lost or changed)"
+            ))
+        };
+        let check = |layout: &mut Layout, bucket: u32, body: &[u8]| -> Result<(), SnapshotError> {
+            let expected = layout
+                .page(&self.connection, bucket / page_len)?
+                .get((bucket % page_len) as usize)
+                .copied();
+            if expected == Some(bucket_sum(bucket, body)) {
+                Ok(())
+            } else {
+                Err(mismatch(bucket))
+            }
+        };
+        while let Some(row) = rows.next()? {
+            let bucket: i64 = row.get(0)?;
+            let body: Vec<u8> = row.get(1)?;
+            let bucket = u32::try_from(bucket)
+                .ok()
+                .filter(|bucket| *bucket < buckets && *bucket >= next)
+                .ok_or_else(|| SnapshotError::Damaged(format!("it has a bucket {bucket} out of place")))?;
+            for empty in next..bucket {
+                check(&mut self.layout, empty, &[])?;
+            }
+            check(&mut self.layout, bucket, &body)?;
+            each(bucket, &body)?;
+            next = bucket + 1;
+        }
+        for empty in next..buckets {
+            check(&mut self.layout, empty, &[])?;
+        }
+        Ok(())
+    }
+
+    /// Calls `each` with every run it holds, every bucket checked (see
+    /// [`for_each_bucket`](Self::for_each_bucket)).
+    pub(crate) fn for_each_run(
+        &mut self,
+        mut each: impl FnMut(&str, &str, &RunSummary),
+    ) -> Result<(), SnapshotError> {
+        self.for_each_bucket(|bucket, body| {
+            for entry in decode_bucket(bucket, body)? {
+                each(&entry.agent, &entry.run, &entry.summary);
+            }
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,190 @@
+//! Shared checkpoints: one site's folded ledger, written where every site finds it, so that a
+//! new site starts from it and reads only the records that follow it
+//! ([`Ledger::compact`](crate::ledger::Ledger::compact)).
+//!
+//! # What a checkpoint holds
+//!
+//! A checkpoint is a [snapshot](crate::snapshot) that no site owns: the fold's entry of every
+//! run of every agent (the oracle of every committed run, rule F6, and who holds each run now,
+//! F5), every agent's fencing epoch (F4), the runs in doubt and their attempts (D2), the records
+//! of the other surfaces, and every device's head: the seq and id of the last record it covers,
+//! which chain to every record before it (rule O1). It is a SQLite file, so that a site that
+//! starts from it copies it and then looks runs up in it without loading them, and it carries
+//! the relay's cursor where those heads end.
+//!
+//! Its **id** is the SHA-256 digest of its saved state, which holds the digest of each page of
+//! its buckets' checksums, which hold each bucket's checksum: a hash tree over everything it
+//! says. The id is part of the file's name, `checkpoint-<records>-<id>.sqlite`, in the relay's
+//! checkpoints folder (a ledger folder's `checkpoints/`).
+//!
+//! # Rules (the contract's K1–K4)
+//!
+//! * **K1, nothing committed is lost.** A checkpoint holds the fold of every record up to its
+//!   heads; a site that starts from it folds every record after them. The fold is a merge
+//!   (rule F3), so the result is the fold of everything, whatever other sites appended while the
+//!   checkpoint was written.
+//! * **K2, epochs never regress.** It carries every agent's fencing epoch; a site that starts
+//!   from it has them, and raises its coordinator's floor from them as from the records.
+//! * **K3, a checkpoint is verifiable.** A site that starts from one checks its id against its
+//!   name and every page and bucket against the id while copying it: a damaged one is reported
+//!   like a damaged device (nothing is dispatched on it) and never used. Its heads are checked
+//!   against the ledger's files (the relay [resumes](crate::relay::Relay::resume) at its cursor
+//!   only where the same records are): one that does not match is not used (the site reads the
+//!   whole ledger, with a warning), since a synced folder may not have brought the files up to
+//!   it yet. [`Ledger::verify_checkpoints`](crate::ledger::Ledger::verify_checkpoints) (`fencepost
+//!   ledger verify`) folds the records a checkpoint covers again and compares: a forged one (its
+//!   digests computed again over a changed content) is found there.
+//! * **K4, concurrent compaction is safe.** Each checkpoint is written under a new name and
+//!   moved into place whole; two sites that compact at once write two checkpoints, each the
+//!   fold of what its site had read, and a site that starts from either one reads the records
+//!   after it. Starting sites take the one that covers the most records (then the greatest id).
+//!
+//! # What it does not do yet
+//!
+//! The records a checkpoint covers stay in the relay: checkpoints make a new site fast, they do
+//! not yet bound the ledger's size. A checkpoint whose content was changed and its digests
+//! computed again is trusted by a site that starts from it, as a device file changed that way
+//! is by a site that reads it for the first time: the folder is trusted to hold what sites
+//! wrote. `ledger verify` finds it while the records are there.
+
+use std::path::{Path, PathBuf};
+
+/// A checkpoint written by [`Ledger::compact`](crate::ledger::Ledger::compact).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Its file.
+    pub path: PathBuf,
+    /// Its id: the lowercase hex of its digest.
+    pub id: String,
+    /// How many records it covers (every device's, from seq 0 to its head).
+    pub records: u64,
+    /// How many devices it covers.
+    pub devices: usize,
+    /// How many runs it holds.
+    pub runs: u64,
+}
+
+/// Why a checkpoint file cannot be used ([`inspect`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("checkpoint {}: {detail}", path.display())]
+pub struct CheckpointError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub detail: String,
+}
+
+/// Reads the checkpoint file at `path` whole and checks it as a site that starts from it does
+/// (rule K3): its saved state against its id, and when the file has a checkpoint's name, the id
+/// and the records count against the name; every page of checksums and every bucket of runs
+/// against the saved state; every run decoded.
+///
+/// # Errors
+/// [`CheckpointError`] when the file cannot be read or is damaged.
+pub fn inspect(path: &Path) -> Result<CheckpointInfo, CheckpointError> {
+    let failed = |detail: String| CheckpointError {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let mut file = crate::snapshot::CheckpointFile::open(path).map_err(|error| failed(error.to_string()))?;
+    let id = file.id();
+    let heads = &file.base().heads;
+    let records: u64 = heads.iter().map(|head| head.next_seq).sum();
+    let devices = heads.len();
+    if let Some((named_records, named_id)) = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .and_then(parse_file_name)
+    {
+        if named_id != id || named_records != records {
+            return Err(failed(
+                "its content does not match the id and records count in its name".to_owned(),
+            ));
+        }
+    }
+    let mut runs = 0u64;
+    file.for_each_run(|_, _, _| runs += 1)
+        .map_err(|error| failed(error.to_string()))?;
+    if runs != file.runs() {
+        return Err(failed(format!(
+            "it holds {runs} runs, not the {} it says",
+            file.runs()
+        )));
+    }
+    Ok(CheckpointInfo {
+        path: path.to_path_buf(),
+        id: id_hex(&id),
+        records,
+        devices,
+        runs,
+    })
+}
+
+/// The prefix of a checkpoint's file name.
+const PREFIX: &str = "checkpoint-";
+/// The extension of a checkpoint's file name.
+const EXTENSION: &str = ".sqlite";
+
+/// The file name of a checkpoint covering `records` records with id `id` (lowercase hex).
+pub(crate) fn file_name(records: u64, id: &str) -> String {
+    format!("{PREFIX}{records}-{id}{EXTENSION}")
+}
+
+/// The records count and id a checkpoint file's name gives; `None` for another name.
+pub(crate) fn parse_file_name(name: &str) -> Option<(u64, [u8; 32])> {
+    let stem = name.strip_prefix(PREFIX)?.strip_suffix(EXTENSION)?;
+    let (records, id) = stem.split_once('-')?;
+    if records.is_empty() || !records.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    Some((records.parse().ok()?, crate::hex::decode_lower_hex::<32>(id)?))
+}
+
+/// The checkpoints in `dir`, the one covering the most records first (then the greatest id).
+/// A missing folder has none; other names are not checkpoints.
+pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(u64, [u8; 32], PathBuf)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(error),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        if let Some((records, id)) = name.to_str().and_then(parse_file_name) {
+            found.push((records, id, entry.path()));
+        }
+    }
+    found.sort_by_key(|(records, id, _)| std::cmp::Reverse((*records, *id)));
+    Ok(found)
+}
+
+/// The lowercase hex of an id.
+pub(crate) fn id_hex(id: &[u8; 32]) -> String {
+    let mut text = String::with_capacity(64);
+    crate::hex::push_lower_hex(&mut text, id);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k3_a_checkpoint_file_name_round_trips_and_other_names_are_not_checkpoints() {
+        let id = [0xab; 32];
+        let name = file_name(42, &id_hex(&id));
+        assert_eq!(parse_file_name(&name), Some((42, id)));
+        for other in [
+            "checkpoint-42-ab.sqlite",
+            "checkpoint--abab.sqlite",
+            "checkpoint-+4-abababababababababababababababababababababababababababababababab.sqlite",
+            "checkpoint-42-ABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABABAB.sqlite",
+            "checkpoint-42-abababababababababababababababababababababababababababababababab.sqlite-wal",
+            ".checkpoint-42-abababababababababababababababababababababababababababababababab.sqlite",
+        ] {
+            assert_eq!(parse_file_name(other), None, "{other}");
+        }
+    }
+}

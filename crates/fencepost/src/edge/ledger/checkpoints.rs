@@ -1,0 +1,488 @@
+//! A ledger's use of the shared checkpoints ([`crate::checkpoint`]): writing one, starting from
+//! one, and checking them against the records they cover.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{contains, Ledger, LedgerState};
+use crate::checkpoint::{self, CheckpointInfo};
+use crate::dispatch::DispatchError;
+use crate::oplog::OpRecord;
+use crate::relay::{Frontier, ProblemKind, RelayProblem};
+use crate::snapshot::{CheckpointFile, Snapshot, SnapshotBase, SnapshotError};
+
+impl Ledger {
+    /// Writes a shared checkpoint of this ledger (see [`crate::checkpoint`]): the fold of every
+    /// record it has read, with every device's head and the relay's cursor there, into the
+    /// relay's checkpoints folder, where a new site starts from it instead of reading every
+    /// record. Checkpoints that this one contains are removed. Unsent records are stored first.
+    ///
+    /// # Errors
+    /// [`DispatchError::Damaged`] when the ledger is damaged (a checkpoint of an incomplete
+    /// ledger would lack commits), [`DispatchError::Checkpoint`] when the relay keeps no
+    /// checkpoints or the file cannot be written, [`DispatchError::Relay`] when unsent records
+    /// cannot be stored.
+    pub fn compact(&mut self) -> Result<CheckpointInfo, DispatchError> {
+        let failed = |what: String| DispatchError::Checkpoint(what);
+        let dir = self.relay.checkpoints_dir().ok_or_else(|| {
+            failed(
+                "this ledger keeps no checkpoints (a ledger folder does; a database ledger does not yet)"
+                    .to_owned(),
+            )
+        })?;
+        self.flush()?;
+        let problems: Vec<RelayProblem> = self.damage().into_iter().cloned().collect();
+        if !problems.is_empty() || !self.view.rejected.is_empty() {
+            return Err(DispatchError::Damaged { problems });
+        }
+        if self.view.frontier.iter().next().is_none() {
+            return Err(failed("the ledger has no records yet".to_owned()));
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|error| failed(format!("cannot create {}: {error}", dir.display())))?;
+        remove_leftovers(&dir);
+        // A name no other compaction uses: this device's, this process's, this call's.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let stamp = format!(
+            "{}-{}-{}",
+            crate::relay::device_file_name(self.log.device_id()).trim_end_matches(".jsonl"),
+            std::process::id(),
+            CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let written = dir.join(format!(".writing-{stamp}.sqlite"));
+        let exported = self.export_checkpoint(&dir, &stamp, &written);
+        let file = match exported {
+            Ok(file) => file,
+            Err(error) => {
+                Snapshot::remove(&written);
+                return Err(failed(error));
+            }
+        };
+        let id = checkpoint::id_hex(&file.id());
+        let heads = file.base().heads.clone();
+        let records: u64 = heads.iter().map(|head| head.next_seq).sum();
+        let runs = file.runs();
+        drop(file);
+        let path = dir.join(checkpoint::file_name(records, &id));
+        let moved = std::fs::rename(&written, &path)
+            .and_then(|()| std::fs::File::open(&dir).and_then(|folder| folder.sync_all()));
+        if let Err(error) = moved {
+            Snapshot::remove(&written);
+            return Err(failed(format!(
+                "cannot move the checkpoint into {}: {error}",
+                dir.display()
+            )));
+        }
+        // The checkpoints this one contains are of no more use.
+        for (older_records, _, older) in checkpoint::list(&dir).unwrap_or_default() {
+            if older == path || older_records > records {
+                continue;
+            }
+            let contained =
+                CheckpointFile::open(&older).is_ok_and(|file| contains(&heads, &file.base().heads));
+            if contained {
+                if let Err(error) = std::fs::remove_file(&older) {
+                    tracing::warn!(checkpoint = %older.display(), %error, "cannot remove an older checkpoint");
+                }
+            }
+        }
+        tracing::info!(checkpoint = %path.display(), records, runs, "wrote a checkpoint");
+        Ok(CheckpointInfo {
+            path,
+            id,
+            records,
+            devices: heads.len(),
+            runs,
+        })
+    }
+
+    /// Writes the checkpoint's file at `written`: a copy of this site's snapshot when the ledger
+    /// resumed from one (saved first), else of the view, folded into a snapshot of its own.
+    fn export_checkpoint(
+        &mut self,
+        dir: &Path,
+        stamp: &str,
+        written: &Path,
+    ) -> Result<CheckpointFile, String> {
+        if self.snapshot.as_ref().is_some_and(|snapshot| snapshot.queried) {
+            self.save_snapshot();
+            let snapshot = self
+                .snapshot
+                .as_ref()
+                .ok_or("this site's snapshot could not be read; try again")?;
+            let saved = snapshot.saved.as_ref() == Some(&self.view.frontier)
+                && snapshot.dirty.as_ref().is_some_and(BTreeSet::is_empty);
+            if !saved {
+                return Err("this site's snapshot could not be saved (see the log); try again".to_owned());
+            }
+            return snapshot.store.export(written).map_err(|error| error.to_string());
+        }
+        let cursor = self.relay.cursor(&self.view.frontier).ok_or(
+            "the relay cannot say where its reading stands (a device file with an incomplete last line?); try again",
+        )?;
+        let folded = dir.join(format!(".folding-{stamp}.sqlite"));
+        let view = &self.view;
+        let exported = (|| -> Result<CheckpointFile, SnapshotError> {
+            let mut store = Snapshot::open(&folded, self.log.device_id())?;
+            let mut save = store
+                .begin_save(|_| true, view.state.run_count())?
+                .ok_or_else(|| SnapshotError::Other("a new file had a saved state".to_owned()))?;
+            view.state
+                .for_each_run_summary(|agent, run, summary| save.put_run(agent, run, &summary))?;
+            save.finish(&view.base_mark(cursor))?;
+            store.export(written)
+        })();
+        Snapshot::remove(&folded);
+        exported.map_err(|error| error.to_string())
+    }
+
+    /// Copies the best shared checkpoint (the one covering the most records) into this site's
+    /// empty snapshot, checking it whole (see [`crate::checkpoint`], rule K3); returns its id. A
+    /// damaged one is damage of this ledger ([`damage`](Self::damage)), and not used.
+    pub(super) fn import_checkpoint(&mut self) -> Option<String> {
+        let dir = self.relay.checkpoints_dir()?;
+        let listed = match checkpoint::list(&dir) {
+            Ok(listed) => listed,
+            Err(error) => {
+                tracing::warn!(folder = %dir.display(), %error, "cannot list the checkpoints; reading the whole ledger");
+                return None;
+            }
+        };
+        let (records, id, path) = listed.into_iter().next()?;
+        let damaged = |detail: String| checkpoint_problem(&path, &format!("cannot be used: {detail}"));
+        let mut file = match CheckpointFile::open(&path) {
+            Ok(file) => file,
+            Err(error) if error.is_busy() || !path.exists() => return None,
+            Err(error) => {
+                self.checkpoint_damage = Some(damaged(error.to_string()));
+                return None;
+            }
+        };
+        let covered: u64 = file.base().heads.iter().map(|head| head.next_seq).sum();
+        let problem = if file.id() != id {
+            Some("its content does not match the id in its name".to_owned())
+        } else if covered != records {
+            Some(format!(
+                "it covers {covered} records, not the {records} its name says"
+            ))
+        } else {
+            LedgerState::restored(file.base()).err()
+        };
+        if let Some(problem) = problem {
+            self.checkpoint_damage = Some(damaged(problem));
+            return None;
+        }
+        let snapshot = self.snapshot.as_mut()?;
+        match snapshot.store.import(&mut file) {
+            Ok(true) => {
+                let id = checkpoint::id_hex(&id);
+                tracing::info!(checkpoint = %path.display(), "starting from the shared checkpoint");
+                Some(id)
+            }
+            Ok(false) => None, // another process saved a state meanwhile: that one is used
+            Err(error) if error.is_busy() => None,
+            Err(error) => {
+                self.checkpoint_damage = Some(damaged(error.to_string()));
+                None
+            }
+        }
+    }
+
+    /// The shared checkpoint that a new site could not start from, if any (it is damaged or
+    /// does not match its name): part of [`damage`](Self::damage) until the process ends, and
+    /// cannot be accepted; remove the file (the records it covers are still in the relay) or
+    /// write a new checkpoint.
+    pub fn checkpoint_failure(&self) -> Option<&RelayProblem> {
+        self.checkpoint_damage.as_ref()
+    }
+
+    /// The id of the shared checkpoint this ledger started from (a new site's first open with a
+    /// [snapshot](super::LedgerOptions::snapshot)), if it did.
+    pub fn started_from_checkpoint(&self) -> Option<&str> {
+        self.started_from.as_deref()
+    }
+
+    /// Checks every shared checkpoint against the records it covers (rule K3): its id, its
+    /// heads (the ledger's records there), and its content, which must be the fold of those
+    /// records (the runs, fencing epochs, attempts and other records). Returns one problem per
+    /// checkpoint that fails; a checkpoint that covers records this ledger has not received yet
+    /// is not checked (it says so in the log). Needs a ledger opened without a snapshot (one
+    /// that read every record).
+    ///
+    /// # Errors
+    /// [`DispatchError::Checkpoint`] when the ledger resumed from a snapshot or the folder
+    /// cannot be listed, [`DispatchError::Relay`] when the records cannot be read again.
+    pub fn verify_checkpoints(&self) -> Result<Vec<RelayProblem>, DispatchError> {
+        let failed = |what: String| DispatchError::Checkpoint(what);
+        let Some(dir) = self.relay.checkpoints_dir() else {
+            return Ok(Vec::new());
+        };
+        if self.resumed_from_snapshot() {
+            return Err(failed(
+                "checking checkpoints needs a ledger that read every record".to_owned(),
+            ));
+        }
+        let listed = checkpoint::list(&dir)
+            .map_err(|error| failed(format!("cannot list {}: {error}", dir.display())))?;
+        let mut records: Option<Vec<OpRecord>> = None;
+        let mut problems = Vec::new();
+        for (count, id, path) in listed {
+            let problem = |detail: String| checkpoint_problem(&path, &detail);
+            let mut file = match CheckpointFile::open(&path) {
+                Ok(file) => file,
+                Err(error) => {
+                    problems.push(problem(format!("cannot be read: {error}")));
+                    continue;
+                }
+            };
+            let base = file.base();
+            let covered: u64 = base.heads.iter().map(|head| head.next_seq).sum();
+            if file.id() != id || covered != count {
+                problems.push(problem("does not match the id and count in its name".to_owned()));
+                continue;
+            }
+            let mut ahead = false;
+            let mut mismatch = None;
+            let id_here = |device: &str, seq: u64| {
+                let (first, ids) = self.view.ids.get(device)?;
+                ids.get(usize::try_from(seq.checked_sub(*first)?).ok()?).copied()
+            };
+            for head in &base.heads {
+                let has = self.view.frontier.next_seq(&head.device_id);
+                if has < head.next_seq {
+                    ahead = true;
+                    // The ledger's last record of the device, where the checkpoint kept its id.
+                    let theirs = base
+                        .recent_ids
+                        .iter()
+                        .find(|(device, _, _)| *device == head.device_id)
+                        .and_then(|(_, first, ids)| {
+                            ids.get(usize::try_from(has.checked_sub(1)?.checked_sub(*first)?).ok()?)
+                        });
+                    if let (Some(theirs), Some(last)) = (theirs, has.checked_sub(1)) {
+                        if id_here(&head.device_id, last) != Some(*theirs) {
+                            mismatch = Some(head.device_id.clone());
+                        }
+                    }
+                    continue;
+                }
+                let here = head
+                    .next_seq
+                    .checked_sub(1)
+                    .and_then(|last| id_here(&head.device_id, last));
+                if here != head.last.map(|(op_id, _, _)| op_id) {
+                    mismatch = Some(head.device_id.clone());
+                }
+            }
+            if let Some(device) = mismatch {
+                problems.push(problem(format!(
+                    "ends device {device:?} at a record that is not the ledger's"
+                )));
+                continue;
+            }
+            if ahead {
+                tracing::info!(checkpoint = %path.display(), "the checkpoint covers records this site has not received yet; not checked");
+                continue;
+            }
+            let all = match &records {
+                Some(all) => all,
+                None => records.insert(self.relay.pull(&Frontier::new())?.ops),
+            };
+            // The fold of exactly the records it covers.
+            let ends: std::collections::BTreeMap<&str, u64> = base
+                .heads
+                .iter()
+                .map(|head| (head.device_id.as_str(), head.next_seq))
+                .collect();
+            let covered_ops: Vec<OpRecord> = all
+                .iter()
+                .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
+                .cloned()
+                .collect();
+            let mut prefix = LedgerState::new();
+            prefix.absorb(&covered_ops);
+            if comparable(&prefix.base_mark(Value::Null)) != comparable(base) {
+                problems.push(problem(
+                    "does not hold the fencing epochs, attempts or heads of the records it covers (forged, or written by a faulty site)".to_owned(),
+                ));
+                continue;
+            }
+            let mut theirs = match LedgerState::restored(base) {
+                Ok(view) => view.state,
+                Err(reason) => {
+                    problems.push(problem(format!("cannot be read: {reason}")));
+                    continue;
+                }
+            };
+            if let Err(error) =
+                file.for_each_run(|agent, run, summary| theirs.merge_summary(agent, run, summary))
+            {
+                problems.push(problem(format!("cannot be read: {error}")));
+                continue;
+            }
+            if theirs != prefix.state {
+                problems.push(problem(
+                    "does not hold the runs of the records it covers (forged, or written by a faulty site)"
+                        .to_owned(),
+                ));
+            }
+        }
+        Ok(problems)
+    }
+}
+
+/// The damage of the checkpoint at `path`: it `detail`, and what to do.
+fn checkpoint_problem(path: &Path, detail: &str) -> RelayProblem {
+    RelayProblem {
+        kind: ProblemKind::Damage,
+        device_id: None,
+        file: Some(path.to_path_buf()),
+        line_number: None,
+        detail: format!(
+            "the checkpoint {detail}; remove it (the ledger's records are still in its devices' files) or write a new one with `fencepost ledger compact`"
+        ),
+    }
+}
+
+/// Removes the files that compactions killed while writing left behind (an hour old at least:
+/// a compaction still writing is not disturbed).
+fn remove_leftovers(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with(".writing-") || name.starts_with(".folding-")) {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|metadata| metadata.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+        if old {
+            if let Err(error) = std::fs::remove_file(entry.path()) {
+                tracing::debug!(file = %entry.path().display(), %error, "cannot remove a leftover");
+            }
+        }
+    }
+}
+
+/// A checkpoint's loaded part as compared with a fold: without the relay's cursor, and with the
+/// other surfaces' records in one order (a site keeps them in the order it read them).
+fn comparable(base: &SnapshotBase) -> Value {
+    let mut value = serde_json::to_value(base).unwrap_or(Value::Null);
+    if let Some(object) = value.as_object_mut() {
+        object.insert("cursor".to_owned(), Value::Null);
+        if let Some(Value::Array(records)) = object.get_mut("records") {
+            records.sort_by_key(ToString::to_string);
+        }
+    }
+    value
+}
+
+#[cfg(test)]
+#[cfg(feature = "sqlite")]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::{Hlc, ManualClock};
+    use crate::fold::{RunSummary, SummaryRecord};
+    use crate::lease::{Intent, IntentStatus};
+    use crate::oplog::OpId;
+    use crate::relay::{FsRelay, Relay};
+
+    /// A ledger folder with two committed runs and a checkpoint of it.
+    fn compacted(dir: &Path) -> (Arc<dyn Relay>, CheckpointInfo, ManualClock) {
+        let clock = ManualClock::new(1_000);
+        let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(dir.join("ledger")).unwrap());
+        let mut ledger = Ledger::open("laptop", clock.wall_clock(), Arc::clone(&relay)).unwrap();
+        for run in ["run-1", "run-2"] {
+            ledger
+                .record(&Intent::new("milo", run, 2, IntentStatus::Pending))
+                .unwrap();
+            ledger
+                .record(&Intent::new("milo", run, 2, IntentStatus::Committed))
+                .unwrap();
+        }
+        let info = ledger.compact().unwrap();
+        (relay, info, clock)
+    }
+
+    /// Writes a checkpoint in `info`'s place with valid digests over a changed content: its
+    /// runs with `extra` merged in, its loaded part changed by `change`.
+    fn forge(
+        dir: &Path,
+        info: &CheckpointInfo,
+        extra: Option<RunSummary>,
+        change: impl FnOnce(&mut SnapshotBase),
+    ) {
+        let mut real = CheckpointFile::open(&info.path).unwrap();
+        let work = dir.join("forging.sqlite");
+        let mut store = Snapshot::open(&work, "forger").unwrap();
+        assert!(store.import(&mut real).unwrap());
+        let mut base = store.base().unwrap().unwrap();
+        change(&mut base);
+        let mut save = store.begin_save(|_| true, 1).unwrap().unwrap();
+        if let Some(summary) = extra {
+            save.put_run("milo", "run-9", &summary).unwrap();
+        }
+        save.finish(&base).unwrap();
+        let forged = dir.join("forged.sqlite");
+        let file = store.export(&forged).unwrap();
+        let name = checkpoint::file_name(info.records, &checkpoint::id_hex(&file.id()));
+        drop(file);
+        std::fs::remove_file(&info.path).unwrap();
+        std::fs::rename(&forged, info.path.with_file_name(name)).unwrap();
+    }
+
+    #[test]
+    fn k3_a_forged_checkpoint_with_a_commit_added_is_found_by_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let (relay, info, clock) = compacted(dir.path());
+        let full = Ledger::open("reader", clock.wall_clock(), Arc::clone(&relay)).unwrap();
+        assert_eq!(full.verify_checkpoints().unwrap(), vec![]);
+        let fake = SummaryRecord {
+            op_id: OpId([7; 32]),
+            epoch: 2,
+            status: IntentStatus::Committed,
+            hlc: Hlc {
+                wall_ms: 1_000,
+                counter: 0,
+                device_id: Arc::from("laptop"),
+            },
+        };
+        forge(
+            dir.path(),
+            &info,
+            Some(RunSummary {
+                best: fake,
+                committed_below_failed: None,
+            }),
+            |_| {},
+        );
+        let found = full.verify_checkpoints().unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].detail.contains("does not hold the runs"), "{}", found[0]);
+    }
+
+    #[test]
+    fn k2_k3_a_forged_checkpoint_with_a_lower_fencing_epoch_is_found_by_verify() {
+        let dir = tempfile::tempdir().unwrap();
+        let (relay, info, clock) = compacted(dir.path());
+        forge(dir.path(), &info, None, |base| {
+            for (_, epoch) in &mut base.fencing {
+                *epoch = 1;
+            }
+        });
+        let full = Ledger::open("reader", clock.wall_clock(), relay).unwrap();
+        let found = full.verify_checkpoints().unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].detail.contains("fencing epochs"), "{}", found[0]);
+    }
+}

@@ -1,0 +1,473 @@
+//! Shared checkpoints (issue 17, item 2; rules K1–K4): a site that starts from a checkpoint
+//! answers every question as a site that reads every record, whatever was appended while the
+//! checkpoint was written; a damaged checkpoint is reported and never used; a checkpoint that
+//! does not hold the fold of its records is found by `verify_checkpoints`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fencepost::clock::ManualClock;
+use fencepost::dispatch::Ledger;
+use fencepost::lease::{Intent, IntentStatus};
+use fencepost::ledger::LedgerOptions;
+use fencepost::relay::{FsRelay, Relay};
+use proptest::prelude::*;
+
+const AGENTS: [&str; 2] = ["milo", "otto"];
+const RUNS: usize = 5;
+const STATUSES: [IntentStatus; 3] = [
+    IntentStatus::Pending,
+    IntentStatus::Committed,
+    IntentStatus::Failed,
+];
+
+struct Site {
+    dir: tempfile::TempDir,
+    folder: PathBuf,
+    clock: ManualClock,
+}
+
+impl Site {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            folder: dir.path().join("ledger"),
+            dir,
+            clock: ManualClock::new(1_000),
+        }
+    }
+
+    fn relay(&self) -> Arc<dyn Relay> {
+        Arc::new(FsRelay::open(&self.folder).unwrap())
+    }
+
+    /// `device`'s ledger; with `snapshot`, from its snapshot (and, when it has none yet, from
+    /// the shared checkpoint).
+    fn open(&self, device: &str, snapshot: bool) -> Ledger {
+        let mut options = LedgerOptions::default()
+            .seen_file(self.dir.path().join(format!("seen-{device}-{snapshot}.json")));
+        if snapshot {
+            options = options.snapshot(self.snapshot_of(device));
+        }
+        Ledger::open_with(device, self.clock.wall_clock(), self.relay(), options).unwrap()
+    }
+
+    fn snapshot_of(&self, device: &str) -> PathBuf {
+        self.dir.path().join(format!("snapshot-{device}.sqlite"))
+    }
+
+    fn write(&self, device: &str, intent: &Intent) {
+        self.clock.advance(1);
+        self.open(device, false).record(intent).unwrap();
+    }
+
+    fn checkpoints(&self) -> Vec<PathBuf> {
+        let dir = self.folder.join("checkpoints");
+        let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+            .unwrap_or_default();
+        found.retain(|path| {
+            path.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("checkpoint-"))
+        });
+        found.sort();
+        found
+    }
+}
+
+/// Everything a dispatch asks, for every agent and run: the oracle (F6), who holds each run
+/// (F5), the fencing epochs (F4), the runs in doubt (D2).
+fn answers(ledger: &mut Ledger) -> Vec<String> {
+    let mut out = Vec::new();
+    for agent in AGENTS {
+        out.push(format!("{agent} fencing {}", ledger.state().fencing_epoch(agent)));
+        for run in 0..RUNS {
+            let run = format!("run-{run}");
+            let committed = ledger.committed_run(agent, &run).map(|record| record.op_id);
+            out.push(format!("{agent} {run} committed {committed:?}"));
+            let holds = ledger
+                .state()
+                .intent(agent, &run)
+                .map(|record| (record.op_id, record.epoch));
+            out.push(format!("{agent} {run} holds {holds:?}"));
+            let held = ledger.in_doubt_run(agent, &run, u64::MAX);
+            out.push(format!("{agent} {run} in doubt {held:?}"));
+        }
+        out.push(format!("{agent} in doubt {:?}", ledger.in_doubt(agent, u64::MAX)));
+    }
+    out.push(format!("damage {:?}", ledger.damage()));
+    out
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A device writes an intent.
+    Write {
+        device: usize,
+        agent: usize,
+        run: usize,
+        epoch: u64,
+        status: usize,
+    },
+    /// A device opens its ledger (with or without its snapshot); the next `later` writes happen
+    /// while it holds it open, then it writes a checkpoint of what it read.
+    Compact {
+        device: usize,
+        snapshot: bool,
+        later: usize,
+    },
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let write = (0..3usize, 0..2usize, 0..RUNS, 1..5u64, 0..3usize).prop_map(
+        |(device, agent, run, epoch, status)| Step::Write {
+            device,
+            agent,
+            run,
+            epoch,
+            status,
+        },
+    );
+    let compact = (0..3usize, any::<bool>(), 0..4usize).prop_map(|(device, snapshot, later)| Step::Compact {
+        device,
+        snapshot,
+        later,
+    });
+    prop::collection::vec(prop_oneof![4 => write, 1 => compact], 1..30)
+}
+
+const DEVICES: [&str; 3] = ["laptop", "phone", "server"];
+
+/// Writes a checkpoint; a ledger with no records yet has nothing to write.
+fn compact(ledger: &mut Ledger) {
+    match ledger.compact() {
+        Ok(_) => {}
+        Err(fencepost::dispatch::DispatchError::Checkpoint(why))
+            if ledger.view().frontier().iter().next().is_none() =>
+        {
+            assert!(why.contains("no records"), "{why}");
+        }
+        Err(error) => panic!("{error}"),
+    }
+}
+
+/// Plays `steps` on `site`: writes, and compactions with writes in between the compactor's read
+/// and its checkpoint.
+fn play(site: &Site, steps: &[Step]) {
+    let mut compacting: Option<(Ledger, usize)> = None;
+    for step in steps {
+        match step {
+            Step::Write {
+                device,
+                agent,
+                run,
+                epoch,
+                status,
+            } => {
+                let intent = Intent::new(AGENTS[*agent], format!("run-{run}"), *epoch, STATUSES[*status]);
+                site.write(DEVICES[*device], &intent);
+                if let Some((ledger, later)) = &mut compacting {
+                    if *later == 0 {
+                        compact(ledger);
+                        compacting = None;
+                    } else {
+                        *later -= 1;
+                    }
+                }
+            }
+            Step::Compact {
+                device,
+                snapshot,
+                later,
+            } => {
+                if let Some((mut ledger, _)) = compacting.take() {
+                    compact(&mut ledger);
+                }
+                let ledger = site.open(DEVICES[*device], *snapshot);
+                compacting = Some((ledger, *later));
+            }
+        }
+    }
+    if let Some((mut ledger, _)) = compacting {
+        compact(&mut ledger);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// K1, K2 (and F4–F6, D2 through them): after any writes by three devices, with checkpoints
+    /// written at any points by any of them while the others keep writing, a new site that
+    /// starts from the latest checkpoint answers every question as a site that reads every
+    /// record: no commit lost, no fencing epoch lower, the same runs in doubt. Every checkpoint
+    /// is the fold of the records it covers (`verify_checkpoints` finds nothing).
+    #[test]
+    fn k1_k2_a_site_started_from_a_checkpoint_answers_as_a_full_read(steps in steps()) {
+        let site = Site::new();
+        play(&site, &steps);
+        let compacted = !site.checkpoints().is_empty();
+        let mut started = site.open("newcomer", true);
+        prop_assert_eq!(started.started_from_checkpoint().is_some(), compacted);
+        let mut full = site.open("reader", false);
+        prop_assert_eq!(answers(&mut started), answers(&mut full));
+        prop_assert!(started.state() == full.state(), "every run asked: the states are equal");
+        prop_assert_eq!(full.verify_checkpoints().unwrap(), vec![]);
+        // And again, from its own snapshot now.
+        drop(started);
+        let mut resumed = site.open("newcomer", true);
+        prop_assert!(resumed.started_from_checkpoint().is_none());
+        prop_assert_eq!(answers(&mut resumed), answers(&mut full));
+    }
+}
+
+/// Commits of every run of both agents by two devices, a checkpoint, and one more commit after it.
+fn compacted_site() -> Site {
+    let site = Site::new();
+    for (index, agent) in AGENTS.iter().enumerate() {
+        for run in 0..RUNS {
+            let device = DEVICES[(run + index) % 2];
+            let run = format!("run-{run}");
+            site.write(
+                device,
+                &Intent::new(*agent, run.clone(), 2, IntentStatus::Pending),
+            );
+            if run != "run-4" {
+                site.write(device, &Intent::new(*agent, run, 2, IntentStatus::Committed));
+            }
+        }
+    }
+    let info = site.open("laptop", false).compact().unwrap();
+    assert_eq!(info.records, 18);
+    assert_eq!(info.devices, 2);
+    assert_eq!(info.runs, 10);
+    site.write(
+        "server",
+        &Intent::new("milo", "run-4", 3, IntentStatus::Committed),
+    );
+    site
+}
+
+fn committed(ledger: &mut Ledger) -> usize {
+    AGENTS
+        .iter()
+        .flat_map(|agent| (0..RUNS).map(move |run| (*agent, format!("run-{run}"))))
+        .filter(|(agent, run)| ledger.committed_run(agent, run).is_some())
+        .count()
+}
+
+#[test]
+fn k1_a_new_site_reads_only_the_records_after_the_checkpoint_and_has_every_commit() {
+    let site = compacted_site();
+    let mut started = site.open("newcomer", true);
+    assert!(started.started_from_checkpoint().is_some());
+    assert!(started.damage().is_empty());
+    assert_eq!(committed(&mut started), 9);
+    assert_eq!(started.state().fencing_epoch("milo"), 3);
+    assert_eq!(started.state().fencing_epoch("otto"), 2);
+    assert_eq!(
+        started
+            .in_doubt("otto", u64::MAX)
+            .iter()
+            .map(|run| run.run_id.as_str())
+            .collect::<Vec<_>>(),
+        ["run-4"]
+    );
+    assert!(started.in_doubt("milo", u64::MAX).is_empty());
+}
+
+/// Flips `count` bytes of `path` at places drawn from `seed`.
+fn flip_bytes(path: &Path, seed: u64, count: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for _ in 0..count {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let at = (state % bytes.len() as u64) as usize;
+        bytes[at] ^= 1 << (state % 8);
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn k3_a_damaged_checkpoint_is_damage_or_unused_never_a_wrong_answer() {
+    let site = compacted_site();
+    let mut full = site.open("reader", false);
+    let expected = answers(&mut full);
+    let checkpoint = site.checkpoints().pop().unwrap();
+    let pristine = std::fs::read(&checkpoint).unwrap();
+    let mut reported = 0;
+    for seed in 0..40u64 {
+        std::fs::write(&checkpoint, &pristine).unwrap();
+        flip_bytes(&checkpoint, seed, 1 + (seed % 4) as usize);
+        let device = format!("newcomer-{seed}");
+        let mut started = site.open(&device, true);
+        if let Some(problem) = started.checkpoint_failure() {
+            reported += 1;
+            assert!(!started.damage().is_empty(), "a damaged checkpoint is damage");
+            assert!(problem.detail.contains("checkpoint"), "{problem}");
+            assert!(started.started_from_checkpoint().is_none());
+        } else {
+            // The flips hit bytes that mean nothing (free space of the file): the checkpoint
+            // is whole, and used.
+            let mut answered = answers(&mut started);
+            assert_eq!(answered.pop(), expected.last().cloned());
+            assert_eq!(answered[..], expected[..expected.len() - 1], "seed {seed}");
+        }
+    }
+    assert!(reported > 0, "some flips damage what the checkpoint says");
+}
+
+#[test]
+fn k3_a_checkpoint_under_another_id_or_with_a_bucket_deleted_is_damage() {
+    let site = compacted_site();
+    let checkpoint = site.checkpoints().pop().unwrap();
+    let inspected = fencepost::checkpoint::inspect(&checkpoint).unwrap();
+    assert_eq!(
+        (inspected.records, inspected.devices, inspected.runs),
+        (18, 2, 10)
+    );
+    // Under another id.
+    let name = checkpoint.file_name().unwrap().to_string_lossy().into_owned();
+    let (start, id) = name.rsplit_once('-').unwrap();
+    let other = if id.starts_with('0') { '1' } else { '0' };
+    let renamed = checkpoint.with_file_name(format!("{start}-{other}{}", &id[1..]));
+    std::fs::rename(&checkpoint, &renamed).unwrap();
+    let started = site.open("newcomer-1", true);
+    let problem = started.checkpoint_failure().expect("reported");
+    assert!(
+        problem.detail.contains("does not match the id in its name"),
+        "{problem}"
+    );
+    std::fs::rename(&renamed, &checkpoint).unwrap();
+    // A bucket of runs deleted.
+    let connection = rusqlite::Connection::open(&checkpoint).unwrap();
+    assert!(
+        connection
+            .execute(
+                "DELETE FROM buckets WHERE id IN (SELECT id FROM buckets LIMIT 1)",
+                []
+            )
+            .unwrap()
+            == 1
+    );
+    drop(connection);
+    let started = site.open("newcomer-2", true);
+    let problem = started.checkpoint_failure().expect("reported");
+    assert!(problem.detail.contains("bucket"), "{problem}");
+    let error = fencepost::checkpoint::inspect(&checkpoint).unwrap_err();
+    assert!(error.detail.contains("bucket"), "{error}");
+    let full = site.open("reader", false);
+    let found = full.verify_checkpoints().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+}
+
+#[test]
+fn k3_a_checkpoint_of_another_ledger_is_not_used_and_verify_reports_it() {
+    let site = compacted_site();
+    let other = Site::new();
+    for run in 0..3 {
+        other.write(
+            "laptop",
+            &Intent::new("milo", format!("run-{run}"), 1, IntentStatus::Pending),
+        );
+        other.write(
+            "phone",
+            &Intent::new("milo", format!("run-{run}"), 1, IntentStatus::Pending),
+        );
+        other.write(
+            "laptop",
+            &Intent::new("milo", format!("run-{run}"), 1, IntentStatus::Failed),
+        );
+    }
+    let foreign = other.open("laptop", false).compact().unwrap();
+    for own in site.checkpoints() {
+        std::fs::remove_file(own).unwrap();
+    }
+    let placed = site
+        .folder
+        .join("checkpoints")
+        .join(foreign.path.file_name().unwrap());
+    std::fs::copy(&foreign.path, &placed).unwrap();
+    let mut full = site.open("reader", false);
+    let expected = answers(&mut full);
+    // Its heads are not this ledger's records: not used (the whole ledger is read).
+    let mut started = site.open("newcomer", true);
+    assert!(started.started_from_checkpoint().is_none());
+    assert_eq!(answers(&mut started), expected);
+    let found = full.verify_checkpoints().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].detail.contains("not the ledger's"), "{}", found[0]);
+}
+
+#[test]
+fn k4_two_sites_compacting_at_once_while_a_third_writes_leave_checkpoints_that_each_start_a_site_right() {
+    let site = compacted_site();
+    for path in site.checkpoints() {
+        std::fs::remove_file(path).unwrap();
+    }
+    let mut laptop = site.open("laptop", false);
+    site.write("server", &Intent::new("otto", "run-4", 2, IntentStatus::Failed));
+    let mut phone = site.open("phone", true);
+    site.write("server", &Intent::new("otto", "run-3", 4, IntentStatus::Pending));
+    let (first, second) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| laptop.compact().unwrap());
+        let second = scope.spawn(|| phone.compact().unwrap());
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    assert!(second.records > first.records);
+    site.write("server", &Intent::new("milo", "run-0", 5, IntentStatus::Pending));
+    let mut full = site.open("reader", false);
+    let expected = answers(&mut full);
+    assert_eq!(full.verify_checkpoints().unwrap(), vec![]);
+    // The later one removed the earlier one, which it contains, unless the earlier was moved in
+    // last: either way, each checkpoint written starts a site right.
+    for (index, info) in [first, second].into_iter().enumerate() {
+        if !info.path.exists() {
+            continue;
+        }
+        let keep = info.path.clone();
+        let saved: Vec<(PathBuf, Vec<u8>)> = site
+            .checkpoints()
+            .into_iter()
+            .filter(|path| *path != keep)
+            .map(|path| {
+                let bytes = std::fs::read(&path).unwrap();
+                std::fs::remove_file(&path).unwrap();
+                (path, bytes)
+            })
+            .collect();
+        let mut started = site.open(&format!("newcomer-{index}"), true);
+        assert_eq!(started.started_from_checkpoint(), Some(info.id.as_str()));
+        assert_eq!(answers(&mut started), expected);
+        for (path, bytes) in saved {
+            std::fs::write(path, bytes).unwrap();
+        }
+    }
+}
+
+#[test]
+fn k4_two_checkpoints_of_the_same_records_are_one_file() {
+    let site = compacted_site();
+    let first = site.open("laptop", false).compact().unwrap();
+    let second = site.open("phone", false).compact().unwrap();
+    assert_eq!(first.id, second.id, "the same fold, the same checkpoint");
+    assert_eq!(site.checkpoints(), vec![first.path]);
+}
+
+#[test]
+fn k1_compact_refuses_a_damaged_ledger() {
+    let site = compacted_site();
+    let phone = site.folder.join("devices").join("phone.jsonl");
+    let mut bytes = std::fs::read(&phone).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x20;
+    std::fs::write(&phone, bytes).unwrap();
+    let before = site.checkpoints();
+    let error = site.open("laptop", false).compact().unwrap_err();
+    assert!(
+        matches!(error, fencepost::dispatch::DispatchError::Damaged { .. }),
+        "{error}"
+    );
+    assert_eq!(site.checkpoints(), before);
+}
