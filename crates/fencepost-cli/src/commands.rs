@@ -821,9 +821,10 @@ pub enum LedgerCommand {
         from: PathBuf,
     },
     /// Write a checkpoint of the ledger (its folded state: every committed run, the fencing
-    /// epochs, the runs in doubt, each device's head) into its checkpoints/ folder. A new host
+    /// epochs, the runs in doubt, each device's head) into its checkpoints/ folder. A new site
     /// starts from the latest checkpoint and reads only the records after it. Refused on a
-    /// damaged ledger (exit 10). Ledger folders only, for now.
+    /// damaged ledger (exit 10). A ledger folder or SQLite file (beside it, in
+    /// FILE.checkpoints/); not a ledger in PostgreSQL, yet.
     Compact {
         /// Print JSON.
         #[arg(long)]
@@ -1129,9 +1130,12 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
 
 /// `fencepost ledger compact`.
 fn compact(settings: &Settings, json: bool) -> Result<i32> {
-    if settings.ledger_kind != crate::settings::LedgerKind::Folder {
+    if !matches!(
+        settings.ledger_kind,
+        crate::settings::LedgerKind::Folder | crate::settings::LedgerKind::Sqlite
+    ) {
         crate::usage!(
-            "ledger compact: checkpoints are kept for a ledger folder only, for now ({} is not one)",
+            "ledger compact: a ledger in PostgreSQL keeps no checkpoints yet ({})",
             settings.ledger_label()
         );
     }

@@ -297,3 +297,57 @@ fn k1_ledger_compact_refuses_a_damaged_ledger() {
     assert_eq!(code(&output), 10, "{}", text(&output.stderr));
     assert!(checkpoints(&shared).is_empty());
 }
+
+/// K1: a SQLite ledger keeps its checkpoints beside its file; a new site (its own data
+/// directory) starts from one and refuses every committed occurrence; a PostgreSQL ledger is
+/// refused with a usage error (exit 2) until it keeps checkpoints.
+#[test]
+fn k1_a_sqlite_ledger_is_compacted_beside_its_file_and_a_new_site_starts_from_it() {
+    let shared = Shared::sqlite();
+    let ledger = format!("sqlite:{}", shared.path("ledger.db").display());
+    let run = |device: &str, data: &str, salt: &str| {
+        let effect = format!(
+            "echo \"{salt} $FENCEPOST_EPOCH\" >> '{}'",
+            shared.path("effects").display()
+        );
+        shared
+            .command(device, &[])
+            .args([
+                "run", "--agent", "cron", "--intent", "backup", "--salt", salt, "--", "sh", "-c", &effect,
+            ])
+            .env("FENCEPOST_LEDGER", &ledger)
+            .env("XDG_DATA_HOME", shared.path(data))
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap()
+    };
+    for day in 0..4 {
+        let output = run(HOST, "data", &format!("day-{day}"));
+        assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    }
+    let output = shared
+        .command(HOST, &["ledger", "compact"])
+        .env("FENCEPOST_LEDGER", &ledger)
+        .output()
+        .unwrap();
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    assert!(shared.path("ledger.db.checkpoints").is_dir());
+    for day in 0..4 {
+        let output = run("host-2", "data-2", &format!("day-{day}"));
+        assert_eq!(code(&output), 3, "{}", text(&output.stderr));
+        let started = text(&output.stderr).contains("starting from the shared checkpoint");
+        assert_eq!(started, day == 0, "{}", text(&output.stderr));
+    }
+    assert_once(&shared);
+    let output = shared
+        .command(HOST, &["ledger", "compact"])
+        .env("FENCEPOST_LEDGER", "postgres://fencepost@127.0.0.1:1/nowhere")
+        .output()
+        .unwrap();
+    assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("keeps no checkpoints"),
+        "{}",
+        text(&output.stderr)
+    );
+}

@@ -10,7 +10,7 @@ use fencepost::clock::ManualClock;
 use fencepost::dispatch::Ledger;
 use fencepost::lease::{Intent, IntentStatus};
 use fencepost::ledger::LedgerOptions;
-use fencepost::relay::{FsRelay, Relay};
+use fencepost::relay::{FsRelay, Relay, SqliteRelay};
 use proptest::prelude::*;
 
 const AGENTS: [&str; 2] = ["milo", "otto"];
@@ -29,16 +29,25 @@ struct Site {
 
 impl Site {
     fn new() -> Self {
+        Self::with_ledger("ledger")
+    }
+
+    /// `name` ending in `.db`: a ledger in a SQLite file.
+    fn with_ledger(name: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         Self {
-            folder: dir.path().join("ledger"),
+            folder: dir.path().join(name),
             dir,
             clock: ManualClock::new(1_000),
         }
     }
 
     fn relay(&self) -> Arc<dyn Relay> {
-        Arc::new(FsRelay::open(&self.folder).unwrap())
+        if self.folder.extension().is_some_and(|extension| extension == "db") {
+            Arc::new(SqliteRelay::open(&self.folder).unwrap())
+        } else {
+            Arc::new(FsRelay::open(&self.folder).unwrap())
+        }
     }
 
     /// `device`'s ledger; with `snapshot`, from its snapshot (and, when it has none yet, from
@@ -62,7 +71,7 @@ impl Site {
     }
 
     fn checkpoints(&self) -> Vec<PathBuf> {
-        let dir = self.folder.join("checkpoints");
+        let dir = self.relay().checkpoints_dir().unwrap();
         let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
             .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
             .unwrap_or_default();
@@ -200,10 +209,11 @@ proptest! {
     /// written at any points by any of them while the others keep writing, a new site that
     /// starts from the latest checkpoint answers every question as a site that reads every
     /// record: no commit lost, no fencing epoch lower, the same runs in doubt. Every checkpoint
-    /// is the fold of the records it covers (`verify_checkpoints` finds nothing).
+    /// is the fold of the records it covers (`verify_checkpoints` finds nothing). A ledger folder
+    /// or a SQLite ledger.
     #[test]
-    fn k1_k2_a_site_started_from_a_checkpoint_answers_as_a_full_read(steps in steps()) {
-        let site = Site::new();
+    fn k1_k2_a_site_started_from_a_checkpoint_answers_as_a_full_read(steps in steps(), in_sqlite in any::<bool>()) {
+        let site = if in_sqlite { Site::with_ledger("ledger.db") } else { Site::new() };
         play(&site, &steps);
         let compacted = !site.checkpoints().is_empty();
         let mut started = site.open("newcomer", true);

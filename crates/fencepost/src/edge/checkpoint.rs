@@ -15,7 +15,8 @@
 //! Its **id** is the SHA-256 digest of its saved state, which holds the digest of each page of
 //! its buckets' checksums, which hold each bucket's checksum: a hash tree over everything it
 //! says. The id is part of the file's name, `checkpoint-<records>-<id>.sqlite`, in the relay's
-//! checkpoints folder (a ledger folder's `checkpoints/`).
+//! [checkpoints folder](crate::relay::Relay::checkpoints_dir) (a ledger folder's `checkpoints/`,
+//! a SQLite ledger's `FILE.checkpoints/`; a ledger in PostgreSQL keeps none yet).
 //!
 //! # Rules (the contract's K1–K4)
 //!

@@ -27,10 +27,7 @@ impl Ledger {
     pub fn compact(&mut self) -> Result<CheckpointInfo, DispatchError> {
         let failed = |what: String| DispatchError::Checkpoint(what);
         let dir = self.relay.checkpoints_dir().ok_or_else(|| {
-            failed(
-                "this ledger keeps no checkpoints (a ledger folder does; a database ledger does not yet)"
-                    .to_owned(),
-            )
+            failed("this ledger keeps no checkpoints (a ledger in PostgreSQL does not yet)".to_owned())
         })?;
         self.flush()?;
         let problems: Vec<RelayProblem> = self.damage().into_iter().cloned().collect();

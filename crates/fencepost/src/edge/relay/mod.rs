@@ -112,7 +112,7 @@ pub trait Relay: Send + Sync {
     }
 
     /// The folder where this relay keeps the ledger's shared [checkpoints](crate::checkpoint),
-    /// where every site finds them; `None` when it keeps none (a database relay, for now).
+    /// where every site finds them; `None` when it keeps none (a PostgreSQL relay, for now).
     ///
     /// The default: `None`.
     fn checkpoints_dir(&self) -> Option<PathBuf> {

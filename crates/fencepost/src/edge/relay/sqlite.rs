@@ -300,6 +300,14 @@ impl Relay for SqliteRelay {
         super::resume_by_pull(self, cursor)
     }
 
+    /// The folder `<file>.checkpoints` beside the ledger's file (the processes of one host share
+    /// both).
+    fn checkpoints_dir(&self) -> Option<PathBuf> {
+        let mut name = self.path.file_name()?.to_os_string();
+        name.push(".checkpoints");
+        Some(self.path.with_file_name(name))
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         let mut connection = self.lock();
