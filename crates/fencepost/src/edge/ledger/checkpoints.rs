@@ -149,7 +149,7 @@ impl Ledger {
         };
         let (records, id, path) = listed.into_iter().next()?;
         let damaged = |detail: String| checkpoint_problem(&path, &format!("cannot be used: {detail}"));
-        let mut file = match CheckpointFile::open(&path) {
+        let file = match CheckpointFile::open(&path) {
             Ok(file) => file,
             Err(error) if error.is_busy() || !path.exists() => return None,
             Err(error) => {
@@ -171,15 +171,18 @@ impl Ledger {
             self.checkpoint_damage = Some(damaged(problem));
             return None;
         }
-        let snapshot = self.snapshot.as_mut()?;
-        match snapshot.store.import(&mut file) {
-            Ok(true) => {
-                let id = checkpoint::id_hex(&id);
+        drop(file);
+        // The empty snapshot is replaced by a checked copy of the checkpoint.
+        let path_of_snapshot = self.snapshot.take()?.store.path().to_path_buf();
+        let device = self.log.device_id().to_owned();
+        let installed = Snapshot::install_checkpoint(&path_of_snapshot, &device, &path, &id);
+        self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device);
+        match installed {
+            Ok(()) => {
                 tracing::info!(checkpoint = %path.display(), "starting from the shared checkpoint");
-                Some(id)
+                Some(checkpoint::id_hex(&id))
             }
-            Ok(false) => None, // another process saved a state meanwhile: that one is used
-            Err(error) if error.is_busy() => None,
+            Err(error) if error.is_busy() || !path.exists() => None,
             Err(error) => {
                 self.checkpoint_damage = Some(damaged(error.to_string()));
                 None
@@ -419,10 +422,10 @@ mod tests {
         extra: Option<RunSummary>,
         change: impl FnOnce(&mut SnapshotBase),
     ) {
-        let mut real = CheckpointFile::open(&info.path).unwrap();
+        let real = CheckpointFile::open(&info.path).unwrap();
         let work = dir.join("forging.sqlite");
+        Snapshot::install_checkpoint(&work, "forger", &info.path, &real.id()).unwrap();
         let mut store = Snapshot::open(&work, "forger").unwrap();
-        assert!(store.import(&mut real).unwrap());
         let mut base = store.base().unwrap().unwrap();
         change(&mut base);
         let mut save = store.begin_save(|_| true, 1).unwrap().unwrap();

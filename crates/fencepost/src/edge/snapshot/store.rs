@@ -687,40 +687,81 @@ impl Snapshot {
         }
         CheckpointFile::open(dest)
     }
+}
 
-    /// Fills a snapshot that has no saved state with a checkpoint's, checking every page and
-    /// every bucket of the checkpoint against its saved state as it copies them. `false` (and
-    /// nothing changed) when the snapshot has a saved state (another process saved one).
-    pub(crate) fn import(&mut self, checkpoint: &mut CheckpointFile) -> Result<bool, SnapshotError> {
-        let transaction = self
-            .connection
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        if read_stored(&transaction)?.is_some() {
-            return Ok(false);
-        }
-        transaction.execute_batch("DELETE FROM buckets; DELETE FROM sums;")?;
-        {
-            let mut put_sums = transaction.prepare("INSERT INTO sums (page, value) VALUES (?1, ?2)")?;
-            for page in 0..checkpoint.layout.pages.len() as u32 {
-                let sums = checkpoint.layout.page(&checkpoint.connection, page)?;
-                let bytes: Vec<u8> = sums.iter().flatten().copied().collect();
-                put_sums.execute(params![page, bytes])?;
-            }
-            let mut put_bucket = transaction.prepare("INSERT INTO buckets (id, value) VALUES (?1, ?2)")?;
-            checkpoint.for_each_bucket(|bucket, body| {
-                put_bucket.execute(params![bucket, body])?;
-                Ok(())
+impl Snapshot {
+    /// Makes the snapshot at `path` (of `device_id`) a copy of the checkpoint at `checkpoint`,
+    /// whose id must be `id`: the file is copied beside `path`, the copy is checked whole (its
+    /// saved state against `id`, every page of checksums and every bucket of runs against it),
+    /// made this device's snapshot, and moved over `path` (whose old files are removed first; a
+    /// process still reading them keeps them). On an error, `path` is left as it was.
+    pub(crate) fn install_checkpoint(
+        path: &Path,
+        device_id: &str,
+        checkpoint: &Path,
+        id: &[u8; 32],
+    ) -> Result<(), SnapshotError> {
+        remove_old_copies(path);
+        let mut copy = path.as_os_str().to_owned();
+        copy.push(format!(".copying-{}", std::process::id()));
+        let copy = PathBuf::from(copy);
+        let installed = (|| {
+            std::fs::copy(checkpoint, &copy).map_err(|error| {
+                SnapshotError::Other(format!("cannot copy {}: {error}", checkpoint.display()))
             })?;
+            let mut copied = CheckpointFile::open(&copy)?;
+            if copied.id() != *id {
+                return Err(SnapshotError::Damaged(
+                    "its content does not match the id in its name".to_owned(),
+                ));
+            }
+            copied.for_each_bucket(|_, _| Ok(()))?;
+            drop(copied);
+            let connection = Connection::open(&copy)?;
+            connection.pragma_update(None, "journal_mode", "WAL")?;
+            let name = path
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            connection.execute("UPDATE meta SET value = ?1 WHERE key = 'device'", [device_id])?;
+            connection.execute("UPDATE meta SET value = ?1 WHERE key = 'file'", [name])?;
+            drop(connection);
+            Snapshot::remove(path);
+            std::fs::rename(&copy, path).map_err(|error| {
+                SnapshotError::Other(format!("cannot move the copy to {}: {error}", path.display()))
+            })
+        })();
+        if installed.is_err() {
+            Snapshot::remove(&copy);
         }
-        transaction.execute(
-            "INSERT INTO base (id, value) VALUES (1, ?1)",
-            [&checkpoint.raw_base],
-        )?;
-        transaction.commit()?;
-        if let Err(error) = self.checkpoint() {
-            tracing::debug!(%error, "cannot checkpoint the snapshot's log now");
+        installed
+    }
+}
+
+/// Removes the copies of checkpoints that processes killed while installing one left beside the
+/// snapshot at `path` (an hour old at least: a copy still being made is not disturbed).
+fn remove_old_copies(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let mut prefix = name.to_os_string();
+    prefix.push(".copying-");
+    let prefix = prefix.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|metadata| metadata.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+        if old && entry.file_name().to_string_lossy().starts_with(&prefix) {
+            if let Err(error) = std::fs::remove_file(entry.path()) {
+                tracing::debug!(file = %entry.path().display(), %error, "cannot remove a leftover copy");
+            }
         }
-        Ok(true)
     }
 }
 
