@@ -243,9 +243,193 @@ fn k3_ledger_verify_reports_a_checkpoint_of_another_ledger() {
         "{}",
         text(&output.stdout)
     );
+    // A new host does not start from it, and runs nothing until it is removed.
+    let output = job(&shared, "host-2", &salts[0]);
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("the checkpoint"),
+        "{}",
+        text(&output.stderr)
+    );
+    for foreign in checkpoints(&shared) {
+        std::fs::remove_file(foreign).unwrap();
+    }
     for salt in &salts {
         let output = job(&shared, "host-2", salt);
         assert_eq!(code(&output), 3, "{}", text(&output.stderr));
+    }
+    assert_once(&shared);
+}
+
+/// K1, K2 (found by an adversarial test: the new host read the files alone and ran a committed
+/// occurrence again, at an epoch already used): a new host, with a coordinator that lost every
+/// lease, whose copy of the folder has not synced up to the checkpoint, runs nothing (exit 10,
+/// naming the checkpoint) until the files reach it.
+#[test]
+fn k1_k2_a_new_host_whose_files_lag_the_checkpoint_runs_nothing_until_they_reach_it() {
+    let shared = Shared::sqlite();
+    committed(&shared, 0, 2);
+    let file = shared.path("ledger").join("devices").join("host-1.jsonl");
+    let synced_so_far = std::fs::read(&file).unwrap();
+    committed(&shared, 2, 1);
+    assert_eq!(code(&compact(&shared)), 0);
+    let whole = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &synced_so_far).unwrap();
+    let fresh = format!("sqlite:{}", shared.path("new-leases.db").display());
+    let new_host = |salt: &str| {
+        let effect = format!(
+            "echo \"{salt} $FENCEPOST_EPOCH\" >> '{}'",
+            shared.path("effects").display()
+        );
+        shared
+            .command("host-new", &[])
+            .args([
+                "run", "--agent", "cron", "--intent", "backup", "--salt", salt, "--", "sh", "-c", &effect,
+            ])
+            .env("FENCEPOST_COORDINATOR", &fresh)
+            .output()
+            .unwrap()
+    };
+    let output = new_host("day-2");
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("the checkpoint"),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = shared.run("host-new", &["ledger", "verify"]);
+    assert_eq!(
+        code(&output),
+        1,
+        "{}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    std::fs::write(&file, &whole).unwrap();
+    let output = new_host("day-2");
+    assert_eq!(code(&output), 3, "{}", text(&output.stderr));
+    let output = new_host("day-9");
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    assert_once(&shared);
+    let epochs: Vec<u64> = shared
+        .effects()
+        .iter()
+        .filter_map(|line| line.split(' ').nth(1)?.parse().ok())
+        .collect();
+    let last = *epochs.last().unwrap();
+    assert!(
+        epochs[..epochs.len() - 1].iter().all(|epoch| *epoch < last),
+        "{epochs:?}"
+    );
+}
+
+/// K1 (found by an adversarial test: `ledger compact` trusted the host's snapshot, which had
+/// read a record before it was damaged): compaction reads every record and refuses damage.
+#[test]
+fn k1_ledger_compact_reads_every_record_and_refuses_damage_a_snapshot_read_before() {
+    let shared = Shared::sqlite();
+    committed(&shared, 0, 3);
+    let file = shared.path("ledger").join("devices").join("host-1.jsonl");
+    let mut damaged = std::fs::read(&file).unwrap();
+    let first_line_end = damaged.iter().position(|byte| *byte == b'\n').unwrap();
+    let at = damaged[..first_line_end]
+        .iter()
+        .rposition(|byte| byte.is_ascii_digit())
+        .unwrap();
+    damaged[at] = if damaged[at] == b'7' { b'8' } else { b'7' };
+    std::fs::write(&file, &damaged).unwrap();
+    let output = compact(&shared);
+    assert_eq!(
+        code(&output),
+        10,
+        "{}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    assert!(checkpoints(&shared).is_empty());
+}
+
+/// K3 (found by an adversarial test: it hung every new host): a FIFO named like a checkpoint is
+/// damage at once, for `run` and for `ledger verify`.
+#[test]
+fn k3_a_fifo_named_like_a_checkpoint_stops_a_new_host_at_once() {
+    let shared = Shared::sqlite();
+    committed(&shared, 0, 1);
+    assert_eq!(code(&compact(&shared)), 0);
+    let fifo = shared
+        .path("ledger")
+        .join("checkpoints")
+        .join(format!("checkpoint-99-{}.sqlite", "0".repeat(64)));
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for args in [
+        vec![
+            "run", "--agent", "cron", "--intent", "backup", "--salt", "day-0", "--", "true",
+        ],
+        vec!["ledger", "verify"],
+    ] {
+        let mut child = shared
+            .command("host-2", &args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{args:?} hung on a FIFO");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let output = child.wait_with_output().unwrap();
+        assert_ne!(code(&output), 0, "{args:?}");
+        let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert!(said.contains("not a regular file"), "{said}");
+    }
+}
+
+/// K3 (found by an adversarial test: 4 in 180 first runs reported the snapshot unreadable): the
+/// first runs of one new host started at once wait for one copy of the checkpoint.
+#[test]
+fn k3_first_runs_of_one_new_host_started_at_once_share_one_copy_of_the_checkpoint() {
+    let shared = Shared::sqlite();
+    let salts = committed(&shared, 0, 20);
+    assert_eq!(code(&compact(&shared)), 0);
+    for round in 0..4 {
+        let _ = std::fs::remove_dir_all(shared.path("data-s"));
+        let children: Vec<_> = (0..4)
+            .map(|index| {
+                let salt = if index % 2 == 0 {
+                    salts[index].clone()
+                } else {
+                    format!("new-{round}")
+                };
+                let effect = format!("echo \"{salt} x\" >> '{}'", shared.path("effects").display());
+                shared
+                    .command("host-s", &[])
+                    .args([
+                        "run", "--wait", "20s", "--agent", "cron", "--intent", "backup", "--salt", &salt,
+                        "--", "sh", "-c", &effect,
+                    ])
+                    .env("XDG_DATA_HOME", shared.path("data-s"))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let output = child.wait_with_output().unwrap();
+            assert!(
+                matches!(code(&output), 0 | 3),
+                "round {round}: {}",
+                text(&output.stderr)
+            );
+        }
     }
     assert_once(&shared);
 }

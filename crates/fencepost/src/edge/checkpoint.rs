@@ -21,7 +21,8 @@
 //! # Rules (the contract's K1–K4)
 //!
 //! * **K1, nothing committed is lost.** A checkpoint holds the fold of every record up to its
-//!   heads; a site that starts from it folds every record after them. The fold is a merge
+//!   heads, written by a site that read and checked every one of them (a damaged ledger is not
+//!   compacted); a site that starts from it folds every record after them. The fold is a merge
 //!   (rule F3), so the result is the fold of everything, whatever other sites appended while the
 //!   checkpoint was written.
 //! * **K2, epochs never regress.** It carries every agent's fencing epoch; a site that starts
@@ -30,15 +31,17 @@
 //!   name and every page and bucket against the id while copying it: a damaged one is reported
 //!   like a damaged device (nothing is dispatched on it) and never used. Its heads are checked
 //!   against the ledger's files (the relay [resumes](crate::relay::Relay::resume) at its cursor
-//!   only where the same records are): one that does not match is not used (the site reads the
-//!   whole ledger, with a warning), since a synced folder may not have brought the files up to
-//!   it yet. [`Ledger::verify_checkpoints`](crate::ledger::Ledger::verify_checkpoints) (`fencepost
+//!   only where the same records are): one that the files do not reach or match is not used,
+//!   and what it covers is checked like the seen file's memory: the site reads the whole ledger
+//!   and dispatches nothing while a device has fewer records than the checkpoint covers (a
+//!   synced folder that has not brought them yet, a file that shrank) or other ones there. [`Ledger::verify_checkpoints`](crate::ledger::Ledger::verify_checkpoints) (`fencepost
 //!   ledger verify`) folds the records a checkpoint covers again and compares: a forged one (its
 //!   digests computed again over a changed content) is found there.
 //! * **K4, concurrent compaction is safe.** Each checkpoint is written under a new name and
 //!   moved into place whole; two sites that compact at once write two checkpoints, each the
 //!   fold of what its site had read, and a site that starts from either one reads the records
-//!   after it. Starting sites take the one that covers the most records (then the greatest id).
+//!   after it. Starting sites take the one that covers the most records (then the greatest id);
+//!   the first processes of one new site wait for one copy (a lock file beside its snapshot).
 //!
 //! # What it does not do yet
 //!

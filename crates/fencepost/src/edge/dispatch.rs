@@ -133,9 +133,9 @@ pub enum DispatchError {
         /// What is damaged.
         problems: Vec<RelayProblem>,
     },
-    /// A checkpoint could not be written ([`Ledger::compact`]): nothing was changed in the
-    /// ledger.
-    #[error("cannot write a checkpoint: {0}")]
+    /// A checkpoint could not be written ([`Ledger::compact`]; nothing was changed in the
+    /// ledger) or the checkpoints could not be checked ([`Ledger::verify_checkpoints`]).
+    #[error("{0}")]
     Checkpoint(String),
     /// The seen file ([`LedgerOptions::seen_file`]) could not be read or written.
     #[error("cannot use the seen file {path}")]

@@ -164,6 +164,12 @@ pub struct Ledger {
     snapshot_marks: Vec<HeadMark>,
     /// The shared checkpoint that could not be used: damage, for good (see [`crate::checkpoint`]).
     checkpoint_damage: Option<RelayProblem>,
+    /// The shared checkpoint that this ledger does not reach or match (its file, its heads):
+    /// checked like the seen file's marks, damage until the ledger has what it covers.
+    checkpoint_marks: Option<(std::path::PathBuf, Vec<HeadMark>)>,
+    /// While a new site's snapshot is made from a checkpoint: the lock that makes the other
+    /// processes of the site wait for it.
+    install_lock: Option<checkpoints::InstallLock>,
     /// The id of the shared checkpoint this ledger started from, if it did.
     started_from: Option<String>,
 }
@@ -288,6 +294,8 @@ impl Ledger {
             snapshot_damage: None,
             snapshot_marks: Vec::new(),
             checkpoint_damage: None,
+            checkpoint_marks: None,
+            install_lock: None,
             started_from: None,
         };
         if !relay.checks_records() {
@@ -308,9 +316,15 @@ impl Ledger {
         // read (no need to hold them all), and this device's log continues from where the fold's
         // check of it ends. With a snapshot that matches the relay, only what follows it is read.
         if let Some(path) = options.snapshot {
+            // A new site's first processes: one makes the snapshot (from the checkpoint), the
+            // others wait for it (see `import_checkpoint`).
+            if !path.exists() {
+                ledger.install_lock = checkpoints::InstallLock::take(&path);
+            }
             ledger.snapshot = SnapshotUse::open(path, device_id);
         }
         ledger.resume_snapshot();
+        ledger.install_lock = None;
         let since = ledger.view.frontier.clone();
         let problems = relay.pull_in_batches(&since, &mut |ops| ledger.absorb(&ops))?;
         ledger.take_problems(problems)?;
@@ -358,9 +372,12 @@ impl Ledger {
             Err(reason) => return self.start_snapshot_over(path, &reason),
         };
         if let Err(reason) = self.relay.resume(&base.cursor) {
-            if let Some(id) = from_checkpoint {
-                // Not this site's past: the files here may not have reached the checkpoint yet.
-                tracing::warn!(checkpoint = %id, %reason, "the ledger's files here do not match the shared checkpoint (not synced up to it yet?); reading the whole ledger");
+            if let Some((_, checkpoint)) = from_checkpoint {
+                // The files here do not reach the checkpoint (not synced up to it yet, or they
+                // shrank) or hold other records: what it covers is checked like the seen file's
+                // memory, so nothing runs on a ledger that lacks records the checkpoint saw.
+                tracing::warn!(checkpoint = %checkpoint.display(), %reason, "the ledger's files here do not match the shared checkpoint; reading the whole ledger");
+                self.checkpoint_marks = Some((checkpoint, base.heads));
                 return self.start_snapshot_over(
                     path,
                     "it was copied from a checkpoint that this ledger does not match",
@@ -378,7 +395,7 @@ impl Ledger {
         snapshot.queried = true;
         snapshot.dirty = Some(BTreeSet::new());
         self.view = view;
-        self.started_from = from_checkpoint;
+        self.started_from = from_checkpoint.map(|(id, _)| id);
         tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
     }
 
@@ -772,12 +789,26 @@ impl Ledger {
         self.problems.extend(self.view.rejected.values().cloned());
         self.problems.extend(self.snapshot_damage.iter().cloned());
         self.problems.extend(self.checkpoint_damage.iter().cloned());
-        for mark in &self.snapshot_marks {
+        let snapshot_marks = self
+            .snapshot_marks
+            .iter()
+            .map(|mark| (mark, "this site's snapshot".to_owned(), "read"));
+        let checkpoint_marks = self.checkpoint_marks.iter().flat_map(|(file, marks)| {
+            let name = file
+                .file_name()
+                .map_or_else(String::new, |name| name.to_string_lossy().into_owned());
+            marks
+                .iter()
+                .map(move |mark| (mark, format!("the checkpoint {name}"), "covers"))
+        });
+        let mut found = Vec::new();
+        for (mark, whose, verb) in snapshot_marks.chain(checkpoint_marks) {
             let device = &mark.device_id;
             if self
                 .problems
                 .iter()
-                .any(|problem| problem.device_id.as_ref() == Some(device))
+                .chain(&found)
+                .any(|problem: &RelayProblem| problem.device_id.as_ref() == Some(device))
             {
                 continue; // said already
             }
@@ -788,7 +819,7 @@ impl Ledger {
             });
             let detail = if has < mark.next_seq {
                 format!(
-                    "this site's snapshot read {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",
+                    "{whose} {verb} {} records of this device, the ledger here has {has}: a synced folder that has not brought them yet (run again once it has), or a file that shrank, was replaced or lost records (restore it from a copy)",
                     mark.next_seq
                 )
             } else if let (Some(here), Some((last_op_id, _, _))) = (here, mark.last) {
@@ -796,13 +827,13 @@ impl Ledger {
                     continue;
                 }
                 format!(
-                    "record {} is {here}, but this site's snapshot read {last_op_id} there: the file was replaced (restore it from a copy)",
+                    "record {} is {here}, but {whose} {verb} {last_op_id} there: the file was replaced (restore it from a copy)",
                     mark.next_seq - 1
                 )
             } else {
                 continue;
             };
-            self.problems.push(RelayProblem {
+            found.push(RelayProblem {
                 kind: crate::relay::ProblemKind::Damage,
                 device_id: Some(device.clone()),
                 file: None,
@@ -810,6 +841,7 @@ impl Ledger {
                 detail,
             });
         }
+        self.problems.extend(found);
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.view.frontier.next_seq(device);

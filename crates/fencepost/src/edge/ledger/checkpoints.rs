@@ -1,8 +1,7 @@
 //! A ledger's use of the shared checkpoints ([`crate::checkpoint`]): writing one, starting from
 //! one, and checking them against the records they cover.
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -18,17 +17,25 @@ impl Ledger {
     /// record it has read, with every device's head and the relay's cursor there, into the
     /// relay's checkpoints folder, where a new site starts from it instead of reading every
     /// record. Checkpoints that this one contains are removed. Unsent records are stored first.
+    /// The ledger must have been opened without a snapshot: it read, and checked, every record.
     ///
     /// # Errors
     /// [`DispatchError::Damaged`] when the ledger is damaged (a checkpoint of an incomplete
     /// ledger would lack commits), [`DispatchError::Checkpoint`] when the relay keeps no
-    /// checkpoints or the file cannot be written, [`DispatchError::Relay`] when unsent records
+    /// checkpoints, the ledger resumed from a snapshot, has no records, or the file cannot be
+    /// written, [`DispatchError::Relay`] when unsent records
     /// cannot be stored.
     pub fn compact(&mut self) -> Result<CheckpointInfo, DispatchError> {
-        let failed = |what: String| DispatchError::Checkpoint(what);
+        let failed = |what: String| DispatchError::Checkpoint(format!("cannot write a checkpoint: {what}"));
         let dir = self.relay.checkpoints_dir().ok_or_else(|| {
             failed("this ledger keeps no checkpoints (a ledger in PostgreSQL does not yet)".to_owned())
         })?;
+        if self.resumed_from_snapshot() {
+            // Its records read before are not read again: damage among them would not be seen.
+            return Err(failed(
+                "compaction needs a ledger that read every record (opened without a snapshot), so that every record is checked".to_owned(),
+            ));
+        }
         self.flush()?;
         let problems: Vec<RelayProblem> = self.damage().into_iter().cloned().collect();
         if !problems.is_empty() || !self.view.rejected.is_empty() {
@@ -80,7 +87,12 @@ impl Ledger {
             let contained =
                 CheckpointFile::open(&older).is_ok_and(|file| contains(&heads, &file.base().heads));
             if contained {
-                if let Err(error) = std::fs::remove_file(&older) {
+                if let Err(error) = std::fs::remove_file(&older).or_else(|error| {
+                    // Another compaction removed it first.
+                    (error.kind() == std::io::ErrorKind::NotFound)
+                        .then_some(())
+                        .ok_or(error)
+                }) {
                     tracing::warn!(checkpoint = %older.display(), %error, "cannot remove an older checkpoint");
                 }
             }
@@ -95,31 +107,21 @@ impl Ledger {
         })
     }
 
-    /// Writes the checkpoint's file at `written`: a copy of this site's snapshot when the ledger
-    /// resumed from one (saved first), else of the view, folded into a snapshot of its own.
+    /// Writes the checkpoint's file at `written`: the view, folded into a snapshot of its own
+    /// (`.folding-…` in `dir`), copied.
     fn export_checkpoint(
         &mut self,
         dir: &Path,
         stamp: &str,
         written: &Path,
     ) -> Result<CheckpointFile, String> {
-        if self.snapshot.as_ref().is_some_and(|snapshot| snapshot.queried) {
-            self.save_snapshot();
-            let snapshot = self
-                .snapshot
-                .as_ref()
-                .ok_or("this site's snapshot could not be read; try again")?;
-            let saved = snapshot.saved.as_ref() == Some(&self.view.frontier)
-                && snapshot.dirty.as_ref().is_some_and(BTreeSet::is_empty);
-            if !saved {
-                return Err("this site's snapshot could not be saved (see the log); try again".to_owned());
-            }
-            return snapshot.store.export(written).map_err(|error| error.to_string());
-        }
         let cursor = self.relay.cursor(&self.view.frontier).ok_or(
             "the relay cannot say where its reading stands (a device file with an incomplete last line?); try again",
         )?;
         let folded = dir.join(format!(".folding-{stamp}.sqlite"));
+        // A file of this name is a leftover of a process killed with this process's id.
+        Snapshot::remove(&folded);
+        Snapshot::remove(written);
         let view = &self.view;
         let exported = (|| -> Result<CheckpointFile, SnapshotError> {
             let mut store = Snapshot::open(&folded, self.log.device_id())?;
@@ -138,7 +140,7 @@ impl Ledger {
     /// Copies the best shared checkpoint (the one covering the most records) into this site's
     /// empty snapshot, checking it whole (see [`crate::checkpoint`], rule K3); returns its id. A
     /// damaged one is damage of this ledger ([`damage`](Self::damage)), and not used.
-    pub(super) fn import_checkpoint(&mut self) -> Option<String> {
+    pub(super) fn import_checkpoint(&mut self) -> Option<(String, PathBuf)> {
         let dir = self.relay.checkpoints_dir()?;
         let listed = match checkpoint::list(&dir) {
             Ok(listed) => listed,
@@ -172,15 +174,29 @@ impl Ledger {
             return None;
         }
         drop(file);
-        // The empty snapshot is replaced by a checked copy of the checkpoint.
+        // The empty snapshot is replaced by a checked copy of the checkpoint, under the lock
+        // that makes the site's other processes wait (they then find the copy), and only if no
+        // other process made it meanwhile.
         let path_of_snapshot = self.snapshot.take()?.store.path().to_path_buf();
         let device = self.log.device_id().to_owned();
+        if self.install_lock.is_none() {
+            self.install_lock = InstallLock::take(&path_of_snapshot);
+        }
+        self.snapshot = super::SnapshotUse::open(path_of_snapshot.clone(), &device);
+        let empty = self
+            .snapshot
+            .as_ref()
+            .is_some_and(|snapshot| matches!(snapshot.store.base(), Ok(None)));
+        if self.install_lock.is_none() || !empty {
+            return None; // made by another process (or cannot be made now): that one is used
+        }
+        self.snapshot = None;
         let installed = Snapshot::install_checkpoint(&path_of_snapshot, &device, &path, &id);
         self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device);
         match installed {
             Ok(()) => {
                 tracing::info!(checkpoint = %path.display(), "starting from the shared checkpoint");
-                Some(checkpoint::id_hex(&id))
+                Some((checkpoint::id_hex(&id), path))
             }
             Err(error) if error.is_busy() || !path.exists() => None,
             Err(error) => {
@@ -207,15 +223,16 @@ impl Ledger {
     /// Checks every shared checkpoint against the records it covers (rule K3): its id, its
     /// heads (the ledger's records there), and its content, which must be the fold of those
     /// records (the runs, fencing epochs, attempts and other records). Returns one problem per
-    /// checkpoint that fails; a checkpoint that covers records this ledger has not received yet
-    /// is not checked (it says so in the log). Needs a ledger opened without a snapshot (one
-    /// that read every record).
+    /// checkpoint that fails; one that covers records this ledger does not have (a synced folder
+    /// behind it, or a device file that shrank) fails too, as a site would not start from it.
+    /// Needs a ledger opened without a snapshot (one that read every record).
     ///
     /// # Errors
     /// [`DispatchError::Checkpoint`] when the ledger resumed from a snapshot or the folder
     /// cannot be listed, [`DispatchError::Relay`] when the records cannot be read again.
     pub fn verify_checkpoints(&self) -> Result<Vec<RelayProblem>, DispatchError> {
-        let failed = |what: String| DispatchError::Checkpoint(what);
+        let failed =
+            |what: String| DispatchError::Checkpoint(format!("cannot check the checkpoints: {what}"));
         let Some(dir) = self.relay.checkpoints_dir() else {
             return Ok(Vec::new());
         };
@@ -243,7 +260,7 @@ impl Ledger {
                 problems.push(problem("does not match the id and count in its name".to_owned()));
                 continue;
             }
-            let mut ahead = false;
+            let mut ahead = None;
             let mut mismatch = None;
             let id_here = |device: &str, seq: u64| {
                 let (first, ids) = self.view.ids.get(device)?;
@@ -252,7 +269,7 @@ impl Ledger {
             for head in &base.heads {
                 let has = self.view.frontier.next_seq(&head.device_id);
                 if has < head.next_seq {
-                    ahead = true;
+                    ahead = Some((head.device_id.clone(), head.next_seq, has));
                     // The ledger's last record of the device, where the checkpoint kept its id.
                     let theirs = base
                         .recent_ids
@@ -282,27 +299,43 @@ impl Ledger {
                 )));
                 continue;
             }
-            if ahead {
-                tracing::info!(checkpoint = %path.display(), "the checkpoint covers records this site has not received yet; not checked");
+            if let Some((device, covers, has)) = ahead {
+                // A site would not start from it either (see `resume_snapshot`).
+                problems.push(problem(format!(
+                    "covers {covers} records of device {device:?}, the ledger here has {has}: a synced folder that has not brought them yet (check again once it has), or a device file that shrank, was replaced or lost records (restore it from a copy)"
+                )));
                 continue;
             }
-            let all = match &records {
-                Some(all) => all,
-                None => records.insert(self.relay.pull(&Frontier::new())?.ops),
+            // The fold of exactly the records it covers: this ledger's own view when it covers
+            // the same records (no second read), else a fold of them alone.
+            let exact = base.heads.len() == self.view.heads.len()
+                && base
+                    .heads
+                    .iter()
+                    .all(|head| self.view.frontier.next_seq(&head.device_id) == head.next_seq);
+            let folded;
+            let prefix = if exact {
+                &self.view
+            } else {
+                let all = match &records {
+                    Some(all) => all,
+                    None => records.insert(self.relay.pull(&Frontier::new())?.ops),
+                };
+                let ends: std::collections::BTreeMap<&str, u64> = base
+                    .heads
+                    .iter()
+                    .map(|head| (head.device_id.as_str(), head.next_seq))
+                    .collect();
+                let covered_ops: Vec<OpRecord> = all
+                    .iter()
+                    .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
+                    .cloned()
+                    .collect();
+                let mut view = LedgerState::new();
+                view.absorb(&covered_ops);
+                folded = view;
+                &folded
             };
-            // The fold of exactly the records it covers.
-            let ends: std::collections::BTreeMap<&str, u64> = base
-                .heads
-                .iter()
-                .map(|head| (head.device_id.as_str(), head.next_seq))
-                .collect();
-            let covered_ops: Vec<OpRecord> = all
-                .iter()
-                .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
-                .cloned()
-                .collect();
-            let mut prefix = LedgerState::new();
-            prefix.absorb(&covered_ops);
             if comparable(&prefix.base_mark(Value::Null)) != comparable(base) {
                 problems.push(problem(
                     "does not hold the fencing epochs, attempts or heads of the records it covers (forged, or written by a faulty site)".to_owned(),
@@ -330,6 +363,44 @@ impl Ledger {
             }
         }
         Ok(problems)
+    }
+}
+
+/// The lock (a file beside the snapshot, `<snapshot>.lock`) held while a new site's snapshot is
+/// made from a checkpoint: the site's other processes wait for it and then use that copy.
+#[derive(Debug)]
+pub(super) struct InstallLock {
+    _file: std::fs::File,
+}
+
+impl InstallLock {
+    /// How long a process waits for another's copy.
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+    /// Takes the lock of the snapshot at `snapshot`; `None` when it cannot be had within
+    /// [`WAIT`](Self::WAIT) (the caller then reads the whole ledger).
+    pub(super) fn take(snapshot: &Path) -> Option<Self> {
+        let mut name = snapshot.as_os_str().to_owned();
+        name.push(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(PathBuf::from(name))
+            .ok()?;
+        let limit = crate::clock::RealTimeLimit::starting_now(Self::WAIT);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Some(Self { _file: file }),
+                Err(std::fs::TryLockError::WouldBlock) if !limit.passed() => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(error) => {
+                    tracing::warn!(snapshot = %snapshot.display(), %error, "another process has been making this snapshot for too long; reading the whole ledger");
+                    return None;
+                }
+            }
+        }
     }
 }
 

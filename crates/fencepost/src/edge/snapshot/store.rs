@@ -787,6 +787,16 @@ impl std::fmt::Debug for CheckpointFile {
 impl CheckpointFile {
     /// Opens the checkpoint at `path` and checks its saved state.
     pub(crate) fn open(path: &Path) -> Result<Self, SnapshotError> {
+        // A FIFO would block the open for ever; a folder or a device is no checkpoint either.
+        match std::fs::metadata(path) {
+            Ok(metadata) if metadata.is_file() => {}
+            Ok(_) => {
+                return Err(SnapshotError::Damaged(
+                    "it is not a regular file (a folder, a FIFO or a device)".to_owned(),
+                ))
+            }
+            Err(error) => return Err(SnapshotError::Other(format!("it cannot be read: {error}"))),
+        }
         let connection = Connection::open_with_flags(
             path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -798,7 +808,8 @@ impl CheckpointFile {
                 .optional()?;
             if found.as_deref() != Some(expected) {
                 return Err(SnapshotError::Damaged(format!(
-                    "its {key} is {found:?}, not {expected:?}"
+                    "its {key} is {}, not {expected:?}",
+                    found.map_or_else(|| "missing".to_owned(), |found| format!("{found:?}"))
                 )));
             }
         }
