@@ -450,6 +450,28 @@ fn k1_k2_a_checkpoint_ahead_of_the_device_files_is_damage_until_they_reach_it() 
     assert_eq!(answers(&mut started), answers(&mut full));
 }
 
+/// K2 (found by an adversarial test: with the damage accepted, a new site with a new coordinator
+/// reused an epoch that only the checkpoint showed): a checkpoint the files do not reach still
+/// raises the fencing epochs it carries.
+#[test]
+fn k2_a_checkpoint_the_files_do_not_reach_still_raises_the_fencing_epochs() {
+    let site = compacted_site();
+    site.write("laptop", &Intent::new("milo", "run-7", 7, IntentStatus::Pending));
+    site.write(
+        "laptop",
+        &Intent::new("milo", "run-7", 7, IntentStatus::Committed),
+    );
+    site.open("phone", false).compact().unwrap();
+    cut_records(&site, "laptop", 2);
+    let mut started = site.open("newcomer", true);
+    assert!(started.started_from_checkpoint().is_none());
+    assert!(!started.damage().is_empty());
+    assert_eq!(started.state().fencing_epoch("milo"), 7);
+    assert_eq!(started.accept_damage("laptop").unwrap(), 1);
+    assert!(started.damage().is_empty());
+    assert_eq!(started.state().fencing_epoch("milo"), 7);
+}
+
 /// K3 (found by an adversarial test: a FIFO named like a checkpoint hung every new site): what
 /// is not a regular file under a checkpoint's name is damage, at once.
 #[cfg(unix)]

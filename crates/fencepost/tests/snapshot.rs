@@ -427,3 +427,29 @@ fn r1_snapshot_another_ledgers_snapshot_under_this_name_is_rebuilt() {
     assert!(resumed.resumed_from_snapshot());
     assert_eq!(committed(&mut resumed), RUNS);
 }
+
+/// F6, R1 (found by an adversarial test: first runs of a new host started at once left a
+/// snapshot with the heads of the whole ledger and the runs of one process, and every other
+/// committed run ran again): a process saves the runs it changed only into a snapshot that still
+/// holds what it resumed from; one emptied under it is not written, and the next open reads the
+/// whole ledger.
+#[test]
+fn r1_snapshot_a_save_never_writes_its_last_runs_into_a_snapshot_that_lost_the_rest() {
+    let site = committed_site();
+    let mut resumed = site.reader(true);
+    assert!(resumed.resumed_from_snapshot());
+    assert!(resumed.committed_run("milo", "run-new").is_none());
+    // Another process empties the snapshot under it (in place: the same file).
+    let connection = rusqlite::Connection::open(&site.snapshot).unwrap();
+    connection
+        .execute_batch("DELETE FROM base; DELETE FROM sums; DELETE FROM buckets;")
+        .unwrap();
+    drop(connection);
+    resumed
+        .record(&Intent::new("milo", "run-new", 1, IntentStatus::Pending))
+        .unwrap();
+    drop(resumed);
+    let mut next = site.reader(true);
+    assert!(next.damage().is_empty(), "{:?}", next.damage());
+    assert_eq!(committed(&mut next), RUNS, "every commit is still answered");
+}

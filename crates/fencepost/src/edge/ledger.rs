@@ -377,6 +377,11 @@ impl Ledger {
                 // shrank) or hold other records: what it covers is checked like the seen file's
                 // memory, so nothing runs on a ledger that lacks records the checkpoint saw.
                 tracing::warn!(checkpoint = %checkpoint.display(), %reason, "the ledger's files here do not match the shared checkpoint; reading the whole ledger");
+                // Its fencing epochs still hold (rule K2): the epochs it saw were granted, even
+                // if the records that show them are not here (and their damage is accepted).
+                for (agent, epoch) in &base.fencing {
+                    self.view.state.raise_fencing_epoch(agent, *epoch);
+                }
                 self.checkpoint_marks = Some((checkpoint, base.heads));
                 return self.start_snapshot_over(
                     path,
@@ -429,10 +434,22 @@ impl Ledger {
             None => view.state.run_count(),
             Some(dirty) => dirty.len(),
         };
+        // A save of the runs changed since the last one continues the stored state only if that
+        // holds everything this view resumed from (found by an adversarial test: a snapshot
+        // replaced under a process, then saved with only its last runs and the heads of all,
+        // answered "not committed" for every other run).
+        let continues = |stored: &[HeadMark]| match (&snapshot.dirty, &snapshot.saved) {
+            (None, _) | (Some(_), None) => true,
+            (Some(_), Some(saved)) => saved.iter().all(|(device, next_seq)| {
+                stored
+                    .iter()
+                    .any(|mark| mark.device_id == device && mark.next_seq >= next_seq)
+            }),
+        };
         let saved = (|| -> Result<bool, SnapshotError> {
             let Some(mut save) = snapshot
                 .store
-                .begin_save(|stored| contains(&base.heads, stored), runs)?
+                .begin_save(|stored| contains(&base.heads, stored) && continues(stored), runs)?
             else {
                 return Ok(false);
             };
