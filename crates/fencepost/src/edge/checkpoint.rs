@@ -164,6 +164,33 @@ pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(u64, [u8; 32], PathBuf)>>
     Ok(found)
 }
 
+/// Removes the files in `dir` whose names start with one of `prefixes` and that are an hour old
+/// at least: what processes killed while writing a checkpoint (or a copy of one) left behind. A
+/// process still writing one is not disturbed.
+pub(crate) fn remove_leftovers(dir: &Path, prefixes: &[&str]) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !prefixes.iter().any(|prefix| name.starts_with(prefix)) {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|metadata| metadata.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+        if old {
+            if let Err(error) = std::fs::remove_file(entry.path()) {
+                tracing::debug!(file = %entry.path().display(), %error, "cannot remove a leftover");
+            }
+        }
+    }
+}
+
 /// The lowercase hex of an id.
 pub(crate) fn id_hex(id: &[u8; 32]) -> String {
     let mut text = String::with_capacity(64);

@@ -46,7 +46,7 @@ impl Ledger {
         }
         std::fs::create_dir_all(&dir)
             .map_err(|error| failed(format!("cannot create {}: {error}", dir.display())))?;
-        remove_leftovers(&dir);
+        checkpoint::remove_leftovers(&dir, &[".writing-", ".folding-"]);
         // A name no other compaction uses: this device's, this process's, this call's.
         static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let stamp = format!(
@@ -414,32 +414,6 @@ fn checkpoint_problem(path: &Path, detail: &str) -> RelayProblem {
         detail: format!(
             "the checkpoint {detail}; remove it (the ledger's records are still in its devices' files) or write a new one with `fencepost ledger compact`"
         ),
-    }
-}
-
-/// Removes the files that compactions killed while writing left behind (an hour old at least:
-/// a compaction still writing is not disturbed).
-fn remove_leftovers(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if !(name.starts_with(".writing-") || name.starts_with(".folding-")) {
-            continue;
-        }
-        let old = entry
-            .metadata()
-            .and_then(|metadata| metadata.modified())
-            .ok()
-            .and_then(|modified| modified.elapsed().ok())
-            .is_some_and(|age| age > std::time::Duration::from_secs(3600));
-        if old {
-            if let Err(error) = std::fs::remove_file(entry.path()) {
-                tracing::debug!(file = %entry.path().display(), %error, "cannot remove a leftover");
-            }
-        }
     }
 }
 

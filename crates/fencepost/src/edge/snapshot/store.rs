@@ -701,7 +701,11 @@ impl Snapshot {
         checkpoint: &Path,
         id: &[u8; 32],
     ) -> Result<(), SnapshotError> {
-        remove_old_copies(path);
+        if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
+            let mut prefix = name.to_os_string();
+            prefix.push(".copying-");
+            crate::checkpoint::remove_leftovers(dir, &[&prefix.to_string_lossy()]);
+        }
         let mut copy = path.as_os_str().to_owned();
         copy.push(format!(".copying-{}", std::process::id()));
         let copy = PathBuf::from(copy);
@@ -739,33 +743,6 @@ impl Snapshot {
             Snapshot::remove(&copy);
         }
         installed
-    }
-}
-
-/// Removes the copies of checkpoints that processes killed while installing one left beside the
-/// snapshot at `path` (an hour old at least: a copy still being made is not disturbed).
-fn remove_old_copies(path: &Path) {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return;
-    };
-    let mut prefix = name.to_os_string();
-    prefix.push(".copying-");
-    let prefix = prefix.to_string_lossy().into_owned();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let old = entry
-            .metadata()
-            .and_then(|metadata| metadata.modified())
-            .ok()
-            .and_then(|modified| modified.elapsed().ok())
-            .is_some_and(|age| age > std::time::Duration::from_secs(3600));
-        if old && entry.file_name().to_string_lossy().starts_with(&prefix) {
-            if let Err(error) = std::fs::remove_file(entry.path()) {
-                tracing::debug!(file = %entry.path().display(), %error, "cannot remove a leftover copy");
-            }
-        }
     }
 }
 
