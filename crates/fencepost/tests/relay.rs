@@ -574,3 +574,129 @@ fn r1_a_frontier_observes_the_largest_seq_without_overflow() {
     frontier.observe(&op);
     assert_eq!(frontier.next_seq("laptop"), u64::MAX);
 }
+
+/// What a fresh relay reads of a folder: the records of `device` (in order, whether pulled whole
+/// or handed over in batches, which must agree), and the problems.
+fn read_whole(
+    root: &Path,
+    config: fencepost::relay::FsRelayConfig,
+    device: &str,
+) -> (Vec<String>, Vec<fencepost::relay::RelayProblem>) {
+    let pulled = FsRelay::open_with(root, config)
+        .unwrap()
+        .pull(&Frontier::new())
+        .unwrap();
+    let mut streamed = Vec::new();
+    let problems = FsRelay::open_with(root, config)
+        .unwrap()
+        .pull_in_batches(&Frontier::new(), &mut |batch| streamed.extend(batch))
+        .unwrap();
+    assert_eq!(
+        ids(&pulled.ops),
+        ids(&streamed),
+        "pulled whole and handed over in batches"
+    );
+    assert_eq!(format!("{:?}", pulled.problems), format!("{problems:?}"));
+    let ops: Vec<_> = pulled
+        .ops
+        .iter()
+        .filter(|op| &*op.device_id == device)
+        .cloned()
+        .collect();
+    (ids(&ops), pulled.problems)
+}
+
+/// A device file long enough that it is read by several threads at once (a pipeline of chunks):
+/// it is read, checked and stopped exactly as a short one, at any line.
+#[test]
+fn r1_fs_a_long_file_read_on_several_threads_stops_at_the_same_line_as_a_short_one() {
+    let config = fencepost::relay::FsRelayConfig {
+        max_line_bytes: 4_000,
+        ..Default::default()
+    };
+    let ops = ops_of("laptop", 6_000);
+    let write = |dir: &Path| {
+        FsRelay::open_with(dir, config).unwrap().push(&ops).unwrap();
+        device_file(dir, "laptop")
+    };
+    // Whole, on a fresh relay, and as the next records of a relay that read the first ones.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path());
+    assert!(
+        std::fs::metadata(&path).unwrap().len() > 3 << 18,
+        "several chunks"
+    );
+    let (read, problems) = read_whole(dir.path(), config, "laptop");
+    assert_eq!(read, ids(&ops));
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut frontier = Frontier::new();
+    frontier.observe(&ops[99]);
+    assert_eq!(
+        ids(&FsRelay::open(dir.path()).unwrap().pull(&frontier).unwrap().ops),
+        ids(&ops[100..])
+    );
+
+    // A damaged line anywhere: the records before it, and the damage at its line.
+    for index in [0, 1, 1_000, 1_543, 2_999, 3_000, 5_998, 5_999] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path());
+        corrupt_line(&path, index);
+        let (read, problems) = read_whole(dir.path(), config, "laptop");
+        assert_eq!(read, ids(&ops[..index]), "damage at line {}", index + 1);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].kind, ProblemKind::Damage);
+        assert_eq!(problems[0].line_number, Some(index as u64 + 1));
+    }
+
+    // A torn last line after the long read: every whole line, and the torn one reported.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path());
+    let extra = ops_of("laptop", 6_001).pop().unwrap();
+    let line = line_of(&extra);
+    OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(&line[..line.len() / 2])
+        .unwrap();
+    let (read, problems) = read_whole(dir.path(), config, "laptop");
+    assert_eq!(read, ids(&ops));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].kind, ProblemKind::IncompleteLine);
+    assert_eq!(problems[0].line_number, Some(6_001));
+
+    // A line longer than allowed, with or without its newline: damage at that line.
+    for newline in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path());
+        let mut long = vec![b'x'; 5_000];
+        if newline {
+            long.push(b'\n');
+        }
+        OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(&long)
+            .unwrap();
+        let (read, problems) = read_whole(dir.path(), config, "laptop");
+        assert_eq!(read, ids(&ops));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].kind, ProblemKind::Damage, "newline: {newline}");
+        assert_eq!(problems[0].line_number, Some(6_001));
+        assert!(
+            problems[0].detail.contains("longer than 4000 bytes"),
+            "{}",
+            problems[0].detail
+        );
+    }
+
+    // Another device's records under this name: damage at line 1.
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path());
+    std::fs::rename(&path, device_file(dir.path(), "phone")).unwrap();
+    let (read, problems) = read_whole(dir.path(), config, "laptop");
+    assert!(read.is_empty());
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].line_number, Some(1));
+}

@@ -247,7 +247,7 @@ impl FsRelay {
         &self,
         name: &str,
         entry: &mut DeviceFile,
-        mut hand: Option<Hand<'_>>,
+        hand: Option<Hand<'_>>,
     ) -> Result<Refresh, RelayError> {
         let mut refresh = Refresh {
             fresh: Vec::new(),
@@ -277,81 +277,97 @@ impl FsRelay {
         if length == entry.verified_to {
             return Ok(refresh);
         }
-        let mut reader = BufReader::new(file);
-        reader
-            .seek(SeekFrom::Start(entry.verified_to))
+        let mut file = file;
+        file.seek(SeekFrom::Start(entry.verified_to))
             .map_err(io_error("seek in", &entry.path))?;
-        // Lines are read a chunk at a time; the chunk's records are decoded and hashed on every
-        // core, then checked in order against the file's chain.
+        let head = entry.head.clone();
+        let path = entry.path.clone();
         let max_line_bytes = self.config.max_line_bytes;
-        let mut chunk = Vec::new();
-        let mut ends: Vec<usize> = Vec::new();
-        loop {
-            chunk.clear();
-            ends.clear();
-            let mut incomplete = None;
-            let mut at_end = false;
-            while ends.len() < CHUNK_LINES && chunk.len() < CHUNK_BYTES {
-                let start = chunk.len();
-                let read = (&mut reader)
-                    .take(max_line_bytes as u64 + 1)
-                    .read_until(b'\n', &mut chunk)
-                    .map_err(io_error("read", &entry.path))?;
-                if read == 0 {
-                    at_end = true;
-                    break;
-                }
-                if chunk.last() != Some(&b'\n') {
-                    incomplete = Some(read);
-                    chunk.truncate(start);
-                    break;
-                }
-                ends.push(chunk.len());
-            }
-            let mut start = 0;
-            let device = entry.head.as_ref().map(|head| Arc::clone(head.device_id()));
-            let mut accepted = Vec::with_capacity(ends.len());
-            for (end, decoded) in ends.iter().zip(decode_lines(&chunk, &ends, device.as_ref())) {
-                let line_number = entry.records() + 1;
-                match Self::accept_decoded(name, entry, decoded) {
-                    Ok(op) => {
-                        entry.offsets.push(entry.verified_to);
-                        entry.verified_to += (end - start) as u64;
-                        accepted.push(op);
-                    }
-                    Err(detail) => {
-                        entry.damage = Some(self.problem(entry, Some(line_number), detail));
-                        hand_over(accepted, &mut refresh.fresh, &mut hand);
-                        return Ok(refresh);
-                    }
-                }
-                start = *end;
-            }
-            hand_over(accepted, &mut refresh.fresh, &mut hand);
-            if let Some(length) = incomplete {
-                let line_number = entry.records() + 1;
-                if length > max_line_bytes {
-                    entry.damage = Some(self.problem(
-                        entry,
-                        Some(line_number),
-                        format!("a line longer than {max_line_bytes} bytes"),
-                    ));
-                } else {
-                    refresh.torn_tail = true;
-                }
-                break;
-            }
-            if at_end {
-                break;
-            }
+        let mut hand = hand;
+        let mut torn_tail = false;
+        let long = length - entry.verified_to > CHUNK_BYTES as u64;
+        if !long {
+            read_checked(file, &path, name, max_line_bytes, head, false, &mut |chunk| {
+                let (accepted, more) = self.accept_chunk(entry, chunk, &mut torn_tail);
+                hand_over(accepted, &mut refresh.fresh, &mut hand);
+                more
+            })?;
+            refresh.torn_tail = torn_tail;
+            return Ok(refresh);
         }
-        Ok(refresh)
+        // A long read: the lines are read and decoded on one thread, and checked against the
+        // chain on another, while this one folds those checked before (a pipeline). What is kept
+        // or handed over, and where reading stops, is the same as on one thread.
+        std::thread::scope(|scope| {
+            let (sender, receiver) = std::sync::mpsc::sync_channel::<CheckedChunk>(PIPELINE_CHUNKS);
+            let path = &path;
+            let reader = scope.spawn(move || {
+                read_checked(file, path, name, max_line_bytes, head, true, &mut |chunk| {
+                    sender.send(chunk).is_ok()
+                })
+            });
+            for chunk in receiver.iter() {
+                let (accepted, more) = self.accept_chunk(entry, chunk, &mut torn_tail);
+                hand_over(accepted, &mut refresh.fresh, &mut hand);
+                if !more {
+                    break;
+                }
+            }
+            // Stops the reader if it is ahead.
+            drop(receiver);
+            match reader.join() {
+                Ok(read) => read?,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+            refresh.torn_tail = torn_tail;
+            Ok(refresh)
+        })
     }
 
-    /// Checks a decoded line of `name` (see [`decode_lines`]) as the next record of the file's log.
-    fn accept_decoded(name: &str, entry: &mut DeviceFile, decoded: Decoded) -> Result<OpRecord, String> {
-        let (mut op, id_matches) = decoded?;
-        let head = match &mut entry.head {
+    /// Takes the records of `chunk` (checked by [`read_checked`]) as the next records of
+    /// `entry`'s log, and returns them, and whether reading goes on: it stops at the first line
+    /// that is not a valid next record (`entry.damage`), and at the end of the file, where
+    /// `torn_tail` tells whether bytes of an incomplete last line follow.
+    fn accept_chunk(
+        &self,
+        entry: &mut DeviceFile,
+        chunk: CheckedChunk,
+        torn_tail: &mut bool,
+    ) -> (Vec<OpRecord>, bool) {
+        entry.offsets.reserve(chunk.lengths.len());
+        for length in chunk.lengths {
+            entry.offsets.push(entry.verified_to);
+            entry.verified_to += length as u64;
+        }
+        entry.head = chunk.head;
+        let more = match chunk.end {
+            _ if chunk.damage.is_some() => false,
+            None => true,
+            Some(ChunkEnd::Complete) => false,
+            Some(ChunkEnd::Incomplete) => {
+                *torn_tail = true;
+                false
+            }
+            Some(ChunkEnd::TooLong) => {
+                entry.damage = Some(self.problem(
+                    entry,
+                    Some(entry.records() + 1),
+                    format!("a line longer than {} bytes", self.config.max_line_bytes),
+                ));
+                false
+            }
+        };
+        if let Some(detail) = chunk.damage {
+            entry.damage = Some(self.problem(entry, Some(entry.records() + 1), detail));
+        }
+        (chunk.ops, more)
+    }
+
+    /// Checks a decoded line of `name` (see [`decode_lines`]) as the next record of the log that
+    /// ends at `head` (`None`: an empty log), and moves `head` past it.
+    fn accept_decoded(name: &str, head: &mut Option<LogHead>, decoded: Decoded) -> Result<OpRecord, String> {
+        let (op, id_matches) = decoded?;
+        let head = match head {
             Some(head) => head,
             None => {
                 if device_file_name(&op.device_id) != name {
@@ -361,7 +377,7 @@ impl FsRelay {
                         device_file_name(&op.device_id)
                     ));
                 }
-                entry.head.insert(LogHead::new(Arc::clone(&op.device_id)))
+                head.insert(LogHead::new(Arc::clone(&op.device_id)))
             }
         };
         head.check_device(&op).map_err(|error| error.to_string())?;
@@ -370,9 +386,6 @@ impl FsRelay {
             op.check_id().map_err(|error| error.to_string())?;
         }
         head.accept_identified(&op).map_err(|error| error.to_string())?;
-        // Share one allocation of the device id among the device's records.
-        op.device_id = Arc::clone(head.device_id());
-        op.hlc.device_id = Arc::clone(head.device_id());
         Ok(op)
     }
 
@@ -982,24 +995,220 @@ fn hand_over(mut accepted: Vec<OpRecord>, fresh: &mut Vec<OpRecord>, hand: &mut 
     }
 }
 
-/// The most lines [`FsRelay::refresh`] reads before it decodes them.
-const CHUNK_LINES: usize = 8192;
-/// The most bytes of lines it reads before it decodes them (a line may be longer).
-const CHUNK_BYTES: usize = 4 << 20;
+/// The bytes [`FsRelay::refresh`] reads before it decodes the lines in them (a line may be
+/// longer).
+const CHUNK_BYTES: usize = 1 << 18;
+/// How many chunks of records the reading thread of a long read may be ahead of the fold.
+const PIPELINE_CHUNKS: usize = 2;
 /// Below this many lines, a chunk is decoded on the calling thread alone.
 const PARALLEL_LINES: usize = 512;
+/// How many threads help the reading thread decode a chunk's pieces.
+const DECODE_HELPERS: usize = 1;
+/// The lines of a piece that one thread decodes (see [`decode_lines`]).
+const PIECE_LINES: usize = 256;
 
 /// A decoded line: the record, and whether its `op_id` is what its content hashes to (within the
 /// limits); or why it does not decode.
 type Decoded = Result<(OpRecord, bool), String>;
 
+/// Records of a device file, read, decoded and checked against its chain ([`read_checked`]).
+struct CheckedChunk {
+    /// The records that are valid next records, in order.
+    ops: Vec<OpRecord>,
+    /// Each one's line length, its newline included.
+    lengths: Vec<usize>,
+    /// The head of the log after them.
+    head: Option<LogHead>,
+    /// Why the line after them is not a valid next record, if it is not.
+    damage: Option<String>,
+    /// What follows the lines when reading stopped after them; `None` when more follow.
+    end: Option<ChunkEnd>,
+}
+
+/// Why reading a device file stopped after a chunk.
+enum ChunkEnd {
+    /// The file ends after the last line.
+    Complete,
+    /// Bytes of a line without its newline follow (a write or a sync in progress).
+    Incomplete,
+    /// The next line is longer than the longest line allowed.
+    TooLong,
+}
+
+/// Lines of a device file, read and decoded ([`read_decoded`]), not yet checked.
+struct DecodedChunk {
+    /// Each line's length, its newline included.
+    lengths: Vec<usize>,
+    /// What each line decodes to, in order, in pieces ([`decode_lines`]).
+    pieces: Vec<Vec<Decoded>>,
+    /// What follows the lines when reading stopped after them; `None` when more follow.
+    end: Option<ChunkEnd>,
+}
+
+/// Reads the lines of `file` (at `path`, the file `name` of the devices folder) from where it
+/// stands, a chunk at a time: decodes them ([`decode_lines`]) and checks them in order as the
+/// next records of the log that ends at `head`. `deliver` gets each chunk, and returns false to
+/// stop reading; reading stops after a line that is not a valid next record. `pipelined`: the
+/// lines are read and decoded on another thread while this one checks those before.
+fn read_checked(
+    file: File,
+    path: &Path,
+    name: &str,
+    max_line_bytes: usize,
+    mut head: Option<LogHead>,
+    pipelined: bool,
+    deliver: &mut dyn FnMut(CheckedChunk) -> bool,
+) -> Result<(), RelayError> {
+    let device = head.as_ref().map(|head| Arc::clone(head.device_id()));
+    let mut check = |decoded: DecodedChunk| {
+        let checked = check_chunk(name, &mut head, decoded);
+        let last = checked.damage.is_some() || checked.end.is_some();
+        deliver(checked) && !last
+    };
+    if !pipelined {
+        return read_decoded(file, path, max_line_bytes, device, &mut check);
+    }
+    std::thread::scope(|scope| {
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<DecodedChunk>(PIPELINE_CHUNKS);
+        let reader = scope.spawn(move || {
+            read_decoded(file, path, max_line_bytes, device, &mut |chunk| {
+                sender.send(chunk).is_ok()
+            })
+        });
+        for decoded in receiver.iter() {
+            if !check(decoded) {
+                break;
+            }
+        }
+        // Stops the reader if it is ahead.
+        drop(receiver);
+        match reader.join() {
+            Ok(read) => read,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// Checks the lines of `decoded` in order as the next records of the log that ends at `head`
+/// (of the file `name`), up to the first that is not a valid next record.
+fn check_chunk(name: &str, head: &mut Option<LogHead>, decoded: DecodedChunk) -> CheckedChunk {
+    let mut checked = CheckedChunk {
+        ops: Vec::with_capacity(decoded.lengths.len()),
+        lengths: Vec::with_capacity(decoded.lengths.len()),
+        head: None,
+        damage: None,
+        end: decoded.end,
+    };
+    let mut lengths = decoded.lengths.iter();
+    // The chunk's records share one allocation of the device id, one of their own: the thread
+    // that folds them reads it and drops them while this one goes on with the next chunk.
+    let mut device: Option<Arc<str>> = None;
+    'pieces: for piece in decoded.pieces {
+        for (line, &length) in piece.into_iter().zip(&mut lengths) {
+            match FsRelay::accept_decoded(name, head, line) {
+                Ok(mut op) => {
+                    let device = device.get_or_insert_with(|| Arc::clone(&op.device_id));
+                    if !Arc::ptr_eq(&op.device_id, device) {
+                        op.device_id = Arc::clone(device);
+                    }
+                    if !Arc::ptr_eq(&op.hlc.device_id, device) {
+                        op.hlc.device_id = Arc::clone(device);
+                    }
+                    checked.ops.push(op);
+                    checked.lengths.push(length);
+                }
+                Err(detail) => {
+                    checked.damage = Some(detail);
+                    break 'pieces;
+                }
+            }
+        }
+    }
+    if checked.damage.is_none() && checked.lengths.len() < decoded.lengths.len() {
+        // Not reached: every line has a result.
+        checked.damage = Some("a line was not decoded".to_owned());
+    }
+    if checked.damage.is_some() {
+        checked.end = None;
+    }
+    checked.head = head.clone();
+    checked
+}
+
+/// Reads the lines of `file` (at `path`) from where it stands, a chunk at a time, and decodes
+/// them ([`decode_lines`]); `deliver` gets each chunk, and returns false to stop reading.
+/// Records of `device` share its allocation of the id (of the file's first record when `None`).
+fn read_decoded(
+    mut file: File,
+    path: &Path,
+    max_line_bytes: usize,
+    mut device: Option<Arc<str>>,
+    deliver: &mut dyn FnMut(DecodedChunk) -> bool,
+) -> Result<(), RelayError> {
+    // The bytes read and not yet taken apart: whole lines, then the start of the next one.
+    let mut chunk: Vec<u8> = Vec::with_capacity(CHUNK_BYTES);
+    let mut ends: Vec<usize> = Vec::new();
+    let mut at_end = false;
+    loop {
+        // At least a chunk, and on until a line ends (up to the longest line allowed).
+        let mut newline = memchr::memchr(b'\n', &chunk).is_some();
+        while !at_end && (chunk.len() < CHUNK_BYTES || (!newline && chunk.len() <= max_line_bytes)) {
+            let before = chunk.len();
+            let read = (&mut file)
+                .take(CHUNK_BYTES as u64)
+                .read_to_end(&mut chunk)
+                .map_err(io_error("read", path))?;
+            at_end = read == 0;
+            newline = newline || memchr::memchr(b'\n', &chunk[before..]).is_some();
+        }
+        ends.clear();
+        ends.extend(memchr::memchr_iter(b'\n', &chunk).map(|index| index + 1));
+        // An allocation of the device id for this chunk's records (see `check_chunk`).
+        let shared: Option<Arc<str>> = device.as_deref().map(Arc::from);
+        let mut pieces = decode_lines(&chunk, &ends, shared.as_ref());
+        if device.is_none() {
+            device = pieces
+                .iter()
+                .flatten()
+                .find_map(|line| line.as_ref().ok().map(|(op, _)| Arc::clone(&op.device_id)));
+        }
+        let mut lengths = Vec::with_capacity(ends.len());
+        let mut start = 0;
+        for (&end, line) in ends.iter().zip(pieces.iter_mut().flatten()) {
+            let length = end - start;
+            if length > max_line_bytes + 1 {
+                *line = Err(format!("a line longer than {max_line_bytes} bytes"));
+            }
+            lengths.push(length);
+            start = end;
+        }
+        chunk.drain(..start);
+        let end = if chunk.len() > max_line_bytes {
+            Some(ChunkEnd::TooLong)
+        } else if at_end && chunk.is_empty() {
+            Some(ChunkEnd::Complete)
+        } else if at_end {
+            Some(ChunkEnd::Incomplete)
+        } else {
+            None
+        };
+        let last = end.is_some();
+        if !deliver(DecodedChunk { lengths, pieces, end }) || last {
+            return Ok(());
+        }
+    }
+}
+
 /// Decodes the lines of `chunk` (each ending at the matching offset of `ends`, newline included)
-/// and checks each record's id, in order, on two threads when there are enough lines and cores.
-/// Records of `device` share its allocation of the id.
-fn decode_lines(chunk: &[u8], ends: &[usize], device: Option<&Arc<str>>) -> Vec<Decoded> {
-    let decode = |from: usize, ends: &[usize]| -> Vec<Decoded> {
-        let mut start = from;
-        ends.iter()
+/// and checks each record's id: the results in order, one per line, in pieces. With enough lines and cores, the
+/// lines are cut into pieces that this thread and a helper take in turn, so that a thread that
+/// gets less time (the fold runs beside them) does fewer pieces. Records of `device` share its
+/// allocation of the id.
+fn decode_lines(chunk: &[u8], ends: &[usize], device: Option<&Arc<str>>) -> Vec<Vec<Decoded>> {
+    let decode = |lines: std::ops::Range<usize>| -> Vec<Decoded> {
+        let mut start = lines.start.checked_sub(1).map_or(0, |before| ends[before]);
+        ends[lines]
+            .iter()
             .map(|&end| {
                 let line = without_newline(&chunk[start..end]);
                 start = end;
@@ -1015,19 +1224,43 @@ fn decode_lines(chunk: &[u8], ends: &[usize], device: Option<&Arc<str>>) -> Vec<
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
     if ends.len() < PARALLEL_LINES || cores < 2 {
-        return decode(0, ends);
+        return vec![decode(0..ends.len())];
     }
-    let (first, second) = ends.split_at(ends.len() / 2);
-    let split = first.last().copied().unwrap_or(0);
-    std::thread::scope(|scope| {
-        let later = scope.spawn(|| decode(split, second));
-        let mut decoded = decode(0, first);
-        match later.join() {
-            Ok(rest) => decoded.extend(rest),
-            Err(panic) => std::panic::resume_unwind(panic),
+    let pieces: Vec<std::ops::Range<usize>> = (0..ends.len())
+        .step_by(PIECE_LINES)
+        .map(|start| start..(start + PIECE_LINES).min(ends.len()))
+        .collect();
+    let decoded: Vec<std::sync::OnceLock<Vec<Decoded>>> =
+        pieces.iter().map(|_| std::sync::OnceLock::new()).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || {
+        while let Some(lines) = pieces.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+            let index = lines.start / PIECE_LINES;
+            let _ = decoded[index].set(decode(lines.clone()));
         }
-        decoded
-    })
+    };
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (0..DECODE_HELPERS).map(|_| scope.spawn(work)).collect();
+        work();
+        for helper in helpers {
+            if let Err(panic) = helper.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    decoded
+        .into_iter()
+        .zip(pieces)
+        .map(|(piece, lines)| {
+            // Every piece was taken and decoded before the helper was joined; a line is never
+            // dropped, even if that were not so.
+            piece.into_inner().unwrap_or_else(|| {
+                lines
+                    .map(|_| Err("the line was not decoded".to_owned()))
+                    .collect()
+            })
+        })
+        .collect()
 }
 
 /// A line without its trailing newline.
