@@ -20,6 +20,8 @@ use nix::unistd::Pid;
 
 /// How often the supervisor looks at the command, the lease and the signals.
 const POLL: Duration = Duration::from_millis(10);
+/// The first pause of [`supervise`] (doubled after each, up to [`POLL`]).
+const FIRST_POLL: Duration = Duration::from_micros(500);
 
 /// Signals that `fencepost run` forwards to its command instead of dying of them.
 const FORWARDED: [i32; 3] = [
@@ -221,6 +223,9 @@ pub fn supervise(child: &mut std::process::Child, supervision: &Supervision<'_>)
     // Why fencepost stopped the command, and when it sent SIGKILL or will.
     let mut stopping: Option<(Reason, Instant)> = None;
     let mut killed = false;
+    // Short pauses first, so that a command that ends at once is not kept waiting for a whole
+    // POLL; then every POLL.
+    let mut pause = FIRST_POLL;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(match stopping {
@@ -271,7 +276,8 @@ pub fn supervise(child: &mut std::process::Child, supervision: &Supervision<'_>)
                 killed = true;
             }
         }
-        std::thread::sleep(POLL);
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(POLL);
     }
 }
 
