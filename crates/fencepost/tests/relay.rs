@@ -700,3 +700,42 @@ fn r1_fs_a_long_file_read_on_several_threads_stops_at_the_same_line_as_a_short_o
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert_eq!(problems[0].line_number, Some(1));
 }
+
+/// R1: records a folder relay read before are handed over again a bounded batch at a time (a
+/// long ledger is never held whole in memory by a streaming reader), in order and chained across
+/// batches, and a line changed after it was verified is still reported as damage.
+#[test]
+fn r1_fs_records_read_again_are_handed_over_in_bounded_batches() {
+    let ops = ops_of("laptop", 140_000);
+    let dir = tempfile::tempdir().unwrap();
+    FsRelay::open(dir.path()).unwrap().push(&ops).unwrap();
+    let relay = FsRelay::open(dir.path()).unwrap();
+    assert_eq!(relay.pull(&Frontier::new()).unwrap().ops.len(), ops.len());
+
+    let mut sizes = Vec::new();
+    let mut streamed = Vec::new();
+    let problems = relay
+        .pull_in_batches(&Frontier::new(), &mut |batch| {
+            sizes.push(batch.len());
+            streamed.extend(batch);
+        })
+        .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(ids(&streamed), ids(&ops));
+    assert!(sizes.len() >= 3, "several batches: {sizes:?}");
+    assert!(sizes.iter().all(|size| *size <= 65_536), "{sizes:?}");
+
+    let mut frontier = Frontier::new();
+    frontier.observe(&ops[69_999]);
+    assert_eq!(ids(&relay.pull(&frontier).unwrap().ops), ids(&ops[70_000..]));
+
+    corrupt_line(&device_file(dir.path(), "laptop"), 100_000);
+    let mut streamed = Vec::new();
+    let problems = relay
+        .pull_in_batches(&Frontier::new(), &mut |batch| streamed.extend(batch))
+        .unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].kind, ProblemKind::Damage);
+    assert!(streamed.len() <= 100_000);
+    assert_eq!(ids(&streamed), ids(&ops[..streamed.len()]));
+}

@@ -243,7 +243,6 @@ impl Ledger {
         }
         let listed = checkpoint::list(&dir)
             .map_err(|error| failed(format!("cannot list {}: {error}", dir.display())))?;
-        let mut records: Option<Vec<OpRecord>> = None;
         let mut problems = Vec::new();
         for (count, id, path) in listed {
             let problem = |detail: String| checkpoint_problem(&path, &detail);
@@ -317,22 +316,23 @@ impl Ledger {
             let prefix = if exact {
                 &self.view
             } else {
-                let all = match &records {
-                    Some(all) => all,
-                    None => records.insert(self.relay.pull(&Frontier::new())?.ops),
-                };
+                // The records it covers, read again and folded a batch at a time (not all held
+                // at once).
                 let ends: std::collections::BTreeMap<&str, u64> = base
                     .heads
                     .iter()
                     .map(|head| (head.device_id.as_str(), head.next_seq))
                     .collect();
-                let covered_ops: Vec<OpRecord> = all
-                    .iter()
-                    .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
-                    .cloned()
-                    .collect();
                 let mut view = LedgerState::new();
-                view.absorb(&covered_ops);
+                self.relay.pull_in_batches(&Frontier::new(), &mut |batch| {
+                    let covered: Vec<OpRecord> = batch
+                        .into_iter()
+                        .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
+                        .collect();
+                    if !covered.is_empty() {
+                        view.absorb(&covered);
+                    }
+                })?;
                 folded = view;
                 &folded
             };

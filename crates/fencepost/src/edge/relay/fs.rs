@@ -399,19 +399,26 @@ impl FsRelay {
         }
     }
 
-    /// Reads the stored records `from..to` of `entry` (already verified once), checking them again.
-    fn read_range(&self, entry: &DeviceFile, from: u64, to: u64) -> Result<Vec<OpRecord>, String> {
+    /// Reads the stored records `from..to` of `entry` (already verified once), checking them again;
+    /// `prev`: the id of record `from - 1` when the caller read it, which the first must name.
+    fn read_range(
+        &self,
+        entry: &DeviceFile,
+        from: u64,
+        to: u64,
+        prev: Option<OpId>,
+    ) -> Result<Vec<OpRecord>, String> {
         let offset = entry.offset_of(from)?;
         let mut reader = open_at(&entry.path, offset).map_err(|error| error.to_string())?;
         let mut ops = Vec::with_capacity((to - from) as usize);
         let mut line = Vec::new();
-        let mut expected_prev = None;
+        let mut expected_prev = prev;
         for seq in from..to {
             self.read_line(&mut reader, &mut line)
                 .map_err(|error| error.to_string())?;
             let op = OpRecord::from_json(without_newline(&line))
                 .map_err(|error| format!("line {}: {error}", seq + 1))?;
-            let chained = seq == from || op.prev == expected_prev;
+            let chained = (seq == from && prev.is_none()) || op.prev == expected_prev;
             if op.seq != seq || !chained || !op.has_valid_id() {
                 return Err(format!(
                     "line {} changed after it was verified; relay files are append-only",
@@ -749,11 +756,35 @@ impl Relay for FsRelay {
                 continue; // handed over already
             }
             let Some(head) = &entry.head else { continue };
-            let from = since.next_seq(head.device_id());
-            match self.records_from(entry, from, refresh.fresh) {
-                Ok(ops) if ops.is_empty() => {}
-                Ok(ops) => each(ops),
-                Err(detail) => batch.problems.push(self.problem(entry, None, detail)),
+            let mut from = since.next_seq(head.device_id());
+            // The records read before, handed over a batch at a time (never all of a long file
+            // at once), then the fresh ones.
+            let first_fresh = head.next_seq() - refresh.fresh.len() as u64;
+            let mut prev = None;
+            while from < first_fresh {
+                let to = first_fresh.min(from.saturating_add(STORED_BATCH));
+                match self.read_range(entry, from, to, prev) {
+                    Ok(ops) => {
+                        prev = ops.last().map(|op| op.op_id);
+                        each(ops);
+                    }
+                    Err(detail) => {
+                        batch.problems.push(self.problem(entry, None, detail));
+                        break;
+                    }
+                }
+                from = to;
+            }
+            if from >= first_fresh {
+                let skip = usize::try_from(from - first_fresh).unwrap_or(usize::MAX);
+                let fresh: Vec<OpRecord> = if skip == 0 {
+                    refresh.fresh
+                } else {
+                    refresh.fresh.into_iter().skip(skip).collect()
+                };
+                if !fresh.is_empty() {
+                    each(fresh);
+                }
             }
         }
         Ok(batch.problems)
@@ -857,7 +888,7 @@ impl FsRelay {
         let first_fresh = head.next_seq() - fresh.len() as u64;
         let mut ops = Vec::new();
         if from < first_fresh {
-            ops = self.read_range(entry, from, first_fresh)?;
+            ops = self.read_range(entry, from, first_fresh, None)?;
         }
         let skip = usize::try_from(from.saturating_sub(first_fresh)).unwrap_or(usize::MAX);
         if ops.is_empty() && skip == 0 {
@@ -998,6 +1029,9 @@ fn hand_over(mut accepted: Vec<OpRecord>, fresh: &mut Vec<OpRecord>, hand: &mut 
 /// The bytes [`FsRelay::refresh`] reads before it decodes the lines in them (a line may be
 /// longer).
 const CHUNK_BYTES: usize = 1 << 18;
+/// The most records read again from a device file that [`FsRelay`]'s `pull_in_batches` hands
+/// over at once.
+const STORED_BATCH: u64 = 65_536;
 /// How many chunks of records the reading thread of a long read may be ahead of the fold.
 const PIPELINE_CHUNKS: usize = 2;
 /// Below this many lines, a chunk is decoded on the calling thread alone.
