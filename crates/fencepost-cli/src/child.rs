@@ -57,6 +57,13 @@ impl Signals {
         self.released.store(true, Ordering::SeqCst);
     }
 
+    /// A test of whether one of these signals came (and was not taken), for a wait elsewhere
+    /// that should end when one comes (the acquisition of the lease).
+    pub fn came(&self) -> impl Fn() -> bool + Send + 'static {
+        let received = Arc::clone(&self.received);
+        move || received.load(Ordering::SeqCst) != 0
+    }
+
     /// The signal received, if any (and forgets it).
     fn take(&self) -> Option<Signal> {
         match self.received.swap(0, Ordering::SeqCst) {

@@ -20,7 +20,7 @@ use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
 use crate::child::{self, Ending, Signals, Supervision, Watchdog};
-use crate::settings::{parse_duration_ms, Access, Settings};
+use crate::settings::{parse_duration_ms, parse_nonzero_duration_ms, Access, Settings};
 use crate::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
     EXIT_RAN_FAILED, EXIT_RAN_OK,
@@ -64,7 +64,7 @@ pub struct RunArgs {
     /// Stop the command if it still runs after this long (SIGTERM to its process group, SIGKILL
     /// after --kill-after): exit 1, and unless it still exits 0 the run is in doubt (it may have
     /// done part of its effect).
-    #[arg(long, value_parser = parse_duration_ms, value_name = "DURATION")]
+    #[arg(long, value_parser = parse_nonzero_duration_ms, value_name = "DURATION")]
     timeout: Option<u64>,
     /// How long a command has to exit after SIGTERM before it gets SIGKILL.
     #[arg(long, default_value = "10s", value_parser = parse_duration_ms, value_name = "DURATION")]
@@ -229,15 +229,30 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     if let Err(error) = config.validate() {
         crate::usage!("--ttl {} ms: {error}", args.ttl);
     }
+    // From before the first request for the lease to its release, SIGTERM, SIGINT and SIGHUP
+    // are caught: one that comes while the lease is being granted ends fencepost only after it
+    // gave the lease back (it used to end it holding the lease for the whole --ttl, so every
+    // other host was refused until then). One during a wait for the lease ends the wait.
+    let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let started = std::time::Instant::now();
     let acquire = |ledger_epoch: u64| {
         let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         LeaseKeeper::builder(coordinator.shared(), agent, &settings.device)
             .config(config)
             .ledger_epoch(ledger_epoch)
+            .stop_waiting_when(signals.came())
             .wait_to_acquire(args.wait.saturating_sub(waited))
     };
     let mut acquired = acquire(ledger.state().fencing_epoch(agent));
+    // A seam for the tests (debug builds only): hold the window just after the grant open, so
+    // that a signal can be sent into it.
+    #[cfg(debug_assertions)]
+    if let Some(pause) = std::env::var("FENCEPOST_TEST_PAUSE_AFTER_ACQUIRE_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+    {
+        std::thread::sleep(Duration::from_millis(pause));
+    }
     // A fresh grant is above every epoch the ledger has seen (the floor was raised to it first).
     // A coordinator that lost or rolled back its state may grant one the ledger has seen: another
     // host's, or this device id's own (another process sharing it, an earlier run); the floor went
@@ -247,6 +262,9 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         let Ok(keeper) = &acquired else {
             break;
         };
+        if signals.pending().is_some() {
+            break; // given back below
+        }
         let synced = ledger.sync().context("cannot sync the ledger");
         if let Err(error) = synced.and_then(|_| refuse_damage(&ledger, settings)) {
             release_quietly(keeper);
@@ -283,13 +301,25 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
             err!("fencepost: {held}, and when the wait ran out the last attempt failed ({last_error}); not running {run_id}");
             return Ok(EXIT_HELD_ELSEWHERE);
         }
+        Err(KeeperError::Interrupted) => match signals.pending() {
+            Some(signal) => {
+                err!("fencepost: got {signal} while waiting for the lease of {agent}; {run_id} did not run");
+                return Ok(128 + signal as i32);
+            }
+            None => bail!("the wait for the lease of {agent} was stopped; {run_id} did not run"),
+        },
         Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
     };
     let epoch = keeper.epoch();
+    if let Some(signal) = signals.pending() {
+        release_quietly(&keeper);
+        signals.release();
+        err!("fencepost: got {signal} while the lease of {agent} was being granted; it was given back, and {run_id} did not run");
+        return Ok(128 + signal as i32);
+    }
     // Rule H3: nothing runs until this host's ledger has every record the earlier holders
     // published (their `pending`s and outcomes): waited for within --wait, holding the lease.
     // From here on the lease is held: a signal gives it back before fencepost ends.
-    let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     match wait_for_ledger(&keeper, &mut ledger, settings, &signals, started, args.wait) {
         Ok(LedgerWait::Ready) => {}
         Ok(LedgerWait::Behind(missing)) => {

@@ -574,6 +574,17 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Parses a duration: a number with `ms`, `s`, `m` or `h` (a bare number is seconds).
+/// [`parse_duration_ms`] of a duration that must not be zero (`--timeout`: a command stopped
+/// before it could start would leave its run in doubt for nothing).
+pub fn parse_nonzero_duration_ms(text: &str) -> Result<u64, String> {
+    match parse_duration_ms(text)? {
+        0 => Err(format!(
+            "{text:?}: must be longer than 0 (leave the option out for no limit)"
+        )),
+        ms => Ok(ms),
+    }
+}
+
 pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());

@@ -420,6 +420,40 @@ fn keeper_wait_to_acquire_gives_up_with_the_last_refusal() {
     );
 }
 
+/// A wait to acquire stops when its caller says so (`stop_waiting_when`: `fencepost run` got
+/// SIGTERM), with `Interrupted`, and without taking the lease; before the first attempt, it
+/// takes nothing even from a free coordinator.
+#[test]
+fn keeper_wait_to_acquire_stops_when_the_caller_says_so() {
+    let clock = ManualClock::new(START_MS);
+    let coordinator = Flaky::new(&clock);
+    let holder = coordinator.acquire("milo", "laptop", 60_000).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcome = std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| {
+            let stop = Arc::clone(&stop);
+            LeaseKeeper::builder(coordinator.clone(), "milo", "phone")
+                .config(config())
+                .clock(KeeperClock::manual(&clock))
+                .stop_waiting_when(move || stop.load(Ordering::SeqCst))
+                .wait_to_acquire(600_000)
+        });
+        std::thread::sleep(Duration::from_millis(50)); // refused (Held), waiting for the next try
+        stop.store(true, Ordering::SeqCst);
+        waiting.join().unwrap() // the clock never moves: only the stop ends the wait
+    });
+    assert!(matches!(outcome, Err(KeeperError::Interrupted)), "{outcome:?}");
+    coordinator.release("milo", "laptop", holder.epoch).unwrap();
+
+    let outcome = LeaseKeeper::builder(coordinator.clone(), "milo", "phone")
+        .config(config())
+        .clock(KeeperClock::manual(&clock))
+        .stop_waiting_when(|| true)
+        .wait_to_acquire(600_000);
+    assert!(matches!(outcome, Err(KeeperError::Interrupted)), "{outcome:?}");
+    assert_eq!(coordinator.current("milo").unwrap(), None, "nothing was taken");
+}
+
 #[test]
 fn l5_keeper_raises_the_epoch_floor_from_the_ledger_before_acquiring() {
     // A coordinator that lost its state (a fresh one) and a ledger that has seen epoch 41.

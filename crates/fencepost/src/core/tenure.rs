@@ -134,6 +134,11 @@ pub enum KeeperError {
         /// The error of the last attempt.
         last_error: Box<LeaseError>,
     },
+    /// The caller stopped the acquisition
+    /// ([`KeeperBuilder::stop_waiting_when`](crate::keeper::KeeperBuilder::stop_waiting_when))
+    /// before the lease was granted. The lease was not obtained.
+    #[error("the acquisition was stopped by the caller before the lease was granted")]
+    Interrupted,
 }
 
 /// The renewal protocol of one held lease, as a state machine with no threads, no clock reads and

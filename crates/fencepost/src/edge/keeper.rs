@@ -113,6 +113,10 @@ pub enum Shutdown {
 
 /// The callback that receives the one [`Loss`].
 type OnLost = Box<dyn FnOnce(&Loss) + Send>;
+/// A [`KeeperBuilder::stop_waiting_when`] test.
+type StopWaiting = Box<dyn Fn() -> bool + Send>;
+/// How often a wait to acquire tests its [`KeeperBuilder::stop_waiting_when`].
+const STOP_WAITING_EVERY: Duration = Duration::from_millis(20);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
@@ -385,6 +389,7 @@ pub struct KeeperBuilder {
     clock: KeeperClock,
     ledger_epoch: u64,
     on_lost: Option<OnLost>,
+    stop_waiting: Option<StopWaiting>,
 }
 
 impl std::fmt::Debug for KeeperBuilder {
@@ -394,6 +399,7 @@ impl std::fmt::Debug for KeeperBuilder {
             .field("agent_id", &self.agent_id)
             .field("device_id", &self.device_id)
             .field("config", &self.config)
+            .field("stop_waiting", &self.stop_waiting.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -436,6 +442,20 @@ impl KeeperBuilder {
         self
     }
 
+    /// Stops acquiring when `stop` says so (a signal came, the caller's own deadline passed):
+    /// tested before each request to the coordinator and at least every 20 ms while waiting
+    /// between attempts, so a [`wait_to_acquire`](Self::wait_to_acquire) of minutes ends
+    /// promptly with [`KeeperError::Interrupted`]. Once the lease is granted, `stop` is no longer
+    /// tested: a keeper is returned, and the caller who wants to stop shuts it down (the lease is
+    /// given back at once).
+    ///
+    /// As when the wait runs out, a request whose answer was lost (a timeout the coordinator may
+    /// have applied) can leave a grant nobody knows of; it ends by its TTL.
+    pub fn stop_waiting_when(mut self, stop: impl Fn() -> bool + Send + 'static) -> Self {
+        self.stop_waiting = Some(Box::new(stop));
+        self
+    }
+
     /// Acquires once; `Held` is an error.
     ///
     /// # Errors
@@ -470,9 +490,14 @@ impl KeeperBuilder {
                 max_wait_ms,
             },
         );
+        let stopped = || self.stop_waiting.as_ref().is_some_and(|stop| stop());
         let renewal = loop {
             let now = self.clock.now_ms();
-            match acquisition.step(now) {
+            let step = acquisition.step(now);
+            if !matches!(step, AcquireStep::Granted(_) | AcquireStep::GaveUp(_)) && stopped() {
+                return Err(KeeperError::Interrupted);
+            }
+            match step {
                 AcquireStep::RaiseFloor { floor } => {
                     let outcome = self.coordinator.raise_epoch_floor(&self.agent_id, floor);
                     acquisition.floor_raised(self.clock.now_ms(), outcome);
@@ -485,7 +510,14 @@ impl KeeperBuilder {
                 }
                 AcquireStep::WaitUntil { at_ms } => {
                     while self.clock.now_ms() < at_ms {
-                        std::thread::sleep(self.clock.slice(at_ms - self.clock.now_ms()));
+                        if stopped() {
+                            return Err(KeeperError::Interrupted);
+                        }
+                        let slice = self.clock.slice(at_ms - self.clock.now_ms());
+                        std::thread::sleep(match self.stop_waiting {
+                            Some(_) => slice.min(STOP_WAITING_EVERY),
+                            None => slice,
+                        });
                     }
                 }
                 AcquireStep::Granted(renewal) => break renewal,
@@ -681,6 +713,7 @@ impl LeaseKeeper {
             clock: KeeperClock::monotonic(),
             ledger_epoch: 0,
             on_lost: None,
+            stop_waiting: None,
         }
     }
 
