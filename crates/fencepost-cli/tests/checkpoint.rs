@@ -394,22 +394,25 @@ fn k3_a_fifo_named_like_a_checkpoint_stops_a_new_host_at_once() {
 
 /// K1, K3 (found by adversarial tests: 4 in 180 first runs reported the snapshot unreadable, and
 /// a snapshot saved under such a race lost the checkpoint's runs, which then ran again): the
-/// first runs of one new host started at once wait for one copy of the checkpoint; a committed
-/// occurrence never runs (a rare run that finds the snapshot replaced under it stops, exit 10,
-/// "run again"), and after the race every committed occurrence is still refused.
+/// first runs of one new host started at once share one copy of the checkpoint; a committed
+/// occurrence never runs, and after the race every committed occurrence is still refused. No
+/// run stops either: a process used to replace or remove the snapshot while others had it open
+/// (copying the checkpoint in, or starting over a file it misread), and those then found it
+/// "gone" and stopped with exit 10, "run again" (22 of 240 such first runs through the release
+/// binary); a process now does so only when no other one has the file open.
 #[test]
 fn k3_first_runs_of_one_new_host_started_at_once_share_one_copy_of_the_checkpoint() {
     let shared = Shared::sqlite();
     let salts = committed(&shared, 0, 20);
     assert_eq!(code(&compact(&shared)), 0);
-    for round in 0..4 {
+    for round in 0..10 {
         let _ = std::fs::remove_dir_all(shared.path("data-s"));
-        let children: Vec<_> = (0..4)
+        let children: Vec<_> = (0..6)
             .map(|index| {
-                let salt = if index % 2 == 0 {
-                    salts[index].clone()
-                } else {
+                let salt = if index == 1 {
                     format!("new-{round}")
+                } else {
+                    salts[(round + index) % salts.len()].clone()
                 };
                 let effect = format!("echo \"{salt} x\" >> '{}'", shared.path("effects").display());
                 shared
@@ -427,14 +430,13 @@ fn k3_first_runs_of_one_new_host_started_at_once_share_one_copy_of_the_checkpoin
             .collect();
         for (index, child) in children.into_iter().enumerate() {
             let output = child.wait_with_output().unwrap();
-            let stopped = code(&output) == 10 && text(&output.stderr).contains("run again");
-            let committed_salt = index % 2 == 0;
-            let fine = if committed_salt {
-                code(&output) == 3 || stopped
-            } else {
-                matches!(code(&output), 0 | 3) || stopped
-            };
-            assert!(fine, "round {round}: {}", text(&output.stderr));
+            let expected = if index == 1 { 0 } else { 3 };
+            assert_eq!(
+                code(&output),
+                expected,
+                "round {round}, run {index}: {}",
+                text(&output.stderr)
+            );
         }
         // Whatever the race left, every committed occurrence is still refused.
         for salt in salts.iter().step_by(4) {

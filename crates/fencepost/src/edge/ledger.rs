@@ -20,6 +20,10 @@ use crate::snapshot::{AttemptsMark, Snapshot, SnapshotBase, SnapshotError};
 
 #[path = "ledger/checkpoints.rs"]
 mod checkpoints;
+#[path = "ledger/snapshot_lock.rs"]
+mod snapshot_lock;
+
+use snapshot_lock::SnapshotLock;
 
 /// A run in doubt (rule D2): it has no `committed` record, and a `pending` of some epoch has no
 /// `committed` or `failed` record of that same epoch, so that attempt's effect may or may not have
@@ -167,9 +171,6 @@ pub struct Ledger {
     /// The shared checkpoint that this ledger does not reach or match (its file, its heads):
     /// checked like the seen file's marks, damage until the ledger has what it covers.
     checkpoint_marks: Option<(std::path::PathBuf, Vec<HeadMark>)>,
-    /// While a new site's snapshot is made from a checkpoint: the lock that makes the other
-    /// processes of the site wait for it.
-    install_lock: Option<checkpoints::InstallLock>,
     /// The id of the shared checkpoint this ledger started from, if it did.
     started_from: Option<String>,
 }
@@ -181,6 +182,8 @@ const RECENT_IDS: usize = 1024;
 #[derive(Debug)]
 struct SnapshotUse {
     store: Snapshot,
+    /// The lock that keeps the file in place while it is open here ([`SnapshotLock`]).
+    lock: SnapshotLock,
     /// Whether the stored runs are part of the state (the ledger resumed from it): a run not in
     /// the view is looked up there. After a read from the start, the view has every run.
     queried: bool,
@@ -295,7 +298,6 @@ impl Ledger {
             snapshot_marks: Vec::new(),
             checkpoint_damage: None,
             checkpoint_marks: None,
-            install_lock: None,
             started_from: None,
         };
         if !relay.checks_records() {
@@ -316,15 +318,17 @@ impl Ledger {
         // read (no need to hold them all), and this device's log continues from where the fold's
         // check of it ends. With a snapshot that matches the relay, only what follows it is read.
         if let Some(path) = options.snapshot {
-            // A new site's first processes: one makes the snapshot (from the checkpoint), the
-            // others wait for it (see `import_checkpoint`).
-            if !path.exists() {
-                ledger.install_lock = checkpoints::InstallLock::take(&path);
-            }
-            ledger.snapshot = SnapshotUse::open(path, device_id);
+            // In use, the snapshot is locked shared, so that no other process replaces it (see
+            // `snapshot_lock`). A new site's first processes: one makes the snapshot (from the
+            // checkpoint) with the lock exclusive, the others wait for it (`import_checkpoint`).
+            let lock = if path.exists() {
+                SnapshotLock::shared(&path)
+            } else {
+                SnapshotLock::for_new(&path)
+            };
+            ledger.snapshot = lock.and_then(|lock| SnapshotUse::open(path, device_id, lock));
         }
         ledger.resume_snapshot();
-        ledger.install_lock = None;
         let since = ledger.view.frontier.clone();
         let problems = relay.pull_in_batches(&since, &mut |ops| ledger.absorb(&ops))?;
         ledger.take_problems(problems)?;
@@ -348,10 +352,13 @@ impl Ledger {
         let path = snapshot.store.path().to_path_buf();
         let mut saved = snapshot.store.base();
         let mut from_checkpoint = None;
-        if matches!(saved, Ok(None)) {
+        let empty = matches!(saved, Ok(None));
+        if empty {
             // Nothing saved yet (a new site, or a snapshot started over): from the shared
             // checkpoint, if there is one.
             from_checkpoint = self.import_checkpoint();
+        }
+        if self.share_snapshot() || empty {
             let Some(snapshot) = &self.snapshot else {
                 return;
             };
@@ -404,13 +411,49 @@ impl Ledger {
         tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
     }
 
-    /// Removes a snapshot that cannot be used and starts a new one in its place (a process still
-    /// reading the old file keeps it); this open reads the whole ledger.
+    /// Makes the snapshot's lock shared again if this process holds it exclusively (it made the
+    /// snapshot, or tried to), and opens the snapshot again (it may have been replaced while the
+    /// lock changed hands); whether it did.
+    fn share_snapshot(&mut self) -> bool {
+        if !self
+            .snapshot
+            .as_ref()
+            .is_some_and(|snapshot| snapshot.lock.is_exclusive())
+        {
+            return false;
+        }
+        let Some(snapshot) = self.snapshot.take() else {
+            return false;
+        };
+        let (path, lock) = snapshot.close();
+        let device = self.log.device_id().to_owned();
+        self.snapshot = lock
+            .downgrade(&path)
+            .and_then(|lock| SnapshotUse::open(path, &device, lock));
+        true
+    }
+
+    /// Removes a snapshot that cannot be used and starts a new one in its place, when no other
+    /// process has it open (else this process does without it: removing a SQLite file from
+    /// under its readers is not safe for them); this open reads the whole ledger.
     fn start_snapshot_over(&mut self, path: std::path::PathBuf, reason: &str) {
+        let Some(snapshot) = self.snapshot.take() else {
+            return;
+        };
+        let (_, lock) = snapshot.close();
+        let lock = match lock.upgrade(&path) {
+            Ok(lock) => lock,
+            Err(_) => {
+                tracing::warn!(snapshot = %path.display(), %reason, "the snapshot cannot be used, and other processes have it open; reading the whole ledger without it");
+                return;
+            }
+        };
         tracing::warn!(snapshot = %path.display(), %reason, "the snapshot cannot be used; reading the whole ledger and starting it over");
         let device = self.log.device_id().to_owned();
         Snapshot::remove(&path);
-        self.snapshot = SnapshotUse::open(path, &device);
+        self.snapshot = lock
+            .downgrade(&path)
+            .and_then(|lock| SnapshotUse::open(path, &device, lock));
     }
 
     /// Saves what the view holds to the snapshot, when it is at a clean point: no damage, and
@@ -515,19 +558,24 @@ impl Ledger {
         let Some(snapshot) = self.snapshot.take() else {
             return;
         };
-        let path = snapshot.store.path().to_path_buf();
-        drop(snapshot);
+        let (path, lock) = snapshot.close();
         let detail = if error.is_busy() {
             // Held by another program for longer than the busy wait: not damaged, but no answer.
             format!(
                 "this site's snapshot of the ledger, {}, is held by another program ({error}); try again",
                 path.display()
             )
-        } else {
+        } else if lock.upgrade(&path).is_ok() {
             Snapshot::remove(&path);
             tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be read; removed");
             format!(
                 "this site's snapshot of the ledger, {}, cannot be read ({error}); it was removed, and the next command reads the whole ledger again",
+                path.display()
+            )
+        } else {
+            tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be read; other processes have it open");
+            format!(
+                "this site's snapshot of the ledger, {}, cannot be read ({error}); other processes have it open, and the first command that finds it unused removes it and reads the whole ledger again",
                 path.display()
             )
         };
@@ -1273,9 +1321,11 @@ impl LedgerState {
 }
 
 impl SnapshotUse {
-    /// Opens the snapshot at `path`; one that cannot be used (another format or device, not a
-    /// database) is removed and started over. `None` when no snapshot can be kept there.
-    fn open(path: std::path::PathBuf, device_id: &str) -> Option<Self> {
+    /// Opens the snapshot at `path`, holding `lock`; one that cannot be used (another format or
+    /// device, not a database) is removed and started over when no other process has it open.
+    /// `None` when no snapshot can be kept there, or used now.
+    fn open(path: std::path::PathBuf, device_id: &str, lock: SnapshotLock) -> Option<Self> {
+        let mut lock = lock;
         let store = match Snapshot::open(&path, device_id) {
             Ok(store) => store,
             Err(error) if error.is_busy() => {
@@ -1283,8 +1333,19 @@ impl SnapshotUse {
                 return None;
             }
             Err(error) => {
+                let shared = !lock.is_exclusive();
+                lock = match lock.upgrade(&path) {
+                    Ok(lock) => lock,
+                    Err(_) => {
+                        tracing::warn!(snapshot = %path.display(), %error, "the snapshot cannot be used, and other processes have it open; reading the whole ledger without it");
+                        return None;
+                    }
+                };
                 tracing::warn!(snapshot = %path.display(), %error, "starting the snapshot over");
                 Snapshot::remove(&path);
+                if shared {
+                    lock = lock.downgrade(&path)?;
+                }
                 match Snapshot::open(&path, device_id) {
                     Ok(store) => store,
                     Err(error) => {
@@ -1296,11 +1357,19 @@ impl SnapshotUse {
         };
         Some(Self {
             store,
+            lock,
             queried: false,
             loaded: BTreeSet::new(),
             dirty: None,
             saved: None,
         })
+    }
+}
+
+impl SnapshotUse {
+    /// Closes the file; its path and the lock (still held).
+    fn close(self) -> (std::path::PathBuf, SnapshotLock) {
+        (self.store.path().to_path_buf(), self.lock)
     }
 }
 

@@ -174,25 +174,31 @@ impl Ledger {
             return None;
         }
         drop(file);
-        // The empty snapshot is replaced by a checked copy of the checkpoint, under the lock
-        // that makes the site's other processes wait (they then find the copy), and only if no
-        // other process made it meanwhile.
-        let path_of_snapshot = self.snapshot.take()?.store.path().to_path_buf();
+        // The empty snapshot is replaced by a checked copy of the checkpoint with its lock
+        // exclusive (no other process has the file open; those that wait for it then find the
+        // copy), and only if no other process made it meanwhile. When another process has the
+        // empty snapshot open (it reads the whole ledger into it), this one does the same.
+        let (path_of_snapshot, lock) = self.snapshot.take()?.close();
         let device = self.log.device_id().to_owned();
-        if self.install_lock.is_none() {
-            self.install_lock = InstallLock::take(&path_of_snapshot);
-        }
-        self.snapshot = super::SnapshotUse::open(path_of_snapshot.clone(), &device);
+        let lock = match lock.upgrade(&path_of_snapshot) {
+            Ok(lock) => lock,
+            Err(shared) => {
+                self.snapshot =
+                    shared.and_then(|lock| super::SnapshotUse::open(path_of_snapshot, &device, lock));
+                return None;
+            }
+        };
+        self.snapshot = super::SnapshotUse::open(path_of_snapshot.clone(), &device, lock);
         let empty = self
             .snapshot
             .as_ref()
             .is_some_and(|snapshot| matches!(snapshot.store.base(), Ok(None)));
-        if self.install_lock.is_none() || !empty {
+        if !empty {
             return None; // made by another process (or cannot be made now): that one is used
         }
-        self.snapshot = None;
+        let (_, lock) = self.snapshot.take()?.close();
         let installed = Snapshot::install_checkpoint(&path_of_snapshot, &device, &path, &id);
-        self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device);
+        self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device, lock);
         match installed {
             Ok(()) => {
                 tracing::info!(checkpoint = %path.display(), "starting from the shared checkpoint");
@@ -363,44 +369,6 @@ impl Ledger {
             }
         }
         Ok(problems)
-    }
-}
-
-/// The lock (a file beside the snapshot, `<snapshot>.lock`) held while a new site's snapshot is
-/// made from a checkpoint: the site's other processes wait for it and then use that copy.
-#[derive(Debug)]
-pub(super) struct InstallLock {
-    _file: std::fs::File,
-}
-
-impl InstallLock {
-    /// How long a process waits for another's copy.
-    const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-
-    /// Takes the lock of the snapshot at `snapshot`; `None` when it cannot be had within
-    /// [`WAIT`](Self::WAIT) (the caller then reads the whole ledger).
-    pub(super) fn take(snapshot: &Path) -> Option<Self> {
-        let mut name = snapshot.as_os_str().to_owned();
-        name.push(".lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(PathBuf::from(name))
-            .ok()?;
-        let limit = crate::clock::RealTimeLimit::starting_now(Self::WAIT);
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Some(Self { _file: file }),
-                Err(std::fs::TryLockError::WouldBlock) if !limit.passed() => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(error) => {
-                    tracing::warn!(snapshot = %snapshot.display(), %error, "another process has been making this snapshot for too long; reading the whole ledger");
-                    return None;
-                }
-            }
-        }
     }
 }
 
