@@ -11,16 +11,18 @@ use fencepost::dispatch::{
     dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
     MissingRecords, RunOutcome, StaleGrant,
 };
+use fencepost::fold::Forgetting;
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
+use fencepost::ledger::CompactOptions;
 use fencepost::oplog::{OpRecord, Surface};
 use fencepost::relay::{Frontier, ProblemKind};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
 use crate::child::{self, Ending, Signals, Supervision, Watchdog};
-use crate::settings::{parse_duration_ms, parse_nonzero_duration_ms, Access, Settings};
+use crate::settings::{parse_duration_ms, parse_nonzero_duration_ms, parse_retention_ms, Access, Settings};
 use crate::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
     EXIT_RAN_FAILED, EXIT_RAN_OK,
@@ -859,6 +861,18 @@ pub enum LedgerCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Leave out of the checkpoint the committed runs whose records are all older than this
+        /// (at least 1d; e.g. 400d): every host that uses a snapshot moves to such a checkpoint
+        /// and stops keeping them, so a job's state stays bounded. Only for run ids that can
+        /// never be asked for again (a --salt naming a date or a time slot): a forgotten run
+        /// asked for again runs again. Runs in doubt and the fencing epochs are always kept.
+        /// Off by default.
+        #[arg(long, value_parser = parse_retention_ms, value_name = "DURATION")]
+        forget_commits_older_than: Option<u64>,
+        /// With --forget-commits-older-than: only this agent's runs (repeat for several; all
+        /// agents when left out).
+        #[arg(long, value_name = "AGENT", requires = "forget_commits_older_than")]
+        forget_agent: Vec<String>,
     },
     /// Record the outcome of an in-doubt run after checking what really happened.
     Resolve {
@@ -981,7 +995,17 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     match command {
         LedgerCommand::Verify { json } => return verify(settings, json),
         LedgerCommand::Import { from } => return import(settings, &from),
-        LedgerCommand::Compact { json } => return compact(settings, json),
+        LedgerCommand::Compact {
+            json,
+            forget_commits_older_than,
+            forget_agent,
+        } => {
+            let forget = forget_commits_older_than.map(|horizon_ms| Forgetting {
+                committed_before_ms: (system_clock())().saturating_sub(horizon_ms),
+                agents: forget_agent,
+            });
+            return compact(settings, json, forget);
+        }
         LedgerCommand::Resolve {
             agent,
             run,
@@ -1159,7 +1183,7 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
 }
 
 /// `fencepost ledger compact`.
-fn compact(settings: &Settings, json: bool) -> Result<i32> {
+fn compact(settings: &Settings, json: bool, forget: Option<Forgetting>) -> Result<i32> {
     if !matches!(
         settings.ledger_kind,
         crate::settings::LedgerKind::Folder | crate::settings::LedgerKind::Sqlite
@@ -1179,7 +1203,16 @@ fn compact(settings: &Settings, json: bool) -> Result<i32> {
         );
         return Ok(EXIT_RAN_OK);
     }
-    let written = match ledger.compact() {
+    for agent in forget.iter().flat_map(|rule| &rule.agents) {
+        if let Err(error) = validate_id(IdKind::Agent, agent) {
+            crate::usage!("--forget-agent: {error}");
+        }
+    }
+    let mut options = CompactOptions::default();
+    if let Some(rule) = forget {
+        options = options.forget(rule);
+    }
+    let written = match ledger.compact_with(&options) {
         Ok(written) => written,
         Err(DispatchError::Damaged { .. }) => {
             refuse_damage(&ledger, settings)?;
@@ -1196,6 +1229,8 @@ fn compact(settings: &Settings, json: bool) -> Result<i32> {
             json!({
                 "checkpoint": written.path, "id": written.id, "records": written.records,
                 "devices": written.devices, "runs": written.runs,
+                "forgotten_runs": written.forgotten_runs,
+                "forgets_before_ms": written.forgotten.as_ref().map(|rule| rule.committed_before_ms),
             })
         );
     } else {
@@ -1206,6 +1241,18 @@ fn compact(settings: &Settings, json: bool) -> Result<i32> {
             plural(written.devices as u64, "device"),
             plural(written.runs, "run")
         );
+        if let Some(rule) = &written.forgotten {
+            out!(
+                "it leaves out {} committed before {} ms since the Unix epoch{}: a host that asks for one again runs it again",
+                plural(written.forgotten_runs, "run"),
+                rule.committed_before_ms,
+                if rule.agents.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (agents {})", rule.agents.join(", "))
+                }
+            );
+        }
     }
     Ok(EXIT_RAN_OK)
 }

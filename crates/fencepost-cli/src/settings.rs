@@ -573,7 +573,6 @@ fn same_file(a: &Path, b: &Path) -> bool {
     canonical(a).is_some_and(|a| canonical(b).is_some_and(|b| a == b))
 }
 
-/// Parses a duration: a number with `ms`, `s`, `m` or `h` (a bare number is seconds).
 /// [`parse_duration_ms`] of a duration that must not be zero (`--timeout`: a command stopped
 /// before it could start would leave its run in doubt for nothing).
 pub fn parse_nonzero_duration_ms(text: &str) -> Result<u64, String> {
@@ -585,6 +584,19 @@ pub fn parse_nonzero_duration_ms(text: &str) -> Result<u64, String> {
     }
 }
 
+/// [`parse_duration_ms`] of the oracle's retention (`ledger compact --forget-commits-older-than`):
+/// a day at least, so that a slip (`60` for sixty days) cannot forget yesterday's runs.
+pub fn parse_retention_ms(text: &str) -> Result<u64, String> {
+    const DAY_MS: u64 = 86_400_000;
+    match parse_duration_ms(text)? {
+        ms if ms < DAY_MS => Err(format!(
+            "{text:?}: a retention must be 1d or longer (committed runs younger than that are always kept)"
+        )),
+        ms => Ok(ms),
+    }
+}
+
+/// Parses a duration: a number with `ms`, `s`, `m`, `h` or `d` (a bare number is seconds).
 pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
@@ -597,7 +609,8 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
         "" | "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
-        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
+        "d" => 86_400_000,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m, h or d")),
     };
     number
         .checked_mul(scale)

@@ -3,13 +3,15 @@
 //! checkpoint was written; a damaged checkpoint is reported and never used; a checkpoint that
 //! does not hold the fold of its records is found by `verify_checkpoints`.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fencepost::clock::ManualClock;
 use fencepost::dispatch::Ledger;
+use fencepost::fold::Forgetting;
 use fencepost::lease::{Intent, IntentStatus};
-use fencepost::ledger::LedgerOptions;
+use fencepost::ledger::{CompactOptions, LedgerOptions};
 use fencepost::relay::{FsRelay, Relay, SqliteRelay};
 use proptest::prelude::*;
 
@@ -572,4 +574,135 @@ fn k1_compact_refuses_a_damaged_ledger() {
         "{error}"
     );
     assert_eq!(site.checkpoints(), before);
+}
+
+/// The runs that a compaction of `ledger` with `rule` leaves out, by the reference: the rule
+/// applied to each run's entry ([`Forgetting::forgets`]), never to a run in doubt (D2).
+fn forgotten_by(ledger: &mut Ledger, rule: &Forgetting) -> BTreeSet<(String, String)> {
+    let mut forgotten = BTreeSet::new();
+    for agent in AGENTS {
+        for run in 0..RUNS {
+            let run = format!("run-{run}");
+            let Some(summary) = ledger.state().run_summary(agent, &run) else {
+                continue;
+            };
+            if rule.forgets(agent, &summary) && ledger.in_doubt_run(agent, &run, u64::MAX).is_none() {
+                forgotten.insert((agent.to_owned(), run));
+            }
+        }
+    }
+    forgotten
+}
+
+/// What [`answers`] says of a site that forgot the runs `forgotten`: nothing of them.
+fn without(mut lines: Vec<String>, forgotten: &BTreeSet<(String, String)>) -> Vec<String> {
+    for (agent, run) in forgotten {
+        for line in &mut lines {
+            for what in ["committed", "holds", "in doubt"] {
+                if line.starts_with(&format!("{agent} {run} {what} ")) {
+                    *line = format!("{agent} {run} {what} None");
+                }
+            }
+        }
+    }
+    lines
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// K1, K2 with the oracle's retention (issue 17, item 4): a checkpoint written with a rule
+    /// leaves out exactly the committed runs the rule forgets (all their records older than the
+    /// cut-off, of the agents named), and nothing else: a new site started from it, and a site
+    /// whose snapshot was made before it (it moves to the checkpoint), answer as a full read
+    /// for every other run, with the same fencing epochs and the same runs in doubt, after
+    /// more writes by every device (to runs not forgotten: nobody asks for those again).
+    /// `verify_checkpoints` applies the same rule and finds nothing.
+    #[test]
+    fn k1_k2_a_checkpoint_that_forgets_leaves_out_only_old_commits_and_keeps_epochs_and_doubt(
+        before in steps(),
+        after in steps(),
+        device in 0..3usize,
+        cut in 0..40u64,
+        only_milo in any::<bool>(),
+        in_sqlite in any::<bool>(),
+    ) {
+        let site = if in_sqlite { Site::with_ledger("ledger.db") } else { Site::new() };
+        play(&site, &before);
+        drop(site.open("regular", true));
+        let rule = Forgetting {
+            committed_before_ms: 1_000 + cut,
+            agents: if only_milo { vec!["milo".to_owned()] } else { Vec::new() },
+        };
+        let mut compactor = site.open(DEVICES[device], false);
+        if compactor.view().frontier().iter().next().is_none() {
+            return Ok(());
+        }
+        let forgotten = forgotten_by(&mut compactor, &rule);
+        let info = compactor
+            .compact_with(&CompactOptions::default().forget(rule.clone()))
+            .unwrap();
+        prop_assert_eq!(info.forgotten_runs, forgotten.len() as u64);
+        prop_assert_eq!(info.forgotten.as_ref(), Some(&rule));
+        prop_assert!(
+            info.path.to_string_lossy().ends_with(&format!("-forgets-{}.sqlite", rule.committed_before_ms)),
+            "{}", info.path.display()
+        );
+        drop(compactor);
+        let writes: Vec<Step> = after
+            .into_iter()
+            .filter(|step| match step {
+                Step::Write { agent, run, .. } => {
+                    !forgotten.contains(&(AGENTS[*agent].to_owned(), format!("run-{run}")))
+                }
+                Step::Compact { .. } => false,
+            })
+            .collect();
+        play(&site, &writes);
+        let mut full = site.open("reader", false);
+        let expected = without(answers(&mut full), &forgotten);
+        let mut started = site.open("newcomer", true);
+        prop_assert!(started.started_from_checkpoint().is_some());
+        prop_assert_eq!(answers(&mut started), expected.clone());
+        let mut regular = site.open("regular", true);
+        prop_assert_eq!(regular.started_from_checkpoint(), started.started_from_checkpoint());
+        prop_assert_eq!(answers(&mut regular), expected.clone());
+        // Once moved, it stays: the next open resumes its own snapshot.
+        drop(regular);
+        let mut regular = site.open("regular", true);
+        prop_assert!(regular.started_from_checkpoint().is_none());
+        prop_assert_eq!(answers(&mut regular), expected);
+        prop_assert_eq!(full.verify_checkpoints().unwrap(), vec![]);
+    }
+}
+
+/// K3 with the oracle's retention: a checkpoint whose name says another cut-off than its
+/// content (renamed by hand, or forged) is damage for a new site and for `verify`; a site
+/// with a snapshot keeps its snapshot rather than move to it.
+#[test]
+fn k3_a_checkpoint_whose_name_says_another_cut_off_is_damage() {
+    let site = compacted_site();
+    drop(site.open("regular", true));
+    let rule = Forgetting {
+        committed_before_ms: 1_005,
+        agents: Vec::new(),
+    };
+    let info = site
+        .open("laptop", false)
+        .compact_with(&CompactOptions::default().forget(rule))
+        .unwrap();
+    assert!(info.forgotten_runs > 0, "{info:?}");
+    let renamed = info
+        .path
+        .to_string_lossy()
+        .replace("-forgets-1005", "-forgets-1999");
+    std::fs::rename(&info.path, &renamed).unwrap();
+    let newcomer = site.open("newcomer", true);
+    assert!(newcomer.checkpoint_failure().is_some());
+    assert!(!newcomer.damage().is_empty());
+    let mut regular = site.open("regular", true);
+    assert!(regular.damage().is_empty(), "{:?}", regular.damage());
+    assert_eq!(committed(&mut regular), 9, "it kept every commit");
+    let problems = site.open("reader", false).verify_checkpoints().unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
 }

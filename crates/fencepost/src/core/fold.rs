@@ -132,6 +132,38 @@ impl RunSummary {
     }
 }
 
+/// The oracle's retention, off unless an operator asks for it: which committed runs a
+/// [checkpoint](crate::checkpoint) may leave out ([`Ledger::compact_with`](crate::ledger::Ledger::compact_with)).
+///
+/// Forgetting a committed run is an exception to rule F6 that an operator makes for run ids
+/// that can never be asked for again: ids whose salt names a time that has passed (a date, a
+/// schedule slot). Once forgotten by every site, the same run id asked for again would look
+/// new and run again. A run with no commit (in doubt, rule D2) is never forgotten, nor one
+/// with any record at or after the cut-off; the agents' fencing epochs (F4) are always kept.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forgetting {
+    /// The cut-off: a committed run whose records all carry an HLC wall time before it (ms
+    /// since the Unix epoch) is forgotten.
+    pub committed_before_ms: u64,
+    /// The agents whose runs it applies to; empty: every agent.
+    pub agents: Vec<String>,
+}
+
+impl Forgetting {
+    /// Whether the run of `agent_id` that `summary` stands for is forgotten: the rule applies
+    /// to the agent, the run has a commit, and its greatest record and its greatest commit are
+    /// both older than the cut-off.
+    pub fn forgets(&self, agent_id: &str, summary: &RunSummary) -> bool {
+        let applies = self.agents.is_empty() || self.agents.iter().any(|agent| agent == agent_id);
+        applies
+            && summary.best.hlc.wall_ms < self.committed_before_ms
+            && summary
+                .committed()
+                .is_some_and(|committed| committed.hlc.wall_ms < self.committed_before_ms)
+    }
+}
+
 /// The folded intents of one agent.
 ///
 /// Fencing is applied lazily: when the fencing epoch rises, the pending entries below it stay in
@@ -549,6 +581,15 @@ impl SyncState {
             }
         }
         Ok(())
+    }
+
+    /// Removes the entry of run `run_id` of `agent_id` (the oracle's retention,
+    /// [`Forgetting`]: an exception to rule F6 that only a caller applying such a rule makes);
+    /// the agent and its fencing epoch stay. Whether there was one.
+    pub fn forget_run(&mut self, agent_id: &str, run_id: &str) -> bool {
+        self.agents
+            .get_mut(agent_id)
+            .is_some_and(|agent| agent.runs.remove(&RunKey::new(run_id)).is_some())
     }
 
     /// The entry of run `run_id` of `agent_id` as a [`RunSummary`] (a fenced one too).

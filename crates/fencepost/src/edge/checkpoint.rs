@@ -43,10 +43,25 @@
 //!   after it. Starting sites take the one that covers the most records (then the greatest id);
 //!   the first processes of one new site wait for one copy (a lock file beside its snapshot).
 //!
+//! # Retention of the oracle (off by default)
+//!
+//! [`Ledger::compact_with`](crate::ledger::Ledger::compact_with) with a
+//! [`Forgetting`](crate::fold::Forgetting) rule leaves out of the checkpoint the committed runs
+//! whose records are all older than a cut-off (of the agents named, or all): an exception to
+//! rule F6 that an operator makes for run ids that can never be asked for again (a salt that
+//! names a date). Runs in doubt are never left out, and the fencing epochs are kept whole (K2).
+//! The rule is part of the checkpoint's content (so of its id) and its cut-off of its name
+//! (`checkpoint-<records>-<id>-forgets-<ms>.sqlite`); a name that says another cut-off is
+//! damage. A site whose snapshot forgets less moves to such a checkpoint at its next open, once
+//! its snapshot has read every record the checkpoint covers and no other process has it open,
+//! so that its state stops growing too. `verify_checkpoints` applies the same rule to the fold
+//! of the covered records. A site that reads every record (the `ledger` subcommands, a site
+//! without a snapshot) still sees the forgotten runs while their records are in the relay.
+//!
 //! # What it does not do yet
 //!
-//! The records a checkpoint covers stay in the relay: checkpoints make a new site fast, they do
-//! not yet bound the ledger's size. A checkpoint whose content was changed and its digests
+//! The records a checkpoint covers stay in the relay: checkpoints make a new site fast and,
+//! with retention, bound each site's state, but they do not yet bound the ledger's size. A checkpoint whose content was changed and its digests
 //! computed again is trusted by a site that starts from it, as a device file changed that way
 //! is by a site that reads it for the first time: the folder is trusted to hold what sites
 //! wrote. `ledger verify` finds it while the records are there.
@@ -66,6 +81,11 @@ pub struct CheckpointInfo {
     pub devices: usize,
     /// How many runs it holds.
     pub runs: u64,
+    /// The committed runs it leaves out (the oracle's retention), if any.
+    pub forgotten: Option<crate::fold::Forgetting>,
+    /// How many runs the compaction that wrote it left out (0 when read back by [`inspect`]:
+    /// a checkpoint keeps its cut-off, not the runs it forgot).
+    pub forgotten_runs: u64,
 }
 
 /// Why a checkpoint file cannot be used ([`inspect`]).
@@ -95,14 +115,19 @@ pub fn inspect(path: &Path) -> Result<CheckpointInfo, CheckpointError> {
     let heads = &file.base().heads;
     let records: u64 = heads.iter().map(|head| head.next_seq).sum();
     let devices = heads.len();
-    if let Some((named_records, named_id)) = path
+    let forgets_before_ms = file
+        .base()
+        .forgotten
+        .as_ref()
+        .map(|forgotten| forgotten.committed_before_ms);
+    if let Some(named) = path
         .file_name()
         .and_then(|name| name.to_str())
         .and_then(parse_file_name)
     {
-        if named_id != id || named_records != records {
+        if named.id != id || named.records != records || named.forgets_before_ms != forgets_before_ms {
             return Err(failed(
-                "its content does not match the id and records count in its name".to_owned(),
+                "its content does not match the id, records count and cut-off in its name".to_owned(),
             ));
         }
     }
@@ -121,6 +146,8 @@ pub fn inspect(path: &Path) -> Result<CheckpointInfo, CheckpointError> {
         records,
         devices,
         runs,
+        forgotten: file.base().forgotten.clone(),
+        forgotten_runs: 0,
     })
 }
 
@@ -129,24 +156,59 @@ const PREFIX: &str = "checkpoint-";
 /// The extension of a checkpoint's file name.
 const EXTENSION: &str = ".sqlite";
 
-/// The file name of a checkpoint covering `records` records with id `id` (lowercase hex).
-pub(crate) fn file_name(records: u64, id: &str) -> String {
-    format!("{PREFIX}{records}-{id}{EXTENSION}")
+/// What a checkpoint's file name says ([`file_name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CheckpointName {
+    /// The records it covers.
+    pub(crate) records: u64,
+    /// Its id.
+    pub(crate) id: [u8; 32],
+    /// The cut-off of the committed runs it left out
+    /// ([`Forgetting::committed_before_ms`](crate::fold::Forgetting)), if it forgets any: in the
+    /// name, so that a site sees without opening it that a checkpoint forgets more than its own
+    /// snapshot does (and must match the content, like the id).
+    pub(crate) forgets_before_ms: Option<u64>,
 }
 
-/// The records count and id a checkpoint file's name gives; `None` for another name.
-pub(crate) fn parse_file_name(name: &str) -> Option<(u64, [u8; 32])> {
+/// The marker of a checkpoint's cut-off in its name.
+const FORGETS: &str = "-forgets-";
+
+/// The file name of a checkpoint covering `records` records with id `id` (lowercase hex),
+/// forgetting the committed runs before `forgets_before_ms` if given:
+/// `checkpoint-<records>-<id>[-forgets-<ms>].sqlite`.
+pub(crate) fn file_name(records: u64, id: &str, forgets_before_ms: Option<u64>) -> String {
+    match forgets_before_ms {
+        None => format!("{PREFIX}{records}-{id}{EXTENSION}"),
+        Some(before) => format!("{PREFIX}{records}-{id}{FORGETS}{before}{EXTENSION}"),
+    }
+}
+
+/// What a checkpoint file's name says; `None` for another name.
+pub(crate) fn parse_file_name(name: &str) -> Option<CheckpointName> {
     let stem = name.strip_prefix(PREFIX)?.strip_suffix(EXTENSION)?;
-    let (records, id) = stem.split_once('-')?;
-    if records.is_empty() || !records.bytes().all(|byte| byte.is_ascii_digit()) {
+    let (records, rest) = stem.split_once('-')?;
+    let (id, forgets_before_ms) = match rest.split_once(FORGETS) {
+        None => (rest, None),
+        Some((id, before)) => (id, Some(decimal(before)?)),
+    };
+    Some(CheckpointName {
+        records: decimal(records)?,
+        id: crate::hex::decode_lower_hex::<32>(id)?,
+        forgets_before_ms,
+    })
+}
+
+/// A number written in decimal digits only (no sign, no space).
+fn decimal(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
         return None;
     }
-    Some((records.parse().ok()?, crate::hex::decode_lower_hex::<32>(id)?))
+    text.parse().ok()
 }
 
 /// The checkpoints in `dir`, the one covering the most records first (then the greatest id).
 /// A missing folder has none; other names are not checkpoints.
-pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(u64, [u8; 32], PathBuf)>> {
+pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(CheckpointName, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -156,11 +218,11 @@ pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(u64, [u8; 32], PathBuf)>>
     for entry in entries {
         let entry = entry?;
         let name = entry.file_name();
-        if let Some((records, id)) = name.to_str().and_then(parse_file_name) {
-            found.push((records, id, entry.path()));
+        if let Some(named) = name.to_str().and_then(parse_file_name) {
+            found.push((named, entry.path()));
         }
     }
-    found.sort_by_key(|(records, id, _)| std::cmp::Reverse((*records, *id)));
+    found.sort_by_key(|(named, _)| std::cmp::Reverse((named.records, named.id)));
     Ok(found)
 }
 
@@ -205,9 +267,20 @@ mod tests {
     #[test]
     fn k3_a_checkpoint_file_name_round_trips_and_other_names_are_not_checkpoints() {
         let id = [0xab; 32];
-        let name = file_name(42, &id_hex(&id));
-        assert_eq!(parse_file_name(&name), Some((42, id)));
+        let name = file_name(42, &id_hex(&id), None);
+        let named = |forgets_before_ms| CheckpointName {
+            records: 42,
+            id,
+            forgets_before_ms,
+        };
+        assert_eq!(parse_file_name(&name), Some(named(None)));
+        let name = file_name(42, &id_hex(&id), Some(1_700_000_000_000));
+        assert!(name.ends_with("-forgets-1700000000000.sqlite"), "{name}");
+        assert_eq!(parse_file_name(&name), Some(named(Some(1_700_000_000_000))));
         for other in [
+            "checkpoint-42-abababababababababababababababababababababababababababababababab-forgets-.sqlite",
+            "checkpoint-42-abababababababababababababababababababababababababababababababab-forgets--1.sqlite",
+            "checkpoint-42-abababababababababababababababababababababababababababababababab-forgets-1x.sqlite",
             "checkpoint-42-ab.sqlite",
             "checkpoint--abab.sqlite",
             "checkpoint-+4-abababababababababababababababababababababababababababababababab.sqlite",

@@ -124,6 +124,23 @@ impl LedgerOptions {
     }
 }
 
+/// How [`Ledger::compact_with`] writes a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompactOptions {
+    /// The oracle's retention: leave out the committed runs this rule forgets (off by
+    /// default; see [`Forgetting`](crate::fold::Forgetting) for when it is safe).
+    pub forget: Option<crate::fold::Forgetting>,
+}
+
+impl CompactOptions {
+    /// Forget what `rule` forgets (see [`CompactOptions::forget`]).
+    pub fn forget(mut self, rule: crate::fold::Forgetting) -> Self {
+        self.forget = Some(rule);
+        self
+    }
+}
+
 /// Per run: the pendings with no outcome of their epoch yet, and the epochs that have one.
 #[derive(Debug, Default, Clone)]
 struct Attempts {
@@ -240,6 +257,9 @@ pub struct LedgerState {
     /// only the holder of an epoch writes `pending`s at it, so two devices there mean the epoch
     /// was granted twice (a coordinator that lost or rolled back its state).
     pending_epochs: BTreeMap<String, (u64, BTreeSet<String>)>,
+    /// The committed runs that the checkpoint this view started from left out (the oracle's
+    /// retention, [`Forgetting`](crate::fold::Forgetting)); kept with the snapshot.
+    forgotten: Option<crate::fold::Forgetting>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -352,7 +372,16 @@ impl Ledger {
         let path = snapshot.store.path().to_path_buf();
         let mut saved = snapshot.store.base();
         let mut from_checkpoint = None;
-        let empty = matches!(saved, Ok(None));
+        let mut empty = matches!(saved, Ok(None));
+        // The fencing epochs of a snapshot given up for a checkpoint that forgets more (K2: kept
+        // whatever the checkpoint says).
+        let mut given_up = Vec::new();
+        if let Ok(Some(base)) = &saved {
+            if self.move_to_forgetting_checkpoint(base) {
+                empty = true;
+                given_up.clone_from(&base.fencing);
+            }
+        }
         if empty {
             // Nothing saved yet (a new site, or a snapshot started over): from the shared
             // checkpoint, if there is one.
@@ -407,6 +436,9 @@ impl Ledger {
         snapshot.queried = true;
         snapshot.dirty = Some(BTreeSet::new());
         self.view = view;
+        for (agent, epoch) in &given_up {
+            self.view.state.raise_fencing_epoch(agent, *epoch);
+        }
         self.started_from = from_checkpoint.map(|(id, _)| id);
         tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
     }
@@ -1385,6 +1417,41 @@ fn contains(heads: &[HeadMark], stored: &[HeadMark]) -> bool {
 }
 
 impl LedgerState {
+    /// Whether `rule` forgets run `run_id` of `agent_id`, whose entry is `summary`: the rule
+    /// says so ([`Forgetting::forgets`](crate::fold::Forgetting::forgets)), and the run has no
+    /// attempt in doubt (rule D2).
+    pub(crate) fn forgets(
+        &self,
+        rule: &crate::fold::Forgetting,
+        agent_id: &str,
+        run_id: &str,
+        summary: &crate::fold::RunSummary,
+    ) -> bool {
+        let in_doubt = self
+            .attempts
+            .get(agent_id)
+            .and_then(|runs| runs.get(&RunKey::new(run_id)))
+            .is_some_and(|attempts| !attempts.unsettled.is_empty());
+        !in_doubt && rule.forgets(agent_id, summary)
+    }
+
+    /// Removes the runs that `rule` forgets ([`forgets`](Self::forgets)); how many.
+    pub(crate) fn forget_runs(&mut self, rule: &crate::fold::Forgetting) -> u64 {
+        let mut forgotten = Vec::new();
+        let listed: Result<(), std::convert::Infallible> =
+            self.state.for_each_run_summary(|agent, run, summary| {
+                if self.forgets(rule, agent, run, &summary) {
+                    forgotten.push((agent.to_owned(), run.to_owned()));
+                }
+                Ok(())
+            });
+        let Ok(()) = listed;
+        for (agent, run) in &forgotten {
+            self.state.forget_run(agent, run);
+        }
+        forgotten.len() as u64
+    }
+
     /// The view a snapshot's loaded part stands for (its runs stay in the store); `Err` when the
     /// part is not one a view makes.
     pub(crate) fn restored(base: &SnapshotBase) -> Result<Self, String> {
@@ -1426,6 +1493,7 @@ impl LedgerState {
                 .or_default()
                 .insert(RunKey::new(&mark.run), attempts);
         }
+        view.forgotten = base.forgotten.clone();
         for line in &base.records {
             let op = OpRecord::from_json(line.as_bytes())
                 .map_err(|error| format!("a stored record is damaged: {error}"))?;
@@ -1487,6 +1555,7 @@ impl LedgerState {
                 })
                 .collect(),
             cursor,
+            forgotten: self.forgotten.clone(),
         }
     }
 }

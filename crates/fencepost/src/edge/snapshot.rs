@@ -101,6 +101,11 @@ pub(crate) struct SnapshotBase {
     pub(crate) records: Vec<String>,
     /// The relay's cursor.
     pub(crate) cursor: serde_json::Value,
+    /// The committed runs left out, when a checkpoint was written with a retention of the
+    /// oracle (and a snapshot copied from one): absent otherwise, so that a state without it
+    /// keeps the digest it always had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) forgotten: Option<crate::fold::Forgetting>,
 }
 
 /// The attempts of one run, as stored.

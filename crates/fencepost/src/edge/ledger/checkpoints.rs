@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{contains, Ledger, LedgerState};
+use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
 use crate::dispatch::DispatchError;
+use crate::fold::Forgetting;
 use crate::oplog::OpRecord;
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, Snapshot, SnapshotBase, SnapshotError};
@@ -26,6 +27,18 @@ impl Ledger {
     /// written, [`DispatchError::Relay`] when unsent records
     /// cannot be stored.
     pub fn compact(&mut self) -> Result<CheckpointInfo, DispatchError> {
+        self.compact_with(&CompactOptions::default())
+    }
+
+    /// [`compact`](Self::compact), with `options`: with
+    /// [`forget`](CompactOptions::forget), the checkpoint leaves out the committed runs that
+    /// rule forgets (never a run in doubt; the fencing epochs are kept whole), says so in its
+    /// content and its name, and the sites that use a snapshot move to it at their next open
+    /// (so that their snapshots stop growing with those runs too).
+    ///
+    /// # Errors
+    /// As [`compact`](Self::compact).
+    pub fn compact_with(&mut self, options: &CompactOptions) -> Result<CheckpointInfo, DispatchError> {
         let failed = |what: String| DispatchError::Checkpoint(format!("cannot write a checkpoint: {what}"));
         let dir = self.relay.checkpoints_dir().ok_or_else(|| {
             failed("this ledger keeps no checkpoints (a ledger in PostgreSQL does not yet)".to_owned())
@@ -56,9 +69,9 @@ impl Ledger {
             CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let written = dir.join(format!(".writing-{stamp}.sqlite"));
-        let exported = self.export_checkpoint(&dir, &stamp, &written);
-        let file = match exported {
-            Ok(file) => file,
+        let exported = self.export_checkpoint(&dir, &stamp, &written, options.forget.as_ref());
+        let (file, forgotten_runs) = match exported {
+            Ok(exported) => exported,
             Err(error) => {
                 Snapshot::remove(&written);
                 return Err(failed(error));
@@ -68,8 +81,10 @@ impl Ledger {
         let heads = file.base().heads.clone();
         let records: u64 = heads.iter().map(|head| head.next_seq).sum();
         let runs = file.runs();
+        let forgotten = file.base().forgotten.clone();
         drop(file);
-        let path = dir.join(checkpoint::file_name(records, &id));
+        let forgets_before_ms = forgotten.as_ref().map(|rule| rule.committed_before_ms);
+        let path = dir.join(checkpoint::file_name(records, &id, forgets_before_ms));
         let moved = std::fs::rename(&written, &path)
             .and_then(|()| std::fs::File::open(&dir).and_then(|folder| folder.sync_all()));
         if let Err(error) = moved {
@@ -80,8 +95,8 @@ impl Ledger {
             )));
         }
         // The checkpoints this one contains are of no more use.
-        for (older_records, _, older) in checkpoint::list(&dir).unwrap_or_default() {
-            if older == path || older_records > records {
+        for (older_name, older) in checkpoint::list(&dir).unwrap_or_default() {
+            if older == path || older_name.records > records {
                 continue;
             }
             let contained =
@@ -104,17 +119,21 @@ impl Ledger {
             records,
             devices: heads.len(),
             runs,
+            forgotten,
+            forgotten_runs,
         })
     }
 
     /// Writes the checkpoint's file at `written`: the view, folded into a snapshot of its own
-    /// (`.folding-…` in `dir`), copied.
+    /// (`.folding-…` in `dir`), copied; without the runs that `forget` forgets (and how many
+    /// those were).
     fn export_checkpoint(
         &mut self,
         dir: &Path,
         stamp: &str,
         written: &Path,
-    ) -> Result<CheckpointFile, String> {
+        forget: Option<&Forgetting>,
+    ) -> Result<(CheckpointFile, u64), String> {
         let cursor = self.relay.cursor(&self.view.frontier).ok_or(
             "the relay cannot say where its reading stands (a device file with an incomplete last line?); try again",
         )?;
@@ -123,18 +142,28 @@ impl Ledger {
         Snapshot::remove(&folded);
         Snapshot::remove(written);
         let view = &self.view;
+        let mut forgotten_runs = 0u64;
         let exported = (|| -> Result<CheckpointFile, SnapshotError> {
             let mut store = Snapshot::open(&folded, self.log.device_id())?;
             let mut save = store
                 .begin_save(|_| true, view.state.run_count())?
                 .ok_or_else(|| SnapshotError::Other("a new file had a saved state".to_owned()))?;
-            view.state
-                .for_each_run_summary(|agent, run, summary| save.put_run(agent, run, &summary))?;
-            save.finish(&view.base_mark(cursor))?;
+            view.state.for_each_run_summary(|agent, run, summary| {
+                if forget.is_some_and(|rule| view.forgets(rule, agent, run, &summary)) {
+                    forgotten_runs += 1;
+                    return Ok(());
+                }
+                save.put_run(agent, run, &summary)
+            })?;
+            let mut base = view.base_mark(cursor);
+            base.forgotten = forget.cloned();
+            save.finish(&base)?;
             store.export(written)
         })();
         Snapshot::remove(&folded);
-        exported.map_err(|error| error.to_string())
+        exported
+            .map(|file| (file, forgotten_runs))
+            .map_err(|error| error.to_string())
     }
 
     /// Copies the best shared checkpoint (the one covering the most records) into this site's
@@ -149,7 +178,8 @@ impl Ledger {
                 return None;
             }
         };
-        let (records, id, path) = listed.into_iter().next()?;
+        let (named, path) = listed.into_iter().next()?;
+        let (records, id) = (named.records, named.id);
         let damaged = |detail: String| checkpoint_problem(&path, &format!("cannot be used: {detail}"));
         let file = match CheckpointFile::open(&path) {
             Ok(file) => file,
@@ -166,6 +196,14 @@ impl Ledger {
             Some(format!(
                 "it covers {covered} records, not the {records} its name says"
             ))
+        } else if file
+            .base()
+            .forgotten
+            .as_ref()
+            .map(|rule| rule.committed_before_ms)
+            != named.forgets_before_ms
+        {
+            Some("the committed runs it leaves out are not the ones its name says".to_owned())
         } else {
             LedgerState::restored(file.base()).err()
         };
@@ -212,6 +250,79 @@ impl Ledger {
         }
     }
 
+    /// Gives up this site's snapshot, whose loaded part is `base`, for the best shared checkpoint
+    /// when that one forgets committed runs older than the snapshot does (the oracle's
+    /// retention, [`Forgetting`]): so that a site's snapshot stops growing with the runs the
+    /// operator let go. Only when the snapshot has read every record the checkpoint covers
+    /// (else nothing changes: a synced folder that has not brought them yet is no reason to
+    /// stop), and when no other process has the snapshot open. The
+    /// snapshot is then empty, with its lock exclusive, for
+    /// [`import_checkpoint`](Self::import_checkpoint); whether it is.
+    pub(super) fn move_to_forgetting_checkpoint(&mut self, base: &SnapshotBase) -> bool {
+        let Some(dir) = self.relay.checkpoints_dir() else {
+            return false;
+        };
+        // The name says whether it forgets: no file is opened on an ordinary run.
+        let Some((named, path)) = checkpoint::list(&dir)
+            .ok()
+            .and_then(|listed| listed.into_iter().next())
+        else {
+            return false;
+        };
+        let Some(before) = named.forgets_before_ms else {
+            return false;
+        };
+        let own = base.forgotten.as_ref().map_or(0, |rule| rule.committed_before_ms);
+        if before <= own {
+            return false;
+        }
+        // The snapshot has read at least every record the checkpoint covers, device by device:
+        // the files here reach it (or they lost records the snapshot read, which is damage
+        // either way). One ahead of the snapshot somewhere may be ahead of the files (a synced
+        // folder that has not brought them yet): not now. (A relay's resume is not a check
+        // that can be made twice, so it is left to the open that follows.)
+        let reaches = match CheckpointFile::open(&path) {
+            Ok(file) => {
+                file.base()
+                    .forgotten
+                    .as_ref()
+                    .map(|rule| rule.committed_before_ms)
+                    == Some(before)
+                    && file.base().heads.iter().all(|covered| {
+                        base.heads.iter().any(|read| {
+                            read.device_id == covered.device_id && read.next_seq >= covered.next_seq
+                        })
+                    })
+            }
+            Err(error) => {
+                tracing::debug!(checkpoint = %path.display(), %error, "cannot read the checkpoint that forgets runs; keeping the snapshot");
+                false
+            }
+        };
+        if !reaches {
+            return false;
+        }
+        let Some(snapshot) = self.snapshot.take() else {
+            return false;
+        };
+        let (path_of_snapshot, lock) = snapshot.close();
+        let device = self.log.device_id().to_owned();
+        match lock.upgrade(&path_of_snapshot) {
+            Ok(lock) => {
+                tracing::info!(checkpoint = %path.display(), snapshot = %path_of_snapshot.display(), "a checkpoint forgets committed runs this snapshot keeps; starting the snapshot from it");
+                Snapshot::remove(&path_of_snapshot);
+                self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device, lock);
+                self.snapshot.is_some()
+            }
+            Err(shared) => {
+                // Other processes have it open: another time.
+                self.snapshot =
+                    shared.and_then(|lock| super::SnapshotUse::open(path_of_snapshot, &device, lock));
+                false
+            }
+        }
+    }
+
     /// The shared checkpoint that a new site could not start from, if any (it is damaged or
     /// does not match its name): part of [`damage`](Self::damage) until the process ends, and
     /// cannot be accepted; remove the file (the records it covers are still in the relay) or
@@ -250,7 +361,8 @@ impl Ledger {
         let listed = checkpoint::list(&dir)
             .map_err(|error| failed(format!("cannot list {}: {error}", dir.display())))?;
         let mut problems = Vec::new();
-        for (count, id, path) in listed {
+        for (named, path) in listed {
+            let (count, id) = (named.records, named.id);
             let problem = |detail: String| checkpoint_problem(&path, &detail);
             let mut file = match CheckpointFile::open(&path) {
                 Ok(file) => file,
@@ -261,8 +373,14 @@ impl Ledger {
             };
             let base = file.base();
             let covered: u64 = base.heads.iter().map(|head| head.next_seq).sum();
-            if file.id() != id || covered != count {
-                problems.push(problem("does not match the id and count in its name".to_owned()));
+            let forgotten = base.forgotten.clone();
+            if file.id() != id
+                || covered != count
+                || forgotten.as_ref().map(|rule| rule.committed_before_ms) != named.forgets_before_ms
+            {
+                problems.push(problem(
+                    "does not match the id, count and cut-off in its name".to_owned(),
+                ));
                 continue;
             }
             let mut ahead = None;
@@ -313,7 +431,10 @@ impl Ledger {
             }
             // The fold of exactly the records it covers: this ledger's own view when it covers
             // the same records (no second read), else a fold of them alone.
-            let exact = base.heads.len() == self.view.heads.len()
+            // (A checkpoint that forgot runs is compared with a fold of its own, which forgets
+            // the same runs.)
+            let exact = forgotten.is_none()
+                && base.heads.len() == self.view.heads.len()
                 && base
                     .heads
                     .iter()
@@ -339,6 +460,10 @@ impl Ledger {
                         view.absorb(&covered);
                     }
                 })?;
+                if let Some(rule) = &forgotten {
+                    view.forget_runs(rule);
+                    view.forgotten = Some(rule.clone());
+                }
                 folded = view;
                 &folded
             };
@@ -448,7 +573,7 @@ mod tests {
         save.finish(&base).unwrap();
         let forged = dir.join("forged.sqlite");
         let file = store.export(&forged).unwrap();
-        let name = checkpoint::file_name(info.records, &checkpoint::id_hex(&file.id()));
+        let name = checkpoint::file_name(info.records, &checkpoint::id_hex(&file.id()), None);
         drop(file);
         std::fs::remove_file(&info.path).unwrap();
         std::fs::rename(&forged, info.path.with_file_name(name)).unwrap();
