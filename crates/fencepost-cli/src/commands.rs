@@ -11,11 +11,10 @@ use fencepost::dispatch::{
     dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
     MissingRecords, RunOutcome, StaleGrant,
 };
-use fencepost::fold::Forgetting;
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
-use fencepost::ledger::CompactOptions;
+use fencepost::ledger::{CompactOptions, Retention};
 use fencepost::oplog::{OpRecord, Surface};
 use fencepost::relay::{Frontier, ProblemKind};
 use fencepost::run_id::deterministic_run_id;
@@ -861,12 +860,12 @@ pub enum LedgerCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Leave out of the checkpoint the committed runs whose records are all older than this
-        /// (at least 1d; e.g. 400d): every host that uses a snapshot moves to such a checkpoint
-        /// and stops keeping them, so a job's state stays bounded. Only for run ids that can
-        /// never be asked for again (a --salt naming a date or a time slot): a forgotten run
-        /// asked for again runs again. Runs in doubt and the fencing epochs are always kept.
-        /// Off by default.
+        /// Leave out of the checkpoint the committed runs that an earlier compaction, written at
+        /// least this long ago (by this host's clock; at least 1d, e.g. 400d), already covered:
+        /// every host that uses a snapshot moves to such a checkpoint and stops keeping them, so
+        /// a job's state stays bounded. Only for run ids that can never be asked for again (a
+        /// --salt naming a date or a time slot): a forgotten run asked for again runs again.
+        /// Runs in doubt and the fencing epochs are always kept. Off by default.
         #[arg(long, value_parser = parse_retention_ms, value_name = "DURATION")]
         forget_commits_older_than: Option<u64>,
         /// With --forget-commits-older-than: only this agent's runs (repeat for several; all
@@ -1000,8 +999,8 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             forget_commits_older_than,
             forget_agent,
         } => {
-            let forget = forget_commits_older_than.map(|horizon_ms| Forgetting {
-                committed_before_ms: (system_clock())().saturating_sub(horizon_ms),
+            let forget = forget_commits_older_than.map(|older_than_ms| Retention {
+                older_than_ms,
                 agents: forget_agent,
             });
             return compact(settings, json, forget);
@@ -1183,7 +1182,7 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
 }
 
 /// `fencepost ledger compact`.
-fn compact(settings: &Settings, json: bool, forget: Option<Forgetting>) -> Result<i32> {
+fn compact(settings: &Settings, json: bool, forget: Option<Retention>) -> Result<i32> {
     if !matches!(
         settings.ledger_kind,
         crate::settings::LedgerKind::Folder | crate::settings::LedgerKind::Sqlite
@@ -1192,6 +1191,11 @@ fn compact(settings: &Settings, json: bool, forget: Option<Forgetting>) -> Resul
             "ledger compact: a ledger in PostgreSQL keeps no checkpoints yet ({})",
             settings.ledger_label()
         );
+    }
+    for agent in forget.iter().flat_map(|retention| &retention.agents) {
+        if let Err(error) = validate_id(IdKind::Agent, agent) {
+            crate::usage!("--forget-agent: {error}");
+        }
     }
     // Every record read and checked (no snapshot): damage anywhere refuses the checkpoint.
     let mut ledger = open_ledger(settings)?;
@@ -1203,14 +1207,10 @@ fn compact(settings: &Settings, json: bool, forget: Option<Forgetting>) -> Resul
         );
         return Ok(EXIT_RAN_OK);
     }
-    for agent in forget.iter().flat_map(|rule| &rule.agents) {
-        if let Err(error) = validate_id(IdKind::Agent, agent) {
-            crate::usage!("--forget-agent: {error}");
-        }
-    }
+    let asked = forget.is_some();
     let mut options = CompactOptions::default();
-    if let Some(rule) = forget {
-        options = options.forget(rule);
+    if let Some(retention) = forget {
+        options = options.forget(retention);
     }
     let written = match ledger.compact_with(&options) {
         Ok(written) => written,
@@ -1230,7 +1230,7 @@ fn compact(settings: &Settings, json: bool, forget: Option<Forgetting>) -> Resul
                 "checkpoint": written.path, "id": written.id, "records": written.records,
                 "devices": written.devices, "runs": written.runs,
                 "forgotten_runs": written.forgotten_runs,
-                "forgets_before_ms": written.forgotten.as_ref().map(|rule| rule.committed_before_ms),
+                "forgets_covered_by_compaction_at_ms": written.forgotten.as_ref().map(|rule| rule.anchor_written_at_ms),
             })
         );
     } else {
@@ -1243,14 +1243,18 @@ fn compact(settings: &Settings, json: bool, forget: Option<Forgetting>) -> Resul
         );
         if let Some(rule) = &written.forgotten {
             out!(
-                "it leaves out {} committed before {} ms since the Unix epoch{}: a host that asks for one again runs it again",
+                "it leaves out {} committed by the time of the compaction of {} ms since the Unix epoch{}: a host that asks for one again runs it again",
                 plural(written.forgotten_runs, "run"),
-                rule.committed_before_ms,
+                rule.anchor_written_at_ms,
                 if rule.agents.is_empty() {
                     String::new()
                 } else {
                     format!(" (agents {})", rule.agents.join(", "))
                 }
+            );
+        } else if asked {
+            out!(
+                "it forgets nothing yet: no earlier compaction is that old (a commit's age is counted from the first compaction that covered it; keep compacting, daily is plenty)"
             );
         }
     }

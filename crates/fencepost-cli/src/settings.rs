@@ -592,6 +592,7 @@ pub fn parse_retention_ms(text: &str) -> Result<u64, String> {
         ms if ms < DAY_MS => Err(format!(
             "{text:?}: a retention must be 1d or longer (committed runs younger than that are always kept)"
         )),
+        ms if ms > 36_500 * DAY_MS => Err(format!("{text:?}: a retention must be 36500d or shorter")),
         ms => Ok(ms),
     }
 }

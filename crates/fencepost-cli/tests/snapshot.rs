@@ -388,3 +388,32 @@ fn committed_more(shared: &Shared, prefix: &str, count: usize) -> Vec<String> {
     }
     salts
 }
+
+/// R1 (found by an adversarial test: a run whose snapshot another process of the host held,
+/// stopped while making it from a checkpoint, stalled for 30 s without a word): a run that
+/// waits for the snapshot's lock says so, then goes on once it is free, with the right answer.
+#[test]
+fn r1_snapshot_a_run_waiting_for_another_process_of_the_host_says_so() {
+    let shared = Shared::sqlite();
+    assert_eq!(code(&job(&shared, HOST, "day-1")), 0);
+    let snapshots = shared.path("data").join("fencepost").join("snapshots");
+    let lock_path = std::fs::read_dir(&snapshots)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().ends_with(".sqlite.lock"))
+        .expect("the snapshot's lock file");
+    let lock = std::fs::OpenOptions::new().write(true).open(&lock_path).unwrap();
+    lock.lock().unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(2_500));
+        drop(lock);
+    });
+    let output = job(&shared, HOST, "day-1");
+    holder.join().unwrap();
+    assert_eq!(code(&output), 3, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("holds the snapshot"),
+        "{}",
+        text(&output.stderr)
+    );
+}

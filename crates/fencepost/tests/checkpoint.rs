@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use fencepost::clock::ManualClock;
 use fencepost::dispatch::Ledger;
-use fencepost::fold::Forgetting;
 use fencepost::lease::{Intent, IntentStatus};
-use fencepost::ledger::{CompactOptions, LedgerOptions};
-use fencepost::relay::{FsRelay, Relay, SqliteRelay};
+use fencepost::ledger::{CompactOptions, LedgerOptions, Retention};
+use fencepost::oplog::OpId;
+use fencepost::relay::{Frontier, FsRelay, Relay, SqliteRelay};
 use proptest::prelude::*;
 
 const AGENTS: [&str; 2] = ["milo", "otto"];
@@ -307,6 +307,10 @@ fn k3_a_damaged_checkpoint_is_damage_or_unused_never_a_wrong_answer() {
             assert!(!started.damage().is_empty(), "a damaged checkpoint is damage");
             assert!(problem.detail.contains("checkpoint"), "{problem}");
             assert!(started.started_from_checkpoint().is_none());
+            assert!(
+                !full.verify_checkpoints().unwrap().is_empty(),
+                "seed {seed}: verify reports what a new site refuses"
+            );
         } else {
             // The flips hit bytes that mean nothing (free space of the file): the checkpoint
             // is whole, and used.
@@ -316,6 +320,41 @@ fn k3_a_damaged_checkpoint_is_damage_or_unused_never_a_wrong_answer() {
         }
     }
     assert!(reported > 0, "some flips damage what the checkpoint says");
+}
+
+/// K3 (found by an adversarial test: a byte changed in a page's free space was "intact" for
+/// `verify_checkpoints`, while every new site refused the checkpoint, "database disk image is
+/// malformed"): one byte changed anywhere in a checkpoint, `verify_checkpoints` reports every
+/// checkpoint a new site refuses, and a new site that uses one answers as a full read.
+#[test]
+fn k3_verify_reports_every_checkpoint_a_new_site_refuses() {
+    let site = compacted_site();
+    let mut full = site.open("reader", false);
+    let expected = answers(&mut full);
+    let checkpoint = site.checkpoints().pop().unwrap();
+    let pristine = std::fs::read(&checkpoint).unwrap();
+    let mut refused = 0;
+    // Every 61st byte of the file, and every 5th of its second page (a b-tree page with free
+    // space, where the damage that was missed sat).
+    let second_page = (4096..8192.min(pristine.len())).step_by(5);
+    for at in (0..pristine.len()).step_by(61).chain(second_page) {
+        let mut bytes = pristine.clone();
+        bytes[at] ^= 0x5a;
+        std::fs::write(&checkpoint, &bytes).unwrap();
+        let mut started = site.open(&format!("newcomer-{at}"), true);
+        let reported = !full.verify_checkpoints().unwrap().is_empty();
+        if started.checkpoint_failure().is_some() {
+            refused += 1;
+            assert!(reported, "byte {at}: a new site refuses it, verify says nothing");
+        } else {
+            // (Verify may find more: SQLite's check of pages that no read touches. What a site
+            // uses is checked against the checkpoint's digests, so it answers right.)
+            let mut answered = answers(&mut started);
+            assert_eq!(answered.pop(), expected.last().cloned());
+            assert_eq!(answered[..], expected[..expected.len() - 1], "byte {at}");
+        }
+    }
+    assert!(refused > 0);
 }
 
 #[test]
@@ -576,17 +615,40 @@ fn k1_compact_refuses_a_damaged_ledger() {
     assert_eq!(site.checkpoints(), before);
 }
 
-/// The runs that a compaction of `ledger` with `rule` leaves out, by the reference: the rule
-/// applied to each run's entry ([`Forgetting::forgets`]), never to a run in doubt (D2).
-fn forgotten_by(ledger: &mut Ledger, rule: &Forgetting) -> BTreeSet<(String, String)> {
+/// The ids of every record the ledger holds now.
+fn every_record(site: &Site) -> BTreeSet<OpId> {
+    let mut ids = BTreeSet::new();
+    site.relay()
+        .pull_in_batches(&Frontier::new(), &mut |ops| {
+            ids.extend(ops.iter().map(|op| op.op_id))
+        })
+        .unwrap();
+    ids
+}
+
+/// The runs that a retention anchored at a compaction that had read `covered` leaves out, by
+/// the reference: runs of the agents named whose greatest record and greatest commit are both
+/// among `covered`, never a run in doubt (D2).
+fn forgotten_by(
+    ledger: &mut Ledger,
+    covered: &BTreeSet<OpId>,
+    agents: &[String],
+) -> BTreeSet<(String, String)> {
     let mut forgotten = BTreeSet::new();
     for agent in AGENTS {
+        if !agents.is_empty() && !agents.iter().any(|named| named == agent) {
+            continue;
+        }
         for run in 0..RUNS {
             let run = format!("run-{run}");
             let Some(summary) = ledger.state().run_summary(agent, &run) else {
                 continue;
             };
-            if rule.forgets(agent, &summary) && ledger.in_doubt_run(agent, &run, u64::MAX).is_none() {
+            let old = covered.contains(&summary.best.op_id)
+                && summary
+                    .committed()
+                    .is_some_and(|committed| covered.contains(&committed.op_id));
+            if old && ledger.in_doubt_run(agent, &run, u64::MAX).is_none() {
                 forgotten.insert((agent.to_owned(), run));
             }
         }
@@ -608,57 +670,79 @@ fn without(mut lines: Vec<String>, forgotten: &BTreeSet<(String, String)>) -> Ve
     lines
 }
 
+/// Only the writes of `steps`, and none to the runs `forgotten` (nobody asks for those again).
+fn writes_not_to(steps: Vec<Step>, forgotten: &BTreeSet<(String, String)>) -> Vec<Step> {
+    steps
+        .into_iter()
+        .filter(|step| match step {
+            Step::Write { agent, run, .. } => {
+                !forgotten.contains(&(AGENTS[*agent].to_owned(), format!("run-{run}")))
+            }
+            Step::Compact { .. } => false,
+        })
+        .collect()
+}
+
+/// A retention of `older_than_ms` for `agents` (empty: all).
+fn retention(older_than_ms: u64, agents: Vec<String>) -> CompactOptions {
+    CompactOptions::default().forget(Retention {
+        older_than_ms,
+        agents,
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// K1, K2 with the oracle's retention (issue 17, item 4): a checkpoint written with a rule
-    /// leaves out exactly the committed runs the rule forgets (all their records older than the
-    /// cut-off, of the agents named), and nothing else: a new site started from it, and a site
-    /// whose snapshot was made before it (it moves to the checkpoint), answer as a full read
-    /// for every other run, with the same fencing epochs and the same runs in doubt, after
-    /// more writes by every device (to runs not forgotten: nobody asks for those again).
+    /// K1, K2 with the oracle's retention (issue 17, item 4): a compaction asked to forget what
+    /// is older than the age of an earlier compaction (the anchor, carried along the line of
+    /// checkpoints by the compactions written in between, which remove its file) leaves out
+    /// exactly the committed runs the anchor had covered (their greatest record and greatest
+    /// commit among its records), of the agents named, and nothing else: a new site started
+    /// from it, and a site whose snapshot was made before it (it moves to the checkpoint),
+    /// answer as a full read for every other run, with the same fencing epochs and the same
+    /// runs in doubt, after more writes (to runs not forgotten: nobody asks for those again).
     /// `verify_checkpoints` applies the same rule and finds nothing.
     #[test]
-    fn k1_k2_a_checkpoint_that_forgets_leaves_out_only_old_commits_and_keeps_epochs_and_doubt(
+    fn k1_k2_a_checkpoint_that_forgets_leaves_out_only_the_commits_an_old_compaction_covered(
         before in steps(),
+        middle in steps(),
         after in steps(),
         device in 0..3usize,
-        cut in 0..40u64,
         only_milo in any::<bool>(),
         in_sqlite in any::<bool>(),
     ) {
         let site = if in_sqlite { Site::with_ledger("ledger.db") } else { Site::new() };
         play(&site, &before);
-        drop(site.open("regular", true));
-        let rule = Forgetting {
-            committed_before_ms: 1_000 + cut,
-            agents: if only_milo { vec!["milo".to_owned()] } else { Vec::new() },
-        };
-        let mut compactor = site.open(DEVICES[device], false);
-        if compactor.view().frontier().iter().next().is_none() {
+        site.clock.advance(1);
+        let mut anchor = site.open(DEVICES[device], false);
+        if anchor.view().frontier().iter().next().is_none() {
             return Ok(());
         }
-        let forgotten = forgotten_by(&mut compactor, &rule);
+        let covered = every_record(&site);
+        let anchored_at = site.clock.now_ms();
+        anchor.compact().unwrap();
+        drop(anchor);
+        // Writes and compactions (younger than the retention) after the anchor.
+        play(&site, &middle);
+        drop(site.open("regular", true));
+        site.clock.advance(1_000_000);
+        let agents = if only_milo { vec!["milo".to_owned()] } else { Vec::new() };
+        let mut compactor = site.open(DEVICES[(device + 1) % 3], false);
+        let forgotten = forgotten_by(&mut compactor, &covered, &agents);
         let info = compactor
-            .compact_with(&CompactOptions::default().forget(rule.clone()))
+            .compact_with(&retention(site.clock.now_ms() - anchored_at, agents))
             .unwrap();
+        let rule = info.forgotten.clone().expect("the anchor is old enough");
+        // (Or earlier: a compaction of the same records keeps the time they were first covered.)
+        prop_assert!(rule.anchor_written_at_ms <= anchored_at);
         prop_assert_eq!(info.forgotten_runs, forgotten.len() as u64);
-        prop_assert_eq!(info.forgotten.as_ref(), Some(&rule));
         prop_assert!(
-            info.path.to_string_lossy().ends_with(&format!("-forgets-{}.sqlite", rule.committed_before_ms)),
+            info.path.to_string_lossy().ends_with(&format!("-forgets-{}.sqlite", rule.anchor_written_at_ms)),
             "{}", info.path.display()
         );
         drop(compactor);
-        let writes: Vec<Step> = after
-            .into_iter()
-            .filter(|step| match step {
-                Step::Write { agent, run, .. } => {
-                    !forgotten.contains(&(AGENTS[*agent].to_owned(), format!("run-{run}")))
-                }
-                Step::Compact { .. } => false,
-            })
-            .collect();
-        play(&site, &writes);
+        play(&site, &writes_not_to(after, &forgotten));
         let mut full = site.open("reader", false);
         let expected = without(answers(&mut full), &forgotten);
         let mut started = site.open("newcomer", true);
@@ -676,27 +760,77 @@ proptest! {
     }
 }
 
-/// K3 with the oracle's retention: a checkpoint whose name says another cut-off than its
+/// The oracle's retention measures age by the ledger's order, not by the records' stamps
+/// (found by an adversarial test: a host whose clock was days behind, or at 1970, committed a
+/// run that a retention judging by stamps forgot at once, and a new host ran it again): a
+/// commit written after the anchor is kept, however old its stamp; with no compaction old
+/// enough, nothing is forgotten.
+#[test]
+fn k1_a_commit_stamped_long_ago_by_a_clock_behind_is_not_forgotten() {
+    let site = compacted_site();
+    // (One write, run-4's commit, came after the first compaction.)
+    let anchored_at = site.clock.now_ms() - 1;
+    // A device whose clock reads 1970 commits run-9 after the compaction.
+    let behind = ManualClock::new(1);
+    let mut late = Ledger::open("late", behind.wall_clock(), site.relay()).unwrap();
+    late.record(&Intent::new("milo", "run-9", 5, IntentStatus::Pending))
+        .unwrap();
+    late.record(&Intent::new("milo", "run-9", 5, IntentStatus::Committed))
+        .unwrap();
+    drop(late);
+    site.clock.advance(100);
+    let young = site
+        .open("laptop", false)
+        .compact_with(&retention(1_000_000, Vec::new()))
+        .unwrap();
+    assert_eq!(young.forgotten, None, "no compaction is that old yet");
+    assert_eq!(young.forgotten_runs, 0);
+    // Old enough for the first compaction to be the anchor, not the second (which covered
+    // the late commit).
+    site.clock.advance(1_000_000 - 50);
+    let info = site
+        .open("laptop", false)
+        .compact_with(&retention(1_000_000, Vec::new()))
+        .unwrap();
+    assert_eq!(
+        info.forgotten.as_ref().map(|rule| rule.anchor_written_at_ms),
+        Some(anchored_at)
+    );
+    assert_eq!(
+        info.forgotten_runs, 8,
+        "the commits of the first checkpoint: {info:?}"
+    );
+    let mut newcomer = site.open("newcomer", true);
+    assert!(newcomer.started_from_checkpoint().is_some());
+    assert!(
+        newcomer.committed_run("milo", "run-9").is_some(),
+        "the late commit is kept"
+    );
+    assert!(
+        newcomer.committed_run("milo", "run-4").is_some(),
+        "committed after the anchor"
+    );
+    assert!(newcomer.committed_run("milo", "run-0").is_none(), "forgotten");
+    assert_eq!(newcomer.state().fencing_epoch("milo"), 5, "K2");
+    assert_eq!(site.open("reader", false).verify_checkpoints().unwrap(), vec![]);
+}
+
+/// K3 with the oracle's retention: a checkpoint whose name says another anchor than its
 /// content (renamed by hand, or forged) is damage for a new site and for `verify`; a site
 /// with a snapshot keeps its snapshot rather than move to it.
 #[test]
 fn k3_a_checkpoint_whose_name_says_another_cut_off_is_damage() {
     let site = compacted_site();
     drop(site.open("regular", true));
-    let rule = Forgetting {
-        committed_before_ms: 1_005,
-        agents: Vec::new(),
-    };
+    site.clock.advance(10);
     let info = site
         .open("laptop", false)
-        .compact_with(&CompactOptions::default().forget(rule))
+        .compact_with(&retention(5, Vec::new()))
         .unwrap();
     assert!(info.forgotten_runs > 0, "{info:?}");
-    let renamed = info
-        .path
-        .to_string_lossy()
-        .replace("-forgets-1005", "-forgets-1999");
-    std::fs::rename(&info.path, &renamed).unwrap();
+    let name = info.path.to_string_lossy().into_owned();
+    let (kept, _) = name.split_once("-forgets-").unwrap();
+    std::fs::rename(&info.path, format!("{kept}-forgets-1999.sqlite")).unwrap();
     let newcomer = site.open("newcomer", true);
     assert!(newcomer.checkpoint_failure().is_some());
     assert!(!newcomer.damage().is_empty());

@@ -133,34 +133,41 @@ impl RunSummary {
 }
 
 /// The oracle's retention, off unless an operator asks for it: which committed runs a
-/// [checkpoint](crate::checkpoint) may leave out ([`Ledger::compact_with`](crate::ledger::Ledger::compact_with)).
+/// [checkpoint](crate::checkpoint) leaves out ([`Ledger::compact_with`](crate::ledger::Ledger::compact_with)).
 ///
 /// Forgetting a committed run is an exception to rule F6 that an operator makes for run ids
 /// that can never be asked for again: ids whose salt names a time that has passed (a date, a
 /// schedule slot). Once forgotten by every site, the same run id asked for again would look
-/// new and run again. A run with no commit (in doubt, rule D2) is never forgotten, nor one
-/// with any record at or after the cut-off; the agents' fencing epochs (F4) are always kept.
+/// new and run again.
+///
+/// A run's age is not read from its records' stamps (a writer's clock may be days off, or at
+/// 1970 before it synchronises), but from the ledger's own order: an earlier compaction, the
+/// *anchor*, covered the first records of each device; a run whose greatest record and
+/// greatest commit are among them was committed when the anchor was written, at
+/// `anchor_written_at_ms` by the clock of the host that compacted. A run with no commit (in
+/// doubt, rule D2) is never forgotten; the agents' fencing epochs (F4) are always kept.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Forgetting {
-    /// The cut-off: a committed run whose records all carry an HLC wall time before it (ms
-    /// since the Unix epoch) is forgotten.
-    pub committed_before_ms: u64,
+    /// When the anchor was written, by the compacting host's clock (ms since the Unix epoch).
+    pub anchor_written_at_ms: u64,
+    /// The records the anchor covered: per device, how many (seq 0 up to this one, excluded).
+    pub anchor_heads: Vec<(String, u64)>,
     /// The agents whose runs it applies to; empty: every agent.
     pub agents: Vec<String>,
 }
 
 impl Forgetting {
-    /// Whether the run of `agent_id` that `summary` stands for is forgotten: the rule applies
-    /// to the agent, the run has a commit, and its greatest record and its greatest commit are
-    /// both older than the cut-off.
-    pub fn forgets(&self, agent_id: &str, summary: &RunSummary) -> bool {
-        let applies = self.agents.is_empty() || self.agents.iter().any(|agent| agent == agent_id);
-        applies
-            && summary.best.hlc.wall_ms < self.committed_before_ms
-            && summary
-                .committed()
-                .is_some_and(|committed| committed.hlc.wall_ms < self.committed_before_ms)
+    /// Whether the rule applies to the runs of `agent_id`.
+    pub fn applies_to(&self, agent_id: &str) -> bool {
+        self.agents.is_empty() || self.agents.iter().any(|agent| agent == agent_id)
+    }
+
+    /// Whether the anchor covered record `seq` of device `device_id`.
+    pub fn covers(&self, device_id: &str, seq: u64) -> bool {
+        self.anchor_heads
+            .iter()
+            .any(|(device, next_seq)| device == device_id && seq < *next_seq)
     }
 }
 

@@ -45,14 +45,18 @@
 //!
 //! # Retention of the oracle (off by default)
 //!
+//! Every checkpoint carries the compactions of its line: when each was written (by the
+//! compacting site's clock) and how many records of each device it covered.
 //! [`Ledger::compact_with`](crate::ledger::Ledger::compact_with) with a
-//! [`Forgetting`](crate::fold::Forgetting) rule leaves out of the checkpoint the committed runs
-//! whose records are all older than a cut-off (of the agents named, or all): an exception to
+//! [`Retention`](crate::ledger::Retention) takes the newest of them that is old enough as the
+//! anchor of a [`Forgetting`](crate::fold::Forgetting) rule and leaves out of the checkpoint the
+//! committed runs the anchor already covered (of the agents named, or all): an exception to
 //! rule F6 that an operator makes for run ids that can never be asked for again (a salt that
-//! names a date). Runs in doubt are never left out, and the fencing epochs are kept whole (K2).
-//! The rule is part of the checkpoint's content (so of its id) and its cut-off of its name
-//! (`checkpoint-<records>-<id>-forgets-<ms>.sqlite`); a name that says another cut-off is
-//! damage. A site whose snapshot forgets less moves to such a checkpoint at its next open, once
+//! names a date). Age is the ledger's order, never a record's stamp: a writer whose clock is
+//! behind cannot make a fresh commit look old. Runs in doubt are never left out, and the
+//! fencing epochs are kept whole (K2). The rule is part of the checkpoint's content (so of its
+//! id) and the anchor's time of its name (`checkpoint-<records>-<id>-forgets-<ms>.sqlite`); a
+//! name that says another is damage. A site whose snapshot forgets less moves to such a checkpoint at its next open, once
 //! its snapshot has read every record the checkpoint covers and no other process has it open,
 //! so that its state stops growing too. `verify_checkpoints` applies the same rule to the fold
 //! of the covered records. A site that reads every record (the `ledger` subcommands, a site
@@ -101,7 +105,7 @@ pub struct CheckpointError {
 /// Reads the checkpoint file at `path` whole and checks it as a site that starts from it does
 /// (rule K3): its saved state against its id, and when the file has a checkpoint's name, the id
 /// and the records count against the name; every page of checksums and every bucket of runs
-/// against the saved state; every run decoded.
+/// against the saved state; every run decoded; and SQLite's own check of its pages.
 ///
 /// # Errors
 /// [`CheckpointError`] when the file cannot be read or is damaged.
@@ -111,6 +115,7 @@ pub fn inspect(path: &Path) -> Result<CheckpointInfo, CheckpointError> {
         detail,
     };
     let mut file = crate::snapshot::CheckpointFile::open(path).map_err(|error| failed(error.to_string()))?;
+    file.check_pages().map_err(|error| failed(error.to_string()))?;
     let id = file.id();
     let heads = &file.base().heads;
     let records: u64 = heads.iter().map(|head| head.next_seq).sum();
@@ -119,7 +124,7 @@ pub fn inspect(path: &Path) -> Result<CheckpointInfo, CheckpointError> {
         .base()
         .forgotten
         .as_ref()
-        .map(|forgotten| forgotten.committed_before_ms);
+        .map(|forgotten| forgotten.anchor_written_at_ms);
     if let Some(named) = path
         .file_name()
         .and_then(|name| name.to_str())

@@ -128,17 +128,30 @@ impl LedgerOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CompactOptions {
-    /// The oracle's retention: leave out the committed runs this rule forgets (off by
+    /// The oracle's retention: leave out the committed runs that are at least this old (off by
     /// default; see [`Forgetting`](crate::fold::Forgetting) for when it is safe).
-    pub forget: Option<crate::fold::Forgetting>,
+    pub forget: Option<Retention>,
 }
 
 impl CompactOptions {
-    /// Forget what `rule` forgets (see [`CompactOptions::forget`]).
-    pub fn forget(mut self, rule: crate::fold::Forgetting) -> Self {
-        self.forget = Some(rule);
+    /// Forget what `retention` says (see [`CompactOptions::forget`]).
+    pub fn forget(mut self, retention: Retention) -> Self {
+        self.forget = Some(retention);
         self
     }
+}
+
+/// The oracle's retention asked of a compaction ([`CompactOptions::forget`]): forget the
+/// committed runs of `agents` (empty: every agent's) that an earlier compaction of the
+/// checkpoints' line, written at least `older_than_ms` ago by the ledger's clock, already
+/// covered (that compaction is the rule's anchor, [`Forgetting`](crate::fold::Forgetting)). With
+/// no compaction that old yet, nothing is forgotten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    /// How old a compaction must be to be the anchor, in ms.
+    pub older_than_ms: u64,
+    /// The agents whose runs are forgotten; empty: every agent's.
+    pub agents: Vec<String>,
 }
 
 /// Per run: the pendings with no outcome of their epoch yet, and the epochs that have one.
@@ -156,6 +169,8 @@ struct Attempts {
 /// appended, so any number of them interleave; none forks the log or hides another's record.
 pub struct Ledger {
     log: DeviceLog,
+    /// The clock the ledger was opened with (a compaction's time).
+    wall_clock: WallClock,
     relay: Arc<dyn Relay>,
     /// What the ledger knows, with no I/O: the fold, the verified heads, the in-doubt index.
     view: LedgerState,
@@ -303,6 +318,7 @@ impl Ledger {
         let seen = options.seen_file.map(SeenFile::load).transpose()?;
         let mut ledger = Self {
             log: DeviceLog::new(device_id, wall_clock.clone())?,
+            wall_clock: wall_clock.clone(),
             relay: Arc::clone(&relay),
             view: LedgerState::default(),
             unsent: Vec::new(),
@@ -1418,11 +1434,13 @@ fn contains(heads: &[HeadMark], stored: &[HeadMark]) -> bool {
 
 impl LedgerState {
     /// Whether `rule` forgets run `run_id` of `agent_id`, whose entry is `summary`: the rule
-    /// says so ([`Forgetting::forgets`](crate::fold::Forgetting::forgets)), and the run has no
-    /// attempt in doubt (rule D2).
+    /// applies to the agent, the run has a commit, its greatest record and its greatest commit
+    /// are both among the records the anchor covered (`covered`, from
+    /// [`covered_ids`](Self::covered_ids)), and it has no attempt in doubt (rule D2).
     pub(crate) fn forgets(
         &self,
         rule: &crate::fold::Forgetting,
+        covered: &rustc_hash::FxHashSet<OpId>,
         agent_id: &str,
         run_id: &str,
         summary: &crate::fold::RunSummary,
@@ -1432,15 +1450,34 @@ impl LedgerState {
             .get(agent_id)
             .and_then(|runs| runs.get(&RunKey::new(run_id)))
             .is_some_and(|attempts| !attempts.unsettled.is_empty());
-        !in_doubt && rule.forgets(agent_id, summary)
+        !in_doubt
+            && rule.applies_to(agent_id)
+            && covered.contains(&summary.best.op_id)
+            && summary
+                .committed()
+                .is_some_and(|committed| covered.contains(&committed.op_id))
+    }
+
+    /// The ids of the records that `rule`'s anchor covered, of the devices whose records this
+    /// view has from seq 0 (a view resumed from a snapshot may not: its runs are not forgotten).
+    pub(crate) fn covered_ids(&self, rule: &crate::fold::Forgetting) -> rustc_hash::FxHashSet<OpId> {
+        let mut covered = rustc_hash::FxHashSet::default();
+        for (device, next_seq) in &rule.anchor_heads {
+            if let Some((0, ids)) = self.ids.get(device) {
+                let end = usize::try_from(*next_seq).unwrap_or(usize::MAX).min(ids.len());
+                covered.extend(ids[..end].iter().copied());
+            }
+        }
+        covered
     }
 
     /// Removes the runs that `rule` forgets ([`forgets`](Self::forgets)); how many.
     pub(crate) fn forget_runs(&mut self, rule: &crate::fold::Forgetting) -> u64 {
+        let covered = self.covered_ids(rule);
         let mut forgotten = Vec::new();
         let listed: Result<(), std::convert::Infallible> =
             self.state.for_each_run_summary(|agent, run, summary| {
-                if self.forgets(rule, agent, run, &summary) {
+                if self.forgets(rule, &covered, agent, run, &summary) {
                     forgotten.push((agent.to_owned(), run.to_owned()));
                 }
                 Ok(())
@@ -1556,6 +1593,7 @@ impl LedgerState {
                 .collect(),
             cursor,
             forgotten: self.forgotten.clone(),
+            compactions: Vec::new(),
         }
     }
 }

@@ -106,6 +106,19 @@ pub(crate) struct SnapshotBase {
     /// keeps the digest it always had.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) forgotten: Option<crate::fold::Forgetting>,
+    /// In a checkpoint: the compactions of its line (its own last), the anchors a later
+    /// retention measures age by; absent in a site's own snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) compactions: Vec<CompactionMark>,
+}
+
+/// One compaction of a checkpoint's line: when it was written (the compacting host's clock)
+/// and how many records of each device it covered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompactionMark {
+    pub(crate) written_at_ms: u64,
+    pub(crate) heads: Vec<(String, u64)>,
 }
 
 /// The attempts of one run, as stored.

@@ -11,7 +11,7 @@ use crate::dispatch::DispatchError;
 use crate::fold::Forgetting;
 use crate::oplog::OpRecord;
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
-use crate::snapshot::{CheckpointFile, Snapshot, SnapshotBase, SnapshotError};
+use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
 
 impl Ledger {
     /// Writes a shared checkpoint of this ledger (see [`crate::checkpoint`]): the fold of every
@@ -30,11 +30,15 @@ impl Ledger {
         self.compact_with(&CompactOptions::default())
     }
 
-    /// [`compact`](Self::compact), with `options`: with
-    /// [`forget`](CompactOptions::forget), the checkpoint leaves out the committed runs that
-    /// rule forgets (never a run in doubt; the fencing epochs are kept whole), says so in its
-    /// content and its name, and the sites that use a snapshot move to it at their next open
-    /// (so that their snapshots stop growing with those runs too).
+    /// [`compact`](Self::compact), with `options`. Every checkpoint carries the compactions of
+    /// its line (when each was written, by this ledger's clock, and how many records of each
+    /// device it covered). With [`forget`](CompactOptions::forget), the newest of them written
+    /// at least that long ago is the anchor of a [`Forgetting`] rule: the checkpoint leaves out
+    /// the committed runs the anchor already covered (never a run in doubt; the fencing epochs
+    /// are kept whole), says so in its content and its name, and the sites that use a snapshot
+    /// move to it at their next open (so that their snapshots stop growing with those runs
+    /// too). With no compaction that old yet, nothing is forgotten
+    /// ([`CheckpointInfo::forgotten`] is `None`).
     ///
     /// # Errors
     /// As [`compact`](Self::compact).
@@ -69,7 +73,36 @@ impl Ledger {
             CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let written = dir.join(format!(".writing-{stamp}.sqlite"));
-        let exported = self.export_checkpoint(&dir, &stamp, &written, options.forget.as_ref());
+        let now_ms = (self.wall_clock)();
+        let mut compactions = self.compactions_before(&dir);
+        let forget = options.forget.as_ref().and_then(|retention| {
+            let limit = now_ms.checked_sub(retention.older_than_ms)?;
+            let anchor = compactions
+                .iter()
+                .filter(|mark| mark.written_at_ms <= limit)
+                .max_by_key(|mark| mark.written_at_ms)?;
+            Some(Forgetting {
+                anchor_written_at_ms: anchor.written_at_ms,
+                anchor_heads: anchor.heads.clone(),
+                agents: retention.agents.clone(),
+            })
+        });
+        let heads: Vec<(String, u64)> = self
+            .view
+            .frontier
+            .iter()
+            .map(|(device, next_seq)| (device.to_owned(), next_seq))
+            .collect();
+        // The same records compacted again keep the time they were first covered (and two
+        // compactions of the same records write one checkpoint, rule K4).
+        if compactions.last().is_none_or(|last| last.heads != heads) {
+            compactions.push(CompactionMark {
+                written_at_ms: now_ms,
+                heads,
+            });
+        }
+        thin_compactions(&mut compactions);
+        let exported = self.export_checkpoint(&dir, &stamp, &written, forget.as_ref(), compactions);
         let (file, forgotten_runs) = match exported {
             Ok(exported) => exported,
             Err(error) => {
@@ -83,7 +116,7 @@ impl Ledger {
         let runs = file.runs();
         let forgotten = file.base().forgotten.clone();
         drop(file);
-        let forgets_before_ms = forgotten.as_ref().map(|rule| rule.committed_before_ms);
+        let forgets_before_ms = forgotten.as_ref().map(|rule| rule.anchor_written_at_ms);
         let path = dir.join(checkpoint::file_name(records, &id, forgets_before_ms));
         let moved = std::fs::rename(&written, &path)
             .and_then(|()| std::fs::File::open(&dir).and_then(|folder| folder.sync_all()));
@@ -133,6 +166,7 @@ impl Ledger {
         stamp: &str,
         written: &Path,
         forget: Option<&Forgetting>,
+        compactions: Vec<CompactionMark>,
     ) -> Result<(CheckpointFile, u64), String> {
         let cursor = self.relay.cursor(&self.view.frontier).ok_or(
             "the relay cannot say where its reading stands (a device file with an incomplete last line?); try again",
@@ -142,6 +176,7 @@ impl Ledger {
         Snapshot::remove(&folded);
         Snapshot::remove(written);
         let view = &self.view;
+        let covered = forget.map(|rule| view.covered_ids(rule)).unwrap_or_default();
         let mut forgotten_runs = 0u64;
         let exported = (|| -> Result<CheckpointFile, SnapshotError> {
             let mut store = Snapshot::open(&folded, self.log.device_id())?;
@@ -149,7 +184,7 @@ impl Ledger {
                 .begin_save(|_| true, view.state.run_count())?
                 .ok_or_else(|| SnapshotError::Other("a new file had a saved state".to_owned()))?;
             view.state.for_each_run_summary(|agent, run, summary| {
-                if forget.is_some_and(|rule| view.forgets(rule, agent, run, &summary)) {
+                if forget.is_some_and(|rule| view.forgets(rule, &covered, agent, run, &summary)) {
                     forgotten_runs += 1;
                     return Ok(());
                 }
@@ -157,6 +192,7 @@ impl Ledger {
             })?;
             let mut base = view.base_mark(cursor);
             base.forgotten = forget.cloned();
+            base.compactions = compactions;
             save.finish(&base)?;
             store.export(written)
         })();
@@ -164,6 +200,33 @@ impl Ledger {
         exported
             .map(|file| (file, forgotten_runs))
             .map_err(|error| error.to_string())
+    }
+
+    /// The compactions of the line of the best checkpoint in `dir` (see
+    /// [`compact_with`](Self::compact_with)), those whose records this ledger has (another
+    /// ledger's, or one ahead of the files here, are left out); none when there is no
+    /// checkpoint or it cannot be read (then nothing can be forgotten this time).
+    fn compactions_before(&self, dir: &Path) -> Vec<CompactionMark> {
+        let Some((_, path)) = checkpoint::list(dir)
+            .ok()
+            .and_then(|listed| listed.into_iter().next())
+        else {
+            return Vec::new();
+        };
+        let file = match CheckpointFile::open(&path) {
+            Ok(file) => file,
+            Err(error) => {
+                tracing::warn!(checkpoint = %path.display(), %error, "cannot read the compactions of the latest checkpoint; none is an anchor this time");
+                return Vec::new();
+            }
+        };
+        let mut compactions = file.base().compactions.clone();
+        compactions.retain(|mark| {
+            mark.heads
+                .iter()
+                .all(|(device, next_seq)| self.view.frontier.next_seq(device) >= *next_seq)
+        });
+        compactions
     }
 
     /// Copies the best shared checkpoint (the one covering the most records) into this site's
@@ -200,7 +263,7 @@ impl Ledger {
             .base()
             .forgotten
             .as_ref()
-            .map(|rule| rule.committed_before_ms)
+            .map(|rule| rule.anchor_written_at_ms)
             != named.forgets_before_ms
         {
             Some("the committed runs it leaves out are not the ones its name says".to_owned())
@@ -272,7 +335,10 @@ impl Ledger {
         let Some(before) = named.forgets_before_ms else {
             return false;
         };
-        let own = base.forgotten.as_ref().map_or(0, |rule| rule.committed_before_ms);
+        let own = base
+            .forgotten
+            .as_ref()
+            .map_or(0, |rule| rule.anchor_written_at_ms);
         if before <= own {
             return false;
         }
@@ -286,7 +352,7 @@ impl Ledger {
                 file.base()
                     .forgotten
                     .as_ref()
-                    .map(|rule| rule.committed_before_ms)
+                    .map(|rule| rule.anchor_written_at_ms)
                     == Some(before)
                     && file.base().heads.iter().all(|covered| {
                         base.heads.iter().any(|read| {
@@ -371,12 +437,18 @@ impl Ledger {
                     continue;
                 }
             };
+            // (Found by an adversarial test: a byte changed in a page's free space was
+            // "intact" here, while every new site refused the file.)
+            if let Err(error) = file.check_pages() {
+                problems.push(problem(format!("cannot be used: {error}")));
+                continue;
+            }
             let base = file.base();
             let covered: u64 = base.heads.iter().map(|head| head.next_seq).sum();
             let forgotten = base.forgotten.clone();
             if file.id() != id
                 || covered != count
-                || forgotten.as_ref().map(|rule| rule.committed_before_ms) != named.forgets_before_ms
+                || forgotten.as_ref().map(|rule| rule.anchor_written_at_ms) != named.forgets_before_ms
             {
                 problems.push(problem(
                     "does not match the id, count and cut-off in its name".to_owned(),
@@ -467,7 +539,10 @@ impl Ledger {
                 folded = view;
                 &folded
             };
-            if comparable(&prefix.base_mark(Value::Null)) != comparable(base) {
+            let mut mark = prefix.base_mark(Value::Null);
+            // The compactions of its line are when others wrote theirs: not in the records.
+            mark.compactions.clone_from(&base.compactions);
+            if comparable(&mark) != comparable(base) {
                 problems.push(problem(
                     "does not hold the fencing epochs, attempts or heads of the records it covers (forged, or written by a faulty site)".to_owned(),
                 ));
@@ -495,6 +570,28 @@ impl Ledger {
         }
         Ok(problems)
     }
+}
+
+/// Keeps a checkpoint line's compactions bounded: every one of the last two days (by
+/// `written_at_ms`, UTC), the last of each day before, and at most the newest 4 096.
+fn thin_compactions(compactions: &mut Vec<CompactionMark>) {
+    const DAY_MS: u64 = 86_400_000;
+    const MAX: usize = 4096;
+    compactions.sort_by_key(|mark| mark.written_at_ms);
+    let newest_day = compactions.last().map_or(0, |mark| mark.written_at_ms / DAY_MS);
+    let mut kept: Vec<CompactionMark> = Vec::with_capacity(compactions.len());
+    for mark in compactions.drain(..) {
+        let day = mark.written_at_ms / DAY_MS;
+        if let Some(previous) = kept.last() {
+            if previous.written_at_ms / DAY_MS == day && day + 1 < newest_day {
+                kept.pop(); // an earlier one of the same old day
+            }
+        }
+        kept.push(mark);
+    }
+    let excess = kept.len().saturating_sub(MAX);
+    kept.drain(..excess);
+    *compactions = kept;
 }
 
 /// The damage of the checkpoint at `path`: it `detail`, and what to do.

@@ -50,6 +50,7 @@ impl SnapshotLock {
             exclusive: false,
         };
         let limit = RealTimeLimit::starting_now(WAIT);
+        let mut said = Said::default();
         loop {
             match lock.file.try_lock() {
                 Ok(()) => {
@@ -60,6 +61,7 @@ impl SnapshotLock {
                     if snapshot.exists() && lock.file.try_lock_shared().is_ok() {
                         return Some(lock);
                     }
+                    said.waiting(snapshot);
                     std::thread::sleep(RETRY);
                 }
                 Err(error) => {
@@ -105,6 +107,7 @@ impl SnapshotLock {
     /// Takes the lock (`exclusive` or shared) within [`WAIT`]; whether it has it.
     fn wait_for(&mut self, snapshot: &Path, exclusive: bool) -> bool {
         let limit = RealTimeLimit::starting_now(WAIT);
+        let mut said = Said::default();
         loop {
             let tried = if exclusive {
                 self.file.try_lock()
@@ -116,12 +119,32 @@ impl SnapshotLock {
                     self.exclusive = exclusive;
                     return true;
                 }
-                Err(TryLockError::WouldBlock) if !limit.passed() => std::thread::sleep(RETRY),
+                Err(TryLockError::WouldBlock) if !limit.passed() => {
+                    said.waiting(snapshot);
+                    std::thread::sleep(RETRY);
+                }
                 Err(error) => {
                     tracing::warn!(snapshot = %snapshot.display(), %error, "another process has held this snapshot for too long; reading the whole ledger");
                     return false;
                 }
             }
+        }
+    }
+}
+
+/// Says once, after a second of waiting, what the wait is for (found by an adversarial test:
+/// a run whose snapshot another process of the host held stalled for 30 s without a word).
+#[derive(Default)]
+struct Said {
+    tries: u32,
+}
+
+impl Said {
+    /// Counts one more try, and warns at the one that makes a second.
+    fn waiting(&mut self, snapshot: &Path) {
+        self.tries += 1;
+        if u128::from(self.tries) * RETRY.as_millis() == 1000 {
+            tracing::warn!(snapshot = %snapshot.display(), "another fencepost process of this host holds the snapshot (making it from a checkpoint, or stopped while doing so); waiting for it, up to {} s, then reading the whole ledger", WAIT.as_secs());
         }
     }
 }

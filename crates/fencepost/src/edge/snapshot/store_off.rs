@@ -102,6 +102,10 @@ impl CheckpointFile {
         match *self {}
     }
 
+    pub(crate) fn check_pages(&self) -> Result<(), SnapshotError> {
+        match *self {}
+    }
+
     pub(crate) fn for_each_run(
         &mut self,
         _each: impl FnMut(&str, &str, &RunSummary),
