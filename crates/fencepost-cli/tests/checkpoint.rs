@@ -778,3 +778,38 @@ fn k3_a_checkpoint_renamed_to_another_cut_off_stops_a_new_host() {
     expect(&shared, HOST, &[("reports", "d-1", 3)]);
     assert_eq!(shared.effects().len(), 1, "{:?}", shared.effects());
 }
+
+/// K4 (found by an adversarial test: two compactions of the same records at once, with
+/// different retentions, each removed the other's checkpoint, and the folder was left with
+/// none, its line of compactions lost): of two checkpoints of the same records, the one with
+/// the greater id stays.
+#[test]
+fn k4_two_compactions_of_the_same_records_at_once_leave_one_checkpoint() {
+    let shared = Shared::sqlite();
+    seed_old_records(&shared, &["d-1", "d-2"], "d-4");
+    expect(&shared, HOST, &[("reports", "new-1", 0)]);
+    for round in 0..20 {
+        let forget_reports = [
+            "ledger",
+            "compact",
+            "--forget-commits-older-than",
+            "1d",
+            "--forget-agent",
+            "reports",
+        ];
+        let forget_all = ["ledger", "compact", "--forget-commits-older-than", "1d"];
+        let first = shared.spawn(HOST, &forget_reports);
+        let second = shared.spawn("host-2", &forget_all);
+        for child in [first, second] {
+            let output = child.wait_with_output().unwrap();
+            assert_eq!(code(&output), 0, "round {round}: {}", text(&output.stderr));
+        }
+        let left = checkpoints(&shared);
+        assert!(!left.is_empty(), "round {round}: no checkpoint left");
+    }
+    expect(
+        &shared,
+        "host-3",
+        &[("reports", "new-1", 3), ("reports", "d-4", 5)],
+    );
+}

@@ -727,6 +727,8 @@ proptest! {
         play(&site, &middle);
         drop(site.open("regular", true));
         site.clock.advance(1_000_000);
+        // (A retention judges age by the newest record too: the ledger goes on growing.)
+        site.write("server", &Intent::new("otto", "run-99", 1, IntentStatus::Committed));
         let agents = if only_milo { vec!["milo".to_owned()] } else { Vec::new() };
         let mut compactor = site.open(DEVICES[(device + 1) % 3], false);
         let forgotten = forgotten_by(&mut compactor, &covered, &agents);
@@ -748,6 +750,9 @@ proptest! {
         let mut started = site.open("newcomer", true);
         prop_assert!(started.started_from_checkpoint().is_some());
         prop_assert_eq!(answers(&mut started), expected.clone());
+        // The regular site first reads what its snapshot lacks of the checkpoint (a site
+        // moves only to a checkpoint its snapshot has read up to), then moves.
+        drop(site.open("regular", true));
         let mut regular = site.open("regular", true);
         prop_assert_eq!(regular.started_from_checkpoint(), started.started_from_checkpoint());
         prop_assert_eq!(answers(&mut regular), expected.clone());
@@ -788,6 +793,10 @@ fn k1_a_commit_stamped_long_ago_by_a_clock_behind_is_not_forgotten() {
     // Old enough for the first compaction to be the anchor, not the second (which covered
     // the late commit).
     site.clock.advance(1_000_000 - 50);
+    site.write(
+        "server",
+        &Intent::new("otto", "run-9", 3, IntentStatus::Committed),
+    );
     let info = site
         .open("laptop", false)
         .compact_with(&retention(1_000_000, Vec::new()))
@@ -823,6 +832,10 @@ fn k3_a_checkpoint_whose_name_says_another_cut_off_is_damage() {
     let site = compacted_site();
     drop(site.open("regular", true));
     site.clock.advance(10);
+    site.write(
+        "server",
+        &Intent::new("otto", "run-9", 3, IntentStatus::Committed),
+    );
     let info = site
         .open("laptop", false)
         .compact_with(&retention(5, Vec::new()))
@@ -839,4 +852,131 @@ fn k3_a_checkpoint_whose_name_says_another_cut_off_is_damage() {
     assert_eq!(committed(&mut regular), 9, "it kept every commit");
     let problems = site.open("reader", false).verify_checkpoints().unwrap();
     assert_eq!(problems.len(), 1, "{problems:?}");
+}
+
+/// The oracle's retention: an anchor counts records by device and names the last one, so a
+/// device whose records were replaced since (a log written anew under the same id, read by a
+/// compacting site that never saw the old one) is not taken for the one it covered: that
+/// compaction is no anchor, and the new device's commits are not forgotten.
+#[test]
+fn k1_an_anchor_whose_device_records_were_replaced_is_no_anchor() {
+    let site = Site::new();
+    for run in 0..3 {
+        let run = format!("run-{run}");
+        site.write(
+            "laptop",
+            &Intent::new("milo", run.clone(), 1, IntentStatus::Pending),
+        );
+        site.write("laptop", &Intent::new("milo", run, 1, IntentStatus::Committed));
+    }
+    site.open("laptop", false).compact().unwrap();
+    // The laptop's log is written anew: as many records, other runs.
+    std::fs::remove_file(site.folder.join("devices").join("laptop.jsonl")).unwrap();
+    let other = Site::new();
+    for run in 5..8 {
+        let run = format!("run-{run}");
+        other.write(
+            "laptop",
+            &Intent::new("milo", run.clone(), 2, IntentStatus::Pending),
+        );
+        other.write("laptop", &Intent::new("milo", run, 2, IntentStatus::Committed));
+    }
+    std::fs::copy(
+        other.folder.join("devices").join("laptop.jsonl"),
+        site.folder.join("devices").join("laptop.jsonl"),
+    )
+    .unwrap();
+    site.clock.advance(1_000_000);
+    let mut compactor = site.open("fresh-compactor", false);
+    assert!(compactor.damage().is_empty(), "{:?}", compactor.damage());
+    let info = compactor.compact_with(&retention(1_000, Vec::new())).unwrap();
+    assert_eq!(info.forgotten, None, "{info:?}");
+    let mut newcomer = site.open("newcomer", true);
+    for run in 5..8 {
+        assert!(newcomer.committed_run("milo", &format!("run-{run}")).is_some());
+    }
+}
+
+/// The oracle's retention (found by an adversarial test: a plain `ledger compact` on a host
+/// whose clock read 1970 wrote a compaction that looked 56 years old, and the next retention
+/// forgot the run committed seconds before): a compaction never takes a time older than the
+/// line before it or than the records it covers, so one by a clock far behind is no anchor.
+#[test]
+fn k1_a_compaction_by_a_clock_behind_is_not_an_old_anchor() {
+    let site = Site::new();
+    site.write("laptop", &Intent::new("milo", "run-0", 1, IntentStatus::Pending));
+    site.write(
+        "laptop",
+        &Intent::new("milo", "run-0", 1, IntentStatus::Committed),
+    );
+    site.open("laptop", false).compact().unwrap();
+    site.write("laptop", &Intent::new("milo", "run-1", 1, IntentStatus::Pending));
+    site.write(
+        "laptop",
+        &Intent::new("milo", "run-1", 1, IntentStatus::Committed),
+    );
+    let in_1970 = ManualClock::new(1);
+    Ledger::open("pi", in_1970.wall_clock(), site.relay())
+        .unwrap()
+        .compact()
+        .unwrap();
+    site.clock.advance(300);
+    site.write(
+        "laptop",
+        &Intent::new("milo", "run-2", 1, IntentStatus::Committed),
+    );
+    let info = site
+        .open("laptop", false)
+        .compact_with(&retention(500, Vec::new()))
+        .unwrap();
+    assert_eq!(info.forgotten, None, "no compaction is 500 ms old: {info:?}");
+    let mut newcomer = site.open("newcomer", true);
+    for run in ["run-0", "run-1", "run-2"] {
+        assert!(newcomer.committed_run("milo", run).is_some(), "{run}");
+    }
+}
+
+/// The oracle's retention (found by an adversarial test: another ledger's checkpoint copied
+/// into the folder lent its old compactions, and was then removed as "contained"): the
+/// compactions of a checkpoint whose heads are not this ledger's records are not taken, and
+/// such a checkpoint is left for `verify` to report.
+#[test]
+fn k1_another_ledgers_checkpoint_lends_no_anchor_and_is_not_removed() {
+    let site = compacted_site();
+    let other = Site::new();
+    for run in 0..12 {
+        let run = format!("run-{run}");
+        other.write(
+            "laptop",
+            &Intent::new("milo", run.clone(), 1, IntentStatus::Pending),
+        );
+        other.write("laptop", &Intent::new("milo", run, 1, IntentStatus::Committed));
+    }
+    let foreign = other.open("laptop", false).compact().unwrap();
+    let copied = site
+        .relay()
+        .checkpoints_dir()
+        .unwrap()
+        .join(foreign.path.file_name().unwrap());
+    std::fs::copy(&foreign.path, &copied).unwrap();
+    site.clock.advance(1_000_000);
+    site.write(
+        "server",
+        &Intent::new("otto", "run-9", 3, IntentStatus::Committed),
+    );
+    let info = site
+        .open("phone", false)
+        .compact_with(&retention(1_000, Vec::new()))
+        .unwrap();
+    assert!(
+        info.records < foreign.records,
+        "the foreign one stays the best: {info:?}"
+    );
+    assert_eq!(info.forgotten, None, "{info:?}");
+    assert!(copied.exists(), "left for verify to report");
+    assert!(!site
+        .open("reader", false)
+        .verify_checkpoints()
+        .unwrap()
+        .is_empty());
 }

@@ -53,7 +53,9 @@
 //! committed runs the anchor already covered (of the agents named, or all): an exception to
 //! rule F6 that an operator makes for run ids that can never be asked for again (a salt that
 //! names a date). Age is the ledger's order, never a record's stamp: a writer whose clock is
-//! behind cannot make a fresh commit look old. Runs in doubt are never left out, and the
+//! behind cannot make a fresh commit look old, and a compaction never takes a time earlier than
+//! the line before it or the newest record it covers. The compactions are taken only from a
+//! checkpoint whose content matches its name and this ledger's records. Runs in doubt are never left out, and the
 //! fencing epochs are kept whole (K2). The rule is part of the checkpoint's content (so of its
 //! id) and the anchor's time of its name (`checkpoint-<records>-<id>-forgets-<ms>.sqlite`); a
 //! name that says another is damage. A site whose snapshot forgets less moves to such a checkpoint at its next open, once
@@ -211,7 +213,8 @@ fn decimal(text: &str) -> Option<u64> {
     text.parse().ok()
 }
 
-/// The checkpoints in `dir`, the one covering the most records first (then the greatest id).
+/// The checkpoints in `dir`, the one covering the most records first (then, of the same
+/// records, the one forgetting up to the latest anchor, then the greatest id).
 /// A missing folder has none; other names are not checkpoints.
 pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(CheckpointName, PathBuf)>> {
     let entries = match std::fs::read_dir(dir) {
@@ -227,7 +230,7 @@ pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(CheckpointName, PathBuf)>
             found.push((named, entry.path()));
         }
     }
-    found.sort_by_key(|(named, _)| std::cmp::Reverse((named.records, named.id)));
+    found.sort_by_key(|(named, _)| std::cmp::Reverse((named.records, named.forgets_before_ms, named.id)));
     Ok(found)
 }
 

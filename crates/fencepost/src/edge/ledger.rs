@@ -1458,6 +1458,12 @@ impl LedgerState {
                 .is_some_and(|committed| covered.contains(&committed.op_id))
     }
 
+    /// The id of record `seq` of device `device_id`, when the view keeps it.
+    pub(crate) fn id_at(&self, device_id: &str, seq: u64) -> Option<OpId> {
+        let (first, ids) = self.ids.get(device_id)?;
+        ids.get(usize::try_from(seq.checked_sub(*first)?).ok()?).copied()
+    }
+
     /// The ids of the records that `rule`'s anchor covered, of the devices whose records this
     /// view has from seq 0 (a view resumed from a snapshot may not: its runs are not forgotten).
     pub(crate) fn covered_ids(&self, rule: &crate::fold::Forgetting) -> rustc_hash::FxHashSet<OpId> {

@@ -113,12 +113,13 @@ pub(crate) struct SnapshotBase {
 }
 
 /// One compaction of a checkpoint's line: when it was written (the compacting host's clock)
-/// and how many records of each device it covered.
+/// and, per device, how many records it covered and the id of the last one (so that a device
+/// whose records were replaced since is not taken for the one it covered).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CompactionMark {
     pub(crate) written_at_ms: u64,
-    pub(crate) heads: Vec<(String, u64)>,
+    pub(crate) heads: Vec<(String, u64, OpId)>,
 }
 
 /// The attempts of one run, as stored.

@@ -9,7 +9,7 @@ use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
 use crate::dispatch::DispatchError;
 use crate::fold::Forgetting;
-use crate::oplog::OpRecord;
+use crate::oplog::{OpId, OpRecord};
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
 
@@ -75,31 +75,56 @@ impl Ledger {
         let written = dir.join(format!(".writing-{stamp}.sqlite"));
         let now_ms = (self.wall_clock)();
         let mut compactions = self.compactions_before(&dir);
+        // The newest stamp of the records here, and the line's latest compaction: a compacting
+        // host whose clock is behind (days, or 1970 before it synchronises) never writes a
+        // compaction that looks older than the records it covers or than the line before it
+        // (found by an adversarial test: a plain compaction at 1970 made every fresh commit
+        // "old"); one whose clock is ahead does not find a compaction old before the newest
+        // record does (a ledger nobody writes to any more forgets nothing more: it does not
+        // grow either).
+        let newest_stamp_ms = self
+            .view
+            .heads
+            .values()
+            .filter_map(|head| head.last_hlc().map(|hlc| hlc.wall_ms))
+            .max()
+            .unwrap_or(0);
+        let line_ms = compactions
+            .iter()
+            .map(|mark| mark.written_at_ms)
+            .max()
+            .unwrap_or(0);
+        let written_at_ms = now_ms.max(line_ms).max(newest_stamp_ms);
+        let judged_at_ms = now_ms.min(newest_stamp_ms);
         let forget = options.forget.as_ref().and_then(|retention| {
-            let limit = now_ms.checked_sub(retention.older_than_ms)?;
+            let limit = judged_at_ms.checked_sub(retention.older_than_ms)?;
             let anchor = compactions
                 .iter()
                 .filter(|mark| mark.written_at_ms <= limit)
                 .max_by_key(|mark| mark.written_at_ms)?;
             Some(Forgetting {
                 anchor_written_at_ms: anchor.written_at_ms,
-                anchor_heads: anchor.heads.clone(),
+                anchor_heads: anchor
+                    .heads
+                    .iter()
+                    .map(|(device, next_seq, _)| (device.clone(), *next_seq))
+                    .collect(),
                 agents: retention.agents.clone(),
             })
         });
-        let heads: Vec<(String, u64)> = self
+        let heads: Vec<(String, u64, OpId)> = self
             .view
             .frontier
             .iter()
-            .map(|(device, next_seq)| (device.to_owned(), next_seq))
+            .filter_map(|(device, next_seq)| {
+                let last = self.view.id_at(device, next_seq.checked_sub(1)?)?;
+                Some((device.to_owned(), next_seq, last))
+            })
             .collect();
         // The same records compacted again keep the time they were first covered (and two
         // compactions of the same records write one checkpoint, rule K4).
         if compactions.last().is_none_or(|last| last.heads != heads) {
-            compactions.push(CompactionMark {
-                written_at_ms: now_ms,
-                heads,
-            });
+            compactions.push(CompactionMark { written_at_ms, heads });
         }
         thin_compactions(&mut compactions);
         let exported = self.export_checkpoint(&dir, &stamp, &written, forget.as_ref(), compactions);
@@ -127,13 +152,21 @@ impl Ledger {
                 dir.display()
             )));
         }
-        // The checkpoints this one contains are of no more use.
+        // The checkpoints this one contains are of no more use: those of this ledger's records
+        // (another ledger's is left for `verify` to report), and of two of the same records
+        // (two compactions at once), the one with the greater id stays (found by an adversarial
+        // test: two compactions at once removed each other's, and the line was lost): the one
+        // that comes first in the order sites choose by (`checkpoint::list`).
+        let ours = crate::hex::decode_lower_hex::<32>(&id).map(|id| (forgets_before_ms, id));
         for (older_name, older) in checkpoint::list(&dir).unwrap_or_default() {
-            if older == path || older_name.records > records {
+            let before_ours =
+                older_name.records == records && Some((older_name.forgets_before_ms, older_name.id)) > ours;
+            if older == path || older_name.records > records || before_ours {
                 continue;
             }
-            let contained =
-                CheckpointFile::open(&older).is_ok_and(|file| contains(&heads, &file.base().heads));
+            let contained = CheckpointFile::open(&older).is_ok_and(|file| {
+                contains(&heads, &file.base().heads) && self.holds_heads(&file.base().heads)
+            });
             if contained {
                 if let Err(error) = std::fs::remove_file(&older).or_else(|error| {
                     // Another compaction removed it first.
@@ -205,9 +238,40 @@ impl Ledger {
     /// The compactions of the line of the best checkpoint in `dir` (see
     /// [`compact_with`](Self::compact_with)), those whose records this ledger has (another
     /// ledger's, or one ahead of the files here, are left out); none when there is no
-    /// checkpoint or it cannot be read (then nothing can be forgotten this time).
+    /// checkpoint or it cannot be trusted (then nothing can be forgotten this time).
     fn compactions_before(&self, dir: &Path) -> Vec<CompactionMark> {
-        let Some((_, path)) = checkpoint::list(dir)
+        self.trusted_compactions(dir)
+            .into_iter()
+            .filter(|mark| {
+                mark.heads.iter().all(|(device, next_seq, last)| {
+                    next_seq
+                        .checked_sub(1)
+                        .and_then(|seq| self.view.id_at(device, seq))
+                        .is_some_and(|here| here == *last)
+                })
+            })
+            .collect()
+    }
+
+    /// Whether every head of `heads` is a record this ledger has (the same id at its place).
+    fn holds_heads(&self, heads: &[crate::oplog::HeadMark]) -> bool {
+        heads.iter().all(|head| {
+            let here = head
+                .next_seq
+                .checked_sub(1)
+                .and_then(|seq| self.view.id_at(&head.device_id, seq));
+            here == head.last.map(|(op_id, _, _)| op_id)
+        })
+    }
+
+    /// The compactions of the best checkpoint in `dir`, when it is one to take them from: its
+    /// content matches its name, its heads are this ledger's records (found by an adversarial
+    /// test: another ledger's checkpoint copied in, or one whose name `verify` reports, lent its
+    /// compactions), and its line is consistent (later compactions cover at least as much of
+    /// every device, the last one is the checkpoint's own heads). Else none (nothing is
+    /// forgotten this time).
+    fn trusted_compactions(&self, dir: &Path) -> Vec<CompactionMark> {
+        let Some((named, path)) = checkpoint::list(dir)
             .ok()
             .and_then(|listed| listed.into_iter().next())
         else {
@@ -220,13 +284,46 @@ impl Ledger {
                 return Vec::new();
             }
         };
-        let mut compactions = file.base().compactions.clone();
-        compactions.retain(|mark| {
-            mark.heads
+        let base = file.base();
+        let covered: u64 = base.heads.iter().map(|head| head.next_seq).sum();
+        let forgets = base.forgotten.as_ref().map(|rule| rule.anchor_written_at_ms);
+        let own: Vec<(String, u64, Option<OpId>)> = base
+            .heads
+            .iter()
+            .map(|head| {
+                (
+                    head.device_id.clone(),
+                    head.next_seq,
+                    head.last.map(|(op_id, _, _)| op_id),
+                )
+            })
+            .collect();
+        let consistent = base.compactions.windows(2).all(|pair| {
+            pair[0].written_at_ms <= pair[1].written_at_ms
+                && pair[0].heads.iter().all(|(device, next_seq, _)| {
+                    pair[1]
+                        .heads
+                        .iter()
+                        .any(|(later, later_seq, _)| later == device && later_seq >= next_seq)
+                })
+        }) && base.compactions.last().is_none_or(|last| {
+            let last: Vec<(String, u64, Option<OpId>)> = last
+                .heads
                 .iter()
-                .all(|(device, next_seq)| self.view.frontier.next_seq(device) >= *next_seq)
+                .map(|(device, next_seq, op_id)| (device.clone(), *next_seq, Some(*op_id)))
+                .collect();
+            last == own
         });
-        compactions
+        if file.id() != named.id
+            || covered != named.records
+            || forgets != named.forgets_before_ms
+            || !self.holds_heads(&base.heads)
+            || !consistent
+        {
+            tracing::warn!(checkpoint = %path.display(), "the latest checkpoint does not match its name, this ledger's records or its own line of compactions; none is an anchor this time (ledger verify says more)");
+            return Vec::new();
+        }
+        base.compactions.clone()
     }
 
     /// Copies the best shared checkpoint (the one covering the most records) into this site's
