@@ -887,6 +887,10 @@ fn k1_an_anchor_whose_device_records_were_replaced_is_no_anchor() {
     )
     .unwrap();
     site.clock.advance(1_000_000);
+    site.write(
+        "server",
+        &Intent::new("otto", "run-0", 1, IntentStatus::Committed),
+    );
     let mut compactor = site.open("fresh-compactor", false);
     assert!(compactor.damage().is_empty(), "{:?}", compactor.damage());
     let info = compactor.compact_with(&retention(1_000, Vec::new())).unwrap();
@@ -953,12 +957,18 @@ fn k1_another_ledgers_checkpoint_lends_no_anchor_and_is_not_removed() {
         other.write("laptop", &Intent::new("milo", run, 1, IntentStatus::Committed));
     }
     let foreign = other.open("laptop", false).compact().unwrap();
-    let copied = site
-        .relay()
-        .checkpoints_dir()
-        .unwrap()
-        .join(foreign.path.file_name().unwrap());
+    let dir = site.relay().checkpoints_dir().unwrap();
+    let copied = dir.join(foreign.path.file_name().unwrap());
     std::fs::copy(&foreign.path, &copied).unwrap();
+    // And a smaller one of a third ledger, which this ledger's checkpoints "contain" by count.
+    let third = Site::new();
+    third.write(
+        "laptop",
+        &Intent::new("milo", "run-0", 1, IntentStatus::Committed),
+    );
+    let small = third.open("laptop", false).compact().unwrap();
+    let small_copy = dir.join(small.path.file_name().unwrap());
+    std::fs::copy(&small.path, &small_copy).unwrap();
     site.clock.advance(1_000_000);
     site.write(
         "server",
@@ -974,6 +984,7 @@ fn k1_another_ledgers_checkpoint_lends_no_anchor_and_is_not_removed() {
     );
     assert_eq!(info.forgotten, None, "{info:?}");
     assert!(copied.exists(), "left for verify to report");
+    assert!(small_copy.exists(), "not this ledger's records: not contained");
     assert!(!site
         .open("reader", false)
         .verify_checkpoints()
