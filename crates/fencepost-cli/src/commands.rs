@@ -865,7 +865,8 @@ pub enum LedgerCommand {
         /// every host that uses a snapshot moves to such a checkpoint and stops keeping them, so
         /// a job's state stays bounded. Only for run ids that can never be asked for again (a
         /// --salt naming a date or a time slot): a forgotten run asked for again runs again.
-        /// Runs in doubt and the fencing epochs are always kept. Off by default.
+        /// Runs in doubt and the fencing epochs are always kept. Run compactions only on hosts
+        /// whose clock you trust. Off by default.
         #[arg(long, value_parser = parse_retention_ms, value_name = "DURATION")]
         forget_commits_older_than: Option<u64>,
         /// With --forget-commits-older-than: only this agent's runs (repeat for several; all
@@ -1208,7 +1209,9 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>) -> Result
         return Ok(EXIT_RAN_OK);
     }
     let asked = forget.is_some();
-    let mut options = CompactOptions::default();
+    // A clock before this build's year is not set yet (a device without a real-time clock).
+    const CLOCK_FLOOR_MS: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+    let mut options = CompactOptions::default().clock_floor(CLOCK_FLOOR_MS);
     if let Some(retention) = forget {
         options = options.forget(retention);
     }

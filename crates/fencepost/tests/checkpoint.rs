@@ -991,3 +991,39 @@ fn k1_another_ledgers_checkpoint_lends_no_anchor_and_is_not_removed() {
         .unwrap()
         .is_empty());
 }
+
+/// The oracle's retention (found by an adversarial test: a host at 1970 that wrote a commit and
+/// compacted alone made its own fresh commit "old"): a compaction by a clock that reads before
+/// the floor (a clock not set yet) adds nothing to the line, so it is never an anchor.
+#[test]
+fn k1_a_compaction_by_a_clock_not_set_yet_is_never_an_anchor() {
+    let site = Site::new();
+    site.write("laptop", &Intent::new("milo", "run-0", 1, IntentStatus::Pending));
+    site.write(
+        "laptop",
+        &Intent::new("milo", "run-0", 1, IntentStatus::Committed),
+    );
+    let floor = CompactOptions::default().clock_floor(500_000);
+    site.open("laptop", false).compact_with(&floor).unwrap();
+    site.clock.set(1_000_000);
+    site.write(
+        "laptop",
+        &Intent::new("milo", "run-1", 1, IntentStatus::Committed),
+    );
+    let forget = CompactOptions::default().clock_floor(500_000).forget(Retention {
+        older_than_ms: 1_000,
+        agents: Vec::new(),
+    });
+    let info = site.open("laptop", false).compact_with(&forget).unwrap();
+    assert_eq!(info.forgotten, None, "{info:?}");
+    site.clock.advance(2_000);
+    site.write(
+        "laptop",
+        &Intent::new("milo", "run-2", 1, IntentStatus::Committed),
+    );
+    let info = site.open("laptop", false).compact_with(&forget).unwrap();
+    assert_eq!(
+        info.forgotten_runs, 2,
+        "the second compaction is the anchor: {info:?}"
+    );
+}

@@ -54,8 +54,12 @@
 //! rule F6 that an operator makes for run ids that can never be asked for again (a salt that
 //! names a date). Age is the ledger's order, never a record's stamp: a writer whose clock is
 //! behind cannot make a fresh commit look old, and a compaction never takes a time earlier than
-//! the line before it or the newest record it covers. The compactions are taken only from a
-//! checkpoint whose content matches its name and this ledger's records. Runs in doubt are never left out, and the
+//! the line before it or the newest record it covers (nor, with
+//! [`CompactOptions::clock_floor_ms`](crate::ledger::CompactOptions::clock_floor_ms), any time
+//! when its clock is not set yet). The compacting site's clock is trusted: one that is wrong by
+//! E makes commits forgotten up to E early. The compactions are taken only from a checkpoint
+//! whose content matches its name and this ledger's records; like the rest of a checkpoint's
+//! content, a line changed with the digests computed again is trusted. Runs in doubt are never left out, and the
 //! fencing epochs are kept whole (K2). The rule is part of the checkpoint's content (so of its
 //! id) and the anchor's time of its name (`checkpoint-<records>-<id>-forgets-<ms>.sqlite`); a
 //! name that says another is damage. A site whose snapshot forgets less moves to such a checkpoint at its next open, once

@@ -131,12 +131,23 @@ pub struct CompactOptions {
     /// The oracle's retention: leave out the committed runs that are at least this old (off by
     /// default; see [`Forgetting`](crate::fold::Forgetting) for when it is safe).
     pub forget: Option<Retention>,
+    /// A clock that reads earlier than this (ms since the Unix epoch) is not set yet (a device
+    /// without a real-time clock, at 1970 before it synchronises): its compaction adds nothing
+    /// to the line of compactions, so it can never be an anchor. 0 (the default): no floor.
+    pub clock_floor_ms: u64,
 }
 
 impl CompactOptions {
     /// Forget what `retention` says (see [`CompactOptions::forget`]).
     pub fn forget(mut self, retention: Retention) -> Self {
         self.forget = Some(retention);
+        self
+    }
+
+    /// Take a clock that reads earlier than `floor_ms` for one not set yet (see
+    /// [`CompactOptions::clock_floor_ms`]).
+    pub fn clock_floor(mut self, floor_ms: u64) -> Self {
+        self.clock_floor_ms = floor_ms;
         self
     }
 }

@@ -122,8 +122,14 @@ impl Ledger {
             })
             .collect();
         // The same records compacted again keep the time they were first covered (and two
-        // compactions of the same records write one checkpoint, rule K4).
-        if compactions.last().is_none_or(|last| last.heads != heads) {
+        // compactions of the same records write one checkpoint, rule K4). A clock that is not
+        // set yet adds nothing (found by an adversarial test: a host at 1970 that wrote a commit
+        // and compacted made it "old").
+        let clock_unset = now_ms < options.clock_floor_ms;
+        if clock_unset {
+            tracing::warn!(now_ms, "this host's clock is not set (it reads before {} ms since the Unix epoch): its compaction starts no anchor for a retention", options.clock_floor_ms);
+        }
+        if !clock_unset && compactions.last().is_none_or(|last| last.heads != heads) {
             compactions.push(CompactionMark { written_at_ms, heads });
         }
         thin_compactions(&mut compactions);
