@@ -175,7 +175,7 @@ pub(crate) struct CheckpointName {
     /// Its id.
     pub(crate) id: [u8; 32],
     /// The cut-off of the committed runs it left out
-    /// ([`Forgetting::committed_before_ms`](crate::fold::Forgetting)), if it forgets any: in the
+    /// (the time of its anchor, [`Forgetting::anchor_written_at_ms`](crate::fold::Forgetting)), if it forgets any: in the
     /// name, so that a site sees without opening it that a checkpoint forgets more than its own
     /// snapshot does (and must match the content, like the id).
     pub(crate) forgets_before_ms: Option<u64>,
