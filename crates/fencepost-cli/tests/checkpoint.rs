@@ -646,6 +646,18 @@ fn report(shared: &Shared, device: &str, agent: &str, salt: &str) -> Output {
     shared.run(device, &args)
 }
 
+/// `fencepost ledger verify` on [`HOST`] exits with `expected`.
+fn expect_verify(shared: &Shared, expected: i32) {
+    let output = shared.run(HOST, &["ledger", "verify"]);
+    assert_eq!(
+        code(&output),
+        expected,
+        "{}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+}
+
 /// Asks for each `(agent, salt, exit status)` on `device`.
 fn expect(shared: &Shared, device: &str, cases: &[(&str, &str, i32)]) {
     for (agent, salt, expected) in cases {
@@ -714,14 +726,7 @@ fn k1_d2_ledger_compact_forgets_old_commits_of_the_agents_named_and_keeps_the_re
     let files = checkpoints(&shared);
     assert_eq!(files.len(), 1, "{files:?}");
     assert!(files[0].to_string_lossy().contains("-forgets-"), "{files:?}");
-    let output = shared.run(HOST, &["ledger", "verify"]);
-    assert_eq!(
-        code(&output),
-        0,
-        "{}{}",
-        text(&output.stdout),
-        text(&output.stderr)
-    );
+    expect_verify(&shared, 0);
     expect(&shared, HOST, &kept);
     expect(&shared, "host-2", &kept);
     // Forgotten, on the host that had them and on a new host: they run again, once.
@@ -767,14 +772,7 @@ fn k3_a_checkpoint_renamed_to_another_cut_off_stops_a_new_host() {
         "{}",
         text(&output.stderr)
     );
-    let output = shared.run(HOST, &["ledger", "verify"]);
-    assert_eq!(
-        code(&output),
-        1,
-        "{}{}",
-        text(&output.stdout),
-        text(&output.stderr)
-    );
+    expect_verify(&shared, 1);
     expect(&shared, HOST, &[("reports", "d-1", 3)]);
     assert_eq!(shared.effects().len(), 1, "{:?}", shared.effects());
 }

@@ -123,23 +123,15 @@ pub fn inspect(path: &Path) -> Result<CheckpointInfo, CheckpointError> {
     let mut file = crate::snapshot::CheckpointFile::open(path).map_err(|error| failed(error.to_string()))?;
     file.check_pages().map_err(|error| failed(error.to_string()))?;
     let id = file.id();
-    let heads = &file.base().heads;
-    let records: u64 = heads.iter().map(|head| head.next_seq).sum();
-    let devices = heads.len();
-    let forgets_before_ms = file
-        .base()
-        .forgotten
-        .as_ref()
-        .map(|forgotten| forgotten.anchor_written_at_ms);
+    let records = file.base().records();
+    let devices = file.base().heads.len();
     if let Some(named) = path
         .file_name()
         .and_then(|name| name.to_str())
         .and_then(parse_file_name)
     {
-        if named.id != id || named.records != records || named.forgets_before_ms != forgets_before_ms {
-            return Err(failed(
-                "its content does not match the id, records count and cut-off in its name".to_owned(),
-            ));
+        if let Some(detail) = named.mismatch(&file) {
+            return Err(failed(detail));
         }
     }
     let mut runs = 0u64;
@@ -179,6 +171,26 @@ pub(crate) struct CheckpointName {
     /// name, so that a site sees without opening it that a checkpoint forgets more than its own
     /// snapshot does (and must match the content, like the id).
     pub(crate) forgets_before_ms: Option<u64>,
+}
+
+impl CheckpointName {
+    /// What `file`'s content says otherwise than this name (its id, the records it covers, the
+    /// anchor of the runs it forgot); `None` when they agree (rule K3).
+    pub(crate) fn mismatch(&self, file: &crate::snapshot::CheckpointFile) -> Option<String> {
+        let covered = file.base().records();
+        if file.id() != self.id {
+            Some("its content does not match the id in its name".to_owned())
+        } else if covered != self.records {
+            Some(format!(
+                "it covers {covered} records, not the {} its name says",
+                self.records
+            ))
+        } else if file.base().forgets_before_ms() != self.forgets_before_ms {
+            Some("the committed runs it leaves out are not the ones its name says".to_owned())
+        } else {
+            None
+        }
+    }
 }
 
 /// The marker of a checkpoint's cut-off in its name.

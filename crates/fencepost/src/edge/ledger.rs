@@ -492,6 +492,21 @@ impl Ledger {
         true
     }
 
+    /// Closes the snapshot and takes its lock exclusively, when no other process has it open:
+    /// its path and the lock, for a caller that replaces or removes the file. Else the snapshot
+    /// stays open here, shared, and `None`.
+    fn snapshot_exclusively(&mut self) -> Option<(std::path::PathBuf, SnapshotLock)> {
+        let (path, lock) = self.snapshot.take()?.close();
+        match lock.upgrade(&path) {
+            Ok(lock) => Some((path, lock)),
+            Err(shared) => {
+                let device = self.log.device_id().to_owned();
+                self.snapshot = shared.and_then(|lock| SnapshotUse::open(path, &device, lock));
+                None
+            }
+        }
+    }
+
     /// Removes a snapshot that cannot be used and starts a new one in its place, when no other
     /// process has it open (else this process does without it: removing a SQLite file from
     /// under its readers is not safe for them); this open reads the whole ledger.
@@ -1383,8 +1398,7 @@ impl SnapshotUse {
     /// Opens the snapshot at `path`, holding `lock`; one that cannot be used (another format or
     /// device, not a database) is removed and started over when no other process has it open.
     /// `None` when no snapshot can be kept there, or used now.
-    fn open(path: std::path::PathBuf, device_id: &str, lock: SnapshotLock) -> Option<Self> {
-        let mut lock = lock;
+    fn open(path: std::path::PathBuf, device_id: &str, mut lock: SnapshotLock) -> Option<Self> {
         let store = match Snapshot::open(&path, device_id) {
             Ok(store) => store,
             Err(error) if error.is_busy() => {
@@ -1423,9 +1437,7 @@ impl SnapshotUse {
             saved: None,
         })
     }
-}
 
-impl SnapshotUse {
     /// Closes the file; its path and the lock (still held).
     fn close(self) -> (std::path::PathBuf, SnapshotLock) {
         (self.store.path().to_path_buf(), self.lock)
@@ -1475,6 +1487,23 @@ impl LedgerState {
         ids.get(usize::try_from(seq.checked_sub(*first)?).ok()?).copied()
     }
 
+    /// Its heads as a compaction of a line names them: per device, the count and the id of the
+    /// last record.
+    pub(crate) fn compaction_heads(&self) -> Vec<(String, u64, OpId)> {
+        self.heads
+            .values()
+            .filter_map(|head| Some((head.device_id().to_string(), head.next_seq(), head.last_op_id()?)))
+            .collect()
+    }
+
+    /// Whether every head of `heads` (per device, a count and the id of the last record) is a
+    /// record this view has, at its place.
+    pub(crate) fn holds(&self, heads: &[(String, u64, OpId)]) -> bool {
+        heads.iter().all(|(device, next_seq, last)| {
+            next_seq.checked_sub(1).and_then(|seq| self.id_at(device, seq)) == Some(*last)
+        })
+    }
+
     /// The ids of the records that `rule`'s anchor covered, of the devices whose records this
     /// view has from seq 0 (a view resumed from a snapshot may not: its runs are not forgotten).
     pub(crate) fn covered_ids(&self, rule: &crate::fold::Forgetting) -> rustc_hash::FxHashSet<OpId> {
@@ -1488,8 +1517,8 @@ impl LedgerState {
         covered
     }
 
-    /// Removes the runs that `rule` forgets ([`forgets`](Self::forgets)); how many.
-    pub(crate) fn forget_runs(&mut self, rule: &crate::fold::Forgetting) -> u64 {
+    /// Removes the runs that `rule` forgets ([`forgets`](Self::forgets)).
+    pub(crate) fn forget_runs(&mut self, rule: &crate::fold::Forgetting) {
         let covered = self.covered_ids(rule);
         let mut forgotten = Vec::new();
         let listed: Result<(), std::convert::Infallible> =
@@ -1503,7 +1532,6 @@ impl LedgerState {
         for (agent, run) in &forgotten {
             self.state.forget_run(agent, run);
         }
-        forgotten.len() as u64
     }
 
     /// The view a snapshot's loaded part stands for (its runs stay in the store); `Err` when the

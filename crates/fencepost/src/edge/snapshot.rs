@@ -112,6 +112,28 @@ pub(crate) struct SnapshotBase {
     pub(crate) compactions: Vec<CompactionMark>,
 }
 
+impl SnapshotBase {
+    /// How many records its heads cover (every device's, from seq 0).
+    pub(crate) fn records(&self) -> u64 {
+        self.heads.iter().map(|head| head.next_seq).sum()
+    }
+
+    /// The time of the anchor of the runs it left out, if it forgets any (what a checkpoint's
+    /// name says, [`CheckpointName`](crate::checkpoint::CheckpointName)).
+    pub(crate) fn forgets_before_ms(&self) -> Option<u64> {
+        self.forgotten.as_ref().map(|rule| rule.anchor_written_at_ms)
+    }
+
+    /// Its heads as a compaction of a line names them ([`CompactionMark::heads`]): per device,
+    /// the count and the id of the last record.
+    pub(crate) fn compaction_heads(&self) -> Vec<(String, u64, OpId)> {
+        self.heads
+            .iter()
+            .filter_map(|head| Some((head.device_id.clone(), head.next_seq, head.last?.0)))
+            .collect()
+    }
+}
+
 /// One compaction of a checkpoint's line: when it was written (the compacting host's clock)
 /// and, per device, how many records it covered and the id of the last one (so that a device
 /// whose records were replaced since is not taken for the one it covered).

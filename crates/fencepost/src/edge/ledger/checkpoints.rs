@@ -9,7 +9,7 @@ use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
 use crate::dispatch::DispatchError;
 use crate::fold::Forgetting;
-use crate::oplog::{OpId, OpRecord};
+use crate::oplog::OpRecord;
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
 
@@ -112,15 +112,7 @@ impl Ledger {
                 agents: retention.agents.clone(),
             })
         });
-        let heads: Vec<(String, u64, OpId)> = self
-            .view
-            .frontier
-            .iter()
-            .filter_map(|(device, next_seq)| {
-                let last = self.view.id_at(device, next_seq.checked_sub(1)?)?;
-                Some((device.to_owned(), next_seq, last))
-            })
-            .collect();
+        let heads = self.view.compaction_heads();
         // The same records compacted again keep the time they were first covered (and two
         // compactions of the same records write one checkpoint, rule K4). A clock that is not
         // set yet adds nothing (found by an adversarial test: a host at 1970 that wrote a commit
@@ -143,11 +135,11 @@ impl Ledger {
         };
         let id = checkpoint::id_hex(&file.id());
         let heads = file.base().heads.clone();
-        let records: u64 = heads.iter().map(|head| head.next_seq).sum();
+        let records = file.base().records();
         let runs = file.runs();
         let forgotten = file.base().forgotten.clone();
+        let forgets_before_ms = file.base().forgets_before_ms();
         drop(file);
-        let forgets_before_ms = forgotten.as_ref().map(|rule| rule.anchor_written_at_ms);
         let path = dir.join(checkpoint::file_name(records, &id, forgets_before_ms));
         let moved = std::fs::rename(&written, &path)
             .and_then(|()| std::fs::File::open(&dir).and_then(|folder| folder.sync_all()));
@@ -171,7 +163,7 @@ impl Ledger {
                 continue;
             }
             let contained = CheckpointFile::open(&older).is_ok_and(|file| {
-                contains(&heads, &file.base().heads) && self.holds_heads(&file.base().heads)
+                contains(&heads, &file.base().heads) && self.view.holds(&file.base().compaction_heads())
             });
             if contained {
                 if let Err(error) = std::fs::remove_file(&older).or_else(|error| {
@@ -242,41 +234,13 @@ impl Ledger {
     }
 
     /// The compactions of the line of the best checkpoint in `dir` (see
-    /// [`compact_with`](Self::compact_with)), those whose records this ledger has (another
-    /// ledger's, or one ahead of the files here, are left out); none when there is no
-    /// checkpoint or it cannot be trusted (then nothing can be forgotten this time).
+    /// [`compact_with`](Self::compact_with)), when it is one to take them from: its content
+    /// matches its name, and its line is consistent and of this ledger's records (times and
+    /// heads never go down, every compaction names records this ledger has, the last one is
+    /// the checkpoint's own heads). Found by an adversarial test: another ledger's checkpoint
+    /// copied in, one whose name `verify` reports, or one of a device whose records were
+    /// replaced since, lent its compactions. Else none (nothing is forgotten this time).
     fn compactions_before(&self, dir: &Path) -> Vec<CompactionMark> {
-        self.trusted_compactions(dir)
-            .into_iter()
-            .filter(|mark| {
-                mark.heads.iter().all(|(device, next_seq, last)| {
-                    next_seq
-                        .checked_sub(1)
-                        .and_then(|seq| self.view.id_at(device, seq))
-                        .is_some_and(|here| here == *last)
-                })
-            })
-            .collect()
-    }
-
-    /// Whether every head of `heads` is a record this ledger has (the same id at its place).
-    fn holds_heads(&self, heads: &[crate::oplog::HeadMark]) -> bool {
-        heads.iter().all(|head| {
-            let here = head
-                .next_seq
-                .checked_sub(1)
-                .and_then(|seq| self.view.id_at(&head.device_id, seq));
-            here == head.last.map(|(op_id, _, _)| op_id)
-        })
-    }
-
-    /// The compactions of the best checkpoint in `dir`, when it is one to take them from: its
-    /// content matches its name, its heads are this ledger's records (found by an adversarial
-    /// test: another ledger's checkpoint copied in, or one whose name `verify` reports, lent its
-    /// compactions), and its line is consistent (later compactions cover at least as much of
-    /// every device, the last one is the checkpoint's own heads). Else none (nothing is
-    /// forgotten this time).
-    fn trusted_compactions(&self, dir: &Path) -> Vec<CompactionMark> {
         let Some((named, path)) = checkpoint::list(dir)
             .ok()
             .and_then(|listed| listed.into_iter().next())
@@ -291,20 +255,8 @@ impl Ledger {
             }
         };
         let base = file.base();
-        let covered: u64 = base.heads.iter().map(|head| head.next_seq).sum();
-        let forgets = base.forgotten.as_ref().map(|rule| rule.anchor_written_at_ms);
-        let own: Vec<(String, u64, Option<OpId>)> = base
-            .heads
-            .iter()
-            .map(|head| {
-                (
-                    head.device_id.clone(),
-                    head.next_seq,
-                    head.last.map(|(op_id, _, _)| op_id),
-                )
-            })
-            .collect();
-        let consistent = base.compactions.windows(2).all(|pair| {
+        let line = &base.compactions;
+        let monotone = line.windows(2).all(|pair| {
             pair[0].written_at_ms <= pair[1].written_at_ms
                 && pair[0].heads.iter().all(|(device, next_seq, _)| {
                     pair[1]
@@ -312,24 +264,16 @@ impl Ledger {
                         .iter()
                         .any(|(later, later_seq, _)| later == device && later_seq >= next_seq)
                 })
-        }) && base.compactions.last().is_none_or(|last| {
-            let last: Vec<(String, u64, Option<OpId>)> = last
-                .heads
-                .iter()
-                .map(|(device, next_seq, op_id)| (device.clone(), *next_seq, Some(*op_id)))
-                .collect();
-            last == own
         });
-        if file.id() != named.id
-            || covered != named.records
-            || forgets != named.forgets_before_ms
-            || !self.holds_heads(&base.heads)
-            || !consistent
-        {
+        let ours = line.iter().all(|mark| self.view.holds(&mark.heads));
+        let ends_here = line
+            .last()
+            .is_none_or(|last| last.heads == base.compaction_heads());
+        if named.mismatch(&file).is_some() || !monotone || !ours || !ends_here {
             tracing::warn!(checkpoint = %path.display(), "the latest checkpoint does not match its name, this ledger's records or its own line of compactions; none is an anchor this time (ledger verify says more)");
             return Vec::new();
         }
-        base.compactions.clone()
+        line.clone()
     }
 
     /// Copies the best shared checkpoint (the one covering the most records) into this site's
@@ -345,7 +289,6 @@ impl Ledger {
             }
         };
         let (named, path) = listed.into_iter().next()?;
-        let (records, id) = (named.records, named.id);
         let damaged = |detail: String| checkpoint_problem(&path, &format!("cannot be used: {detail}"));
         let file = match CheckpointFile::open(&path) {
             Ok(file) => file,
@@ -355,24 +298,9 @@ impl Ledger {
                 return None;
             }
         };
-        let covered: u64 = file.base().heads.iter().map(|head| head.next_seq).sum();
-        let problem = if file.id() != id {
-            Some("its content does not match the id in its name".to_owned())
-        } else if covered != records {
-            Some(format!(
-                "it covers {covered} records, not the {records} its name says"
-            ))
-        } else if file
-            .base()
-            .forgotten
-            .as_ref()
-            .map(|rule| rule.anchor_written_at_ms)
-            != named.forgets_before_ms
-        {
-            Some("the committed runs it leaves out are not the ones its name says".to_owned())
-        } else {
-            LedgerState::restored(file.base()).err()
-        };
+        let problem = named
+            .mismatch(&file)
+            .or_else(|| LedgerState::restored(file.base()).err());
         if let Some(problem) = problem {
             self.checkpoint_damage = Some(damaged(problem));
             return None;
@@ -382,16 +310,8 @@ impl Ledger {
         // exclusive (no other process has the file open; those that wait for it then find the
         // copy), and only if no other process made it meanwhile. When another process has the
         // empty snapshot open (it reads the whole ledger into it), this one does the same.
-        let (path_of_snapshot, lock) = self.snapshot.take()?.close();
+        let (path_of_snapshot, lock) = self.snapshot_exclusively()?;
         let device = self.log.device_id().to_owned();
-        let lock = match lock.upgrade(&path_of_snapshot) {
-            Ok(lock) => lock,
-            Err(shared) => {
-                self.snapshot =
-                    shared.and_then(|lock| super::SnapshotUse::open(path_of_snapshot, &device, lock));
-                return None;
-            }
-        };
         self.snapshot = super::SnapshotUse::open(path_of_snapshot.clone(), &device, lock);
         let empty = self
             .snapshot
@@ -401,12 +321,12 @@ impl Ledger {
             return None; // made by another process (or cannot be made now): that one is used
         }
         let (_, lock) = self.snapshot.take()?.close();
-        let installed = Snapshot::install_checkpoint(&path_of_snapshot, &device, &path, &id);
+        let installed = Snapshot::install_checkpoint(&path_of_snapshot, &device, &path, &named.id);
         self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device, lock);
         match installed {
             Ok(()) => {
                 tracing::info!(checkpoint = %path.display(), "starting from the shared checkpoint");
-                Some((checkpoint::id_hex(&id), path))
+                Some((checkpoint::id_hex(&named.id), path))
             }
             Err(error) if error.is_busy() || !path.exists() => None,
             Err(error) => {
@@ -438,10 +358,7 @@ impl Ledger {
         let Some(before) = named.forgets_before_ms else {
             return false;
         };
-        let own = base
-            .forgotten
-            .as_ref()
-            .map_or(0, |rule| rule.anchor_written_at_ms);
+        let own = base.forgets_before_ms().unwrap_or(0);
         if before <= own {
             return false;
         }
@@ -452,11 +369,7 @@ impl Ledger {
         // that can be made twice, so it is left to the open that follows.)
         let reaches = match CheckpointFile::open(&path) {
             Ok(file) => {
-                file.base()
-                    .forgotten
-                    .as_ref()
-                    .map(|rule| rule.anchor_written_at_ms)
-                    == Some(before)
+                named.mismatch(&file).is_none()
                     && file.base().heads.iter().all(|covered| {
                         base.heads.iter().any(|read| {
                             read.device_id == covered.device_id && read.next_seq >= covered.next_seq
@@ -471,25 +384,15 @@ impl Ledger {
         if !reaches {
             return false;
         }
-        let Some(snapshot) = self.snapshot.take() else {
+        // Other processes have it open: another time.
+        let Some((path_of_snapshot, lock)) = self.snapshot_exclusively() else {
             return false;
         };
-        let (path_of_snapshot, lock) = snapshot.close();
+        tracing::info!(checkpoint = %path.display(), snapshot = %path_of_snapshot.display(), "a checkpoint forgets committed runs this snapshot keeps; starting the snapshot from it");
+        Snapshot::remove(&path_of_snapshot);
         let device = self.log.device_id().to_owned();
-        match lock.upgrade(&path_of_snapshot) {
-            Ok(lock) => {
-                tracing::info!(checkpoint = %path.display(), snapshot = %path_of_snapshot.display(), "a checkpoint forgets committed runs this snapshot keeps; starting the snapshot from it");
-                Snapshot::remove(&path_of_snapshot);
-                self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device, lock);
-                self.snapshot.is_some()
-            }
-            Err(shared) => {
-                // Other processes have it open: another time.
-                self.snapshot =
-                    shared.and_then(|lock| super::SnapshotUse::open(path_of_snapshot, &device, lock));
-                false
-            }
-        }
+        self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device, lock);
+        self.snapshot.is_some()
     }
 
     /// The shared checkpoint that a new site could not start from, if any (it is damaged or
@@ -531,7 +434,6 @@ impl Ledger {
             .map_err(|error| failed(format!("cannot list {}: {error}", dir.display())))?;
         let mut problems = Vec::new();
         for (named, path) in listed {
-            let (count, id) = (named.records, named.id);
             let problem = |detail: String| checkpoint_problem(&path, &detail);
             let mut file = match CheckpointFile::open(&path) {
                 Ok(file) => file,
@@ -546,24 +448,15 @@ impl Ledger {
                 problems.push(problem(format!("cannot be used: {error}")));
                 continue;
             }
-            let base = file.base();
-            let covered: u64 = base.heads.iter().map(|head| head.next_seq).sum();
-            let forgotten = base.forgotten.clone();
-            if file.id() != id
-                || covered != count
-                || forgotten.as_ref().map(|rule| rule.anchor_written_at_ms) != named.forgets_before_ms
-            {
-                problems.push(problem(
-                    "does not match the id, count and cut-off in its name".to_owned(),
-                ));
+            if let Some(detail) = named.mismatch(&file) {
+                problems.push(problem(detail));
                 continue;
             }
+            let base = file.base();
+            let forgotten = base.forgotten.clone();
             let mut ahead = None;
             let mut mismatch = None;
-            let id_here = |device: &str, seq: u64| {
-                let (first, ids) = self.view.ids.get(device)?;
-                ids.get(usize::try_from(seq.checked_sub(*first)?).ok()?).copied()
-            };
+            let id_here = |device: &str, seq: u64| self.view.id_at(device, seq);
             for head in &base.heads {
                 let has = self.view.frontier.next_seq(&head.device_id);
                 if has < head.next_seq {

@@ -37,7 +37,7 @@ impl SnapshotLock {
             file: open(snapshot)?,
             exclusive: false,
         };
-        lock.wait_for(snapshot, false).then_some(lock)
+        lock.wait_for_shared(snapshot).then_some(lock)
     }
 
     /// The lock of a snapshot that does not exist yet: exclusive (this process makes it), or,
@@ -89,7 +89,7 @@ impl SnapshotLock {
                 self.exclusive = true;
                 Ok(self)
             }
-            Err(_) => Err(self.wait_for(snapshot, false).then_some(self)),
+            Err(_) => Err(self.wait_for_shared(snapshot).then_some(self)),
         }
     }
 
@@ -101,22 +101,17 @@ impl SnapshotLock {
         if !self.exclusive {
             return Some(self);
         }
-        self.wait_for(snapshot, false).then_some(self)
+        self.wait_for_shared(snapshot).then_some(self)
     }
 
-    /// Takes the lock (`exclusive` or shared) within [`WAIT`]; whether it has it.
-    fn wait_for(&mut self, snapshot: &Path, exclusive: bool) -> bool {
+    /// Takes the lock shared within [`WAIT`]; whether it has it.
+    fn wait_for_shared(&mut self, snapshot: &Path) -> bool {
         let limit = RealTimeLimit::starting_now(WAIT);
         let mut said = Said::default();
         loop {
-            let tried = if exclusive {
-                self.file.try_lock()
-            } else {
-                self.file.try_lock_shared()
-            };
-            match tried {
+            match self.file.try_lock_shared() {
                 Ok(()) => {
-                    self.exclusive = exclusive;
+                    self.exclusive = false;
                     return true;
                 }
                 Err(TryLockError::WouldBlock) if !limit.passed() => {
