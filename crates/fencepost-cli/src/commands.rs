@@ -873,6 +873,13 @@ pub enum LedgerCommand {
         /// agents when left out).
         #[arg(long, value_name = "AGENT", requires = "forget_commits_older_than")]
         forget_agent: Vec<String>,
+        /// Then remove from this host's own device file the records the checkpoint covers (the
+        /// file is rewritten without them; the last record stays). Run it on every host now and
+        /// then (weekly, say) and the ledger folder stays bounded. Every host then starts from a
+        /// checkpoint: keep the checkpoints/ folder synced with the devices/ folder. A ledger
+        /// folder only, on Unix.
+        #[arg(long)]
+        prune: bool,
     },
     /// Record the outcome of an in-doubt run after checking what really happened.
     Resolve {
@@ -999,12 +1006,13 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             json,
             forget_commits_older_than,
             forget_agent,
+            prune,
         } => {
             let forget = forget_commits_older_than.map(|older_than_ms| Retention {
                 older_than_ms,
                 agents: forget_agent,
             });
-            return compact(settings, json, forget);
+            return compact(settings, json, forget, prune);
         }
         LedgerCommand::Resolve {
             agent,
@@ -1183,7 +1191,13 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
 }
 
 /// `fencepost ledger compact`.
-fn compact(settings: &Settings, json: bool, forget: Option<Retention>) -> Result<i32> {
+fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bool) -> Result<i32> {
+    if prune && settings.ledger_kind != crate::settings::LedgerKind::Folder {
+        crate::usage!(
+            "ledger compact --prune: only a ledger folder's device files can be pruned yet ({})",
+            settings.ledger_label()
+        );
+    }
     if !matches!(
         settings.ledger_kind,
         crate::settings::LedgerKind::Folder | crate::settings::LedgerKind::Sqlite
@@ -1215,6 +1229,9 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>) -> Result
     if let Some(retention) = forget {
         options = options.forget(retention);
     }
+    if prune {
+        options = options.prune();
+    }
     let written = match ledger.compact_with(&options) {
         Ok(written) => written,
         Err(DispatchError::Damaged { .. }) => {
@@ -1232,7 +1249,7 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>) -> Result
             json!({
                 "checkpoint": written.path, "id": written.id, "records": written.records,
                 "devices": written.devices, "runs": written.runs,
-                "forgotten_runs": written.forgotten_runs,
+                "forgotten_runs": written.forgotten_runs, "pruned_records": written.pruned,
                 "forgets_covered_by_compaction_at_ms": written.forgotten.as_ref().map(|rule| rule.anchor_written_at_ms),
             })
         );
@@ -1244,6 +1261,13 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>) -> Result
             plural(written.devices as u64, "device"),
             plural(written.runs, "run")
         );
+        if prune {
+            out!(
+                "removed {} of device {} from its file (the checkpoint covers them)",
+                plural(written.pruned, "record"),
+                settings.device
+            );
+        }
         if let Some(rule) = &written.forgotten {
             out!(
                 "it leaves out {} committed by the time of the compaction of {} ms since the Unix epoch{}: a host that asks for one again runs it again",
@@ -1275,11 +1299,19 @@ fn plural(count: u64, noun: &str) -> String {
 
 fn verify(settings: &Settings, json: bool) -> Result<i32> {
     let relay = settings.relay(Access::ReadOnly)?;
+    // What this site saw before (a file that shrank or was replaced) comes from the ledger; it
+    // says where a reading of every record starts (after the checkpoint that device files
+    // begin after, once they were pruned).
+    let ledger = open_ledger(settings)?;
+    let since = ledger
+        .pruned_start()
+        .map(|(_, frontier)| frontier.clone())
+        .unwrap_or_default();
     let mut devices = std::collections::BTreeMap::<String, usize>::new();
     let mut findings: Vec<(&'static str, String)> = Vec::new();
     // Read as a stream: a ledger of millions of records is never held whole.
     relay
-        .pull_in_batches(&Frontier::new(), &mut |ops| {
+        .pull_in_batches(&since, &mut |ops| {
             for op in &ops {
                 match devices.get_mut(&*op.device_id) {
                     Some(count) => *count += 1,
@@ -1297,8 +1329,6 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
             }
         })
         .context("cannot read the ledger folder")?;
-    // What this site saw before (a file that shrank or was replaced) comes from the ledger.
-    let ledger = open_ledger(settings)?;
     for problem in ledger.problems() {
         let kind = match problem.kind {
             ProblemKind::Damage => "damaged",
@@ -1327,6 +1357,12 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
             json!({"ledger": settings.ledger_label(), "intact": bad == 0, "devices": devices, "problems": findings})
         );
         return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
+    }
+    if let Some((start, _)) = ledger.pruned_start() {
+        out!(
+            "device files begin after the checkpoint {}: the records after it were verified",
+            start.display()
+        );
     }
     for (device, count) in &devices {
         out!("{device}: {count} records, chain verified");

@@ -777,6 +777,19 @@ impl LogHead {
         }
     }
 
+    /// The head of a log whose records before `next_seq` are not at hand (a relay's file that
+    /// begins after a checkpoint, see [`Relay::prune`](crate::relay::Relay::prune)), known only by
+    /// the last one's id: the next record must have seq `next_seq` and name `last_op_id`; its
+    /// stamp is not compared with the unknown one before it.
+    pub(crate) fn after(device_id: impl Into<Arc<str>>, next_seq: u64, last_op_id: OpId) -> Self {
+        Self {
+            device_id: device_id.into(),
+            next_seq,
+            last_op_id: Some(last_op_id),
+            last_hlc: None,
+        }
+    }
+
     /// The device.
     pub fn device_id(&self) -> &Arc<str> {
         &self.device_id

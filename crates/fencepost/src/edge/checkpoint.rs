@@ -96,6 +96,9 @@ pub struct CheckpointInfo {
     /// How many runs the compaction that wrote it left out (0 when read back by [`inspect`]:
     /// a checkpoint keeps its cut-off, not the runs it forgot).
     pub forgotten_runs: u64,
+    /// How many records of this device's own log the compaction removed from the relay
+    /// ([`CompactOptions::prune`](crate::ledger::CompactOptions::prune)); 0 otherwise.
+    pub pruned: u64,
 }
 
 /// Why a checkpoint file cannot be used ([`inspect`]).
@@ -151,6 +154,7 @@ pub fn inspect(path: &Path) -> Result<CheckpointInfo, CheckpointError> {
         runs,
         forgotten: file.base().forgotten.clone(),
         forgotten_runs: 0,
+        pruned: 0,
     })
 }
 

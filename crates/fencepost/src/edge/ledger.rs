@@ -135,9 +135,19 @@ pub struct CompactOptions {
     /// without a real-time clock, at 1970 before it synchronises): its compaction adds nothing
     /// to the line of compactions, so it can never be an anchor. 0 (the default): no floor.
     pub clock_floor_ms: u64,
+    /// Then remove from this device's own log in the relay the records the checkpoint covers
+    /// ([`Relay::prune`](crate::relay::Relay::prune)): the relay stays bounded when every site
+    /// compacts with it now and then. Off by default.
+    pub prune: bool,
 }
 
 impl CompactOptions {
+    /// Prune this device's own log after writing the checkpoint (see [`CompactOptions::prune`]).
+    pub fn prune(mut self) -> Self {
+        self.prune = true;
+        self
+    }
+
     /// Forget what `retention` says (see [`CompactOptions::forget`]).
     pub fn forget(mut self, retention: Retention) -> Self {
         self.forget = Some(retention);
@@ -216,6 +226,9 @@ pub struct Ledger {
     checkpoint_marks: Option<(std::path::PathBuf, Vec<HeadMark>)>,
     /// The id of the shared checkpoint this ledger started from, if it did.
     started_from: Option<String>,
+    /// The checkpoint this ledger started from because device files begin after it (pruned),
+    /// and the frontier where it ends.
+    start_checkpoint: Option<(std::path::PathBuf, Frontier)>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -286,6 +299,10 @@ pub struct LedgerState {
     /// The committed runs that the checkpoint this view started from left out (the oracle's
     /// retention, [`Forgetting`](crate::fold::Forgetting)); kept with the snapshot.
     forgotten: Option<crate::fold::Forgetting>,
+    /// Records known by their place and id from the checkpoint this view started from after
+    /// records were pruned (its heads and its line's): what [`holds`](Self::holds) accepts
+    /// where the records themselves are no longer in the relay.
+    attested: BTreeSet<(String, u64, OpId)>,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -346,6 +363,7 @@ impl Ledger {
             checkpoint_damage: None,
             checkpoint_marks: None,
             started_from: None,
+            start_checkpoint: None,
         };
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),
@@ -376,6 +394,11 @@ impl Ledger {
             ledger.snapshot = lock.and_then(|lock| SnapshotUse::open(path, device_id, lock));
         }
         ledger.resume_snapshot();
+        if ledger.view.frontier.iter().next().is_none() {
+            // Nothing restored: where device files begin after a checkpoint (pruned), from the
+            // checkpoint that covers what they lack.
+            ledger.start_after_pruning()?;
+        }
         let since = ledger.view.frontier.clone();
         let problems = relay.pull_in_batches(&since, &mut |ops| ledger.absorb(&ops))?;
         ledger.take_problems(problems)?;
@@ -407,6 +430,12 @@ impl Ledger {
             if self.move_to_forgetting_checkpoint(base) {
                 empty = true;
                 given_up.clone_from(&base.fencing);
+            } else if self.move_past_pruned(base) {
+                // What it read is checked like the seen file's marks: the checkpoint and the
+                // files after it must hold it all.
+                empty = true;
+                given_up.clone_from(&base.fencing);
+                self.snapshot_marks.clone_from(&base.heads);
             }
         }
         if empty {
@@ -1487,6 +1516,18 @@ impl LedgerState {
         ids.get(usize::try_from(seq.checked_sub(*first)?).ok()?).copied()
     }
 
+    /// [`id_at`](Self::id_at), or where the records were removed from the relay, the id the
+    /// checkpoint this view started from gives for record `seq` (a head of it or of its line).
+    pub(crate) fn known_id(&self, device_id: &str, seq: u64) -> Option<OpId> {
+        self.id_at(device_id, seq).or_else(|| {
+            let next = seq.checked_add(1)?;
+            self.attested
+                .iter()
+                .find(|(device, next_seq, _)| device == device_id && *next_seq == next)
+                .map(|(_, _, id)| *id)
+        })
+    }
+
     /// Its heads as a compaction of a line names them: per device, the count and the id of the
     /// last record.
     pub(crate) fn compaction_heads(&self) -> Vec<(String, u64, OpId)> {
@@ -1501,6 +1542,7 @@ impl LedgerState {
     pub(crate) fn holds(&self, heads: &[(String, u64, OpId)]) -> bool {
         heads.iter().all(|(device, next_seq, last)| {
             next_seq.checked_sub(1).and_then(|seq| self.id_at(device, seq)) == Some(*last)
+                || self.attested.contains(&(device.clone(), *next_seq, *last))
         })
     }
 

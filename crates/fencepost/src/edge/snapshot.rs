@@ -84,7 +84,7 @@ impl SnapshotError {
 }
 
 /// The part of a snapshot loaded whole when a ledger opens.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SnapshotBase {
     /// Every device's verified head.
@@ -145,7 +145,7 @@ pub(crate) struct CompactionMark {
 }
 
 /// The attempts of one run, as stored.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct AttemptsMark {
     pub(crate) agent: String,

@@ -177,6 +177,26 @@ impl Ledger {
             }
         }
         tracing::info!(checkpoint = %path.display(), records, runs, "wrote a checkpoint");
+        let mut pruned = 0;
+        if options.prune {
+            // The checkpoint is in place (renamed, the folder synced): this device's records
+            // it covers go.
+            let own = heads
+                .iter()
+                .find(|head| head.device_id == self.log.device_id())
+                .and_then(|head| Some((head.next_seq.checked_sub(1)?, head.last?.0)));
+            if let Some((through_seq, through_id)) = own {
+                pruned = self
+                    .relay
+                    .prune(self.log.device_id(), through_seq, through_id)
+                    .map_err(|error| {
+                        failed(format!(
+                            "wrote {}, but cannot prune this device's log: {error}",
+                            path.display()
+                        ))
+                    })?;
+            }
+        }
         Ok(CheckpointInfo {
             path,
             id,
@@ -185,6 +205,7 @@ impl Ledger {
             runs,
             forgotten,
             forgotten_runs,
+            pruned,
         })
     }
 
@@ -395,6 +416,110 @@ impl Ledger {
         self.snapshot.is_some()
     }
 
+    /// Starts the view from the best shared checkpoint that covers every record removed from
+    /// the relay ([`Relay::log_starts`](crate::relay::Relay::log_starts)), its runs loaded, when
+    /// records were removed: a reading from record 0 would lack them. None that covers them (not
+    /// synced here yet, removed, damaged) is damage of this ledger: nothing runs on it.
+    pub(super) fn start_after_pruning(&mut self) -> Result<(), DispatchError> {
+        let starts = self.relay.log_starts()?;
+        if starts.is_empty() {
+            return Ok(());
+        }
+        let Some(dir) = self.relay.checkpoints_dir() else {
+            return Ok(());
+        };
+        for (named, path) in checkpoint::list(&dir).unwrap_or_default() {
+            let Ok(mut file) = CheckpointFile::open(&path) else {
+                continue;
+            };
+            if named.mismatch(&file).is_some() || file.check_pages().is_err() {
+                continue;
+            }
+            let base = file.base().clone();
+            let base = &base;
+            let covers = starts.iter().all(|(device, (first, prev))| {
+                base.heads.iter().any(|head| {
+                    head.device_id == *device
+                        && (head.next_seq > *first
+                            || (head.next_seq == *first && head.last.map(|(id, _, _)| id) == Some(*prev)))
+                })
+            });
+            if !covers {
+                continue;
+            }
+            let Ok(mut view) = LedgerState::restored(base) else {
+                continue;
+            };
+            if file
+                .for_each_run(|agent, run, summary| view.state.merge_summary(agent, run, summary))
+                .is_err()
+            {
+                continue;
+            }
+            view.attested = base
+                .compactions
+                .iter()
+                .flat_map(|mark| mark.heads.iter().cloned())
+                .chain(base.compaction_heads())
+                .collect();
+            tracing::info!(checkpoint = %path.display(), "device files begin after a checkpoint: reading from it");
+            self.view = view;
+            self.started_from = Some(checkpoint::id_hex(&named.id));
+            self.start_checkpoint = Some((path, self.view.frontier.clone()));
+            return Ok(());
+        }
+        let lacking: Vec<String> = starts
+            .iter()
+            .map(|(device, (first, _))| format!("{device:?} from record {first}"))
+            .collect();
+        self.checkpoint_damage = Some(checkpoint_problem(
+            &dir,
+            &format!(
+                "holds no usable checkpoint that covers the records removed from device files ({} begin after a checkpoint): not synced here yet, removed or damaged",
+                lacking.join(", ")
+            ),
+        ));
+        Ok(())
+    }
+
+    /// Gives up this site's snapshot, whose loaded part is `base`, when a device file now
+    /// begins after what it read of that device (the records between were pruned after a
+    /// checkpoint covered them): it cannot go on from there. As
+    /// [`move_to_forgetting_checkpoint`](Self::move_to_forgetting_checkpoint), only when no
+    /// other process has it open; whether it was given up.
+    pub(super) fn move_past_pruned(&mut self, base: &SnapshotBase) -> bool {
+        let Ok(starts) = self.relay.log_starts() else {
+            return false;
+        };
+        let behind = starts.iter().any(|(device, (first, _))| {
+            base.heads
+                .iter()
+                .find(|head| head.device_id == *device)
+                .map_or(0, |head| head.next_seq)
+                < *first
+        });
+        if !behind {
+            return false;
+        }
+        let Some((path_of_snapshot, lock)) = self.snapshot_exclusively() else {
+            return false;
+        };
+        tracing::info!(snapshot = %path_of_snapshot.display(), "device files begin after what this snapshot read (pruned after a checkpoint): starting it from the checkpoint");
+        Snapshot::remove(&path_of_snapshot);
+        let device = self.log.device_id().to_owned();
+        self.snapshot = super::SnapshotUse::open(path_of_snapshot, &device, lock);
+        self.snapshot.is_some()
+    }
+
+    /// The checkpoint this ledger started from because device files begin after it (their
+    /// first records were pruned), and where it ends: a reading of every record reads from
+    /// there.
+    pub fn pruned_start(&self) -> Option<(&Path, &Frontier)> {
+        self.start_checkpoint
+            .as_ref()
+            .map(|(path, frontier)| (path.as_path(), frontier))
+    }
+
     /// The shared checkpoint that a new site could not start from, if any (it is damaged or
     /// does not match its name): part of [`damage`](Self::damage) until the process ends, and
     /// cannot be accepted; remove the file (the records it covers are still in the relay) or
@@ -456,7 +581,7 @@ impl Ledger {
             let forgotten = base.forgotten.clone();
             let mut ahead = None;
             let mut mismatch = None;
-            let id_here = |device: &str, seq: u64| self.view.id_at(device, seq);
+            let id_here = |device: &str, seq: u64| self.view.known_id(device, seq);
             for head in &base.heads {
                 let has = self.view.frontier.next_seq(&head.device_id);
                 if has < head.next_seq {
@@ -510,6 +635,50 @@ impl Ledger {
             let folded;
             let prefix = if exact {
                 &self.view
+            } else if let Some((start, started_at)) = &self.start_checkpoint {
+                // Records before the checkpoint this ledger started from were removed: one that
+                // contains it is checked against its content and the records after it; an
+                // older one cannot be checked.
+                let contains_start = started_at.iter().all(|(device, next_seq)| {
+                    base.heads
+                        .iter()
+                        .any(|head| head.device_id == device && head.next_seq >= next_seq)
+                });
+                let from_start = contains_start
+                    .then(|| CheckpointFile::open(start).ok())
+                    .flatten()
+                    .and_then(|mut file| {
+                        let mut view = LedgerState::restored(&file.base().clone()).ok()?;
+                        file.for_each_run(|agent, run, summary| {
+                            view.state.merge_summary(agent, run, summary)
+                        })
+                        .ok()?;
+                        Some(view)
+                    });
+                let Some(mut view) = from_start else {
+                    problems.push(problem(format!(
+                        "cannot be checked: it covers records removed from the relay (pruned) before {}, which this ledger starts from; remove it",
+                        start.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned())
+                    )));
+                    continue;
+                };
+                let ends: std::collections::BTreeMap<&str, u64> = base
+                    .heads
+                    .iter()
+                    .map(|head| (head.device_id.as_str(), head.next_seq))
+                    .collect();
+                self.relay.pull_in_batches(started_at, &mut |batch| {
+                    let covered: Vec<OpRecord> = batch
+                        .into_iter()
+                        .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
+                        .collect();
+                    if !covered.is_empty() {
+                        view.absorb(&covered);
+                    }
+                })?;
+                view.forgotten.clone_from(&forgotten);
+                folded = view;
+                &folded
             } else {
                 // The records it covers, read again and folded a batch at a time (not all held
                 // at once).

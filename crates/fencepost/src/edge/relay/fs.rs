@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::oplog::{HeadMark, LogHead, OpId, OpRecord};
 
+mod prune;
+use prune::file_identity;
+
 /// The folder, inside the relay folder, that holds one file per device.
 const DEVICES_DIR: &str = "devices";
 /// The folder, inside the relay folder, that holds the shared checkpoints.
@@ -86,6 +89,14 @@ struct DeviceFile {
     head: Option<LogHead>,
     /// The damage found at `verified_to`, if the line there is not a valid next record.
     damage: Option<RelayProblem>,
+    /// Where the file itself begins when that is after record 0 (its first records were removed
+    /// after a checkpoint covered them, [`Relay::prune`]): the seq of its first record and the
+    /// id of the record before it. `None`: from record 0, or not known (not read from its start).
+    begins: Option<(u64, OpId)>,
+    /// Which file this is (device and inode), to notice one replaced under the same name (a
+    /// prune, a sync tool that writes a new copy): `None` until it is opened, and where the
+    /// platform does not say.
+    identity: Option<(u64, u64)>,
 }
 
 impl DeviceFile {
@@ -262,11 +273,23 @@ impl FsRelay {
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(refresh),
             Err(error) => return Err(io_error("open", &entry.path)(error)),
         };
-        let length = file
+        let metadata = file
             .metadata()
-            .map_err(io_error("read metadata of", &entry.path))?
-            .len();
+            .map_err(io_error("read metadata of", &entry.path))?;
+        let length = metadata.len();
         entry.damage = None;
+        let identity = file_identity(&metadata);
+        if entry.identity.is_some() && identity != entry.identity {
+            // Another file under the name: a sync tool's new copy, or the device's own file
+            // pruned (`Relay::prune`). It must still hold what was read, from where it begins.
+            if let Err(detail) = self.relocate(entry) {
+                entry.damage = Some(self.problem(entry, None, detail));
+                return Ok(refresh);
+            }
+            entry.identity = identity;
+            return self.refresh(name, entry, hand);
+        }
+        entry.identity = identity;
         if length < entry.verified_to {
             entry.damage = Some(self.problem(entry, None, format!(
                 "the file shrank from {} to {length} bytes; relay files are append-only (was it replaced or truncated?)",
@@ -334,6 +357,13 @@ impl FsRelay {
         chunk: CheckedChunk,
         torn_tail: &mut bool,
     ) -> (Vec<OpRecord>, bool) {
+        if entry.head.is_none() && entry.verified_to == 0 {
+            // The file's first records: where it begins.
+            if let Some(first) = chunk.ops.first() {
+                entry.first_seq = first.seq;
+                entry.begins = first.prev.filter(|_| first.seq > 0).map(|prev| (first.seq, prev));
+            }
+        }
         entry.offsets.reserve(chunk.lengths.len());
         for length in chunk.lengths {
             entry.offsets.push(entry.verified_to);
@@ -377,7 +407,18 @@ impl FsRelay {
                         device_file_name(&op.device_id)
                     ));
                 }
-                head.insert(LogHead::new(Arc::clone(&op.device_id)))
+                let device = Arc::clone(&op.device_id);
+                match (op.seq, op.prev) {
+                    (0, _) => head.insert(LogHead::new(device)),
+                    // A file that begins after a checkpoint ([`Relay::prune`]): checked from here
+                    // on; a ledger takes it only with a checkpoint that covers what it lacks.
+                    (seq, Some(prev)) => head.insert(LogHead::after(device, seq, prev)),
+                    (seq, None) => {
+                        return Err(format!(
+                            "the first line is record {seq}, and it names no record before it"
+                        ))
+                    }
+                }
             }
         };
         head.check_device(&op).map_err(|error| error.to_string())?;
@@ -443,6 +484,8 @@ impl FsRelay {
             verified_to: 0,
             head: None,
             damage: None,
+            begins: None,
+            identity: None,
         })
     }
 }
@@ -495,7 +538,7 @@ impl FsRelay {
     fn resumed_file(&self, file: &FileCursor) -> Result<DeviceFile, String> {
         let head = LogHead::from_mark(&file.head)
             .ok_or_else(|| format!("the cursor of {} is damaged", file.name))?;
-        let (Some(last_op_id), Some(last_seq)) = (head.last_op_id(), head.next_seq().checked_sub(1)) else {
+        let (Some(_), Some(last_seq)) = (head.last_op_id(), head.next_seq().checked_sub(1)) else {
             return Err(format!("the cursor of {} names no record", file.name));
         };
         if !is_device_file_name(&file.name) || device_file_name(head.device_id()) != file.name {
@@ -505,54 +548,28 @@ impl FsRelay {
                 head.device_id()
             ));
         }
-        let line_bytes = file
+        let line_bytes_ok = file
             .verified_to
             .checked_sub(file.last_start)
-            .filter(|length| (1..=self.config.max_line_bytes as u64 + 1).contains(length))
-            .ok_or_else(|| format!("the cursor of {} is damaged", file.name))?;
+            .is_some_and(|length| (1..=self.config.max_line_bytes as u64 + 1).contains(&length));
+        if !line_bytes_ok {
+            return Err(format!("the cursor of {} is damaged", file.name));
+        }
         let path = self.devices_dir.join(&file.name);
-        if let Some(detail) = not_a_log_file(&path) {
-            return Err(format!("{}: {detail}", path.display()));
-        }
-        let mut reader =
-            open_at(&path, file.last_start).map_err(|error| format!("{}: {error}", path.display()))?;
-        let length = reader
-            .get_ref()
-            .metadata()
-            .map_err(|error| format!("{}: {error}", path.display()))?
-            .len();
-        if length < file.verified_to {
-            return Err(format!(
-                "{} has {length} bytes, fewer than the {} read before",
-                path.display(),
-                file.verified_to
-            ));
-        }
-        let mut line = Vec::new();
-        self.read_line(&mut reader, &mut line)
-            .map_err(|error| format!("{}: {error}", path.display()))?;
-        let same = line.len() as u64 == line_bytes
-            && line.last() == Some(&b'\n')
-            && OpRecord::from_json(without_newline(&line)).is_ok_and(|op| {
-                op.op_id == last_op_id
-                    && op.seq == last_seq
-                    && Some(&op.hlc) == head.last_hlc()
-                    && op.device_id == *head.device_id()
-                    && op.check_id().is_ok()
-            });
-        if !same {
-            return Err(format!(
-                "record {last_seq} of {} is not the one read before, where it was",
-                path.display()
-            ));
-        }
+        // Where it was, or where the file holds it now (pruned since: the file begins after a
+        // checkpoint, and the reading goes on where the records it read are).
+        let located = self
+            .locate(&path, &head, Some((file.last_start, file.verified_to)))
+            .map_err(|detail| format!("record {last_seq} is not where it was read: {detail}"))?;
         Ok(DeviceFile {
             path,
-            first_seq: last_seq,
-            offsets: vec![file.last_start],
-            verified_to: file.verified_to,
+            first_seq: located.first_seq,
+            offsets: located.offsets,
+            verified_to: located.verified_to,
             head: Some(head),
             damage: None,
+            begins: located.begins,
+            identity: located.identity,
         })
     }
 }
@@ -626,6 +643,19 @@ impl Relay for FsRelay {
         }
         *files = resumed;
         Ok(())
+    }
+
+    /// Reads the first line of every device file.
+    fn log_starts(&self) -> Result<BTreeMap<String, (u64, OpId)>, RelayError> {
+        self.file_starts()
+    }
+
+    /// Rewrites the device's file without the records, under its exclusive lock: the rest is
+    /// copied to a new file (synced) that replaces it. Other processes holding or waiting for
+    /// the old file's lock notice the new file and take its lock; readers of the old one find
+    /// where they stand in the new one. Unix only.
+    fn prune(&self, device_id: &str, through_seq: u64, through_id: OpId) -> Result<u64, RelayError> {
+        self.prune_file(device_id, through_seq, through_id)
     }
 
     /// `checkpoints/` beside `devices/`.
@@ -723,6 +753,19 @@ impl Relay for FsRelay {
             names.push(name);
         }
         names.sort();
+        // A device this reading starts after (a checkpoint or a snapshot read its records) with
+        // no file here: not synced yet, or removed.
+        for (device, next_seq) in since.iter() {
+            if next_seq > 0 && names.binary_search(&device_file_name(device)).is_err() {
+                batch.problems.push(RelayProblem {
+                    kind: ProblemKind::Damage,
+                    device_id: Some(device.to_owned()),
+                    file: Some(self.device_path(device)),
+                    line_number: None,
+                    detail: format!("this reading starts after {next_seq} records of this device (a checkpoint or this site's snapshot read them), and its file is not here: not synced here yet, or removed (restore it from a copy)"),
+                });
+            }
+        }
         let mut files = self.lock_files();
         for name in names {
             let entry = Self::entry(&mut files, &self.devices_dir, &name);
@@ -733,6 +776,7 @@ impl Relay for FsRelay {
             let hand = streams.then_some(Hand {
                 since,
                 each: &mut *each,
+                gap: None,
             });
             let refresh = match self.refresh(&name, entry, hand) {
                 Ok(refresh) => refresh,
@@ -751,6 +795,14 @@ impl Relay for FsRelay {
                 );
                 problem.kind = ProblemKind::IncompleteLine;
                 batch.problems.push(problem);
+            }
+            if let Some(problem) = self.behind_reader(entry, since) {
+                batch.problems.push(problem);
+            }
+            if let Some(problem) = self.pruned_gap(entry, since) {
+                // Nothing of this device is handed over: it would not continue what the caller has.
+                batch.problems.push(problem);
+                continue;
             }
             if streams {
                 continue; // handed over already
@@ -840,13 +892,30 @@ impl FsRelay {
                 problem: self.problem(entry, None, detail),
             });
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(io_error("open", &path))?;
-        self.lock_exclusive(&file, &path)?;
+        let mut tries = 0;
+        let file = loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .open(&path)
+                .map_err(io_error("open", &path))?;
+            self.lock_exclusive(&file, &path)?;
+            // A prune replaces the file while holding its lock: the lock taken then is the old
+            // file's, and records appended to it would be lost. The lock must be the file's
+            // that is at the path (found by reading the code for a prune's race with a run).
+            let locked = file.metadata().ok().as_ref().and_then(file_identity);
+            let current = std::fs::metadata(&path).ok().as_ref().and_then(file_identity);
+            if locked == current {
+                break file;
+            }
+            tries += 1;
+            if tries >= 100 {
+                return Err(io_error("lock", &path)(std::io::Error::other(
+                    "the file was replaced 100 times while this process took its lock",
+                )));
+            }
+        };
         let refresh = self.refresh(name, entry, None)?;
         if let Some(problem) = &entry.damage {
             return Err(RelayError::DeviceDamaged {
@@ -1005,6 +1074,9 @@ impl FsRelay {
 struct Hand<'a> {
     since: &'a Frontier,
     each: &'a mut dyn FnMut(Vec<OpRecord>),
+    /// Set at the first records: whether they begin after the caller's next seq (a file that
+    /// begins after a checkpoint the caller has not started from), and then nothing is handed.
+    gap: Option<bool>,
 }
 
 /// Keeps `accepted` (one chunk's verified records, in seq order) in `fresh`, or hands those the
@@ -1018,6 +1090,9 @@ fn hand_over(mut accepted: Vec<OpRecord>, fresh: &mut Vec<OpRecord>, hand: &mut 
         return;
     };
     let from = hand.since.next_seq(&first.device_id);
+    if *hand.gap.get_or_insert(first.seq > from) {
+        return;
+    }
     if first.seq < from {
         accepted.retain(|op| op.seq >= from);
     }

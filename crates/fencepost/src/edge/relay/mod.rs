@@ -119,6 +119,39 @@ pub trait Relay: Send + Sync {
         None
     }
 
+    /// Where the stored logs begin, for the devices whose first records were removed
+    /// ([`prune`](Self::prune)): device → the seq of the first record held, and the id of the
+    /// record before it. A reader lacking those records starts from a checkpoint that covers
+    /// them; a [`pull`](Self::pull) from before reports the device as damaged and hands none of
+    /// its records over.
+    ///
+    /// The default: none (a relay that keeps every record).
+    ///
+    /// # Errors
+    /// A storage failure.
+    fn log_starts(&self) -> Result<BTreeMap<String, (u64, OpId)>, RelayError> {
+        Ok(BTreeMap::new())
+    }
+
+    /// Removes `device_id`'s records up to seq `through_seq`, whose id must be `through_id`
+    /// (the head of that device in a checkpoint that covers them), keeping the last record
+    /// whatever: the log then begins after them ([`log_starts`](Self::log_starts)). Meant for
+    /// the device's own site (one writer per file: a synced folder never sees two hosts rewrite
+    /// one). Returns how many records were removed (0: none before that point any more).
+    ///
+    /// The default: [`RelayError::Unsupported`].
+    ///
+    /// # Errors
+    /// [`RelayError::DeviceDamaged`] when the stored record there is not `through_id` (nothing is
+    /// removed), [`RelayError::Unsupported`], or a storage failure (the log is then as it was,
+    /// or pruned: never anything else).
+    fn prune(&self, device_id: &str, through_seq: u64, through_id: OpId) -> Result<u64, RelayError> {
+        let _ = (device_id, through_seq, through_id);
+        Err(RelayError::Unsupported(
+            "this relay keeps every record (it cannot prune)".to_owned(),
+        ))
+    }
+
     /// Appends new records to `device_id`'s log while holding the relay's exclusive claim on that
     /// log, so that any number of writers of one device (threads, processes sharing a device id)
     /// interleave instead of forking it (rule R1).
@@ -282,6 +315,9 @@ pub enum RelayError {
         /// Whether records may have been stored although the call failed (its answer was lost).
         may_have_applied: bool,
     },
+    /// The relay cannot do what was asked ([`Relay::prune`] of a relay that keeps every record).
+    #[error("{0}")]
+    Unsupported(String),
     /// A file-system operation failed.
     #[error("{operation} {path}: {source}")]
     Io {

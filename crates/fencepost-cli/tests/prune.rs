@@ -1,0 +1,318 @@
+//! Pruning (issue 17, item 2; rule K5) through the built binary: `ledger compact --prune`
+//! removes from this host's own device file the records the checkpoint covers, and no host,
+//! new, up to date or long away, runs a committed occurrence again; a pruned ledger whose
+//! checkpoint is missing, or whose file lost records since, runs nothing; runs of the same
+//! device during prunes lose no record.
+
+mod common;
+
+use std::process::Output;
+
+use common::{text, Shared};
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+/// `fencepost run` of a job for `salt` that appends the salt and the device to `effects`.
+fn job(shared: &Shared, device: &str, salt: &str) -> Output {
+    let effect = format!(
+        "echo \"{salt} $FENCEPOST_DEVICE\" >> '{}'",
+        shared.path("effects").display()
+    );
+    shared.run(
+        device,
+        &[
+            "run", "--agent", "cron", "--intent", "backup", "--salt", salt, "--ttl", "2s", "--wait", "30s",
+            "--", "sh", "-c", &effect,
+        ],
+    )
+}
+
+fn commit(shared: &Shared, device: &str, salt: &str) {
+    let output = job(shared, device, salt);
+    assert_eq!(code(&output), 0, "{salt} on {device}: {}", text(&output.stderr));
+}
+
+fn prune(shared: &Shared, device: &str) -> Output {
+    shared.run(device, &["ledger", "compact", "--prune"])
+}
+
+fn lines(shared: &Shared, device: &str) -> usize {
+    std::fs::read_to_string(
+        shared
+            .path("ledger")
+            .join("devices")
+            .join(format!("{device}.jsonl")),
+    )
+    .unwrap_or_default()
+    .lines()
+    .count()
+}
+
+/// Every salt ran at most once.
+fn assert_once(shared: &Shared) {
+    let salts: Vec<String> = shared
+        .effects()
+        .iter()
+        .map(|line| line.split(' ').next().unwrap_or_default().to_owned())
+        .collect();
+    let mut unique = salts.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), salts.len(), "an effect ran twice: {salts:?}");
+}
+
+fn assert_refused_everywhere(shared: &Shared, devices: &[&str], salts: &[String]) {
+    for device in devices {
+        for salt in salts {
+            let output = job(shared, device, salt);
+            assert_eq!(code(&output), 3, "{salt} on {device}: {}", text(&output.stderr));
+        }
+    }
+}
+
+/// K5 (with K1): both hosts prune their files; their files shrink to what follows the
+/// checkpoint; every committed occurrence is refused (exit 3) by both, by a new host, and by a
+/// host whose snapshot was made before both prunes; `ledger verify` finds the ledger intact, and
+/// new occurrences run.
+#[test]
+fn k5_k1_after_every_host_pruned_no_host_runs_a_committed_occurrence_again() {
+    let shared = Shared::sqlite();
+    commit(&shared, "away", "day-away");
+    let mut salts = vec!["day-away".to_owned()];
+    for index in 0..6 {
+        for device in ["laptop", "server"] {
+            let salt = format!("day-{index}-{device}");
+            commit(&shared, device, &salt);
+            salts.push(salt);
+        }
+    }
+    assert_eq!(lines(&shared, "laptop"), 12);
+    let pruned = prune(&shared, "laptop");
+    assert_eq!(code(&pruned), 0, "{}", text(&pruned.stderr));
+    assert!(
+        text(&pruned.stdout).contains("removed 11 records"),
+        "{}",
+        text(&pruned.stdout)
+    );
+    assert_eq!(lines(&shared, "laptop"), 1, "the last record stays");
+    commit(&shared, "laptop", "day-7-laptop");
+    salts.push("day-7-laptop".to_owned());
+    let pruned = prune(&shared, "server");
+    assert_eq!(code(&pruned), 0, "{}", text(&pruned.stderr));
+    assert_eq!(lines(&shared, "server"), 1);
+    assert_eq!(lines(&shared, "laptop"), 3);
+    let listed = std::fs::read_dir(shared.path("ledger").join("checkpoints"))
+        .unwrap()
+        .count();
+    assert_eq!(listed, 1, "the checkpoint the newer one contains is removed");
+    assert_refused_everywhere(&shared, &["laptop", "server", "new-host", "away"], &salts);
+    let verified = shared.run("new-host", &["ledger", "verify"]);
+    assert_eq!(
+        code(&verified),
+        0,
+        "{}{}",
+        text(&verified.stdout),
+        text(&verified.stderr)
+    );
+    commit(&shared, "away", "day-8");
+    commit(&shared, "new-host", "day-9");
+    assert_once(&shared);
+}
+
+/// K5, K3: a device file that begins after a checkpoint, with no checkpoint here that covers
+/// what it lacks (not synced yet, removed), runs nothing (exit 10) on a host that does not know
+/// the records, and the committed occurrences run again nowhere.
+#[test]
+fn k5_k3_a_pruned_ledger_without_its_checkpoint_runs_nothing() {
+    let shared = Shared::sqlite();
+    let salts: Vec<String> = (0..4).map(|index| format!("day-{index}")).collect();
+    for salt in &salts {
+        commit(&shared, "laptop", salt);
+    }
+    assert_eq!(code(&prune(&shared, "laptop")), 0);
+    let folder = shared.path("ledger").join("checkpoints");
+    let aside = shared.path("aside");
+    std::fs::rename(&folder, &aside).unwrap();
+    for salt in &salts {
+        let output = job(&shared, "new-host", salt);
+        assert_eq!(code(&output), 10, "{salt}: {}", text(&output.stderr));
+        assert!(
+            text(&output.stderr).contains("covers the records removed"),
+            "{}",
+            text(&output.stderr)
+        );
+    }
+    let verified = shared.run("other-host", &["ledger", "verify"]);
+    assert_ne!(code(&verified), 0, "{}", text(&verified.stdout));
+    std::fs::rename(&aside, &folder).unwrap();
+    assert_refused_everywhere(&shared, &["new-host", "laptop"], &salts);
+    assert_once(&shared);
+}
+
+/// K5 (the "once" rule that a device that shrank is damage): records appended after a prune
+/// and then lost from the file are damage for a host that read them (exit 10), not a reason to
+/// run their occurrence again; the same for records cut from the start of a file without a
+/// checkpoint that covers them.
+#[test]
+fn k5_a_pruned_file_that_lost_records_since_is_still_damage() {
+    let shared = Shared::sqlite();
+    for index in 0..3 {
+        commit(&shared, "laptop", &format!("day-{index}"));
+    }
+    assert_eq!(code(&prune(&shared, "laptop")), 0);
+    commit(&shared, "laptop", "day-after");
+    // The server reads the commit of day-after.
+    commit(&shared, "server", "day-server");
+    let path = shared.path("ledger").join("devices").join("laptop.jsonl");
+    let kept: Vec<String> = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(kept.len(), 3);
+    std::fs::write(&path, format!("{}\n", kept[0])).unwrap();
+    let output = job(&shared, "server", "day-after");
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    // Cut from the start instead (its last record kept): no checkpoint covers the gap.
+    std::fs::write(&path, format!("{}\n", kept[2])).unwrap();
+    let output = job(&shared, "new-host", "day-0");
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    assert_once(&shared);
+}
+
+/// K5, R1: runs of the device (several processes at once) while it prunes its file again and
+/// again lose no record: every run that ran is committed, its occurrence is refused afterwards,
+/// and the ledger verifies (found by reading the code: a run waiting for the file's lock while a
+/// prune replaced the file would have appended to the file removed).
+#[test]
+fn k5_r1_runs_of_the_device_during_its_prunes_lose_no_record() {
+    let shared = Shared::sqlite();
+    commit(&shared, "laptop", "day-first");
+    let effect = format!(
+        "echo \"$FENCEPOST_RUN_ID\" >> '{}'",
+        shared.path("effects").display()
+    );
+    let mut runners = Vec::new();
+    for worker in 0..3 {
+        let shared_effect = effect.clone();
+        let command = move |shared: &Shared, index: usize| {
+            shared.spawn(
+                "laptop",
+                &[
+                    "run",
+                    "--agent",
+                    &format!("job-{worker}"),
+                    "--intent",
+                    "sync",
+                    "--salt",
+                    &format!("{index}"),
+                    "--ttl",
+                    "5s",
+                    "--wait",
+                    "60s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &shared_effect,
+                ],
+            )
+        };
+        runners.push(command);
+    }
+    let mut ran = Vec::new();
+    for round in 0..8 {
+        let children: Vec<_> = runners
+            .iter()
+            .enumerate()
+            .map(|(worker, command)| (worker, command(&shared, round)))
+            .collect();
+        let pruned = prune(&shared, "laptop");
+        assert!(matches!(code(&pruned), 0 | 10), "{}", text(&pruned.stderr));
+        for (worker, child) in children {
+            let output = child.wait_with_output().unwrap();
+            assert_eq!(
+                code(&output),
+                0,
+                "round {round}, worker {worker}: {}",
+                text(&output.stderr)
+            );
+            ran.push((worker, round));
+        }
+    }
+    let pruned = prune(&shared, "laptop");
+    assert_eq!(code(&pruned), 0, "{}", text(&pruned.stderr));
+    let verified = shared.run("laptop", &["ledger", "verify"]);
+    assert_eq!(
+        code(&verified),
+        0,
+        "{}{}",
+        text(&verified.stdout),
+        text(&verified.stderr)
+    );
+    for device in ["laptop", "new-host"] {
+        for (worker, round) in &ran {
+            let output = shared.run(
+                device,
+                &[
+                    "run",
+                    "--agent",
+                    &format!("job-{worker}"),
+                    "--intent",
+                    "sync",
+                    "--salt",
+                    &format!("{round}"),
+                    "--ttl",
+                    "5s",
+                    "--wait",
+                    "30s",
+                    "--",
+                    "sh",
+                    "-c",
+                    &effect,
+                ],
+            );
+            assert_eq!(
+                code(&output),
+                3,
+                "job-{worker} {round} on {device}: {}",
+                text(&output.stderr)
+            );
+        }
+    }
+    let effects = shared.effects();
+    let mut unique = effects.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), effects.len(), "an effect ran twice");
+}
+
+/// K5: a prune killed with SIGKILL at any point leaves the file whole or pruned, never less:
+/// afterwards every committed occurrence is refused and the ledger verifies.
+#[test]
+fn k5_a_prune_killed_at_any_point_leaves_the_file_whole_or_pruned() {
+    let shared = Shared::sqlite();
+    let mut salts = Vec::new();
+    for round in 0..6u64 {
+        for index in 0..3 {
+            let salt = format!("day-{round}-{index}");
+            commit(&shared, "laptop", &salt);
+            salts.push(salt);
+        }
+        let mut child = shared.spawn("laptop", &["ledger", "compact", "--prune"]);
+        std::thread::sleep(std::time::Duration::from_millis(round * 7));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_refused_everywhere(&shared, &["laptop", "new-host"], &salts);
+    let verified = shared.run("laptop", &["ledger", "verify"]);
+    assert_eq!(
+        code(&verified),
+        0,
+        "{}{}",
+        text(&verified.stdout),
+        text(&verified.stderr)
+    );
+    assert_once(&shared);
+}
