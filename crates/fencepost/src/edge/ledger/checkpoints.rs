@@ -209,6 +209,31 @@ impl Ledger {
         })
     }
 
+    /// Folds into `view` the records from `since` on that `base` covers (up to its heads), read
+    /// again a batch at a time (never all held at once).
+    fn fold_covered(
+        &self,
+        view: &mut LedgerState,
+        since: &Frontier,
+        base: &SnapshotBase,
+    ) -> Result<(), DispatchError> {
+        let ends: std::collections::BTreeMap<&str, u64> = base
+            .heads
+            .iter()
+            .map(|head| (head.device_id.as_str(), head.next_seq))
+            .collect();
+        self.relay.pull_in_batches(since, &mut |batch| {
+            let covered: Vec<OpRecord> = batch
+                .into_iter()
+                .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
+                .collect();
+            if !covered.is_empty() {
+                view.absorb(&covered);
+            }
+        })?;
+        Ok(())
+    }
+
     /// Writes the checkpoint's file at `written`: the view, folded into a snapshot of its own
     /// (`.folding-…` in `dir`), copied; without the runs that `forget` forgets (and how many
     /// those were).
@@ -447,15 +472,9 @@ impl Ledger {
             if !covers {
                 continue;
             }
-            let Ok(mut view) = LedgerState::restored(base) else {
+            let Some(mut view) = loaded_view(&mut file) else {
                 continue;
             };
-            if file
-                .for_each_run(|agent, run, summary| view.state.merge_summary(agent, run, summary))
-                .is_err()
-            {
-                continue;
-            }
             view.attested = base
                 .compactions
                 .iter()
@@ -647,14 +666,7 @@ impl Ledger {
                 let from_start = contains_start
                     .then(|| CheckpointFile::open(start).ok())
                     .flatten()
-                    .and_then(|mut file| {
-                        let mut view = LedgerState::restored(&file.base().clone()).ok()?;
-                        file.for_each_run(|agent, run, summary| {
-                            view.state.merge_summary(agent, run, summary)
-                        })
-                        .ok()?;
-                        Some(view)
-                    });
+                    .and_then(|mut file| loaded_view(&mut file));
                 let Some(mut view) = from_start else {
                     problems.push(problem(format!(
                         "cannot be checked: it covers records removed from the relay (pruned) before {}, which this ledger starts from; remove it",
@@ -662,41 +674,15 @@ impl Ledger {
                     )));
                     continue;
                 };
-                let ends: std::collections::BTreeMap<&str, u64> = base
-                    .heads
-                    .iter()
-                    .map(|head| (head.device_id.as_str(), head.next_seq))
-                    .collect();
-                self.relay.pull_in_batches(started_at, &mut |batch| {
-                    let covered: Vec<OpRecord> = batch
-                        .into_iter()
-                        .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
-                        .collect();
-                    if !covered.is_empty() {
-                        view.absorb(&covered);
-                    }
-                })?;
+                self.fold_covered(&mut view, started_at, base)?;
                 view.forgotten.clone_from(&forgotten);
                 folded = view;
                 &folded
             } else {
                 // The records it covers, read again and folded a batch at a time (not all held
                 // at once).
-                let ends: std::collections::BTreeMap<&str, u64> = base
-                    .heads
-                    .iter()
-                    .map(|head| (head.device_id.as_str(), head.next_seq))
-                    .collect();
                 let mut view = LedgerState::new();
-                self.relay.pull_in_batches(&Frontier::new(), &mut |batch| {
-                    let covered: Vec<OpRecord> = batch
-                        .into_iter()
-                        .filter(|op| ends.get(&*op.device_id).is_some_and(|end| op.seq < *end))
-                        .collect();
-                    if !covered.is_empty() {
-                        view.absorb(&covered);
-                    }
-                })?;
+                self.fold_covered(&mut view, &Frontier::new(), base)?;
                 if let Some(rule) = &forgotten {
                     view.forget_runs(rule);
                     view.forgotten = Some(rule.clone());
@@ -735,6 +721,14 @@ impl Ledger {
         }
         Ok(problems)
     }
+}
+
+/// The view a checkpoint file stands for, its runs loaded; `None` when it cannot be read.
+fn loaded_view(file: &mut CheckpointFile) -> Option<LedgerState> {
+    let mut view = LedgerState::restored(&file.base().clone()).ok()?;
+    file.for_each_run(|agent, run, summary| view.state.merge_summary(agent, run, summary))
+        .ok()?;
+    Some(view)
 }
 
 /// Keeps a checkpoint line's compactions bounded: every one of the last two days (by

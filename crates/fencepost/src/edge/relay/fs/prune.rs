@@ -140,9 +140,9 @@ impl FsRelay {
         // Counts lines from the first record's to the last one read.
         let mut start = 0;
         let mut length = first_length;
+        let lines_before = last_seq - first.seq;
         let mut op = Some(first);
-        for seq in op.as_ref().map_or(0, |op| op.seq)..last_seq {
-            let _ = seq;
+        for _ in 0..lines_before {
             start += length;
             self.read_line(&mut reader, &mut line)
                 .map_err(|error| format!("{}: {error}", path.display()))?;
