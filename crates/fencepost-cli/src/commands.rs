@@ -111,21 +111,45 @@ fn open_ledger_with(settings: &Settings, access: Access, snapshot: bool) -> Resu
             folder.display()
         );
     }
-    let relay = settings.relay(access)?;
     let mut options = LedgerOptions::default().seen_file(settings.seen_file()?);
     if snapshot {
         if let Some(path) = settings.snapshot_file()? {
             options = options.snapshot(path);
         }
     }
-    // Opening pulls everything once; a sync right after it would pull again for nothing.
-    let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options)
-        .with_context(|| format!("cannot open the ledger in {}", settings.ledger_label()))?;
-    Ok(ledger)
+    // A reading that finds a device file beginning after records it lacks (pruned) may have
+    // started from a checkpoint just before another host wrote a newer one and pruned (found
+    // by an adversarial test: hosts pruning while others ran stopped healthy runs with exit 10):
+    // it is read again, from the newest checkpoint, a few times before that is damage.
+    let mut attempt = 0u32;
+    loop {
+        let relay = settings.relay(access)?;
+        // Opening pulls everything once; a sync right after it would pull again for nothing.
+        let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options.clone())
+            .with_context(|| format!("cannot open the ledger in {}", settings.ledger_label()))?;
+        let damage = ledger.damage();
+        let pruned_meanwhile =
+            !damage.is_empty() && damage.iter().all(|problem| problem.kind == ProblemKind::Pruned);
+        // (`run` starts its whole attempt over instead: it may have read the ledger before.)
+        let run_retries = RETRY_PRUNED.load(std::sync::atomic::Ordering::Relaxed);
+        if !pruned_meanwhile || attempt == 3 || run_retries {
+            return Ok(ledger);
+        }
+        attempt += 1;
+        tracing::debug!(attempt, problem = %damage[0], "a device file begins after what this reading lacks (pruned while it read?): reading again");
+        drop(ledger);
+        std::thread::sleep(std::time::Duration::from_millis(50 * u64::from(attempt)));
+    }
 }
 
 /// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to do.
 fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
+    let damage = ledger.damage();
+    let pruned_meanwhile =
+        !damage.is_empty() && damage.iter().all(|problem| problem.kind == ProblemKind::Pruned);
+    if pruned_meanwhile && RETRY_PRUNED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(anyhow::Error::new(PrunedMeanwhile));
+    }
     if let Some(problem) = ledger.snapshot_failure() {
         bail!(
             "not running anything: {}. The ledger in {} is not damaged; run again",
@@ -136,7 +160,6 @@ fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
     if let Some(problem) = ledger.checkpoint_failure() {
         bail!("not running anything: {problem}");
     }
-    let damage = ledger.damage();
     let Some(first) = damage.first() else {
         return Ok(());
     };
@@ -163,7 +186,47 @@ fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
     )
 }
 
+/// Whether [`refuse_damage`] ends a `run` attempt with [`PrunedMeanwhile`] when the only damage
+/// is a device file that begins after what the reading lacks ([`ProblemKind::Pruned`]).
+static RETRY_PRUNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A `run` attempt stopped, before its command, because a device file was pruned while the
+/// ledger read it (another host compacted with --prune): `run` starts over, reading from the
+/// newest checkpoint.
+#[derive(Debug)]
+struct PrunedMeanwhile;
+
+impl std::fmt::Display for PrunedMeanwhile {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a device file was pruned while the ledger read it")
+    }
+}
+
+impl std::error::Error for PrunedMeanwhile {}
+
+/// `fencepost run`: an attempt, started over (up to 3 times) when a device file was pruned
+/// while it read the ledger, before its command (found by an adversarial test: hosts pruning
+/// while others ran stopped healthy runs with exit 10, as damage). The last attempt reports
+/// such a file as damage.
 pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
+    const ATTEMPTS: u32 = 4;
+    for attempt in 1..=ATTEMPTS {
+        RETRY_PRUNED.store(attempt < ATTEMPTS, std::sync::atomic::Ordering::Relaxed);
+        match run_attempt(settings, &args) {
+            Err(error) if error.is::<PrunedMeanwhile>() => {
+                tracing::debug!(
+                    attempt,
+                    "a device file was pruned while the ledger read it; starting over"
+                );
+                std::thread::sleep(Duration::from_millis(50 * u64::from(attempt)));
+            }
+            ended => return ended,
+        }
+    }
+    unreachable!("the last attempt never ends with PrunedMeanwhile")
+}
+
+fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
     if args.ttl < MIN_TTL_MS {
         crate::usage!(
             "--ttl {} ms is too short: at least {} ms, so that the lease can be renewed while the command runs",
@@ -451,7 +514,22 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
         }
         Ok(_) => {}
     }
+    let mut unstored = false;
     if ledger.unsent() > 0 {
+        // Once more, through the ledger opened again: this one may no longer continue the
+        // device's log (another process of this device id appended and a prune removed those
+        // records since this one read: found by a flaky test, the outcome of a run was lost).
+        match open_ledger_with(settings, Access::Write, false)
+            .and_then(|mut fresh| Ok(ledger.flush_through(&mut fresh)?))
+        {
+            Ok(stored) => tracing::info!(stored, "stored the outcome through the ledger opened again"),
+            Err(error) => {
+                err!("fencepost: warning: could not store the outcome through the ledger opened again either ({error:#})");
+                unstored = true;
+            }
+        }
+    }
+    if unstored || ledger.unsent() > 0 {
         let ran = if outcome.executed() {
             "ran, but its outcome"
         } else {
@@ -854,8 +932,9 @@ pub enum LedgerCommand {
     /// Write a checkpoint of the ledger (its folded state: every committed run, the fencing
     /// epochs, the runs in doubt, each device's head) into its checkpoints/ folder. A new site
     /// starts from the latest checkpoint and reads only the records after it. Refused on a
-    /// damaged ledger (exit 10). A ledger folder or SQLite file (beside it, in
-    /// FILE.checkpoints/); not a ledger in PostgreSQL, yet.
+    /// damaged ledger (exit 10). A SQLite ledger keeps them beside its file (FILE.checkpoints/),
+    /// a ledger in PostgreSQL in its tables (each host copies the one it starts from into its
+    /// data directory).
     Compact {
         /// Print JSON.
         #[arg(long)]
@@ -1150,8 +1229,22 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
             source.ledger_label()
         );
     }
-    let batch = source
-        .relay(Access::ReadOnly)?
+    let source_relay = source.relay(Access::ReadOnly)?;
+    // A pruned ledger's first records are only in its checkpoint: copying the rest would make
+    // logs that begin after records the new ledger never gets (found by an adversarial run: the
+    // import copied what was left, and a committed occurrence ran again on the new ledger).
+    let pruned = source_relay
+        .log_starts()
+        .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
+    if !pruned.is_empty() {
+        let devices: Vec<&str> = pruned.keys().map(String::as_str).collect();
+        bail!(
+            "cannot import {}: the device files of {} were pruned (their first records are only in its checkpoints), and a ledger cannot be imported from a checkpoint yet; nothing was imported",
+            source.ledger_label(),
+            devices.join(", ")
+        );
+    }
+    let batch = source_relay
         .pull(&Frontier::new())
         .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
     let damaged: BTreeSet<&str> = batch
@@ -1195,15 +1288,6 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bo
     if prune && settings.ledger_kind != crate::settings::LedgerKind::Folder {
         crate::usage!(
             "ledger compact --prune: only a ledger folder's device files can be pruned yet ({})",
-            settings.ledger_label()
-        );
-    }
-    if !matches!(
-        settings.ledger_kind,
-        crate::settings::LedgerKind::Folder | crate::settings::LedgerKind::Sqlite
-    ) {
-        crate::usage!(
-            "ledger compact: a ledger in PostgreSQL keeps no checkpoints yet ({})",
             settings.ledger_label()
         );
     }
@@ -1254,9 +1338,17 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bo
             })
         );
     } else {
+        let stored = if settings.ledger_kind == crate::settings::LedgerKind::Postgres {
+            format!(
+                " into {} (this host's copy: {})",
+                settings.ledger_label(),
+                written.path.display()
+            )
+        } else {
+            format!(" {}", written.path.display())
+        };
         out!(
-            "wrote checkpoint {} ({} of {}, {}): a new host starts from it",
-            written.path.display(),
+            "wrote checkpoint{stored} ({} of {}, {}): a new host starts from it",
             plural(written.records, "record"),
             plural(written.devices as u64, "device"),
             plural(written.runs, "run")
@@ -1331,17 +1423,19 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
         .context("cannot read the ledger folder")?;
     for problem in ledger.problems() {
         let kind = match problem.kind {
-            ProblemKind::Damage => "damaged",
+            ProblemKind::Damage | ProblemKind::Pruned => "damaged",
             ProblemKind::IncompleteLine => "incomplete",
             _ => "ignored",
         };
         findings.push((kind, problem.to_string()));
     }
     // Each checkpoint against the records it covers (rule K3).
+    let mut checkpoints_bad = 0;
     for problem in ledger
         .verify_checkpoints()
         .context("cannot check the ledger's checkpoints")?
     {
+        checkpoints_bad += 1;
         findings.push(("damaged", problem.to_string()));
     }
     findings.sort();
@@ -1378,11 +1472,19 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
         );
         return Ok(EXIT_RAN_OK);
     }
-    err!(
-        "fencepost: {bad} problem(s) in {}: each device stops at its first bad record; {} (an incomplete last line of a folder's file may be a write or a sync in progress)",
-        settings.ledger_label(),
-        settings.repair_hint().to_lowercase()
-    );
+    if bad > checkpoints_bad {
+        err!(
+            "fencepost: {bad} problem(s) in {}: each device stops at its first bad record; {} (an incomplete last line of a folder's file may be a write or a sync in progress)",
+            settings.ledger_label(),
+            settings.repair_hint().to_lowercase()
+        );
+    } else {
+        // Only checkpoints: the records are intact.
+        err!(
+            "fencepost: {bad} damaged checkpoint(s) in {}; its records are intact: write a new checkpoint with `fencepost ledger compact`",
+            settings.ledger_label()
+        );
+    }
     Ok(EXIT_RAN_FAILED)
 }
 

@@ -204,7 +204,10 @@ impl Settings {
             if url != self.coordinator.as_str() {
                 relay.check_schema()?;
             }
-            Ok(Arc::new(relay))
+            // The ledger's checkpoints are in the database; this host's copies of the ones it
+            // uses are in the data directory (shared by its processes).
+            let mirror = data_dir()?.join("checkpoints").join(self.ledger_key());
+            Ok(Arc::new(relay.with_checkpoint_mirror(mirror)))
         }
         #[cfg(not(feature = "postgres"))]
         bail!("this fencepost was built without PostgreSQL support (feature `postgres`)")
@@ -256,14 +259,7 @@ impl Settings {
     /// Where this site remembers what it has seen of the ledger (per ledger folder and device), so
     /// that a device file that later shrinks or is replaced counts as damage.
     pub fn seen_file(&self) -> Result<PathBuf> {
-        let ledger = match self.ledger_kind {
-            LedgerKind::Postgres => PathBuf::from(self.ledger_label()),
-            LedgerKind::Folder | LedgerKind::Sqlite => {
-                std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone())
-            }
-        };
-        let digest = Sha256::digest(ledger.as_os_str().as_encoded_bytes());
-        let hex: String = digest[..8].iter().map(|byte| format!("{byte:02x}")).collect();
+        let hex = self.ledger_key();
         let folder = data_dir()?.join("seen");
         std::fs::create_dir_all(&folder).with_context(|| {
             format!(
@@ -275,6 +271,19 @@ impl Settings {
             "{hex}-{}",
             fencepost::relay::device_file_name(&self.device)
         )))
+    }
+
+    /// A short name of the ledger for this host's files about it: the first 8 bytes of the
+    /// SHA-256 of its folder or file (canonical) or its URL without the password, in hex.
+    fn ledger_key(&self) -> String {
+        let ledger = match self.ledger_kind {
+            LedgerKind::Postgres => PathBuf::from(self.ledger_label()),
+            LedgerKind::Folder | LedgerKind::Sqlite => {
+                std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone())
+            }
+        };
+        let digest = Sha256::digest(ledger.as_os_str().as_encoded_bytes());
+        digest[..8].iter().map(|byte| format!("{byte:02x}")).collect()
     }
 
     /// Where this site keeps its snapshot of the ledger (per ledger and device), so that a

@@ -316,3 +316,136 @@ fn k5_a_prune_killed_at_any_point_leaves_the_file_whole_or_pruned() {
     );
     assert_once(&shared);
 }
+
+/// K5, R1: two hosts pruning in turn while both run jobs and new hosts ask for committed ones:
+/// no run is stopped as if the ledger were damaged (exit 10), and every job runs once. Found by
+/// an adversarial test: a reading that started from a checkpoint (or read a file) just before
+/// another host wrote a newer one and pruned found the file beginning after what it lacked and
+/// stopped healthy runs with exit 10 (now `run` reads again from the newest checkpoint), and a
+/// reading went on at an old offset, in the middle of a line, of a file pruned twice whose new
+/// copy the file system had given the old one's number.
+#[test]
+fn k5_r1_hosts_pruning_while_others_run_stop_no_healthy_run() {
+    let shared = std::sync::Arc::new(Shared::sqlite());
+    let codes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut threads = Vec::new();
+    for device in ["p1", "p2"] {
+        let (shared, codes) = (shared.clone(), codes.clone());
+        threads.push(std::thread::spawn(move || {
+            for index in 0..40 {
+                let output = job(&shared, device, &format!("{device}-{index}"));
+                codes
+                    .lock()
+                    .unwrap()
+                    .push((device.to_owned(), code(&output), text(&output.stderr)));
+            }
+        }));
+    }
+    {
+        let shared = shared.clone();
+        threads.push(std::thread::spawn(move || {
+            for round in 0..30 {
+                let output = prune(&shared, ["p1", "p2"][round % 2]);
+                assert_eq!(code(&output), 0, "prune {round}: {}", text(&output.stderr));
+            }
+        }));
+    }
+    {
+        let (shared, codes) = (shared.clone(), codes.clone());
+        threads.push(std::thread::spawn(move || {
+            for round in 0..30 {
+                let device = format!("new-{round}");
+                let salt = format!("p{}-{}", round % 2 + 1, round % 20);
+                let output = job(&shared, &device, &salt);
+                codes
+                    .lock()
+                    .unwrap()
+                    .push((device, code(&output), text(&output.stderr)));
+            }
+        }));
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    for (device, code, stderr) in codes.lock().unwrap().iter() {
+        assert!([0, 3].contains(code), "{device}: exit {code}: {stderr}");
+    }
+    assert_once(&shared);
+    assert_eq!(shared.effects().len(), 80, "every job ran");
+    let verify = shared.run("p1", &["ledger", "verify"]);
+    assert_eq!(code(&verify), 0, "{}", text(&verify.stdout));
+}
+
+/// K5: `ledger import` from a pruned folder is refused whole (found by an adversarial run: it
+/// copied the records left in the files, and a committed occurrence ran again on the new
+/// ledger), and nothing is imported.
+#[test]
+fn k5_ledger_import_refuses_a_pruned_folder() {
+    let shared = Shared::sqlite();
+    for salt in ["day-1", "day-2"] {
+        commit(&shared, "laptop", salt);
+    }
+    let output = prune(&shared, "laptop");
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    let target = format!("sqlite:{}", shared.path("imported.db").display());
+    let from = shared.path("ledger");
+    let output = shared
+        .command("laptop", &["ledger", "import", from.to_str().unwrap()])
+        .env("FENCEPOST_LEDGER", &target)
+        .output()
+        .unwrap();
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("were pruned"),
+        "{}",
+        text(&output.stderr)
+    );
+    let show = shared
+        .command("laptop", &["ledger", "runs", "--json"])
+        .env("FENCEPOST_LEDGER", &target)
+        .output()
+        .unwrap();
+    assert!(
+        !text(&show.stdout).contains("committed"),
+        "nothing imported: {}",
+        text(&show.stdout)
+    );
+}
+
+/// K5, R1: a device file replaced by another log of the same device id in its pruned form,
+/// with that log's checkpoint copied in, stays damage for a host that had read the first log,
+/// run after run (found by an adversarial test: refused once, then run on, since the record the
+/// host saw last is in the pruned part and was never read again to be compared).
+#[test]
+fn k5_r1_a_device_file_replaced_by_another_pruned_log_stays_damage() {
+    let shared = Shared::sqlite();
+    for day in 1..=6 {
+        commit(&shared, "laptop", &format!("day-{day}"));
+    }
+    commit(&shared, "phone", "phone-1");
+    // Another log of device "laptop", elsewhere: pruned, then written on.
+    let other = Shared::sqlite();
+    for index in 0..30 {
+        commit(&other, "laptop", &format!("other-{index}"));
+    }
+    let output = prune(&other, "laptop");
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    for index in 30..40 {
+        commit(&other, "laptop", &format!("other-{index}"));
+    }
+    let checkpoints = shared.path("ledger").join("checkpoints");
+    std::fs::create_dir_all(&checkpoints).unwrap();
+    for file in std::fs::read_dir(other.path("ledger").join("checkpoints")).unwrap() {
+        let file = file.unwrap();
+        std::fs::copy(file.path(), checkpoints.join(file.file_name())).unwrap();
+    }
+    let replaced = std::fs::read(other.path("ledger/devices/laptop.jsonl")).unwrap();
+    std::fs::write(shared.path("ledger/devices/laptop.jsonl"), replaced).unwrap();
+    for attempt in 0..3 {
+        let output = job(&shared, "phone", &format!("phone-next-{attempt}"));
+        assert_eq!(code(&output), 10, "attempt {attempt}: {}", text(&output.stderr));
+    }
+    let verify = shared.run("phone", &["ledger", "verify"]);
+    assert_eq!(code(&verify), 1, "{}", text(&verify.stdout));
+    assert_eq!(shared.effects().len(), 7, "nothing ran on the replaced file");
+}

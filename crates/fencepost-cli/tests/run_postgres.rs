@@ -60,7 +60,8 @@ fn runtime_role(name: &str, settings: &[&str]) -> String {
          GRANT USAGE ON SCHEMA fencepost TO {name};
          GRANT SELECT, INSERT, UPDATE ON fencepost.leases, fencepost.frontiers TO {name};
          GRANT SELECT ON fencepost.schema_version TO {name};
-         GRANT SELECT, INSERT, UPDATE ON fencepost.relay_devices, fencepost.relay_records TO {name};"
+         GRANT SELECT, INSERT, UPDATE ON fencepost.relay_devices, fencepost.relay_records TO {name};
+         GRANT SELECT ON fencepost.relay_checkpoints, fencepost.relay_checkpoint_chunks TO {name};"
     );
     for setting in settings {
         statements.push_str(&format!("ALTER ROLE {name} SET {setting};"));
@@ -400,10 +401,12 @@ fn h2_h3_the_hand_off_costs_no_round_trip_of_its_own() {
 /// pull of each device's last record seen and what follows), pulls what follows the snapshot as
 /// the ledger opens and again after the grant (H3: 2), and writes the `pending` and the outcome
 /// with one append each (2 round trips each: lock and read the device's tail, then store and
-/// commit): 8 more, 15 in all, however long the ledger.
+/// commit), and lists the ledger's checkpoints once (so that a site with a snapshot learns of
+/// one that forgets old commits: the names only, no checkpoint is read): 9 more, 16 in all,
+/// however long the ledger.
 #[test]
 #[ignore = "needs PostgreSQL: run scripts/test"]
-fn r1_h2_the_ledger_in_the_database_costs_eight_messages_per_run() {
+fn r1_h2_the_ledger_in_the_database_costs_nine_messages_per_run() {
     migrate();
     let proxy = CountingProxy::start();
     let shared = Shared::database_only(
@@ -423,11 +426,19 @@ fn r1_h2_the_ledger_in_the_database_costs_eight_messages_per_run() {
         .map(|query| query.chars().take(160).collect())
         .collect();
     let relay: Vec<&String> = queries.iter().filter(|query| query.contains(".relay_")).collect();
-    assert_eq!(queries.len(), 15, "{shown:#?}");
+    assert_eq!(queries.len(), 16, "{shown:#?}");
     assert_eq!(
         relay.len(),
-        7,
-        "the snapshot's check, two pulls, two appends of two round trips: {shown:#?}"
+        8,
+        "the checkpoints' names, the snapshot's check, two pulls, two appends of two round trips: {shown:#?}"
+    );
+    assert_eq!(
+        relay
+            .iter()
+            .filter(|query| query.contains(".relay_checkpoint"))
+            .count(),
+        1,
+        "{shown:#?}"
     );
 }
 
@@ -623,4 +634,224 @@ fn run_postgres_three_hosts_sharing_only_a_database_url_run_each_occurrence_once
 
 fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
+}
+
+/// Issue 17 with the ledger in the database, through the binary (rules K1–K4): `ledger compact`
+/// stores the checkpoint in the database (two at once leave one, whole); a host with an empty
+/// data directory copies it and starts from it, runs nothing committed again and a new
+/// occurrence once; a changed byte in a stored chunk is damage (exit 10: nothing runs; `ledger
+/// verify` says so) until a compaction of the same records stores it again, whole; a checkpoint
+/// whose chunks were deleted is reported by `verify`, and a new host then reads the records.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn k1_k4_a_ledger_in_the_database_keeps_checkpoints_that_new_hosts_start_from() {
+    let url = own_database("checkpoints");
+    let name = format!("fp_checkpoints_{}", std::process::id());
+    let mut database = Client::connect(&in_database(&server_url(), &name), NoTls).unwrap();
+    let shared = Shared::database_only(tempfile::tempdir().unwrap(), url, "reports");
+    // `fencepost ARGS` as host `device` with the data directory `data`.
+    let in_data = |device: &str, data: &str, args: &[&str]| {
+        shared
+            .command(device, args)
+            .env("XDG_DATA_HOME", shared.path(data))
+            .output()
+            .unwrap()
+    };
+    let report = |device: &str, data: &str, salt: &str| {
+        let args = shared.report_args(salt, &[], "0");
+        shared
+            .command(device, &strs(&args))
+            .env("XDG_DATA_HOME", shared.path(data))
+            .env("RUST_LOG", "fencepost=info")
+            .output()
+            .unwrap()
+    };
+    for salt in ["2026-11-29", "2026-11-30", "2026-12-01"] {
+        let output = report("host-1", "data", salt);
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    }
+    // K4: two compactions at once (two hosts, one data directory each).
+    let compactions: Vec<_> = ["host-1", "host-2"]
+        .iter()
+        .map(|device| {
+            shared
+                .command(device, &["ledger", "compact"])
+                .env("XDG_DATA_HOME", shared.path(&format!("data-{device}")))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for compaction in compactions {
+        let output = compaction.wait_with_output().unwrap();
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let said = text(&output.stdout);
+        assert!(said.contains("into the PostgreSQL database"), "{said}");
+    }
+    let stored = |database: &mut Client| -> Vec<(String, String, i32)> {
+        database
+            .query(
+                "SELECT name, upload, chunks FROM fencepost.relay_checkpoints",
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect()
+    };
+    // Each wrote the fold of the same records; they differ only in when they were written
+    // (their line of compactions), so both may stay (sites take the first by rank).
+    let checkpoints = stored(&mut database);
+    assert!((1..=2).contains(&checkpoints.len()), "{checkpoints:?}");
+    for (checkpoint, upload, chunks) in &checkpoints {
+        assert!(checkpoint.starts_with("checkpoint-6-"), "{checkpoint}");
+        let held: i64 = database
+            .query_one(
+                "SELECT count(*) FROM fencepost.relay_checkpoint_chunks WHERE upload = $1",
+                &[upload],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(held, i64::from(*chunks), "{checkpoint} has all its chunks");
+    }
+
+    // A new host starts from it: a committed occurrence is not run again, a new one once.
+    let again = report("host-new", "data-new", "2026-11-30");
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("starting from the shared checkpoint"),
+        "{}",
+        text(&again.stderr)
+    );
+    let copies = |data: &str| -> Vec<String> {
+        let folder = shared.path(data).join("fencepost/checkpoints");
+        std::fs::read_dir(&folder)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|ledger| std::fs::read_dir(ledger.path()).unwrap().flatten())
+            .map(|file| file.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    // Its copy, in the data directory: the one that comes first (the greatest id).
+    let copied = copies("data-new");
+    let best = checkpoints.iter().map(|(name, _, _)| name).max().unwrap();
+    assert_eq!(copied, vec![best.clone()], "{checkpoints:?}");
+    let (checkpoint, upload) = checkpoints
+        .iter()
+        .find(|(name, _, _)| name == best)
+        .map(|(name, upload, _)| (name.clone(), upload.clone()))
+        .unwrap();
+    // The host that wrote it.
+    let writer = ["host-1", "host-2"]
+        .into_iter()
+        .find(|device| copies(&format!("data-{device}")).contains(&checkpoint))
+        .unwrap();
+
+    // K3: a changed byte in a stored chunk is damage for a host that copies it.
+    database
+        .execute(
+            "UPDATE fencepost.relay_checkpoint_chunks
+             SET data = overlay(data placing '\\x00'::bytea from length(data) - 100 for 1)
+             WHERE upload = $1",
+            &[&upload],
+        )
+        .unwrap();
+    let damaged = report("host-late", "data-late", "2026-12-03");
+    assert_eq!(damaged.status.code(), Some(10), "{}", text(&damaged.stderr));
+    assert!(
+        text(&damaged.stderr).contains("checkpoint"),
+        "{}",
+        text(&damaged.stderr)
+    );
+    assert_eq!(shared.effects().len(), 3, "nothing ran on the damaged checkpoint");
+    let verify = in_data("host-late", "data-verify", &["ledger", "verify"]);
+    assert_eq!(verify.status.code(), Some(1), "{}", text(&verify.stdout));
+    assert!(
+        text(&verify.stdout).contains(&checkpoint),
+        "{}",
+        text(&verify.stdout)
+    );
+    assert!(
+        text(&verify.stderr).contains("its records are intact"),
+        "{}",
+        text(&verify.stderr)
+    );
+    // What is stored is checked, also on the host whose own copy is whole (found by an
+    // adversarial test: it said "intact" while every new host stopped).
+    let verify_writer = in_data(writer, &format!("data-{writer}"), &["ledger", "verify"]);
+    assert_eq!(
+        verify_writer.status.code(),
+        Some(1),
+        "{}",
+        text(&verify_writer.stdout)
+    );
+    // A compaction of the same records by the host that wrote it (its copy is whole) stores it
+    // again whole, and the host that found it damaged copies it again.
+    let compact = in_data(writer, &format!("data-{writer}"), &["ledger", "compact"]);
+    assert!(compact.status.success(), "{}", text(&compact.stderr));
+    let replaced = stored(&mut database);
+    let again = replaced
+        .iter()
+        .find(|(name, _, _)| *name == checkpoint)
+        .unwrap_or_else(|| panic!("the same records, the same checkpoint: {replaced:?}"));
+    assert_ne!(again.1, upload, "stored again");
+    let orphans: i64 = database
+        .query_one(
+            "SELECT count(*) FROM fencepost.relay_checkpoint_chunks WHERE upload = $1",
+            &[&upload],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(orphans, 0, "the damaged copy's chunks went with it");
+    // The host whose verify copied the damaged one checks the stored one again: intact now.
+    let verify = in_data("host-late", "data-verify", &["ledger", "verify"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stdout));
+    let healed = report("host-late", "data-late", "2026-12-03");
+    assert_eq!(healed.status.code(), Some(0), "{}", text(&healed.stderr));
+    let new = report("host-new", "data-new", "2026-12-02");
+    assert_eq!(new.status.code(), Some(0), "{}", text(&new.stderr));
+    assert_eq!(shared.effects().len(), 5, "once per occurrence");
+
+    // Cut short, its size edited to match: damage for a new host; a compaction by a host
+    // without a copy of it (whose checkpoint gets another id: the line it continues is in the
+    // damaged one) removes it.
+    database
+        .batch_execute(
+            "UPDATE fencepost.relay_checkpoint_chunks SET data = substring(data from 1 for 8192);
+             UPDATE fencepost.relay_checkpoints SET bytes = 8192",
+        )
+        .unwrap();
+    let (cut, _, _) = stored(&mut database).remove(0);
+    let stopped = report("host-cut", "data-cut", "2026-12-04");
+    assert_eq!(stopped.status.code(), Some(10), "{}", text(&stopped.stderr));
+    let compact = in_data("host-3", "data-host-3", &["ledger", "compact"]);
+    assert!(compact.status.success(), "{}", text(&compact.stderr));
+    let left = stored(&mut database);
+    assert!(
+        left.iter().all(|(name, _, _)| *name != cut),
+        "the damaged one was removed: {left:?}"
+    );
+    let started = report("host-cut", "data-cut", "2026-12-04");
+    assert_eq!(started.status.code(), Some(0), "{}", text(&started.stderr));
+    assert_eq!(shared.effects().len(), 6);
+
+    // Chunks deleted: verify reports the checkpoint; a new host reads the records instead.
+    database
+        .batch_execute("DELETE FROM fencepost.relay_checkpoint_chunks")
+        .unwrap();
+    let verify = in_data("host-1", "data-verify-2", &["ledger", "verify"]);
+    assert_eq!(verify.status.code(), Some(1), "{}", text(&verify.stdout));
+    assert!(
+        text(&verify.stdout).contains("cannot be copied"),
+        "{}",
+        text(&verify.stdout)
+    );
+    let late = report("host-later", "data-later", "2026-12-03");
+    assert_eq!(late.status.code(), Some(3), "{}", text(&late.stderr));
+    assert_eq!(shared.effects().len(), 6, "nothing twice");
+    // A compaction still works (it cannot copy that one, and leaves it for verify to report).
+    let compact = in_data("host-3", "data-host-3", &["ledger", "compact"]);
+    assert!(compact.status.success(), "{}", text(&compact.stderr));
 }

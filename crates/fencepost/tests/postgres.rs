@@ -1559,3 +1559,65 @@ fn l7_postgres_a_connection_closed_while_idle_is_replaced_before_the_next_call()
     );
     assert_eq!(relay.pull(&Frontier::new()).unwrap().ops, vec![op]);
 }
+
+/// K3, K4 (issue 17): the ledger's checkpoints in the database. A file of several chunks (and
+/// several reads of them) comes back byte for byte; a second upload of the name replaces the
+/// first and its chunks go; a removed one is not found; a chunk missing from a stored one is
+/// an error (damage), never a shorter copy.
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn k3_k4_postgres_checkpoints_are_stored_in_chunks_and_come_back_whole() {
+    let schema = TestSchema::new();
+    schema.coordinator();
+    let folder = tempfile::tempdir().unwrap();
+    let relay = PostgresRelay::connect(schema.config())
+        .unwrap()
+        .with_checkpoint_mirror(folder.path().join("copies"));
+    let store = fencepost::relay::Relay::checkpoint_store(&relay).expect("a store with a mirror");
+    let stored_chunks = || -> i64 {
+        admin()
+            .query_one(
+                &format!("SELECT count(*) FROM {}.relay_checkpoint_chunks", schema.name),
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    // 5.5 MiB: six chunks of 1 MiB, read four at a time.
+    let content: Vec<u8> = (0..5_767_168u32)
+        .map(|n| (n.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let path = folder.path().join("file");
+    std::fs::write(&path, &content).unwrap();
+    let name = "checkpoint-6-aa.sqlite";
+    store.upload(name, &path).unwrap();
+    assert_eq!(store.names().unwrap(), vec![name.to_owned()]);
+    let mut copy = Vec::new();
+    assert!(store.download(name, &mut copy).unwrap());
+    assert!(copy == content, "byte for byte ({} bytes back)", copy.len());
+    // Stored again: replaced, the first upload's chunks gone.
+    std::fs::write(&path, &content[..1000]).unwrap();
+    store.upload(name, &path).unwrap();
+    let mut copy = Vec::new();
+    assert!(store.download(name, &mut copy).unwrap());
+    assert_eq!(copy, content[..1000]);
+    let chunks = stored_chunks();
+    assert_eq!(chunks, 1, "only the second upload's chunk is left");
+    // A missing chunk is damage.
+    std::fs::write(&path, &content).unwrap();
+    store.upload(name, &path).unwrap();
+    admin()
+        .batch_execute(&format!(
+            "DELETE FROM {}.relay_checkpoint_chunks WHERE chunk = 4",
+            schema.name
+        ))
+        .unwrap();
+    let error = store.download(name, &mut Vec::new()).unwrap_err().to_string();
+    assert!(error.contains("chunk 4 of 6 is missing"), "{error}");
+    // Removed: not found, and nothing of it is left.
+    store.remove(name).unwrap();
+    assert!(!store.download(name, &mut Vec::new()).unwrap());
+    assert!(store.names().unwrap().is_empty());
+    let chunks = stored_chunks();
+    assert_eq!(chunks, 0);
+}

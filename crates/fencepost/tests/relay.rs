@@ -739,3 +739,34 @@ fn r1_fs_records_read_again_are_handed_over_in_bounded_batches() {
     assert!(streamed.len() <= 100_000);
     assert_eq!(ids(&streamed), ids(&ops[..streamed.len()]));
 }
+
+/// K5, R1: a device file replaced by a pruned copy that the file system gave the old file's
+/// identity (its number reused: here, the same file rewritten in place) and that is longer than
+/// what was read is read on where it holds what was read, never at the old offset (found by an
+/// adversarial test: a reading went on in the middle of a line of a file pruned twice, and a
+/// healthy ledger was reported damaged).
+#[test]
+fn k5_r1_fs_a_pruned_copy_with_the_old_files_identity_is_read_where_it_holds_what_was_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = ops_of("phone", 30);
+    FsRelay::open(dir.path()).unwrap().push(&ops[..10]).unwrap();
+    let reader = FsRelay::open(dir.path()).unwrap();
+    let first = reader.pull(&Frontier::new()).unwrap();
+    assert_eq!(ids(&first.ops), ids(&ops[..10]));
+    FsRelay::open(dir.path()).unwrap().push(&ops[10..]).unwrap();
+    // Records 0..8 removed, as a prune does, in the same file (the same identity).
+    let path = device_file(dir.path(), "phone");
+    let pruned: Vec<u8> = ops[8..].iter().flat_map(line_of).collect();
+    OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap()
+        .write_all(&pruned)
+        .unwrap();
+    let mut since = Frontier::new();
+    since.raise_to("phone", 10, Some(ops[9].op_id));
+    let next = reader.pull(&since).unwrap();
+    assert!(next.problems.is_empty(), "{:?}", next.problems);
+    assert_eq!(ids(&next.ops), ids(&ops[10..]));
+}

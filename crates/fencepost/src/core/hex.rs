@@ -51,6 +51,31 @@ pub(crate) fn decode_lower_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
     (invalid == 0).then_some(bytes)
 }
 
+/// Appends the bytes that `text`, lowercase hex digits of any even length, encodes to `out`;
+/// `false` (with `out` as it was) when `text` is not that.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn decode_lower_hex_into(text: &str, out: &mut Vec<u8>) -> bool {
+    let digits = text.as_bytes();
+    if !digits.len().is_multiple_of(2) {
+        return false;
+    }
+    let start = out.len();
+    out.reserve(digits.len() / 2);
+    let mut invalid = 0u8;
+    for pair in digits.chunks_exact(2) {
+        let (high, low) = (
+            DIGIT_VALUES[usize::from(pair[0])],
+            DIGIT_VALUES[usize::from(pair[1])],
+        );
+        invalid |= (high | low) & 0xf0;
+        out.push((high << 4) | (low & 0x0f));
+    }
+    if invalid != 0 {
+        out.truncate(start);
+    }
+    invalid == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,5 +95,12 @@ mod tests {
         assert_eq!(decode_lower_hex::<3>("009fffaa"), None);
         assert_eq!(decode_lower_hex::<1>("zz"), None);
         assert_eq!(decode_lower_hex::<1>("é"), None);
+        let mut out = vec![7];
+        assert!(decode_lower_hex_into(&text, &mut out));
+        assert_eq!(out, [7, 0x00, 0x9f, 0xff]);
+        for bad in ["009", "00zz", "00FF", "é0"] {
+            assert!(!decode_lower_hex_into(bad, &mut out), "{bad}");
+            assert_eq!(out, [7, 0x00, 0x9f, 0xff], "{bad}: left as it was");
+        }
     }
 }

@@ -16,7 +16,8 @@
 //! its buckets' checksums, which hold each bucket's checksum: a hash tree over everything it
 //! says. The id is part of the file's name, `checkpoint-<records>-<id>.sqlite`, in the relay's
 //! [checkpoints folder](crate::relay::Relay::checkpoints_dir) (a ledger folder's `checkpoints/`,
-//! a SQLite ledger's `FILE.checkpoints/`; a ledger in PostgreSQL keeps none yet).
+//! a SQLite ledger's `FILE.checkpoints/`; a ledger in PostgreSQL keeps them in its tables, and
+//! each site copies the ones it uses into a folder of its own, [`Relay::checkpoint_store`](crate::relay::Relay::checkpoint_store)).
 //!
 //! # Rules (the contract's K1–K4)
 //!
@@ -250,8 +251,15 @@ pub(crate) fn list(dir: &Path) -> std::io::Result<Vec<(CheckpointName, PathBuf)>
             found.push((named, entry.path()));
         }
     }
-    found.sort_by_key(|(named, _)| std::cmp::Reverse((named.records, named.forgets_before_ms, named.id)));
+    found.sort_by_key(|(named, _)| rank(named));
     Ok(found)
+}
+
+/// The order sites choose among checkpoints by (the first is used): the one covering the most
+/// records first, then of the same records the one forgetting up to the latest anchor, then the
+/// greatest id.
+pub(crate) fn rank(named: &CheckpointName) -> impl Ord {
+    std::cmp::Reverse((named.records, named.forgets_before_ms, named.id))
 }
 
 /// Removes the files in `dir` whose names start with one of `prefixes` and that are an hour old

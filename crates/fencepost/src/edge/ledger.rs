@@ -867,6 +867,16 @@ impl Ledger {
         if self.unsent.is_empty() {
             return Ok(Vec::new());
         }
+        // Records of this device that other writers (processes sharing its id) appended and
+        // that this ledger has read since it opened: the log continues after them, so that the
+        // relay need not hand them over again (found by a flaky test: a file pruned since no
+        // longer held them, and the append was refused as damage).
+        if let Some(head) = self.view.heads.get(self.log.device_id()) {
+            if head.next_seq() > self.log.head().next_seq() {
+                self.log =
+                    DeviceLog::continue_after(self.wall_clock.clone(), HlcConfig::default(), head.clone());
+            }
+        }
         let mut draft: Option<DeviceLog> = None;
         let (log, unsent) = (&self.log, &self.unsent);
         let appended = self.relay.append(
@@ -907,6 +917,22 @@ impl Ledger {
     /// [`DispatchError::Relay`] or [`DispatchError::Log`]; the records stay queued.
     pub fn flush(&mut self) -> Result<usize, DispatchError> {
         Ok(self.write_queued()?.len())
+    }
+
+    /// Stores this ledger's queued records through `other`, a ledger of the same device opened
+    /// again (the device's file pruned while this one read it, say: this one can no longer
+    /// continue the log, a new reading from the newest checkpoint can); they leave this ledger's
+    /// queue, and stay in `other`'s if its append fails too. Returns how many were stored
+    /// (0, moving nothing, when `other` is of another device).
+    ///
+    /// # Errors
+    /// As [`flush`](Self::flush).
+    pub fn flush_through(&mut self, other: &mut Ledger) -> Result<usize, DispatchError> {
+        if other.device_id() != self.device_id() {
+            return Ok(0);
+        }
+        other.unsent.append(&mut self.unsent);
+        other.flush()
     }
 
     /// Stores the queued records, then pulls and folds what the relay has that this ledger lacks.
@@ -1013,18 +1039,40 @@ impl Ledger {
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.view.frontier.next_seq(device);
-                if has < mark.next_seq {
-                    self.problems.push(RelayProblem {
-                        kind: crate::relay::ProblemKind::Damage,
-                        device_id: Some(device.clone()),
-                        file: None,
-                        line_number: None,
-                        detail: format!(
-                            "this site has seen {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",
-                            mark.next_seq
+                let detail = if has < mark.next_seq {
+                    format!(
+                        "this site has seen {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",
+                        mark.next_seq
+                    )
+                } else {
+                    // The record seen last, where this view knows it without reading it again:
+                    // a file replaced by another log's pruned one (with that log's checkpoint)
+                    // holds another there (found by an adversarial test: refused once, then
+                    // run on, since the record was never read again to be compared).
+                    let here = mark
+                        .next_seq
+                        .checked_sub(1)
+                        .and_then(|last| self.view.known_id(device, last));
+                    let said = self
+                        .problems
+                        .iter()
+                        .any(|problem| problem.device_id.as_ref() == Some(device));
+                    match here {
+                        Some(here) if here != mark.last_op_id && !said => format!(
+                            "record {} is {here}, but this site saw {} there: the file was replaced (restore it from a copy)",
+                            mark.next_seq - 1,
+                            mark.last_op_id
                         ),
-                    });
-                }
+                        _ => continue,
+                    }
+                };
+                self.problems.push(RelayProblem {
+                    kind: crate::relay::ProblemKind::Damage,
+                    device_id: Some(device.clone()),
+                    file: None,
+                    line_number: None,
+                    detail,
+                });
             }
         }
     }
@@ -1484,6 +1532,23 @@ fn contains(heads: &[HeadMark], stored: &[HeadMark]) -> bool {
     })
 }
 
+/// The records an anchor of the oracle's retention covered ([`LedgerState::covered_ids`]).
+#[derive(Debug, Default)]
+pub(crate) struct Covered {
+    /// The ids of those the view keeps.
+    ids: rustc_hash::FxHashSet<OpId>,
+    /// When the anchor covers every record the view knows only from the checkpoint or
+    /// snapshot it started from: the ids it keeps (any other id is one of those).
+    known: Option<rustc_hash::FxHashSet<OpId>>,
+}
+
+impl Covered {
+    /// Whether the record `id` is covered.
+    fn holds(&self, id: &OpId) -> bool {
+        self.ids.contains(id) || self.known.as_ref().is_some_and(|known| !known.contains(id))
+    }
+}
+
 impl LedgerState {
     /// Whether `rule` forgets run `run_id` of `agent_id`, whose entry is `summary`: the rule
     /// applies to the agent, the run has a commit, its greatest record and its greatest commit
@@ -1492,7 +1557,7 @@ impl LedgerState {
     pub(crate) fn forgets(
         &self,
         rule: &crate::fold::Forgetting,
-        covered: &rustc_hash::FxHashSet<OpId>,
+        covered: &Covered,
         agent_id: &str,
         run_id: &str,
         summary: &crate::fold::RunSummary,
@@ -1504,10 +1569,10 @@ impl LedgerState {
             .is_some_and(|attempts| !attempts.unsettled.is_empty());
         !in_doubt
             && rule.applies_to(agent_id)
-            && covered.contains(&summary.best.op_id)
+            && covered.holds(&summary.best.op_id)
             && summary
                 .committed()
-                .is_some_and(|committed| covered.contains(&committed.op_id))
+                .is_some_and(|committed| covered.holds(&committed.op_id))
     }
 
     /// The id of record `seq` of device `device_id`, when the view keeps it.
@@ -1546,15 +1611,39 @@ impl LedgerState {
         })
     }
 
-    /// The ids of the records that `rule`'s anchor covered, of the devices whose records this
-    /// view has from seq 0 (a view resumed from a snapshot may not: its runs are not forgotten).
-    pub(crate) fn covered_ids(&self, rule: &crate::fold::Forgetting) -> rustc_hash::FxHashSet<OpId> {
-        let mut covered = rustc_hash::FxHashSet::default();
-        for (device, next_seq) in &rule.anchor_heads {
-            if let Some((0, ids)) = self.ids.get(device) {
-                let end = usize::try_from(*next_seq).unwrap_or(usize::MAX).min(ids.len());
-                covered.extend(ids[..end].iter().copied());
-            }
+    /// The records that `rule`'s anchor covered, as this view knows them: the ids it keeps of
+    /// each device up to the anchor's head there; and when the anchor covers every record
+    /// before the first id it keeps of every device (a view that started from a checkpoint
+    /// after records were pruned, or from a snapshot), every record it knows only from there.
+    pub(crate) fn covered_ids(&self, rule: &crate::fold::Forgetting) -> Covered {
+        let anchor = |device: &str| {
+            rule.anchor_heads
+                .iter()
+                .find(|(covered, _)| covered == device)
+                .map_or(0, |(_, next_seq)| *next_seq)
+        };
+        let mut covered = Covered::default();
+        for (device, (first, ids)) in &self.ids {
+            let end = usize::try_from(anchor(device).saturating_sub(*first))
+                .unwrap_or(usize::MAX)
+                .min(ids.len());
+            covered.ids.extend(ids[..end].iter().copied());
+        }
+        // Where each device's kept ids begin (a device without any: after all its records).
+        let begins =
+            |device: &str, head: &LogHead| self.ids.get(device).map_or(head.next_seq(), |(first, _)| *first);
+        let unknown_before = self.heads.iter().any(|(device, head)| begins(device, head) > 0);
+        let anchor_covers_them = self
+            .heads
+            .iter()
+            .all(|(device, head)| anchor(device) >= begins(device, head));
+        if unknown_before && anchor_covers_them {
+            covered.known = Some(
+                self.ids
+                    .values()
+                    .flat_map(|(_, ids)| ids.iter().copied())
+                    .collect(),
+            );
         }
         covered
     }

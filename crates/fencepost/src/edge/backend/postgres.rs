@@ -17,6 +17,9 @@
 //!   GRANT SELECT ON fencepost.schema_version TO fencepost_agent;
 //!   -- for the ledger in the same database (PostgresRelay, `--ledger postgres://…`):
 //!   GRANT SELECT, INSERT, UPDATE ON fencepost.relay_devices, fencepost.relay_records TO fencepost_agent;
+//!   GRANT SELECT ON fencepost.relay_checkpoints, fencepost.relay_checkpoint_chunks TO fencepost_agent;
+//!   -- and for the role that compacts the ledger:
+//!   -- GRANT INSERT, DELETE ON fencepost.relay_checkpoints, fencepost.relay_checkpoint_chunks TO …;
 //!   ```
 //!
 //!   Never grant `DELETE` or `TRUNCATE` on `leases`: a deleted row forgets its epoch, and the next
@@ -300,6 +303,8 @@ impl Statements {
         let frontiers = format!("{schema}.frontiers");
         let relay_devices = format!("{schema}.relay_devices");
         let relay_records = format!("{schema}.relay_records");
+        let relay_checkpoints = format!("{schema}.relay_checkpoints");
+        let relay_checkpoint_chunks = format!("{schema}.relay_checkpoint_chunks");
         // The schema is created only when missing: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on
         // the database even when the schema exists, which its owner may not have.
         let mut tag = "$fencepost$".to_owned();
@@ -342,6 +347,19 @@ impl Statements {
                      seq bigint NOT NULL,
                      record text NOT NULL,
                      PRIMARY KEY (device_id, seq)
+                 );
+                 CREATE TABLE IF NOT EXISTS {relay_checkpoints} (
+                     name text PRIMARY KEY,
+                     upload text NOT NULL,
+                     bytes bigint NOT NULL CHECK (bytes >= 0),
+                     chunks integer NOT NULL CHECK (chunks >= 0)
+                 );
+                 CREATE TABLE IF NOT EXISTS {relay_checkpoint_chunks} (
+                     upload text NOT NULL,
+                     chunk integer NOT NULL CHECK (chunk >= 0),
+                     data bytea NOT NULL,
+                     written_at timestamptz NOT NULL DEFAULT now(),
+                     PRIMARY KEY (upload, chunk)
                  );
                  CREATE TABLE IF NOT EXISTS {versions} (
                      singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -885,8 +903,9 @@ impl From<LeaseError> for CallError {
 /// The version of the schema this code reads and writes ([`PostgresLeaseCoordinator::migrate`]
 /// brings a database to it). Version 2 added the published frontiers (`frontiers`), version 3
 /// the ledger's tables (`relay_devices`, `relay_records`, [`PostgresRelay`](crate::relay::PostgresRelay))
-/// and each published device's head (`frontiers.last_op_id`).
-pub const SCHEMA_VERSION: i32 = 3;
+/// and each published device's head (`frontiers.last_op_id`), version 4 the ledger's shared
+/// checkpoints (`relay_checkpoints`, `relay_checkpoint_chunks`).
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// What [`PostgresLeaseCoordinator::schema_version`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1699,6 +1718,17 @@ impl PostgresLeaseCoordinator {
         self.with_session(|session| self.batch(session, &all))
             .map(|sets| sets.into_iter().skip(1).collect())
             .map_err(|error| self.relay_failure(operation, error, false))
+    }
+
+    /// Runs `statements` (writes that may be repeated: a lost answer is an error saying they may
+    /// have applied) as one implicit transaction in one round trip; returns each one's rows.
+    pub(crate) fn write_rows(
+        &self,
+        operation: &'static str,
+        statements: Vec<String>,
+    ) -> Result<Vec<Vec<SimpleQueryRow>>, RelayError> {
+        self.with_session(|session| self.batch(session, &statements))
+            .map_err(|error| self.relay_failure(operation, error, true))
     }
 
     /// One explicit transaction in two round trips: `first` (reads that lock what they read), then

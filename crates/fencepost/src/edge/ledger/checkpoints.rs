@@ -45,7 +45,7 @@ impl Ledger {
     pub fn compact_with(&mut self, options: &CompactOptions) -> Result<CheckpointInfo, DispatchError> {
         let failed = |what: String| DispatchError::Checkpoint(format!("cannot write a checkpoint: {what}"));
         let dir = self.relay.checkpoints_dir().ok_or_else(|| {
-            failed("this ledger keeps no checkpoints (a ledger in PostgreSQL does not yet)".to_owned())
+            failed("this ledger keeps no checkpoints (a ledger in PostgreSQL keeps them with a folder for this site's copies: PostgresRelay::with_checkpoint_mirror)".to_owned())
         })?;
         if self.resumed_from_snapshot() {
             // Its records read before are not read again: damage among them would not be seen.
@@ -64,6 +64,13 @@ impl Ledger {
         std::fs::create_dir_all(&dir)
             .map_err(|error| failed(format!("cannot create {}: {error}", dir.display())))?;
         checkpoint::remove_leftovers(&dir, &[".writing-", ".folding-"]);
+        // Stored elsewhere (a database): every stored one copied here, the line of compactions
+        // and the ones this one contains are found among them.
+        // One that cannot be copied is left as it is (`verify` reports it): the database holds
+        // every record it covers.
+        for (name, error) in self.mirror_checkpoints(&dir, |_, _| true) {
+            tracing::warn!(checkpoint = name.as_str(), %error, "cannot copy a stored checkpoint; compacting without it");
+        }
         // A name no other compaction uses: this device's, this process's, this call's.
         static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let stamp = format!(
@@ -150,22 +157,53 @@ impl Ledger {
                 dir.display()
             )));
         }
+        if let Some(store) = self.relay.checkpoint_store() {
+            let name = checkpoint::file_name(records, &id, forgets_before_ms);
+            if let Err(error) = store.upload(&name, &path) {
+                Snapshot::remove(&path);
+                return Err(failed(format!("cannot store it in the ledger: {error}")));
+            }
+        }
         // The checkpoints this one contains are of no more use: those of this ledger's records
         // (another ledger's is left for `verify` to report), and of two of the same records
         // (two compactions at once), the one with the greater id stays (found by an adversarial
         // test: two compactions at once removed each other's, and the line was lost): the one
         // that comes first in the order sites choose by (`checkpoint::list`).
         let ours = crate::hex::decode_lower_hex::<32>(&id).map(|id| (forgets_before_ms, id));
+        let stored_elsewhere = self.relay.checkpoint_store().is_some();
         for (older_name, older) in checkpoint::list(&dir).unwrap_or_default() {
-            let before_ours =
-                older_name.records == records && Some((older_name.forgets_before_ms, older_name.id)) > ours;
-            if older == path || older_name.records > records || before_ours {
+            if older == path || older_name.records > records {
                 continue;
             }
-            let contained = CheckpointFile::open(&older).is_ok_and(|file| {
-                contains(&heads, &file.base().heads) && self.view.holds(&file.base().compaction_heads())
-            });
+            let opened = CheckpointFile::open(&older);
+            // Stored in a database (which holds every record: it is never pruned), a damaged
+            // one of no more records than this one is of no use, and new sites that would
+            // choose it first stop on it: it goes (found by an adversarial test: a stored
+            // checkpoint cut short, its size edited to match, stopped new hosts after every
+            // compaction of the same records, whose checkpoints got other ids). In a folder, a
+            // damaged file may be one a sync tool has not finished copying: it stays.
+            let damaged = stored_elsewhere
+                && match &opened {
+                    Ok(file) => older_name.mismatch(file).is_some() || file.check_pages().is_err(),
+                    Err(error) => !error.is_busy(),
+                };
+            let before_ours =
+                older_name.records == records && Some((older_name.forgets_before_ms, older_name.id)) > ours;
+            if before_ours && !damaged {
+                continue;
+            }
+            let contained = damaged
+                || opened.is_ok_and(|file| {
+                    contains(&heads, &file.base().heads) && self.view.holds(&file.base().compaction_heads())
+                });
             if contained {
+                if let Some(store) = self.relay.checkpoint_store() {
+                    let name = older.file_name().and_then(|name| name.to_str()).unwrap_or("");
+                    if let Err(error) = store.remove(name) {
+                        tracing::warn!(checkpoint = name, %error, "cannot remove an older checkpoint from the ledger");
+                        continue;
+                    }
+                }
                 if let Err(error) = std::fs::remove_file(&older).or_else(|error| {
                     // Another compaction removed it first.
                     (error.kind() == std::io::ErrorKind::NotFound)
@@ -327,6 +365,7 @@ impl Ledger {
     /// damaged one is damage of this ledger ([`damage`](Self::damage)), and not used.
     pub(super) fn import_checkpoint(&mut self) -> Option<(String, PathBuf)> {
         let dir = self.relay.checkpoints_dir()?;
+        self.mirror_checkpoints(&dir, |index, _| index == 0);
         let listed = match checkpoint::list(&dir) {
             Ok(listed) => listed,
             Err(error) => {
@@ -335,12 +374,11 @@ impl Ledger {
             }
         };
         let (named, path) = listed.into_iter().next()?;
-        let damaged = |detail: String| checkpoint_problem(&path, &format!("cannot be used: {detail}"));
         let file = match CheckpointFile::open(&path) {
             Ok(file) => file,
             Err(error) if error.is_busy() || !path.exists() => return None,
             Err(error) => {
-                self.checkpoint_damage = Some(damaged(error.to_string()));
+                self.checkpoint_unusable(&path, &error.to_string());
                 return None;
             }
         };
@@ -348,7 +386,7 @@ impl Ledger {
             .mismatch(&file)
             .or_else(|| LedgerState::restored(file.base()).err());
         if let Some(problem) = problem {
-            self.checkpoint_damage = Some(damaged(problem));
+            self.checkpoint_unusable(&path, &problem);
             return None;
         }
         drop(file);
@@ -376,9 +414,19 @@ impl Ledger {
             }
             Err(error) if error.is_busy() || !path.exists() => None,
             Err(error) => {
-                self.checkpoint_damage = Some(damaged(error.to_string()));
+                self.checkpoint_unusable(&path, &error.to_string());
                 None
             }
+        }
+    }
+
+    /// The shared checkpoint at `path` cannot be used: damage of this ledger. A copy of one
+    /// stored in a database goes (the next open copies it again: stored again meanwhile by a
+    /// compaction, it is whole).
+    fn checkpoint_unusable(&mut self, path: &Path, detail: &str) {
+        self.checkpoint_damage = Some(checkpoint_problem(path, &format!("cannot be used: {detail}")));
+        if self.relay.checkpoint_store().is_some() {
+            Snapshot::remove(path);
         }
     }
 
@@ -394,7 +442,11 @@ impl Ledger {
         let Some(dir) = self.relay.checkpoints_dir() else {
             return false;
         };
-        // The name says whether it forgets: no file is opened on an ordinary run.
+        // The name says whether it forgets: no file is opened (or copied) on an ordinary run.
+        let own = base.forgets_before_ms().unwrap_or(0);
+        self.mirror_checkpoints(&dir, |index, named| {
+            index == 0 && named.forgets_before_ms.is_some_and(|before| before > own)
+        });
         let Some((named, path)) = checkpoint::list(&dir)
             .ok()
             .and_then(|listed| listed.into_iter().next())
@@ -404,7 +456,6 @@ impl Ledger {
         let Some(before) = named.forgets_before_ms else {
             return false;
         };
-        let own = base.forgets_before_ms().unwrap_or(0);
         if before <= own {
             return false;
         }
@@ -453,6 +504,7 @@ impl Ledger {
         let Some(dir) = self.relay.checkpoints_dir() else {
             return Ok(());
         };
+        self.mirror_checkpoints(&dir, |_, _| true);
         for (named, path) in checkpoint::list(&dir).unwrap_or_default() {
             let Ok(mut file) = CheckpointFile::open(&path) else {
                 continue;
@@ -491,13 +543,17 @@ impl Ledger {
             .iter()
             .map(|(device, (first, _))| format!("{device:?} from record {first}"))
             .collect();
-        self.checkpoint_damage = Some(checkpoint_problem(
-            &dir,
-            &format!(
-                "holds no usable checkpoint that covers the records removed from device files ({} begin after a checkpoint): not synced here yet, removed or damaged",
+        let problem = RelayProblem {
+            kind: ProblemKind::Pruned,
+            device_id: None,
+            file: Some(dir.clone()),
+            line_number: None,
+            detail: format!(
+                "the checkpoints folder holds no usable checkpoint that covers the records removed from device files ({} begin after a checkpoint): not synced here yet, removed or damaged; sync it, or write a new checkpoint with `fencepost ledger compact` on a host whose ledger is intact",
                 lacking.join(", ")
             ),
-        ));
+        };
+        self.checkpoint_damage = Some(problem);
         Ok(())
     }
 
@@ -574,11 +630,35 @@ impl Ledger {
                 "checking checkpoints needs a ledger that read every record".to_owned(),
             ));
         }
-        let listed = checkpoint::list(&dir)
-            .map_err(|error| failed(format!("cannot list {}: {error}", dir.display())))?;
-        let mut problems = Vec::new();
+        // Stored elsewhere (a database): what is stored is checked, copied afresh into a folder
+        // of this call's, not this site's copies (found by an adversarial test: a host whose
+        // copy was whole said "intact" of a damaged stored checkpoint that stopped every new
+        // host, and one that had copied a damaged one reported it after it was stored again).
+        let stored_elsewhere = self.relay.checkpoint_store().is_some();
+        let fresh =
+            FreshCopies(stored_elsewhere.then(|| dir.join(format!(".verifying-{}", std::process::id()))));
+        let checked = fresh.0.clone().unwrap_or_else(|| dir.clone());
+        if stored_elsewhere {
+            let _ = std::fs::remove_dir_all(&checked);
+        }
+        let mut problems: Vec<RelayProblem> = self
+            .mirror_checkpoints(&checked, |_, _| true)
+            .into_iter()
+            .map(|(name, error)| {
+                checkpoint_problem(
+                    &dir.join(name),
+                    &format!("cannot be copied from the ledger: {error}"),
+                )
+            })
+            .collect();
+        let listed = checkpoint::list(&checked)
+            .map_err(|error| failed(format!("cannot list {}: {error}", checked.display())))?;
         for (named, path) in listed {
-            let problem = |detail: String| checkpoint_problem(&path, &detail);
+            // Named where sites keep it.
+            let shown = path
+                .file_name()
+                .map_or_else(|| path.clone(), |name| dir.join(name));
+            let problem = |detail: String| checkpoint_problem(&shown, &detail);
             let mut file = match CheckpointFile::open(&path) {
                 Ok(file) => file,
                 Err(error) => {
@@ -675,6 +755,9 @@ impl Ledger {
                     continue;
                 };
                 self.fold_covered(&mut view, started_at, base)?;
+                if let Some(rule) = &forgotten {
+                    view.forget_runs(rule);
+                }
                 view.forgotten.clone_from(&forgotten);
                 folded = view;
                 &folded
@@ -724,6 +807,103 @@ impl Ledger {
 }
 
 /// The view a checkpoint file stands for, its runs loaded; `None` when it cannot be read.
+impl Ledger {
+    /// For a relay that stores its checkpoints elsewhere than [`checkpoints_dir`](crate::relay::Relay::checkpoints_dir)
+    /// (a database, [`checkpoint_store`](crate::relay::Relay::checkpoint_store)): brings `dir`,
+    /// this site's copies, in line with the store. A copy the store no longer has is removed; a
+    /// stored one that `wanted` names (by its place in the order sites choose by, 0 being the
+    /// one used, and its name) is copied in when missing (to a file of its own, then renamed:
+    /// the processes of one host may share `dir`). Returns what could not be copied, and why (a
+    /// store that cannot be listed leaves `dir` as it is: the ledger then reads its records
+    /// from the relay, which holds every one). Nothing for a relay whose `dir` is shared.
+    fn mirror_checkpoints(
+        &self,
+        dir: &Path,
+        wanted: impl Fn(usize, &checkpoint::CheckpointName) -> bool,
+    ) -> Vec<(String, String)> {
+        let Some(store) = self.relay.checkpoint_store() else {
+            return Vec::new();
+        };
+        let names = match store.names() {
+            Ok(names) => names,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list the ledger's checkpoints; reading its records");
+                return vec![("the checkpoints".to_owned(), error.to_string())];
+            }
+        };
+        let mut stored: Vec<(checkpoint::CheckpointName, String)> = names
+            .into_iter()
+            .filter_map(|name| Some((checkpoint::parse_file_name(&name)?, name)))
+            .collect();
+        stored.sort_by_key(|(named, _)| checkpoint::rank(named));
+        for (_, path) in checkpoint::list(dir).unwrap_or_default() {
+            let kept = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| stored.iter().any(|(_, stored)| stored == name));
+            if !kept {
+                if let Err(error) = std::fs::remove_file(&path) {
+                    tracing::debug!(checkpoint = %path.display(), %error, "cannot remove a copy of a checkpoint the ledger no longer has");
+                }
+            }
+        }
+        let mut failures = Vec::new();
+        for (index, (named, name)) in stored.iter().enumerate() {
+            let path = dir.join(name);
+            if !wanted(index, named) || path.exists() {
+                continue;
+            }
+            if let Err(error) = std::fs::create_dir_all(dir) {
+                failures.push((name.clone(), format!("cannot create {}: {error}", dir.display())));
+                break;
+            }
+            checkpoint::remove_leftovers(dir, &[".downloading-"]);
+            static COPIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let copy = dir.join(format!(
+                ".downloading-{}-{}-{name}",
+                std::process::id(),
+                COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ));
+            let copied = (|| -> Result<bool, String> {
+                let mut file = std::fs::File::create(&copy).map_err(|error| error.to_string())?;
+                let mut writer = std::io::BufWriter::new(&mut file);
+                if !store
+                    .download(name, &mut writer)
+                    .map_err(|error| error.to_string())?
+                {
+                    return Ok(false);
+                }
+                std::io::Write::flush(&mut writer).map_err(|error| error.to_string())?;
+                drop(writer);
+                file.sync_all().map_err(|error| error.to_string())?;
+                std::fs::rename(&copy, &path).map_err(|error| error.to_string())?;
+                Ok(true)
+            })();
+            match copied {
+                Ok(true) => tracing::info!(checkpoint = %path.display(), "copied a checkpoint of the ledger"),
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(checkpoint = name.as_str(), %error, "cannot copy a checkpoint of the ledger; reading its records");
+                    failures.push((name.clone(), error));
+                }
+            }
+            let _ = std::fs::remove_file(&copy);
+        }
+        failures
+    }
+}
+
+/// A folder of fresh copies of stored checkpoints, removed when dropped.
+struct FreshCopies(Option<PathBuf>);
+
+impl Drop for FreshCopies {
+    fn drop(&mut self) {
+        if let Some(folder) = &self.0 {
+            let _ = std::fs::remove_dir_all(folder);
+        }
+    }
+}
+
 fn loaded_view(file: &mut CheckpointFile) -> Option<LedgerState> {
     let mut view = LedgerState::restored(&file.base().clone()).ok()?;
     file.for_each_run(|agent, run, summary| view.state.merge_summary(agent, run, summary))
@@ -761,7 +941,7 @@ fn checkpoint_problem(path: &Path, detail: &str) -> RelayProblem {
         file: Some(path.to_path_buf()),
         line_number: None,
         detail: format!(
-            "the checkpoint {detail}; remove it (the ledger's records are still in its devices' files) or write a new one with `fencepost ledger compact`"
+            "the checkpoint {detail}; write a new one with `fencepost ledger compact` on a host whose ledger is intact (or remove it, if no device's records were pruned after it: the records it covers are then all in the ledger)"
         ),
     }
 }

@@ -279,11 +279,16 @@ impl FsRelay {
         let length = metadata.len();
         entry.damage = None;
         let identity = file_identity(&metadata);
-        if entry.identity.is_some() && identity != entry.identity {
-            // Another file under the name: a sync tool's new copy, or the device's own file
-            // pruned (`Relay::prune`). It must still hold what was read, from where it begins.
-            if let Err(detail) = self.relocate(entry) {
-                entry.damage = Some(self.problem(entry, None, detail));
+        // Another file under the name: a sync tool's new copy, or the device's own file pruned
+        // (`Relay::prune`), with another identity, or with the same one (a file system reuses
+        // the number of a file removed: found by an adversarial test, a reading went on at the
+        // old file's offset in the middle of a line of a file pruned twice). It must still hold
+        // what was read, from where it begins.
+        if entry.identity.is_some()
+            && (identity != entry.identity || !Self::holds_last_read(&file, entry, length))
+        {
+            if let Err(problem) = self.relocate(entry) {
+                entry.damage = Some(problem);
                 return Ok(refresh);
             }
             entry.identity = identity;
@@ -560,7 +565,12 @@ impl FsRelay {
         // checkpoint, and the reading goes on where the records it read are).
         let located = self
             .locate(&path, &head, Some((file.last_start, file.verified_to)))
-            .map_err(|detail| format!("record {last_seq} is not where it was read: {detail}"))?;
+            .map_err(|detail| {
+                format!(
+                    "record {last_seq} is not where it was read: {}",
+                    detail.trim_end_matches(prune::PRUNED_MARK)
+                )
+            })?;
         Ok(DeviceFile {
             path,
             first_seq: located.first_seq,

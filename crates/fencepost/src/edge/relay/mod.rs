@@ -112,10 +112,20 @@ pub trait Relay: Send + Sync {
     }
 
     /// The folder where this relay keeps the ledger's shared [checkpoints](crate::checkpoint),
-    /// where every site finds them; `None` when it keeps none (a PostgreSQL relay, for now).
+    /// where every site finds them; or, for a relay with a [`checkpoint_store`](Self::checkpoint_store),
+    /// this site's folder of copies of the ones it uses. `None` when it keeps none.
     ///
     /// The default: `None`.
     fn checkpoints_dir(&self) -> Option<PathBuf> {
+        None
+    }
+
+    /// Where the shared checkpoints are stored when it is not [`checkpoints_dir`](Self::checkpoints_dir)
+    /// itself (a database): the ledger then copies the ones it needs into that folder, and
+    /// stores the ones it writes here. `None` when that folder is what every site shares.
+    ///
+    /// The default: `None`.
+    fn checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
         None
     }
 
@@ -191,6 +201,38 @@ pub struct Appended {
     pub appended: Vec<OpRecord>,
 }
 
+/// A store of the shared [checkpoints](crate::checkpoint)' files other than a folder that every
+/// site reads ([`Relay::checkpoint_store`]): a database. Each checkpoint is stored under its file
+/// name, whole or not at all, and never changes (its name holds its digest).
+pub trait CheckpointStore: Send + Sync {
+    /// The names of the checkpoints stored.
+    ///
+    /// # Errors
+    /// A storage failure.
+    fn names(&self) -> Result<Vec<String>, RelayError>;
+
+    /// Writes the checkpoint `name` into `to`; `false` when none of that name is stored (or it
+    /// was removed while it was read: what was written is then of no use).
+    ///
+    /// # Errors
+    /// A storage failure, or a stored checkpoint that is incomplete (damage).
+    fn download(&self, name: &str, to: &mut dyn std::io::Write) -> Result<bool, RelayError>;
+
+    /// Stores the file at `path` as the checkpoint `name`; sites see it once all of it is
+    /// stored. One of that name stored already is replaced (the same digest: the same
+    /// checkpoint, rule K4, or a damaged copy of it).
+    ///
+    /// # Errors
+    /// A storage failure, or the file cannot be read (nothing is then stored under `name`).
+    fn upload(&self, name: &str, path: &std::path::Path) -> Result<(), RelayError>;
+
+    /// Removes the checkpoint `name` (nothing when none of that name is stored).
+    ///
+    /// # Errors
+    /// A storage failure.
+    fn remove(&self, name: &str) -> Result<(), RelayError>;
+}
+
 /// What a push did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PushReport {
@@ -222,6 +264,12 @@ pub enum ProblemKind {
     IncompleteLine,
     /// A file that is no device log (a sync tool's conflict copy, a stray file): ignored.
     Ignored,
+    /// A device's log begins after records the reading lacks: they were removed after a
+    /// checkpoint covered them ([`Relay::prune`]), and the reading did not start from one that
+    /// does (it started before that checkpoint was written, or it is not here yet). Damage like
+    /// [`Damage`](Self::Damage); a reading started again, from the newest checkpoint, may not
+    /// find it (another site pruned while this one read).
+    Pruned,
 }
 
 /// A problem with part of a relay's store, reported by a pull without stopping it.
@@ -240,9 +288,10 @@ pub struct RelayProblem {
 }
 
 impl RelayProblem {
-    /// Whether the problem makes the ledger incomplete ([`ProblemKind::Damage`]).
+    /// Whether the problem makes the ledger incomplete ([`ProblemKind::Damage`] or
+    /// [`ProblemKind::Pruned`]).
     pub fn is_damage(&self) -> bool {
-        self.kind == ProblemKind::Damage
+        matches!(self.kind, ProblemKind::Damage | ProblemKind::Pruned)
     }
 }
 

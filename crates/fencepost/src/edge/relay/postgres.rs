@@ -2,12 +2,14 @@
 //! many hosts that share only a database URL.
 
 use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 
 use tokio_postgres::SimpleQueryRow;
 
 use super::{
-    group_by_device, plan_device_push, stored_head, verify_pulled, Appended, Frontier, MakeRecords,
-    ProblemKind, PullBatch, PushReport, Relay, RelayError, RelayProblem,
+    group_by_device, plan_device_push, stored_head, verify_pulled, Appended, CheckpointStore, Frontier,
+    MakeRecords, ProblemKind, PullBatch, PushReport, Relay, RelayError, RelayProblem,
 };
 use crate::backend::postgres::{bind, Literal, PostgresConfig, PostgresLeaseCoordinator};
 use crate::oplog::{LogHead, OpRecord};
@@ -49,7 +51,15 @@ pub struct PostgresRelay {
     database: PostgresLeaseCoordinator,
     devices: String,
     records: String,
+    checkpoints: String,
+    chunks: String,
+    mirror: Option<PathBuf>,
 }
+
+/// The bytes of a checkpoint in one stored chunk (twice as many hex digits travel).
+const CHUNK_BYTES: usize = 1 << 20;
+/// The chunks read in one round trip.
+const CHUNKS_PER_READ: i64 = 4;
 
 impl PostgresRelay {
     /// Connects (a bounded number of attempts; see [`PostgresLeaseCoordinator::connect`]).
@@ -68,8 +78,21 @@ impl PostgresRelay {
         Ok(Self {
             devices: format!("{schema}.relay_devices"),
             records: format!("{schema}.relay_records"),
+            checkpoints: format!("{schema}.relay_checkpoints"),
+            chunks: format!("{schema}.relay_checkpoint_chunks"),
             database,
+            mirror: None,
         })
+    }
+
+    /// Keeps the ledger's shared [checkpoints](crate::checkpoint) in the database
+    /// (`relay_checkpoints`, `relay_checkpoint_chunks`), with copies of the ones this site uses
+    /// in `folder` (of this host; the processes of one host may share it). Without it, the
+    /// ledger has no checkpoints: every new site reads every record.
+    #[must_use]
+    pub fn with_checkpoint_mirror(mut self, folder: impl Into<PathBuf>) -> Self {
+        self.mirror = Some(folder.into());
+        self
     }
 
     /// Checks that the schema is at the version this code needs (one read), as
@@ -257,6 +280,16 @@ impl Relay for PostgresRelay {
         super::resume_by_pull(self, cursor)
     }
 
+    /// The mirror's folder ([`with_checkpoint_mirror`](PostgresRelay::with_checkpoint_mirror)).
+    fn checkpoints_dir(&self) -> Option<PathBuf> {
+        self.mirror.clone()
+    }
+
+    /// The database, when there is a mirror.
+    fn checkpoint_store(&self) -> Option<&dyn CheckpointStore> {
+        self.mirror.as_ref().map(|_| self as &dyn CheckpointStore)
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         if groups.is_empty() {
@@ -413,5 +446,232 @@ impl Relay for PostgresRelay {
             };
             Ok((second, Appended { tail, appended: made }))
         })
+    }
+}
+
+/// Each checkpoint is a row of `relay_checkpoints` (its name, its upload, its size and number of
+/// chunks) and its bytes in `relay_checkpoint_chunks`, keyed by the upload: the chunks are
+/// stored first, then the row, in a statement of its own, so that a checkpoint is seen whole or
+/// not at all, and two uploads of one name (two compactions of the same records, rule K4) never
+/// mix their chunks. Grants: `SELECT` for the sites that start from them; `INSERT, DELETE` for
+/// the role that compacts.
+impl CheckpointStore for PostgresRelay {
+    fn names(&self) -> Result<Vec<String>, RelayError> {
+        let rows = self.database.read_rows(
+            "list the checkpoints of",
+            vec![format!("SELECT name FROM {}", self.checkpoints)],
+        )?;
+        Ok(rows
+            .into_iter()
+            .flatten()
+            .filter_map(|row| row.get(0).map(str::to_owned))
+            .collect())
+    }
+
+    fn download(&self, name: &str, to: &mut dyn std::io::Write) -> Result<bool, RelayError> {
+        let header = self.database.read_rows(
+            "read a checkpoint of",
+            vec![bind(
+                &format!(
+                    "SELECT upload, bytes, chunks FROM {} WHERE name = $1",
+                    self.checkpoints
+                ),
+                &[Literal::Text(name)],
+            )],
+        )?;
+        let Some(row) = header.into_iter().flatten().next() else {
+            return Ok(false);
+        };
+        let damaged = |detail: String| RelayError::Database {
+            operation: "read a checkpoint of",
+            message: format!("checkpoint {name} in {}: {detail}", self.checkpoints),
+            may_have_applied: false,
+        };
+        let upload = row.get(0).unwrap_or("").to_owned();
+        let bytes = row.get(1).and_then(|text| text.parse::<u64>().ok()).unwrap_or(0);
+        let chunks = row.get(2).and_then(|text| text.parse::<i64>().ok()).unwrap_or(0);
+        let mut written = 0u64;
+        let mut data = Vec::with_capacity(CHUNK_BYTES);
+        let mut next = 0i64;
+        while next < chunks {
+            let end = chunks.min(next + CHUNKS_PER_READ);
+            let rows = self.database.read_rows(
+                "read a checkpoint of",
+                vec![bind(
+                    &format!(
+                        "SELECT chunk, encode(data, 'hex') FROM {} WHERE upload = $1 AND chunk >= $2 AND chunk < $3 ORDER BY chunk",
+                        self.chunks
+                    ),
+                    &[Literal::Text(&upload), Literal::Int(next), Literal::Int(end)],
+                )],
+            )?;
+            for row in rows.into_iter().flatten() {
+                let chunk = row.get(0).and_then(|text| text.parse::<i64>().ok());
+                if chunk != Some(next) {
+                    return self.gone_or(
+                        name,
+                        &upload,
+                        damaged(format!("chunk {next} of {chunks} is missing")),
+                    );
+                }
+                data.clear();
+                if !crate::hex::decode_lower_hex_into(row.get(1).unwrap_or(""), &mut data) {
+                    return Err(damaged(format!("chunk {next} is not hex")));
+                }
+                to.write_all(&data)
+                    .map_err(|error| damaged(format!("cannot write the copy: {error}")))?;
+                written += data.len() as u64;
+                next += 1;
+            }
+            if next < end {
+                return self.gone_or(
+                    name,
+                    &upload,
+                    damaged(format!("chunk {next} of {chunks} is missing")),
+                );
+            }
+        }
+        if written != bytes {
+            return Err(damaged(format!("its chunks hold {written} bytes, not {bytes}")));
+        }
+        Ok(true)
+    }
+
+    fn upload(&self, name: &str, path: &Path) -> Result<(), RelayError> {
+        let unreadable = |error: std::io::Error| RelayError::Database {
+            operation: "store a checkpoint in",
+            message: format!("cannot read {}: {error}", path.display()),
+            may_have_applied: false,
+        };
+        let mut file = std::fs::File::open(path).map_err(unreadable)?;
+        // Chunks of uploads killed an hour ago or more, which no checkpoint names; and an
+        // upload of its own (named by the server: a second upload of the name by another
+        // compaction has another).
+        let rows = self.database.write_rows(
+            "store a checkpoint in",
+            vec![
+                format!(
+                    "DELETE FROM {chunks} AS c WHERE c.written_at < now() - interval '1 hour'
+                     AND NOT EXISTS (SELECT 1 FROM {checkpoints} AS k WHERE k.upload = c.upload)",
+                    chunks = self.chunks,
+                    checkpoints = self.checkpoints
+                ),
+                "SELECT md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text)".to_owned(),
+            ],
+        )?;
+        let upload = rows
+            .into_iter()
+            .nth(1)
+            .and_then(|rows| rows.into_iter().next())
+            .and_then(|row| row.get(0).map(|id| format!("{name}/{id}")))
+            .ok_or_else(|| RelayError::Database {
+                operation: "store a checkpoint in",
+                message: "the server named no upload".to_owned(),
+                may_have_applied: false,
+            })?;
+        let mut buffer = vec![0u8; CHUNK_BYTES];
+        let mut bytes = 0u64;
+        let mut chunks = 0i64;
+        loop {
+            let mut filled = 0;
+            while filled < buffer.len() {
+                match file.read(&mut buffer[filled..]) {
+                    Ok(0) => break,
+                    Ok(read) => filled += read,
+                    Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(error) => return Err(unreadable(error)),
+                }
+            }
+            if filled == 0 {
+                break;
+            }
+            let mut hex = String::with_capacity(filled * 2);
+            crate::hex::push_lower_hex(&mut hex, &buffer[..filled]);
+            self.database.write_rows(
+                "store a checkpoint in",
+                vec![bind(
+                    &format!(
+                        "INSERT INTO {} (upload, chunk, data) VALUES ($1, $2, decode($3, 'hex'))",
+                        self.chunks
+                    ),
+                    &[Literal::Text(&upload), Literal::Int(chunks), Literal::Text(&hex)],
+                )],
+            )?;
+            bytes += filled as u64;
+            chunks += 1;
+        }
+        // One of that name stored already is the same checkpoint (rule K4), or a damaged copy
+        // of it: this upload replaces it, and its chunks go (a site reading them meanwhile
+        // finds the checkpoint gone, `gone_or`, and reads the records this time). Its row is
+        // locked from the first statement to the commit: a second upload of the name at once
+        // waits, then replaces this one the same way.
+        let literals = [
+            Literal::Text(name),
+            Literal::Text(&upload),
+            Literal::Int(i64::try_from(bytes).unwrap_or(i64::MAX)),
+            Literal::Int(chunks),
+        ];
+        self.database.write_rows(
+            "store a checkpoint in",
+            vec![
+                bind(
+                    &format!(
+                        "DELETE FROM {chunks} WHERE upload <> $2
+                         AND upload IN (SELECT upload FROM {checkpoints} WHERE name = $1 FOR UPDATE)",
+                        checkpoints = self.checkpoints,
+                        chunks = self.chunks
+                    ),
+                    &literals,
+                ),
+                bind(
+                    &format!(
+                        "INSERT INTO {} (name, upload, bytes, chunks) VALUES ($1, $2, $3, $4)
+                         ON CONFLICT (name) DO UPDATE
+                         SET upload = excluded.upload, bytes = excluded.bytes, chunks = excluded.chunks",
+                        self.checkpoints
+                    ),
+                    &literals,
+                ),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn remove(&self, name: &str) -> Result<(), RelayError> {
+        self.database.write_rows(
+            "remove a checkpoint from",
+            vec![bind(
+                &format!(
+                    "WITH gone AS (DELETE FROM {checkpoints} WHERE name = $1 RETURNING upload)
+                     DELETE FROM {chunks} WHERE upload IN (SELECT upload FROM gone)",
+                    checkpoints = self.checkpoints,
+                    chunks = self.chunks
+                ),
+                &[Literal::Text(name)],
+            )],
+        )?;
+        Ok(())
+    }
+}
+
+impl PostgresRelay {
+    /// A download of `upload` that found a chunk missing: `false` when the checkpoint was
+    /// removed or stored again meanwhile (another compaction), else the damage.
+    fn gone_or(&self, name: &str, upload: &str, damage: RelayError) -> Result<bool, RelayError> {
+        let still = self.database.read_rows(
+            "read a checkpoint of",
+            vec![bind(
+                &format!(
+                    "SELECT 1 FROM {} WHERE name = $1 AND upload = $2",
+                    self.checkpoints
+                ),
+                &[Literal::Text(name), Literal::Text(upload)],
+            )],
+        )?;
+        if still.into_iter().flatten().next().is_some() {
+            Err(damage)
+        } else {
+            Ok(false)
+        }
     }
 }

@@ -16,6 +16,10 @@ use crate::oplog::{LogHead, OpId, OpRecord};
 use crate::relay::{ProblemKind, RelayError, RelayProblem};
 
 /// Which file `metadata` is (device and inode), where the platform says.
+/// The end of what [`FsRelay::locate`] says when the file begins after the records it looks
+/// for (removed since): a problem of kind [`ProblemKind::Pruned`].
+pub(super) const PRUNED_MARK: &str = " (pruned)";
+
 pub(super) fn file_identity(metadata: &std::fs::Metadata) -> Option<(u64, u64)> {
     #[cfg(unix)]
     {
@@ -130,7 +134,7 @@ impl FsRelay {
         }
         if first.seq > last_seq {
             return Err(format!(
-                "{} begins at record {}: records {}..{} were removed before they were read here",
+                "{} begins at record {}: records {}..{} were removed before they were read here{PRUNED_MARK}",
                 path.display(),
                 first.seq,
                 head.next_seq(),
@@ -171,9 +175,42 @@ impl FsRelay {
         })
     }
 
+    /// Whether `file` (open, `length` bytes long) holds the last record `entry` read where it
+    /// read it (one line read at that place): what tells a file from another one that the file
+    /// system gave the same identity (the number of a file removed, reused). A file shorter
+    /// than what was read is the caller's to report.
+    pub(super) fn holds_last_read(file: &File, entry: &DeviceFile, length: u64) -> bool {
+        use std::io::{Seek, SeekFrom};
+        let (Some(head), Some(start)) = (entry.head.as_ref(), entry.offsets.last()) else {
+            return true;
+        };
+        let (Some(last_op_id), Some(last_seq)) = (head.last_op_id(), head.next_seq().checked_sub(1)) else {
+            return true;
+        };
+        if length < entry.verified_to {
+            return true;
+        }
+        let Some(size) = entry
+            .verified_to
+            .checked_sub(*start)
+            .and_then(|size| usize::try_from(size).ok())
+            .filter(|size| (1..=1 << 24).contains(size))
+        else {
+            return true;
+        };
+        let mut line = vec![0; size];
+        let mut reader = file;
+        if reader.seek(SeekFrom::Start(*start)).is_err() || reader.read_exact(&mut line).is_err() {
+            return false;
+        }
+        line.last() == Some(&b'\n')
+            && OpRecord::from_json(without_newline(&line))
+                .is_ok_and(|op| op.op_id == last_op_id && op.seq == last_seq)
+    }
+
     /// Points `entry` at the file now at its path, which must hold what `entry` read (see
     /// [`locate`](Self::locate)); an entry that read nothing starts over.
-    pub(super) fn relocate(&self, entry: &mut DeviceFile) -> Result<(), String> {
+    pub(super) fn relocate(&self, entry: &mut DeviceFile) -> Result<(), RelayProblem> {
         let Some(head) = entry.head.clone() else {
             entry.first_seq = 0;
             entry.offsets.clear();
@@ -182,9 +219,15 @@ impl FsRelay {
             return Ok(());
         };
         let hint = entry.offsets.last().map(|start| (*start, entry.verified_to));
-        let located = self
-            .locate(&entry.path, &head, hint)
-            .map_err(|detail| format!("the file was replaced, and {detail}"))?;
+        let located = self.locate(&entry.path, &head, hint).map_err(|detail| {
+            let pruned = detail.ends_with(PRUNED_MARK);
+            let detail = detail.trim_end_matches(PRUNED_MARK);
+            let mut problem = self.problem(entry, None, format!("the file was replaced, and {detail}"));
+            if pruned {
+                problem.kind = ProblemKind::Pruned;
+            }
+            problem
+        })?;
         tracing::debug!(file = %entry.path.display(), "another file under the device file's name; reading on where it holds what was read");
         entry.first_seq = located.first_seq;
         entry.offsets = located.offsets;
@@ -205,14 +248,16 @@ impl FsRelay {
         let head = entry.head.as_ref()?;
         let has = since.next_seq(head.device_id());
         (has < first).then(|| {
-            self.problem(
+            let mut problem = self.problem(
                 entry,
                 None,
                 format!(
                     "the file begins at record {first}: records {has}..{} were removed after a checkpoint covered them (ledger compact --prune), and this reading does not start from one that does",
                     first - 1
                 ),
-            )
+            );
+            problem.kind = ProblemKind::Pruned;
+            problem
         })
     }
 
