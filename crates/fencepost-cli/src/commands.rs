@@ -97,12 +97,20 @@ fn open_ledger_to_write(settings: &Settings) -> Result<Ledger> {
 }
 
 fn open_ledger_to(settings: &Settings, access: Access) -> Result<Ledger> {
-    open_ledger_with(settings, access, false)
+    open_ledger_with(settings, access, false, true)
 }
 
 /// Opens the ledger; with `snapshot`, from this site's snapshot of a ledger folder (what `run`
-/// does: it asks about one run). The commands that list or check everything read it all.
-fn open_ledger_with(settings: &Settings, access: Access, snapshot: bool) -> Result<Ledger> {
+/// does: it asks about one run). The commands that list or check everything read it all. With
+/// `reopen_if_pruned`, a ledger whose only damage is a device file pruned while it was read
+/// ([`only_pruned`]) is opened again, a few times (`run` starts its whole attempt over instead:
+/// it may have read the ledger before).
+fn open_ledger_with(
+    settings: &Settings,
+    access: Access,
+    snapshot: bool,
+    reopen_if_pruned: bool,
+) -> Result<Ledger> {
     if let Some(folder) = settings.folder_left_behind() {
         crate::usage!(
             "the ledger is in PostgreSQL, but {} holds a ledger folder from an earlier fencepost (the default before), whose commits the database may not have (or cannot be read: a link to a share that is not mounted?). Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
@@ -127,42 +135,51 @@ fn open_ledger_with(settings: &Settings, access: Access, snapshot: bool) -> Resu
         // Opening pulls everything once; a sync right after it would pull again for nothing.
         let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options.clone())
             .with_context(|| format!("cannot open the ledger in {}", settings.ledger_label()))?;
-        let damage = ledger.damage();
-        let pruned_meanwhile =
-            !damage.is_empty() && damage.iter().all(|problem| problem.kind == ProblemKind::Pruned);
-        // (`run` starts its whole attempt over instead: it may have read the ledger before.)
-        let run_retries = RETRY_PRUNED.load(std::sync::atomic::Ordering::Relaxed);
-        if !pruned_meanwhile || attempt == 3 || run_retries {
+        if !reopen_if_pruned || !only_pruned(&ledger) || attempt == 3 {
             return Ok(ledger);
         }
         attempt += 1;
-        tracing::debug!(attempt, problem = %damage[0], "a device file begins after what this reading lacks (pruned while it read?): reading again");
+        tracing::debug!(
+            attempt,
+            "a device file begins after what this reading lacks (pruned while it read?): reading again"
+        );
         drop(ledger);
         std::thread::sleep(std::time::Duration::from_millis(50 * u64::from(attempt)));
     }
 }
 
-/// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to do.
-fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
+/// Whether the ledger's only damage is a device file that begins after what the reading lacks
+/// ([`ProblemKind::Pruned`]): another host's prune may have come while it read.
+fn only_pruned(ledger: &Ledger) -> bool {
     let damage = ledger.damage();
-    let pruned_meanwhile =
-        !damage.is_empty() && damage.iter().all(|problem| problem.kind == ProblemKind::Pruned);
-    if pruned_meanwhile && RETRY_PRUNED.load(std::sync::atomic::Ordering::Relaxed) {
-        return Err(anyhow::Error::new(PrunedMeanwhile));
+    !damage.is_empty() && damage.iter().all(|problem| problem.kind == ProblemKind::Pruned)
+}
+
+/// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to
+/// do; a [`PrunedMeanwhile`] error when the only damage is a device file pruned while it was read
+/// ([`only_pruned`]).
+fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
+    match damage_refusal(ledger, settings) {
+        None => Ok(()),
+        Some(refusal) if only_pruned(ledger) => Err(anyhow::Error::new(PrunedMeanwhile(refusal))),
+        Some(refusal) => Err(anyhow::anyhow!(refusal)),
     }
+}
+
+/// What [`refuse_damage`] says, if the ledger has damage that was not accepted.
+fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
     if let Some(problem) = ledger.snapshot_failure() {
-        bail!(
+        return Some(format!(
             "not running anything: {}. The ledger in {} is not damaged; run again",
             problem.detail,
             settings.ledger_label()
-        );
+        ));
     }
     if let Some(problem) = ledger.checkpoint_failure() {
-        bail!("not running anything: {problem}");
+        return Some(format!("not running anything: {problem}"));
     }
-    let Some(first) = damage.first() else {
-        return Ok(());
-    };
+    let damage = ledger.damage();
+    let first = damage.first()?;
     let which = first
         .device_id
         .clone()
@@ -174,7 +191,7 @@ fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
                 .map(|name| name.to_string_lossy().into_owned())
         })
         .unwrap_or_default();
-    bail!(
+    Some(format!(
         "the ledger in {} is damaged, so runs it recorded could run again; not running anything: {first}{}. {} (`fencepost ledger verify` lists the damage), or run with --accept-damaged {which:?} to accept that its runs may repeat",
         settings.ledger_label(),
         if damage.len() > 1 {
@@ -183,22 +200,18 @@ fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
             String::new()
         },
         settings.repair_hint()
-    )
+    ))
 }
 
-/// Whether [`refuse_damage`] ends a `run` attempt with [`PrunedMeanwhile`] when the only damage
-/// is a device file that begins after what the reading lacks ([`ProblemKind::Pruned`]).
-static RETRY_PRUNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// A `run` attempt stopped, before its command, because a device file was pruned while the
-/// ledger read it (another host compacted with --prune): `run` starts over, reading from the
-/// newest checkpoint.
+/// A refusal ([`refuse_damage`]) whose only damage is a device file pruned while the ledger
+/// read it (another host compacted with --prune): `run` starts its attempt over, reading from
+/// the newest checkpoint, and its last attempt reports it. It says what the refusal says.
 #[derive(Debug)]
-struct PrunedMeanwhile;
+struct PrunedMeanwhile(String);
 
 impl std::fmt::Display for PrunedMeanwhile {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("a device file was pruned while the ledger read it")
+        formatter.write_str(&self.0)
     }
 }
 
@@ -211,9 +224,8 @@ impl std::error::Error for PrunedMeanwhile {}
 pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     const ATTEMPTS: u32 = 4;
     for attempt in 1..=ATTEMPTS {
-        RETRY_PRUNED.store(attempt < ATTEMPTS, std::sync::atomic::Ordering::Relaxed);
         match run_attempt(settings, &args) {
-            Err(error) if error.is::<PrunedMeanwhile>() => {
+            Err(error) if attempt < ATTEMPTS && error.chain().any(|cause| cause.is::<PrunedMeanwhile>()) => {
                 tracing::debug!(
                     attempt,
                     "a device file was pruned while the ledger read it; starting over"
@@ -223,7 +235,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
             ended => return ended,
         }
     }
-    unreachable!("the last attempt never ends with PrunedMeanwhile")
+    unreachable!("the last attempt returns whatever it ends with")
 }
 
 fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
@@ -242,7 +254,7 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
         Err(error) => crate::usage!("cannot name the run: {error}"),
     };
     let agent = args.agent.as_str();
-    let mut ledger = open_ledger_with(settings, Access::Write, true)?;
+    let mut ledger = open_ledger_with(settings, Access::Write, true, false)?;
     // What earlier holders published, read once: accepting a device's lost records waives only
     // those published by now (rule H3); any published later are waited for.
     let mut published = None;
@@ -519,7 +531,7 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
         // Once more, through the ledger opened again: this one may no longer continue the
         // device's log (another process of this device id appended and a prune removed those
         // records since this one read: found by a flaky test, the outcome of a run was lost).
-        match open_ledger_with(settings, Access::Write, false)
+        match open_ledger_with(settings, Access::Write, false, true)
             .and_then(|mut fresh| Ok(ledger.flush_through(&mut fresh)?))
         {
             Ok(stored) => tracing::info!(stored, "stored the outcome through the ledger opened again"),

@@ -700,19 +700,22 @@ fn k1_k4_a_ledger_in_the_database_keeps_checkpoints_that_new_hosts_start_from() 
             .map(|row| (row.get(0), row.get(1), row.get(2)))
             .collect()
     };
+    let chunks_of = |database: &mut Client, upload: &str| -> i64 {
+        database
+            .query_one(
+                "SELECT count(*) FROM fencepost.relay_checkpoint_chunks WHERE upload = $1",
+                &[&upload],
+            )
+            .unwrap()
+            .get(0)
+    };
     // Each wrote the fold of the same records; they differ only in when they were written
     // (their line of compactions), so both may stay (sites take the first by rank).
     let checkpoints = stored(&mut database);
     assert!((1..=2).contains(&checkpoints.len()), "{checkpoints:?}");
     for (checkpoint, upload, chunks) in &checkpoints {
         assert!(checkpoint.starts_with("checkpoint-6-"), "{checkpoint}");
-        let held: i64 = database
-            .query_one(
-                "SELECT count(*) FROM fencepost.relay_checkpoint_chunks WHERE upload = $1",
-                &[upload],
-            )
-            .unwrap()
-            .get(0);
+        let held = chunks_of(&mut database, upload);
         assert_eq!(held, i64::from(*chunks), "{checkpoint} has all its chunks");
     }
 
@@ -797,13 +800,7 @@ fn k1_k4_a_ledger_in_the_database_keeps_checkpoints_that_new_hosts_start_from() 
         .find(|(name, _, _)| *name == checkpoint)
         .unwrap_or_else(|| panic!("the same records, the same checkpoint: {replaced:?}"));
     assert_ne!(again.1, upload, "stored again");
-    let orphans: i64 = database
-        .query_one(
-            "SELECT count(*) FROM fencepost.relay_checkpoint_chunks WHERE upload = $1",
-            &[&upload],
-        )
-        .unwrap()
-        .get(0);
+    let orphans = chunks_of(&mut database, &upload);
     assert_eq!(orphans, 0, "the damaged copy's chunks went with it");
     // The host whose verify copied the damaged one checks the stored one again: intact now.
     let verify = in_data("host-late", "data-verify", &["ledger", "verify"]);

@@ -1007,10 +1007,7 @@ impl Ledger {
                 continue; // said already
             }
             let has = self.view.frontier.next_seq(device);
-            let here = mark.next_seq.checked_sub(1).and_then(|last| {
-                let (first, ids) = self.view.ids.get(device)?;
-                ids.get(usize::try_from(last.checked_sub(*first)?).ok()?).copied()
-            });
+            let here = self.view.last_id_known(device, mark.next_seq);
             let detail = if has < mark.next_seq {
                 format!(
                     "{whose} {verb} {} records of this device, the ledger here has {has}: a synced folder that has not brought them yet (run again once it has), or a file that shrank, was replaced or lost records (restore it from a copy)",
@@ -1049,10 +1046,7 @@ impl Ledger {
                     // a file replaced by another log's pruned one (with that log's checkpoint)
                     // holds another there (found by an adversarial test: refused once, then
                     // run on, since the record was never read again to be compared).
-                    let here = mark
-                        .next_seq
-                        .checked_sub(1)
-                        .and_then(|last| self.view.known_id(device, last));
+                    let here = self.view.last_id_known(device, mark.next_seq);
                     let said = self
                         .problems
                         .iter()
@@ -1579,6 +1573,13 @@ impl LedgerState {
     pub(crate) fn id_at(&self, device_id: &str, seq: u64) -> Option<OpId> {
         let (first, ids) = self.ids.get(device_id)?;
         ids.get(usize::try_from(seq.checked_sub(*first)?).ok()?).copied()
+    }
+
+    /// The id this view knows (without reading it again) of the last of the first `records`
+    /// records of `device_id` ([`known_id`](Self::known_id)): what a mark of them (the seen
+    /// file's, a snapshot's, a checkpoint's) is compared with.
+    fn last_id_known(&self, device_id: &str, records: u64) -> Option<OpId> {
+        self.known_id(device_id, records.checked_sub(1)?)
     }
 
     /// [`id_at`](Self::id_at), or where the records were removed from the relay, the id the
