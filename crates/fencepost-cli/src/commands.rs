@@ -1251,7 +1251,7 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
     if !pruned.is_empty() {
         let devices: Vec<&str> = pruned.keys().map(String::as_str).collect();
         bail!(
-            "cannot import {}: the device files of {} were pruned (their first records are only in its checkpoints), and a ledger cannot be imported from a checkpoint yet; nothing was imported",
+            "cannot import {}: the logs of {} were pruned (their first records are only in its checkpoints), and a ledger cannot be imported from a checkpoint yet; nothing was imported",
             source.ledger_label(),
             devices.join(", ")
         );
@@ -1297,12 +1297,6 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
 
 /// `fencepost ledger compact`.
 fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bool) -> Result<i32> {
-    if prune && settings.ledger_kind != crate::settings::LedgerKind::Folder {
-        crate::usage!(
-            "ledger compact --prune: only a ledger folder's device files can be pruned yet ({})",
-            settings.ledger_label()
-        );
-    }
     for agent in forget.iter().flat_map(|retention| &retention.agents) {
         if let Err(error) = validate_id(IdKind::Agent, agent) {
             crate::usage!("--forget-agent: {error}");
@@ -1367,9 +1361,14 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bo
         );
         if prune {
             out!(
-                "removed {} of device {} from its file (the checkpoint covers them)",
+                "removed {} of device {} from its {} (the checkpoint covers them)",
                 plural(written.pruned, "record"),
-                settings.device
+                settings.device,
+                if settings.ledger_kind == crate::settings::LedgerKind::Folder {
+                    "file"
+                } else {
+                    "log"
+                }
             );
         }
         if let Some(rule) = &written.forgotten {
@@ -1433,6 +1432,10 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
             }
         })
         .context("cannot read the ledger folder")?;
+    // The devices whose records the start checkpoint covers, none of them read after it.
+    for (device, _) in since.iter() {
+        devices.entry(device.to_owned()).or_insert(0);
+    }
     for problem in ledger.problems() {
         let kind = match problem.kind {
             ProblemKind::Damage | ProblemKind::Pruned => "damaged",
@@ -1464,23 +1467,29 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
         );
         return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
-    if let Some((start, _)) = ledger.pruned_start() {
+    let after = if let Some((start, _)) = ledger.pruned_start() {
         out!(
-            "device files begin after the checkpoint {}: the records after it were verified",
+            "the logs begin after the checkpoint {}: the records after it were verified",
             start.display()
         );
-    }
+        " after it"
+    } else {
+        ""
+    };
     for (device, count) in &devices {
-        out!("{device}: {count} records, chain verified");
+        out!(
+            "{device}: {}{after}, chain verified",
+            plural(*count as u64, "record")
+        );
     }
     for (kind, detail) in &findings {
         out!("{kind}: {detail}");
     }
     if bad == 0 {
         out!(
-            "ledger {} is intact ({} devices)",
+            "ledger {} is intact ({})",
             settings.ledger_label(),
-            devices.len()
+            plural(devices.len() as u64, "device")
         );
         return Ok(EXIT_RAN_OK);
     }

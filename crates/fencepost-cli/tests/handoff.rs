@@ -111,6 +111,7 @@ fn h3_a_host_whose_ledger_lacks_a_dead_holders_pending_waits_then_finds_it_in_do
         coordinator: shared.coordinator.clone(),
         agent: agent.clone(),
         database_ledger: false,
+        ledger_spec: None,
     };
     std::fs::create_dir_all(host_1.path("ledger")).unwrap();
     kill_mid_command(&host_1, "host-1", &run_args, &effect);

@@ -75,6 +75,7 @@ fn d2_sqlite_ledger_a_killed_process_leaves_the_run_in_doubt() {
         coordinator: shared.coordinator.clone(),
         agent: agent.clone(),
         database_ledger: false,
+        ledger_spec: None,
     };
     let ledger = ledger_spec(&shared);
     let effect = format!(

@@ -2,7 +2,8 @@
 //! removes from this host's own device file the records the checkpoint covers, and no host,
 //! new, up to date or long away, runs a committed occurrence again; a pruned ledger whose
 //! checkpoint is missing, or whose file lost records since, runs nothing; runs of the same
-//! device during prunes lose no record.
+//! device during prunes lose no record. The same for a SQLite ledger (its logs' rows deleted in
+//! one transaction).
 
 mod common;
 
@@ -38,7 +39,19 @@ fn prune(shared: &Shared, device: &str) -> Output {
     shared.run(device, &["ledger", "compact", "--prune"])
 }
 
+/// The records of `device` that its log holds (its file's lines, or its rows).
 fn lines(shared: &Shared, device: &str) -> usize {
+    if shared.ledger_spec.is_some() {
+        let database = rusqlite::Connection::open(shared.path("ledger.db")).unwrap();
+        let rows: i64 = database
+            .query_row(
+                "SELECT count(*) FROM fencepost_relay_records WHERE device_id = ?1",
+                [device],
+                |row| row.get(0),
+            )
+            .unwrap();
+        return usize::try_from(rows).unwrap();
+    }
     std::fs::read_to_string(
         shared
             .path("ledger")
@@ -48,6 +61,15 @@ fn lines(shared: &Shared, device: &str) -> usize {
     .unwrap_or_default()
     .lines()
     .count()
+}
+
+/// Where the hosts' ledger keeps its checkpoints.
+fn checkpoints_dir(shared: &Shared) -> std::path::PathBuf {
+    if shared.ledger_spec.is_some() {
+        shared.path("ledger.db.checkpoints")
+    } else {
+        shared.path("ledger").join("checkpoints")
+    }
 }
 
 /// Every salt ran at most once.
@@ -78,7 +100,16 @@ fn assert_refused_everywhere(shared: &Shared, devices: &[&str], salts: &[String]
 /// new occurrences run.
 #[test]
 fn k5_k1_after_every_host_pruned_no_host_runs_a_committed_occurrence_again() {
-    let shared = Shared::sqlite();
+    k5_k1_after_every_host_pruned_no_host_runs_a_committed_occurrence_again_in(Shared::sqlite());
+}
+
+/// The same for a SQLite ledger.
+#[test]
+fn k5_k1_sqlite_after_every_host_pruned_no_host_runs_a_committed_occurrence_again() {
+    k5_k1_after_every_host_pruned_no_host_runs_a_committed_occurrence_again_in(Shared::sqlite_ledger());
+}
+
+fn k5_k1_after_every_host_pruned_no_host_runs_a_committed_occurrence_again_in(shared: Shared) {
     commit(&shared, "away", "day-away");
     let mut salts = vec!["day-away".to_owned()];
     for index in 0..6 {
@@ -103,9 +134,7 @@ fn k5_k1_after_every_host_pruned_no_host_runs_a_committed_occurrence_again() {
     assert_eq!(code(&pruned), 0, "{}", text(&pruned.stderr));
     assert_eq!(lines(&shared, "server"), 1);
     assert_eq!(lines(&shared, "laptop"), 3);
-    let listed = std::fs::read_dir(shared.path("ledger").join("checkpoints"))
-        .unwrap()
-        .count();
+    let listed = std::fs::read_dir(checkpoints_dir(&shared)).unwrap().count();
     assert_eq!(listed, 1, "the checkpoint the newer one contains is removed");
     assert_refused_everywhere(&shared, &["laptop", "server", "new-host", "away"], &salts);
     let verified = shared.run("new-host", &["ledger", "verify"]);
@@ -126,13 +155,22 @@ fn k5_k1_after_every_host_pruned_no_host_runs_a_committed_occurrence_again() {
 /// the records, and the committed occurrences run again nowhere.
 #[test]
 fn k5_k3_a_pruned_ledger_without_its_checkpoint_runs_nothing() {
-    let shared = Shared::sqlite();
+    k5_k3_a_pruned_ledger_without_its_checkpoint_runs_nothing_in(Shared::sqlite());
+}
+
+/// The same for a SQLite ledger.
+#[test]
+fn k5_k3_sqlite_a_pruned_ledger_without_its_checkpoint_runs_nothing() {
+    k5_k3_a_pruned_ledger_without_its_checkpoint_runs_nothing_in(Shared::sqlite_ledger());
+}
+
+fn k5_k3_a_pruned_ledger_without_its_checkpoint_runs_nothing_in(shared: Shared) {
     let salts: Vec<String> = (0..4).map(|index| format!("day-{index}")).collect();
     for salt in &salts {
         commit(&shared, "laptop", salt);
     }
     assert_eq!(code(&prune(&shared, "laptop")), 0);
-    let folder = shared.path("ledger").join("checkpoints");
+    let folder = checkpoints_dir(&shared);
     let aside = shared.path("aside");
     std::fs::rename(&folder, &aside).unwrap();
     for salt in &salts {
@@ -188,7 +226,16 @@ fn k5_a_pruned_file_that_lost_records_since_is_still_damage() {
 /// prune replaced the file would have appended to the file removed).
 #[test]
 fn k5_r1_runs_of_the_device_during_its_prunes_lose_no_record() {
-    let shared = Shared::sqlite();
+    k5_r1_runs_of_the_device_during_its_prunes_lose_no_record_in(Shared::sqlite());
+}
+
+/// The same for a SQLite ledger.
+#[test]
+fn k5_r1_sqlite_runs_of_the_device_during_its_prunes_lose_no_record() {
+    k5_r1_runs_of_the_device_during_its_prunes_lose_no_record_in(Shared::sqlite_ledger());
+}
+
+fn k5_r1_runs_of_the_device_during_its_prunes_lose_no_record_in(shared: Shared) {
     commit(&shared, "laptop", "day-first");
     let effect = format!(
         "echo \"$FENCEPOST_RUN_ID\" >> '{}'",
@@ -288,11 +335,63 @@ fn k5_r1_runs_of_the_device_during_its_prunes_lose_no_record() {
     assert_eq!(unique.len(), effects.len(), "an effect ran twice");
 }
 
+/// K5 (a device that shrank is damage), in a SQLite ledger: rows appended after a prune and
+/// then deleted (the length edited to match) are damage for a host that read them (exit 10);
+/// rows deleted from the start of a log without a checkpoint that covers them are damage for a
+/// new host; neither runs a committed occurrence again.
+#[test]
+fn k5_sqlite_a_pruned_log_that_lost_records_since_is_still_damage() {
+    let shared = Shared::sqlite_ledger();
+    for index in 0..3 {
+        commit(&shared, "laptop", &format!("day-{index}"));
+    }
+    assert_eq!(code(&prune(&shared, "laptop")), 0);
+    assert_eq!(lines(&shared, "laptop"), 1);
+    commit(&shared, "laptop", "day-after");
+    commit(&shared, "server", "day-server");
+    let database = rusqlite::Connection::open(shared.path("ledger.db")).unwrap();
+    let edit = |sql: &str| database.execute_batch(sql).unwrap();
+    let top: i64 = database
+        .query_row(
+            "SELECT max(seq) FROM fencepost_relay_records WHERE device_id = 'laptop'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    edit(&format!(
+        "BEGIN; DELETE FROM fencepost_relay_records WHERE device_id = 'laptop' AND seq > {first};
+         UPDATE fencepost_relay_devices SET next_seq = {next} WHERE device_id = 'laptop'; COMMIT;",
+        first = top - 2,
+        next = top - 1
+    ));
+    let output = job(&shared, "server", "day-after");
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    // The checkpoint removed instead, the log as pruned: a new host lacks what it covered.
+    std::fs::remove_dir_all(checkpoints_dir(&shared)).unwrap();
+    let output = job(&shared, "new-host", "day-0");
+    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("covers the records removed"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert_once(&shared);
+}
+
 /// K5: a prune killed with SIGKILL at any point leaves the file whole or pruned, never less:
 /// afterwards every committed occurrence is refused and the ledger verifies.
 #[test]
 fn k5_a_prune_killed_at_any_point_leaves_the_file_whole_or_pruned() {
-    let shared = Shared::sqlite();
+    k5_a_prune_killed_at_any_point_leaves_the_file_whole_or_pruned_in(Shared::sqlite());
+}
+
+/// The same (a transaction) for a SQLite ledger.
+#[test]
+fn k5_sqlite_a_prune_killed_at_any_point_leaves_the_log_whole_or_pruned() {
+    k5_a_prune_killed_at_any_point_leaves_the_file_whole_or_pruned_in(Shared::sqlite_ledger());
+}
+
+fn k5_a_prune_killed_at_any_point_leaves_the_file_whole_or_pruned_in(shared: Shared) {
     let mut salts = Vec::new();
     for round in 0..6u64 {
         for index in 0..3 {
@@ -326,7 +425,17 @@ fn k5_a_prune_killed_at_any_point_leaves_the_file_whole_or_pruned() {
 /// copy the file system had given the old one's number.
 #[test]
 fn k5_r1_hosts_pruning_while_others_run_stop_no_healthy_run() {
-    let shared = std::sync::Arc::new(Shared::sqlite());
+    hosts_pruning_while_others_run(Shared::sqlite());
+}
+
+/// The same for a SQLite ledger.
+#[test]
+fn k5_r1_sqlite_hosts_pruning_while_others_run_stop_no_healthy_run() {
+    hosts_pruning_while_others_run(Shared::sqlite_ledger());
+}
+
+fn hosts_pruning_while_others_run(shared: Shared) {
+    let shared = std::sync::Arc::new(shared);
     let codes = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut threads = Vec::new();
     for device in ["p1", "p2"] {
@@ -381,16 +490,28 @@ fn k5_r1_hosts_pruning_while_others_run_stop_no_healthy_run() {
 /// ledger), and nothing is imported.
 #[test]
 fn k5_ledger_import_refuses_a_pruned_folder() {
-    let shared = Shared::sqlite();
+    k5_ledger_import_refuses_a_pruned_folder_in(Shared::sqlite());
+}
+
+/// The same for a SQLite ledger.
+#[test]
+fn k5_ledger_import_refuses_a_pruned_sqlite_ledger() {
+    k5_ledger_import_refuses_a_pruned_folder_in(Shared::sqlite_ledger());
+}
+
+fn k5_ledger_import_refuses_a_pruned_folder_in(shared: Shared) {
     for salt in ["day-1", "day-2"] {
         commit(&shared, "laptop", salt);
     }
     let output = prune(&shared, "laptop");
     assert_eq!(code(&output), 0, "{}", text(&output.stderr));
     let target = format!("sqlite:{}", shared.path("imported.db").display());
-    let from = shared.path("ledger");
+    let from = shared
+        .ledger_spec
+        .clone()
+        .unwrap_or_else(|| shared.path("ledger").display().to_string());
     let output = shared
-        .command("laptop", &["ledger", "import", from.to_str().unwrap()])
+        .command("laptop", &["ledger", "import", &from])
         .env("FENCEPOST_LEDGER", &target)
         .output()
         .unwrap();

@@ -1424,6 +1424,12 @@ fn r1_conformance_postgres_relay() {
 
 #[test]
 #[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn k5_conformance_postgres_relay_a_pruned_log_is_read_from_where_it_begins() {
+    relay_conformance::k5_a_pruned_log_is_read_from_where_it_begins(&relay_harness());
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn r1_conformance_postgres_relay_damage_is_isolated_and_reported() {
     relay_conformance::r1_damage_of_one_device_is_isolated_and_reported(&relay_harness());
 }

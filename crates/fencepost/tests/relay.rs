@@ -90,6 +90,11 @@ fn r1_conformance_sqlite_relay() {
 }
 
 #[test]
+fn k5_conformance_sqlite_relay_a_pruned_log_is_read_from_where_it_begins() {
+    conformance::k5_a_pruned_log_is_read_from_where_it_begins(&Sqlite);
+}
+
+#[test]
 fn r1_conformance_sqlite_relay_damage_is_isolated_and_reported() {
     conformance::r1_damage_of_one_device_is_isolated_and_reported(&Sqlite);
 }
@@ -187,6 +192,12 @@ fn r1_conformance_in_memory_relay() {
 #[test]
 fn r1_conformance_folder_relay() {
     conformance::run_all(&Folder);
+}
+
+#[test]
+#[cfg(unix)]
+fn k5_conformance_folder_relay_a_pruned_log_is_read_from_where_it_begins() {
+    conformance::k5_a_pruned_log_is_read_from_where_it_begins(&Folder);
 }
 
 #[test]

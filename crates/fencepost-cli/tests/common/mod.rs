@@ -16,6 +16,8 @@ pub struct Shared {
     /// Whether the hosts name no ledger (with a PostgreSQL coordinator, the ledger is then in its
     /// database); else they share the folder `ledger`.
     pub database_ledger: bool,
+    /// The ledger the hosts name instead of the folder `ledger` (`sqlite:PATH`, say).
+    pub ledger_spec: Option<String>,
 }
 
 impl Shared {
@@ -32,6 +34,17 @@ impl Shared {
             coordinator,
             agent: agent.to_owned(),
             database_ledger: false,
+            ledger_spec: None,
+        }
+    }
+
+    /// Hosts sharing a SQLite coordinator and a SQLite ledger (`ledger.db`) beside it.
+    pub fn sqlite_ledger() -> Self {
+        let shared = Self::sqlite();
+        let spec = format!("sqlite:{}", shared.path("ledger.db").display());
+        Self {
+            ledger_spec: Some(spec),
+            ..shared
         }
     }
 
@@ -63,6 +76,8 @@ impl Shared {
             .env_remove("RUST_LOG");
         if self.database_ledger {
             command.env_remove("FENCEPOST_LEDGER");
+        } else if let Some(spec) = &self.ledger_spec {
+            command.env("FENCEPOST_LEDGER", spec);
         }
         command
     }

@@ -229,6 +229,9 @@ pub struct Ledger {
     /// The checkpoint this ledger started from because device files begin after it (pruned),
     /// and the frontier where it ends.
     start_checkpoint: Option<(std::path::PathBuf, Frontier)>,
+    /// How many checkpoints the relay's [store](crate::relay::Relay::checkpoint_store) held when
+    /// this ledger last listed them (`None`: not listed, or no store).
+    stored_checkpoints: std::cell::Cell<Option<usize>>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -364,6 +367,7 @@ impl Ledger {
             checkpoint_marks: None,
             started_from: None,
             start_checkpoint: None,
+            stored_checkpoints: std::cell::Cell::new(None),
         };
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),

@@ -176,12 +176,13 @@ impl Ledger {
                 continue;
             }
             let opened = CheckpointFile::open(&older);
-            // Stored in a database (which holds every record: it is never pruned), a damaged
-            // one of no more records than this one is of no use, and new sites that would
-            // choose it first stop on it: it goes (found by an adversarial test: a stored
-            // checkpoint cut short, its size edited to match, stopped new hosts after every
-            // compaction of the same records, whose checkpoints got other ids). In a folder, a
-            // damaged file may be one a sync tool has not finished copying: it stays.
+            // Stored in a database, a damaged one of no more records than this one is of no
+            // use, and new sites that would choose it first stop on it: it goes (found by an
+            // adversarial test: a stored checkpoint cut short, its size edited to match,
+            // stopped new hosts after every compaction of the same records, whose checkpoints
+            // got other ids). Records pruned after it are in this one too: this ledger is
+            // intact, so it read them, or started from another checkpoint that covers them. In
+            // a folder, a damaged file may be one a sync tool has not finished copying: it stays.
             let damaged = stored_elsewhere
                 && match &opened {
                     Ok(file) => older_name.mismatch(file).is_some() || file.check_pages().is_err(),
@@ -549,7 +550,7 @@ impl Ledger {
             file: Some(dir.clone()),
             line_number: None,
             detail: format!(
-                "the checkpoints folder holds no usable checkpoint that covers the records removed from device files ({} begin after a checkpoint): not synced here yet, removed or damaged; sync it, or write a new checkpoint with `fencepost ledger compact` on a host whose ledger is intact",
+                "the checkpoints folder holds no usable checkpoint that covers the records removed from the logs ({} begin after a checkpoint): not synced here yet, removed or damaged; sync it, or write a new checkpoint with `fencepost ledger compact` on a host whose ledger is intact",
                 lacking.join(", ")
             ),
         };
@@ -563,6 +564,11 @@ impl Ledger {
     /// [`move_to_forgetting_checkpoint`](Self::move_to_forgetting_checkpoint), only when no
     /// other process has it open; whether it was given up.
     pub(super) fn move_past_pruned(&mut self, base: &SnapshotBase) -> bool {
+        // A store that holds no checkpoint (just listed): no log was pruned that a reading
+        // could start after (a pull reports one that was), and a database is not asked again.
+        if self.relay.checkpoint_store().is_some() && self.stored_checkpoints.get() == Some(0) {
+            return false;
+        }
         let Ok(starts) = self.relay.log_starts() else {
             return false;
         };
@@ -831,6 +837,7 @@ impl Ledger {
                 return vec![("the checkpoints".to_owned(), error.to_string())];
             }
         };
+        self.stored_checkpoints.set(Some(names.len()));
         let mut stored: Vec<(checkpoint::CheckpointName, String)> = names
             .into_iter()
             .filter_map(|name| Some((checkpoint::parse_file_name(&name)?, name)))

@@ -416,7 +416,20 @@ pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> R
         since.raise(device_id, last);
     }
     let batch = relay.pull(&since).map_err(|error| error.to_string())?;
-    if let Some(problem) = batch.problems.iter().find(|problem| problem.is_damage()) {
+    // A device the cursor does not name was read from record 0: one that begins after a
+    // checkpoint is the next pull's to report (or to read from there), not the cursor's.
+    let named = |problem: &RelayProblem| {
+        problem.kind != ProblemKind::Pruned
+            || problem
+                .device_id
+                .as_ref()
+                .is_none_or(|device| marks.iter().any(|(named, _, _)| named == device))
+    };
+    if let Some(problem) = batch
+        .problems
+        .iter()
+        .find(|problem| problem.is_damage() && named(problem))
+    {
         return Err(problem.to_string());
     }
     for (device_id, next_seq, last_op_id) in &marks {
@@ -525,6 +538,69 @@ pub(crate) fn stored_record(
     Ok(op)
 }
 
+/// Where a database relay's prune of `device_id` through record `through_seq` (of id
+/// `through_id`: the head of the device in a checkpoint) cuts its log, whose last record is `last`
+/// and whose first stored one is `begins`: `None` when it begins there already (pruned before),
+/// else the first seq kept. The last record is kept whatever. Checks (`read` returns a stored
+/// record, its id checked over its content) that the record there is the checkpoint's and that
+/// the first kept record names the one before it, which then anchors the log.
+///
+/// # Errors
+/// [`RelayError::DeviceDamaged`] when a check fails (nothing is to be removed), or what `read`
+/// returns.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn plan_prune(
+    device_id: &str,
+    through_seq: u64,
+    through_id: OpId,
+    last: u64,
+    begins: u64,
+    mut read: impl FnMut(u64) -> Result<OpRecord, RelayError>,
+    damage: &DamageOf<'_>,
+) -> Result<Option<u64>, RelayError> {
+    let keep_from = through_seq.saturating_add(1).min(last);
+    if keep_from <= begins {
+        return Ok(None);
+    }
+    let damaged = |seq, detail: &str| RelayError::DeviceDamaged {
+        device_id: device_id.to_owned(),
+        problem: damage(seq, format!("{detail}; nothing was removed")),
+    };
+    if through_seq > last || read(through_seq)?.op_id != through_id {
+        return Err(damaged(through_seq, "not the record the checkpoint covers"));
+    }
+    let before = read(keep_from - 1)?;
+    if read(keep_from)?.prev != Some(before.op_id) {
+        return Err(damaged(keep_from, "does not name the record before it"));
+    }
+    Ok(Some(keep_from))
+}
+
+/// Where a database relay's logs begin, for those that begin after record 0 ([`Relay::log_starts`]):
+/// from each such device's first stored row (its seq and bytes), the seq and the id of the record
+/// before it that it names. A first row that cannot be read is left out: a pull reports it.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn stored_starts<'b>(
+    first_rows: impl IntoIterator<Item = (&'b str, u64, Option<&'b [u8]>)>,
+) -> BTreeMap<String, (u64, OpId)> {
+    let mut starts = BTreeMap::new();
+    for (device_id, seq, bytes) in first_rows {
+        let damage = |seq: u64, detail: String| RelayProblem {
+            kind: ProblemKind::Damage,
+            device_id: None,
+            file: None,
+            line_number: None,
+            detail: format!("record {seq}: {detail}"),
+        };
+        if let Ok(op) = stored_record(device_id, seq, bytes, &damage) {
+            if let (1.., Some(prev)) = (op.seq, op.prev) {
+                starts.insert(device_id.to_owned(), (op.seq, prev));
+            }
+        }
+    }
+    starts
+}
+
 /// The head of a device's stored log in a database relay, from its stored length (`next_seq`),
 /// the largest seq of its rows (`top`) and its last record (`last`, the row `next_seq - 1`, `None`
 /// when missing): the length and the rows must agree (a row or a length edited by hand is damage).
@@ -561,20 +637,55 @@ pub(crate) fn stored_head(
 
 /// Verifies what a database relay read of one device for a pull: `rows` (seq and bytes, either
 /// unreadable after a hand edit) in seq order from `from - 1` on when `from > 0` (the record before
-/// the first new one, which anchors its chain), else from 0; `stored` is the device's length.
+/// the first new one, which anchors its chain), else from 0; `stored` is the device's length and
+/// `first` the smallest seq of its rows. A log that begins after record 0 (its first records
+/// removed after a checkpoint covered them, [`Relay::prune`]) is read from where it begins by a
+/// caller whose frontier is there (from a checkpoint), its first record anchored by the id it
+/// names before it (the caller's own checks compare it with the checkpoint's head); a caller
+/// whose frontier is before it gets a [`ProblemKind::Pruned`] problem and none of its records.
 /// Returns the new records that continue the chain, and the damage that stopped the reading.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn verify_pulled<'b>(
     device_id: &str,
     from: u64,
     stored: u64,
+    first: Option<u64>,
     rows: impl IntoIterator<Item = (Option<u64>, Option<&'b [u8]>)>,
     damage: &DamageOf<'_>,
 ) -> (Vec<OpRecord>, Option<RelayProblem>) {
     let mut rows = rows.into_iter().peekable();
     let mut head = LogHead::new(device_id);
     let mut ops = Vec::new();
-    if from > 0 {
+    if let Some(begins) = first.filter(|first| *first > from) {
+        let mut problem = damage(
+            from,
+            format!(
+                "the log begins at record {begins}: records {from}..{} were removed after a checkpoint covered them (ledger compact --prune), and this reading does not start from one that does",
+                begins - 1
+            ),
+        );
+        problem.kind = ProblemKind::Pruned;
+        return (ops, Some(problem));
+    }
+    if from > 0 && first == Some(from) {
+        // The log begins here: its first record names the one before it.
+        let anchor = match rows.peek() {
+            Some((Some(seq), bytes)) if *seq == from => stored_record(device_id, from, *bytes, damage)
+                .and_then(|op| {
+                    op.prev.ok_or_else(|| {
+                        damage(
+                            from,
+                            "the log's first record names no record before it".to_owned(),
+                        )
+                    })
+                }),
+            _ => Err(damage(from, "missing".to_owned())),
+        };
+        match anchor {
+            Ok(prev) => head = LogHead::after(device_id, from, prev),
+            Err(problem) => return (ops, Some(problem)),
+        }
+    } else if from > 0 {
         let before = match rows.next_if(|(seq, _)| *seq == Some(from - 1)) {
             Some((_, bytes)) => stored_record(device_id, from - 1, bytes, damage),
             None => Err(damage(from - 1, "missing".to_owned())),

@@ -12,7 +12,7 @@ use super::{
     MakeRecords, ProblemKind, PullBatch, PushReport, Relay, RelayError, RelayProblem,
 };
 use crate::backend::postgres::{bind, Literal, PostgresConfig, PostgresLeaseCoordinator};
-use crate::oplog::{LogHead, OpRecord};
+use crate::oplog::{LogHead, OpId, OpRecord};
 
 /// Every device's log in two tables beside the PostgreSQL coordinator's, in its schema
 /// (`relay_devices`: each device's length; `relay_records`: each record's JSON wire form, keyed by
@@ -34,7 +34,9 @@ use crate::oplog::{LogHead, OpRecord};
 /// mode runs no transaction block: pushes and appends are refused there with an error naming the
 /// mode). It has a connection of its own (a coordinator's [`PostgresConfig`]: URL, schema and
 /// bounds), so a long pull never delays the lease's renewal. Grants for a least-privilege role:
-/// `SELECT, INSERT, UPDATE` on `relay_devices` and `relay_records` (never `DELETE`).
+/// `SELECT, INSERT, UPDATE` on `relay_devices` and `relay_records`; `DELETE` on `relay_records`
+/// only for the role that [prunes](Relay::prune) (which deletes only its device's rows that a
+/// stored checkpoint covers).
 ///
 /// ```no_run
 /// use fencepost::backend::postgres::PostgresConfig;
@@ -290,6 +292,76 @@ impl Relay for PostgresRelay {
         self.mirror.as_ref().map(|_| self as &dyn CheckpointStore)
     }
 
+    /// Reads each device's first row, in one statement (an index lookup per device).
+    fn log_starts(&self) -> Result<BTreeMap<String, (u64, OpId)>, RelayError> {
+        let statement = format!(
+            "SELECT d.device_id, r.seq, r.record
+             FROM {devices} AS d
+             JOIN LATERAL (SELECT seq, record FROM {records} AS x WHERE x.device_id = d.device_id
+                           ORDER BY x.seq LIMIT 1) AS r ON true
+             WHERE r.seq > 0",
+            devices = self.devices,
+            records = self.records
+        );
+        let rows = self
+            .database
+            .read_rows("read", vec![statement])?
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        Ok(super::stored_starts(rows.iter().filter_map(|row| {
+            Some((
+                row.get(0)?,
+                row.get(1)?.parse::<u64>().ok()?,
+                row.get(2).map(str::as_bytes),
+            ))
+        })))
+    }
+
+    /// One transaction in two round trips: the device's row locked and the records where the
+    /// checkpoint ends read and checked, then the rows before the kept ones deleted (the role
+    /// needs `DELETE` on `relay_records`).
+    fn prune(&self, device_id: &str, through_seq: u64, through_id: OpId) -> Result<u64, RelayError> {
+        crate::id::validate_id(crate::id::IdKind::Device, device_id)?;
+        let mut first = self
+            .lock_and_read(
+                device_id,
+                through_seq.saturating_sub(1),
+                through_seq.saturating_add(1),
+            )
+            .to_vec();
+        first.push(bind(
+            &format!("SELECT min(seq) FROM {} WHERE device_id = $1", self.records),
+            &[Literal::Text(device_id)],
+        ));
+        self.database.two_round_transaction("prune", &first, |sets| {
+            let mut sets = sets.into_iter();
+            let (head, stored) = self.read_device(device_id, &mut sets)?;
+            let Some(last) = head.next_seq().checked_sub(1) else {
+                return Ok((Vec::new(), 0));
+            };
+            let begins = sets
+                .next()
+                .unwrap_or_default()
+                .first()
+                .and_then(|row| row.get(0))
+                .and_then(|text| text.parse::<u64>().ok())
+                .unwrap_or(0);
+            let damage = |seq, detail| self.damage(device_id, seq, detail);
+            let read = |seq| stored_op(self, device_id, &stored, seq);
+            let Some(keep_from) =
+                super::plan_prune(device_id, through_seq, through_id, last, begins, read, &damage)?
+            else {
+                return Ok((Vec::new(), 0));
+            };
+            let delete = bind(
+                &format!("DELETE FROM {} WHERE device_id = $1 AND seq < $2", self.records),
+                &[Literal::Text(device_id), Literal::Int(seq_value(keep_from))],
+            );
+            Ok((vec![delete], keep_from - begins))
+        })
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         if groups.is_empty() {
@@ -337,8 +409,13 @@ impl Relay for PostgresRelay {
         // One statement, one snapshot. Per device, from the record before the caller's frontier
         // (which anchors the chain of the first new one): an index range scan each.
         let statement = format!(
-            "SELECT d.device_id, d.next_seq, r.seq, r.record
-             FROM {devices_table} AS d
+            "SELECT d.device_id, d.next_seq, r.seq, r.record, d.first_seq
+             -- With where each log begins (after record 0 once pruned after a checkpoint): an
+             -- index lookup per device, once (OFFSET 0 keeps the subquery from being flattened
+             -- into one evaluation per record).
+             FROM (SELECT e.device_id, e.next_seq,
+                          (SELECT min(m.seq) FROM {records} AS m WHERE m.device_id = e.device_id) AS first_seq
+                   FROM {devices_table} AS e OFFSET 0) AS d
              LEFT JOIN unnest(ARRAY[{devices}]::text[], ARRAY[{froms}]::bigint[]) AS f(device_id, from_seq)
                  ON f.device_id = d.device_id
              LEFT JOIN LATERAL (
@@ -405,11 +482,13 @@ impl Relay for PostgresRelay {
                         row.get(3).map(str::as_bytes),
                     )
                 });
+            let first = rows[index].get(4).and_then(|text| text.parse::<u64>().ok());
             let damage = |seq, detail| self.damage(&device_id, seq, detail);
             let (ops, problem) = verify_pulled(
                 &device_id,
                 since.next_seq(&device_id),
                 stored,
+                first,
                 device_rows,
                 &damage,
             );

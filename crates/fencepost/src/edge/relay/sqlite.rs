@@ -7,10 +7,11 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{
-    group_by_device, plan_device_push, stored_head, stored_record, verify_pulled, Appended, Frontier,
-    MakeRecords, ProblemKind, PullBatch, PushReport, Relay, RelayError, RelayProblem,
+    group_by_device, plan_device_push, stored_head, stored_record, stored_starts, verify_pulled, Appended,
+    Frontier, MakeRecords, ProblemKind, PullBatch, PushReport, Relay, RelayError, RelayProblem,
 };
 use crate::oplog::{LogHead, OpId, OpRecord};
+use std::collections::BTreeMap;
 
 /// How long a call waits for another process's write lock on the file.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -308,6 +309,75 @@ impl Relay for SqliteRelay {
         Some(self.path.with_file_name(name))
     }
 
+    /// Reads each device's first row (an index lookup each).
+    fn log_starts(&self) -> Result<BTreeMap<String, (u64, OpId)>, RelayError> {
+        let mut connection = self.lock();
+        let transaction = connection.transaction().map_err(self.failed("read"))?;
+        let firsts: Vec<(String, i64, Option<Vec<u8>>)> = transaction
+            .prepare_cached(
+                "SELECT r.device_id, r.seq, r.record
+                 FROM fencepost_relay_devices AS d JOIN fencepost_relay_records AS r
+                   ON r.device_id = d.device_id
+                  AND r.seq = (SELECT min(x.seq) FROM fencepost_relay_records AS x WHERE x.device_id = d.device_id)
+                 WHERE r.seq > 0",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| {
+                        Ok((row.get(0)?, row.get_ref(1)?.as_i64().unwrap_or(0), bytes_of(row.get_ref(2)?)))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(self.failed("read"))?;
+        Ok(stored_starts(firsts.iter().filter_map(
+            |(device_id, seq, bytes)| Some((device_id.as_str(), u64::try_from(*seq).ok()?, bytes.as_deref())),
+        )))
+    }
+
+    /// Deletes the device's rows before the kept ones in one transaction under the write lock,
+    /// after checking the rows where the checkpoint ends and where the log then begins.
+    fn prune(&self, device_id: &str, through_seq: u64, through_id: OpId) -> Result<u64, RelayError> {
+        crate::id::validate_id(crate::id::IdKind::Device, device_id)?;
+        let mut connection = self.lock();
+        let transaction = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.failed("prune"))?;
+        let head = self.head(&transaction, device_id)?;
+        let Some(last) = head.next_seq().checked_sub(1) else {
+            return Ok(0);
+        };
+        let begins: Option<i64> = transaction
+            .prepare_cached("SELECT min(seq) FROM fencepost_relay_records WHERE device_id = ?1")
+            .and_then(|mut statement| {
+                statement.query_row([device_id], |row| {
+                    Ok(row.get_ref(0)?.as_i64_or_null().ok().flatten())
+                })
+            })
+            .map_err(self.failed("read"))?;
+        let begins = begins.and_then(|begins| u64::try_from(begins).ok()).unwrap_or(0);
+        let read = |seq| -> Result<OpRecord, RelayError> {
+            self.record_at(&transaction, device_id, seq)?
+                .map_err(|problem| RelayError::DeviceDamaged {
+                    device_id: device_id.to_owned(),
+                    problem,
+                })
+        };
+        let damage = |seq, detail| self.damage(device_id, seq, detail);
+        let plan = super::plan_prune(device_id, through_seq, through_id, last, begins, read, &damage)?;
+        let Some(keep_from) = plan else {
+            return Ok(0);
+        };
+        transaction
+            .prepare_cached("DELETE FROM fencepost_relay_records WHERE device_id = ?1 AND seq < ?2")
+            .and_then(|mut statement| {
+                statement.execute(params![device_id, i64::try_from(keep_from).unwrap_or(i64::MAX)])
+            })
+            .map_err(self.failed("prune"))?;
+        transaction.commit().map_err(self.failed("prune"))?;
+        tracing::info!(file = %self.path.display(), device_id, removed = keep_from - begins, "removed the records a checkpoint covers from the device's log");
+        Ok(keep_from - begins)
+    }
+
     fn push(&self, ops: &[OpRecord]) -> Result<PushReport, RelayError> {
         let groups = group_by_device(ops)?;
         let mut connection = self.lock();
@@ -348,11 +418,23 @@ impl Relay for SqliteRelay {
         let mut connection = self.lock();
         // One read transaction: a snapshot of every device (WAL).
         let transaction = connection.transaction().map_err(self.failed("read"))?;
-        let devices: Vec<(String, i64)> = transaction
-            .prepare_cached("SELECT device_id, next_seq FROM fencepost_relay_devices ORDER BY device_id")
+        // With where each log begins (its smallest seq: a log pruned after a checkpoint begins
+        // after record 0), an index lookup each.
+        let devices: Vec<(String, i64, Option<i64>)> = transaction
+            .prepare_cached(
+                "SELECT d.device_id, d.next_seq,
+                        (SELECT min(r.seq) FROM fencepost_relay_records AS r WHERE r.device_id = d.device_id)
+                 FROM fencepost_relay_devices AS d ORDER BY d.device_id",
+            )
             .and_then(|mut statement| {
                 statement
-                    .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .query_map([], |row| {
+                        Ok((
+                            row.get(0)?,
+                            row.get(1)?,
+                            row.get_ref(2)?.as_i64_or_null().ok().flatten(),
+                        ))
+                    })?
                     .collect::<Result<Vec<_>, _>>()
             })
             .map_err(self.failed("read"))?;
@@ -385,8 +467,9 @@ impl Relay for SqliteRelay {
                 "the device has records but no length (its row in the devices table was deleted)".to_owned(),
             ));
         }
-        for (device_id, stored) in devices {
+        for (device_id, stored, first) in devices {
             let stored = u64::try_from(stored).unwrap_or(0);
+            let first = first.and_then(|first| u64::try_from(first).ok());
             let from = since.next_seq(&device_id);
             // Rows at or beyond both the stored length and the frontier (a length edited down,
             // or to 0) are read, so that they are reported as damage.
@@ -436,6 +519,7 @@ impl Relay for SqliteRelay {
                 &device_id,
                 from,
                 stored,
+                first,
                 rows.iter().map(|(seq, bytes)| (*seq, bytes.as_deref())),
                 &damage,
             );

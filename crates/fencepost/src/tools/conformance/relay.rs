@@ -16,6 +16,10 @@
 //!   (files, database rows), through [`RelayStore::damage`]. [`run_all`] does not call it: an
 //!   in-memory relay has no medium to damage.
 //!
+//! * [`k5_a_pruned_log_is_read_from_where_it_begins`]: for relays that prune
+//!   ([`Relay::prune`]). [`run_all`] does not call it either: an in-memory relay keeps every
+//!   record.
+//!
 //! ```
 //! use fencepost::conformance::relay::{self, RelayHarness, RelayStore};
 //! use fencepost::relay::{InMemoryRelay, Relay};
@@ -36,7 +40,7 @@ use serde_json::json;
 
 use crate::clock::{HlcConfig, ManualClock};
 use crate::oplog::{verify_log, DeviceLog, LogError, OpRecord, Surface};
-use crate::relay::{Frontier, Relay, RelayError};
+use crate::relay::{Frontier, ProblemKind, Relay, RelayError};
 
 /// Opens a handle on one relay store.
 pub type RelayOpener = Box<dyn Fn() -> Box<dyn Relay> + Send + Sync>;
@@ -466,4 +470,97 @@ pub fn r1_writers_sharing_a_device_id_interleave_and_never_fork(harness: &dyn Re
             "R1: writer {writer}'s records keep their order"
         );
     }
+}
+
+/// K5 (R1 for a pruned log): [`Relay::prune`] removes a device's records up to the checkpoint's
+/// head (checked: another id there is damage, and nothing is removed), keeps the last record
+/// whatever, and removes nothing twice; [`Relay::log_starts`] says where the log begins; a pull
+/// from before there hands none of that device's records over and reports it
+/// ([`ProblemKind::Pruned`], damage), the other devices going on; a pull from where it begins,
+/// or after, hands over exactly what follows, through any handle; the log goes on growing.
+pub fn k5_a_pruned_log_is_read_from_where_it_begins(harness: &dyn RelayHarness) {
+    let store = harness.fresh_store();
+    let relay = (store.open)();
+    let laptop = records("laptop", 12);
+    let phone = records("phone", 3);
+    relay.push(&laptop[..10]).expect("K5: a valid push is stored");
+    relay.push(&phone).expect("K5: a valid push is stored");
+    // A relay may prune only what its handle read (a folder's file: from its start).
+    relay.pull(&Frontier::new()).expect("K5: pull");
+    let wrong = relay.prune("laptop", 6, laptop[5].op_id);
+    assert!(
+        matches!(wrong, Err(RelayError::DeviceDamaged { .. })),
+        "K5: a prune through a record that is not the checkpoint's is damage: {wrong:?}"
+    );
+    assert!(
+        relay.log_starts().expect("K5: log starts").is_empty(),
+        "K5: a refused prune removes nothing"
+    );
+    let removed = relay
+        .prune("laptop", 6, laptop[6].op_id)
+        .expect("K5: a prune through the checkpoint's head");
+    assert_eq!(removed, 7, "K5: records 0..=6 are removed");
+    assert_eq!(
+        relay
+            .prune("laptop", 6, laptop[6].op_id)
+            .expect("K5: a prune again"),
+        0,
+        "K5: nothing is removed twice"
+    );
+    let other = (store.open)();
+    let starts = other.log_starts().expect("K5: log starts");
+    assert_eq!(
+        starts.into_iter().collect::<Vec<_>>(),
+        vec![("laptop".to_owned(), (7, laptop[6].op_id))],
+        "K5: the log begins after the records removed, naming the one before"
+    );
+    let from_start = other.pull(&Frontier::new()).expect("K5: pull");
+    assert_eq!(
+        ids(&from_start.ops),
+        ids(&phone),
+        "K5: a pull from before where the log begins hands none of its records over"
+    );
+    assert!(
+        from_start
+            .problems
+            .iter()
+            .any(|problem| problem.kind == ProblemKind::Pruned
+                && problem.device_id.as_deref() == Some("laptop")
+                && problem.is_damage()),
+        "K5: and reports it, as damage: {:?}",
+        from_start.problems
+    );
+    for (from, expected) in [(7, &laptop[7..10]), (8, &laptop[8..10])] {
+        let mut since = Frontier::new();
+        since.raise_to("laptop", from, Some(laptop[from as usize - 1].op_id));
+        since.raise("phone", 3);
+        let batch = (store.open)().pull(&since).expect("K5: pull");
+        assert_eq!(
+            ids(&batch.ops),
+            ids(expected),
+            "K5: a pull from record {from} hands over exactly what follows"
+        );
+        assert!(batch.problems.is_empty(), "K5: no problem: {:?}", batch.problems);
+    }
+    // The log goes on, and a prune through its last record keeps that one.
+    (store.open)()
+        .push(&laptop[10..])
+        .expect("K5: the log goes on after a prune");
+    let pruner = (store.open)();
+    let mut since = Frontier::new();
+    since.raise_to("laptop", 7, Some(laptop[6].op_id));
+    since.raise("phone", 3);
+    pruner.pull(&since).expect("K5: pull");
+    assert_eq!(
+        pruner
+            .prune("laptop", 11, laptop[11].op_id)
+            .expect("K5: a prune through the last record"),
+        4,
+        "K5: records 7..=10 are removed, the last one stays"
+    );
+    let mut since = Frontier::new();
+    since.raise_to("laptop", 11, Some(laptop[10].op_id));
+    since.raise("phone", 3);
+    let batch = (store.open)().pull(&since).expect("K5: pull");
+    assert_eq!(ids(&batch.ops), ids(&laptop[11..]), "K5: the last record stays");
 }
