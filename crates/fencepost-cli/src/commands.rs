@@ -21,6 +21,7 @@ use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
 use crate::child::{self, Ending, Signals, Supervision, Watchdog};
+use crate::report::RunReport;
 use crate::settings::{parse_duration_ms, parse_nonzero_duration_ms, parse_retention_ms, Access, Settings};
 use crate::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
@@ -46,7 +47,7 @@ fn non_empty(text: &str) -> Result<String, String> {
 pub struct RunArgs {
     /// The agent: the unit that holds a lease (one job, one bot).
     #[arg(long)]
-    agent: String,
+    pub agent: String,
     /// What the command does, in words ("send the daily report"): part of the run id.
     #[arg(long, value_parser = non_empty)]
     intent: String,
@@ -80,13 +81,23 @@ pub struct RunArgs {
     /// whose device cannot be read). Recorded in this device's log. Repeat for several.
     #[arg(long, value_name = "DEVICE")]
     accept_damaged: Vec<String>,
+    /// At the end, print one JSON object on stdout: the run id, agent, device, epoch, outcome,
+    /// exit status and the durations of the acquire, the wait for the ledger and the command.
+    #[arg(long)]
+    pub json: bool,
+    /// At the end, write the run's metrics to FILE in Prometheus' text format (replaced whole,
+    /// atomically; for node_exporter's textfile collector, name it *.prom in its folder).
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+    #[command(flatten)]
+    pub global: crate::settings::Global,
 }
 
 /// Opens the site's ledger on the ledger folder and syncs it.
-fn open_ledger(settings: &Settings) -> Result<Ledger> {
+pub(crate) fn open_ledger(settings: &Settings) -> Result<Ledger> {
     open_ledger_to(settings, Access::ReadOnly)
 }
 
@@ -195,7 +206,7 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
         "the ledger in {} is damaged, so runs it recorded could run again; not running anything: {first}{}. {} (`fencepost ledger verify` lists the damage), or run with --accept-damaged {which:?} to accept that its runs may repeat",
         settings.ledger_label(),
         if damage.len() > 1 {
-            format!(" (and {} more problem(s))", damage.len() - 1)
+            format!(" (and {} more)", plural(damage.len() as u64 - 1, "problem"))
         } else {
             String::new()
         },
@@ -221,10 +232,10 @@ impl std::error::Error for PrunedMeanwhile {}
 /// while it read the ledger, before its command (found by an adversarial test: hosts pruning
 /// while others ran stopped healthy runs with exit 10, as damage). The last attempt reports
 /// such a file as damage.
-pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
+pub fn run(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Result<i32> {
     const ATTEMPTS: u32 = 4;
     for attempt in 1..=ATTEMPTS {
-        match run_attempt(settings, &args) {
+        match run_attempt(settings, args, report) {
             Err(error) if attempt < ATTEMPTS && error.chain().any(|cause| cause.is::<PrunedMeanwhile>()) => {
                 tracing::debug!(
                     attempt,
@@ -238,7 +249,7 @@ pub fn run(settings: &Settings, args: RunArgs) -> Result<i32> {
     unreachable!("the last attempt returns whatever it ends with")
 }
 
-fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
+fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Result<i32> {
     if args.ttl < MIN_TTL_MS {
         crate::usage!(
             "--ttl {} ms is too short: at least {} ms, so that the lease can be renewed while the command runs",
@@ -254,6 +265,16 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
         Err(error) => crate::usage!("cannot name the run: {error}"),
     };
     let agent = args.agent.as_str();
+    report.run_id = Some(run_id.clone());
+    // Every log line of the run carries these (`--log-format json`: the span's fields).
+    let span = tracing::error_span!(
+        "run",
+        agent = %agent,
+        run_id = %run_id,
+        device = %settings.device,
+        epoch = tracing::field::Empty
+    );
+    let _in_span = span.enter();
     let mut ledger = open_ledger_with(settings, Access::Write, true, false)?;
     // What earlier holders published, read once: accepting a device's lost records waives only
     // those published by now (rule H3); any published later are waited for.
@@ -263,7 +284,10 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
             .accept_damage(device)
             .context("cannot record the accepted damage")?;
         if covered > 0 {
-            err!("fencepost: accepting the damage of {device:?} ({covered} problem(s)); runs it recorded may run again");
+            err!(
+                "fencepost: accepting the damage of {device:?} ({}); runs it recorded may run again",
+                plural(covered as u64, "problem")
+            );
         }
         // Records of the device that earlier holders published and that never arrived (exit 7
         // names them): lost for good, the operator says.
@@ -282,7 +306,12 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
             None => 0,
         };
         if missing > 0 {
-            err!("fencepost: accepting that {missing} record(s) of {device:?} that earlier holders of {} published are lost; runs they recorded may run again", args.agent);
+            err!(
+                "fencepost: accepting that {} of {device:?} that earlier holders of {} published {} lost; runs they recorded may run again",
+                plural(missing as u64, "record"),
+                args.agent,
+                if missing == 1 { "is" } else { "are" }
+            );
         }
         if covered == 0 && missing == 0 {
             crate::usage!(
@@ -311,6 +340,7 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
     // other host was refused until then). One during a wait for the lease ends the wait.
     let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
     let started = std::time::Instant::now();
+    report.started_acquiring();
     let acquire = |ledger_epoch: u64| {
         let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         LeaseKeeper::builder(coordinator.shared(), agent, &settings.device)
@@ -365,10 +395,13 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
         err!("fencepost: warning: the coordinator granted epoch {epoch} of {agent}, {why} (it lost or rolled back its state); acquiring again above it");
         acquired = acquire(ledger.state().fencing_epoch(agent));
     }
+    report.acquired();
     let keeper = match acquired {
         Ok(keeper) => keeper,
         Err(KeeperError::Lease(LeaseError::Held { holder, epoch, .. })) => {
-            err!("fencepost: {agent} is held by {holder} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
+            let named = crate::holder::describe(settings, agent, &holder, epoch);
+            err!("fencepost: {agent} is held by {named} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
+            report.holder = Some(holder);
             return Ok(EXIT_HELD_ELSEWHERE);
         }
         // Exit 4 whenever some attempt reached the coordinator and was refused; 10 only when none
@@ -387,6 +420,11 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
         Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
     };
     let epoch = keeper.epoch();
+    span.record("epoch", epoch);
+    report.epoch = Some(epoch);
+    // Names this process as the holder, for `status` and for the refusals of other processes
+    // of this host (exit 4); removed when the run ends.
+    let _holding = crate::holder::Holding::record(settings, agent, epoch, &run_id);
     if let Some(signal) = signals.pending() {
         release_quietly(&keeper);
         signals.release();
@@ -396,7 +434,9 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
     // Rule H3: nothing runs until this host's ledger has every record the earlier holders
     // published (their `pending`s and outcomes): waited for within --wait, holding the lease.
     // From here on the lease is held: a signal gives it back before fencepost ends.
-    match wait_for_ledger(&keeper, &mut ledger, settings, &signals, started, args.wait) {
+    let waited = wait_for_ledger(&keeper, &mut ledger, settings, &signals, started, args.wait);
+    report.waited_for_ledger();
+    match waited {
         Ok(LedgerWait::Ready) => {}
         Ok(LedgerWait::Behind(missing)) => {
             release_quietly(&keeper);
@@ -445,6 +485,7 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
             .env("FENCEPOST_RUN_ID", &token.run_id)
             .env("FENCEPOST_EPOCH", token.epoch.to_string())
             .env("FENCEPOST_DEVICE", &settings.device);
+        report.command_started();
         let mut child = match child::spawn(command) {
             Ok(child) => child,
             Err(error) => {
@@ -466,7 +507,9 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
             kill_after: Duration::from_millis(args.kill_after),
             signals: &signals,
         };
-        let end = match child::supervise(&mut child, &supervision) {
+        let end = child::supervise(&mut child, &supervision);
+        report.command_ended();
+        let end = match end {
             Ok(end) => end,
             Err(error) => return EffectOutcome::Unknown(format!("cannot wait for the command: {error}")),
         };
@@ -505,8 +548,12 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
     });
     let shutdown = keeper.shutdown();
     signals.release();
+    report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
     let outcome = match outcome {
-        Ok(outcome) => outcome,
+        Ok(outcome) => {
+            report.dispatch = Some(outcome.kind());
+            outcome
+        }
         Err(DispatchError::Damaged { .. }) => {
             refuse_damage(&ledger, settings)?;
             bail!("the ledger is damaged")
@@ -536,7 +583,10 @@ fn run_attempt(settings: &Settings, args: &RunArgs) -> Result<i32> {
         {
             Ok(stored) => tracing::info!(stored, "stored the outcome through the ledger opened again"),
             Err(error) => {
-                err!("fencepost: warning: could not store the outcome through the ledger opened again either ({error:#})");
+                err!(
+                    "fencepost: warning: could not store the outcome through the ledger opened again either ({})",
+                    crate::one_line(&error)
+                );
                 unstored = true;
             }
         }
@@ -757,8 +807,10 @@ pub fn admin(settings: &Settings, command: AdminCommand) -> Result<i32> {
 pub enum LeaseCommand {
     /// Take the agent's lease for this device (exit 4 if another holds it).
     Acquire {
+        /// The agent whose lease to take.
         #[arg(long)]
         agent: String,
+        /// How long the lease lasts unless renewed.
         #[arg(long, default_value = "30s", value_parser = parse_duration_ms, value_name = "DURATION")]
         ttl: u64,
         /// Print JSON.
@@ -767,33 +819,43 @@ pub enum LeaseCommand {
     },
     /// Extend this device's lease at EPOCH (exit 6 if it was lost).
     Renew {
+        /// The agent whose lease to renew.
         #[arg(long)]
         agent: String,
+        /// The epoch this device holds (as `lease acquire` printed it).
         #[arg(long)]
         epoch: u64,
+        /// How long the lease lasts from now unless renewed again.
         #[arg(long, default_value = "30s", value_parser = parse_duration_ms, value_name = "DURATION")]
         ttl: u64,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
     /// Give this device's lease at EPOCH up, so another host can take it at once (exit 6 if lost).
     Release {
+        /// The agent whose lease to give up.
         #[arg(long)]
         agent: String,
+        /// The epoch this device holds.
         #[arg(long)]
         epoch: u64,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
     /// Show who holds the agent, at which epoch, until when.
     Current {
+        /// The agent.
         #[arg(long)]
         agent: String,
+        /// Print JSON (`null` when nobody holds it).
         #[arg(long)]
         json: bool,
     },
     /// Show every held lease.
     List {
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -912,8 +974,10 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
 /// `fencepost ledger …`.
 #[derive(Debug, clap::Subcommand)]
 pub enum LedgerCommand {
-    /// Agents with their fencing epochs and counts of runs, committed and in doubt.
+    /// Agents with their fencing epochs and counts of runs, committed and in doubt (exit 1, and
+    /// what is damaged, on a damaged ledger).
     Show {
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -924,11 +988,13 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Every run: status, epoch, device; in-doubt runs are marked.
+    /// Every run: status, epoch, device; in-doubt runs are marked (exit 1, and what is damaged,
+    /// on a damaged ledger).
     Runs {
         /// Only this agent's runs.
         #[arg(long)]
         agent: Option<String>,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -990,12 +1056,13 @@ pub enum LedgerCommand {
 }
 
 /// One row of `ledger runs`.
-struct RunRow {
-    agent: String,
-    run: String,
-    status: &'static str,
-    epoch: u64,
-    device: String,
+pub(crate) struct RunRow {
+    pub agent: String,
+    pub run: String,
+    /// `committed`, `failed`, `pending`, `running` or `in-doubt`.
+    pub status: &'static str,
+    pub epoch: u64,
+    pub device: String,
     /// For an in-doubt or running attempt: the fold's view of the run before it (`failed@1`).
     after: Option<String>,
     /// For a committed run: an outcome recorded beside its commit that the fold would show
@@ -1007,7 +1074,10 @@ struct RunRow {
 /// unsettled attempt shows as in doubt).
 fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease> {
     listed_live_leases(settings).unwrap_or_else(|error| {
-        err!("fencepost: warning: {error:#}; runs whose lease is live show as in doubt");
+        err!(
+            "fencepost: warning: {}; runs whose lease is live show as in doubt",
+            crate::one_line(&error)
+        );
         Default::default()
     })
 }
@@ -1024,7 +1094,7 @@ fn listed_live_leases(settings: &Settings) -> Result<std::collections::BTreeMap<
         .collect())
 }
 
-fn run_rows(
+pub(crate) fn run_rows(
     ledger: &Ledger,
     only: Option<&str>,
     live: &std::collections::BTreeMap<String, Lease>,
@@ -1170,23 +1240,31 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                     "runs": mine.count(), "committed": committed, "in_doubt": in_doubt, "running": running,
                 }));
             }
+            let damaged = !ledger.damage().is_empty();
             if json {
                 out!("{}", serde_json::Value::Array(agents));
+            } else if agents.is_empty() && damaged {
+                out!(
+                    "the ledger in {} has no intents that could be read",
+                    settings.ledger_label()
+                );
             } else if agents.is_empty() {
                 out!("the ledger in {} has no intents yet", settings.ledger_label());
             } else {
                 for agent in agents {
+                    let count = |key: &str| agent[key].as_u64().unwrap_or_default();
                     out!(
-                        "{}: fencing epoch {}, {} runs, {} committed, {} running, {} in doubt",
+                        "{}: fencing epoch {}, {}, {} committed, {} running, {} in doubt",
                         agent["agent_id"].as_str().unwrap_or_default(),
                         agent["fencing_epoch"],
-                        agent["runs"],
-                        agent["committed"],
-                        agent["running"],
-                        agent["in_doubt"]
+                        plural(count("runs"), "run"),
+                        count("committed"),
+                        count("running"),
+                        count("in_doubt")
                     );
                 }
             }
+            return Ok(report_damage(&ledger, settings));
         }
         LedgerCommand::Runs { agent, json } => {
             let ledger = open_ledger(settings)?;
@@ -1219,9 +1297,34 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                     );
                 }
             }
+            return Ok(report_damage(&ledger, settings));
         }
     }
     Ok(EXIT_RAN_OK)
+}
+
+/// After a listing (`ledger show`, `ledger runs`): on a damaged ledger, says what is damaged
+/// (the listing lacks what the damaged devices recorded) and returns exit 1; else 0.
+fn report_damage(ledger: &Ledger, settings: &Settings) -> i32 {
+    let damage = ledger.damage();
+    if damage.is_empty() && ledger.checkpoint_failure().is_none() {
+        return EXIT_RAN_OK;
+    }
+    if let Some(problem) = ledger.checkpoint_failure() {
+        err!("fencepost: {problem}");
+    }
+    for problem in &damage {
+        err!("fencepost: damaged: {problem}");
+    }
+    if !damage.is_empty() {
+        err!(
+            "fencepost: the ledger in {} is damaged ({}): what the damaged devices recorded after the damage is missing above. {} (`fencepost ledger verify` checks everything)",
+            settings.ledger_label(),
+            plural(damage.len() as u64, "problem"),
+            settings.repair_hint()
+        );
+    }
+    EXIT_RAN_FAILED
 }
 
 /// `ledger import`: every intact device of `from`, pushed to this host's ledger.
@@ -1278,9 +1381,9 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
         .push(&records)
         .with_context(|| format!("cannot write to the ledger {}", settings.ledger_label()))?;
     out!(
-        "imported {} record(s) of {} device(s) from {} into {} ({} already there)",
-        report.appended,
-        devices.len(),
+        "imported {} of {} from {} into {} ({} already there)",
+        plural(report.appended as u64, "record"),
+        plural(devices.len() as u64, "device"),
         source.ledger_label(),
         settings.ledger_label(),
         report.already_present
@@ -1392,7 +1495,7 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bo
 }
 
 /// `count` and `noun`, in the plural unless `count` is 1.
-fn plural(count: u64, noun: &str) -> String {
+pub fn plural(count: u64, noun: &str) -> String {
     if count == 1 {
         format!("1 {noun}")
     } else {
@@ -1495,14 +1598,16 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
     }
     if bad > checkpoints_bad {
         err!(
-            "fencepost: {bad} problem(s) in {}: each device stops at its first bad record; {} (an incomplete last line of a folder's file may be a write or a sync in progress)",
+            "fencepost: {} in {}: each device stops at its first bad record; {} (an incomplete last line of a folder's file may be a write or a sync in progress)",
+            plural(bad as u64, "problem"),
             settings.ledger_label(),
             settings.repair_hint().to_lowercase()
         );
     } else {
         // Only checkpoints: the records are intact.
         err!(
-            "fencepost: {bad} damaged checkpoint(s) in {}; its records are intact: write a new checkpoint with `fencepost ledger compact`",
+            "fencepost: {} in {}; its records are intact: write a new checkpoint with `fencepost ledger compact`",
+            plural(bad as u64, "damaged checkpoint"),
             settings.ledger_label()
         );
     }
@@ -1521,13 +1626,50 @@ pub struct SimulateArgs {
     /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
-    /// Write an SVG timeline of the (first) seed: per site, leases held, pauses, crashes,
-    /// partitions, effects and duplicates.
+    /// Write an SVG timeline of the (first) seed: per site (with its clock skew), leases held,
+    /// pauses, crashes, partitions, effects (in their agent's colour), duplicates, and the
+    /// effects the resource refused, over a time axis.
     #[arg(long, value_name = "FILE")]
     svg: Option<std::path::PathBuf>,
+    /// Write the same timeline as a PNG picture.
+    #[arg(long, value_name = "FILE")]
+    png: Option<std::path::PathBuf>,
     /// Run the coordinator in SQLite databases (in a temporary folder) instead of in memory.
     #[arg(long)]
     sqlite: bool,
+}
+
+/// Renders an SVG picture into a PNG file (text in the system's fonts).
+fn write_png(svg: &str, path: &Path) -> Result<()> {
+    let mut options = resvg::usvg::Options::default();
+    let fonts = options.fontdb_mut();
+    fonts.load_system_fonts();
+    // The picture asks for `sans-serif`: the first of these families that is installed, else
+    // any installed family (the generic names' defaults are not Linux fonts).
+    let families: Vec<String> = fonts
+        .faces()
+        .flat_map(|face| face.families.iter().map(|(family, _)| family.clone()))
+        .collect();
+    let chosen = ["DejaVu Sans", "Liberation Sans", "Noto Sans", "FreeSans", "Arial"]
+        .iter()
+        .find(|wanted| families.iter().any(|family| family == *wanted))
+        .map(|family| (*family).to_owned())
+        .or_else(|| families.first().cloned());
+    match chosen {
+        Some(family) => fonts.set_sans_serif_family(family),
+        None => err!("fencepost: warning: no fonts are installed, so the PNG has no text (the SVG has it)"),
+    }
+    let tree = resvg::usvg::Tree::from_str(svg, &options).context("cannot read the timeline back as SVG")?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height())
+        .context("cannot make a picture of the timeline's size")?;
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pixmap.as_mut(),
+    );
+    let png = pixmap.encode_png().context("cannot encode the timeline as PNG")?;
+    std::fs::write(path, png).with_context(|| format!("cannot write {}", path.display()))
 }
 
 pub fn simulate(args: SimulateArgs) -> Result<i32> {
@@ -1545,9 +1687,14 @@ pub fn simulate(args: SimulateArgs) -> Result<i32> {
         ..SimConfig::new(seed)
     };
     let first = compare(&config(args.seed));
-    if let Some(path) = &args.svg {
-        std::fs::write(path, render_svg(&first))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+    if args.svg.is_some() || args.png.is_some() {
+        let svg = render_svg(&first);
+        if let Some(path) = &args.svg {
+            std::fs::write(path, &svg).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        if let Some(path) = &args.png {
+            write_png(&svg, path)?;
+        }
     }
     if args.seeds == 1 {
         if args.json {

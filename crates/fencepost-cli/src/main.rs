@@ -28,7 +28,10 @@ macro_rules! out_raw {
 mod child;
 mod commands;
 mod config;
+mod holder;
+mod report;
 mod settings;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -42,7 +45,7 @@ pub const EXIT_RAN_FAILED: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 /// Did not run: this occurrence already committed (here or on another host).
 pub const EXIT_ALREADY_COMMITTED: i32 = 3;
-/// Did not run: another host holds the agent's lease.
+/// Did not run: another host (or another process of this host) holds the agent's lease.
 pub const EXIT_HELD_ELSEWHERE: i32 = 4;
 /// Did not run: an earlier attempt of this occurrence started and never recorded an outcome.
 pub const EXIT_IN_DOUBT: i32 = 5;
@@ -72,10 +75,38 @@ pub const EXIT_ERROR: i32 = 10;
 #[derive(Debug, Parser)]
 #[command(name = "fencepost", version, about, long_about)]
 struct Cli {
+    /// Where state lives, given before the subcommand (the same options after it win).
     #[command(flatten)]
-    global: Global,
+    before: Global,
+    /// More log output on stderr (`-v` info, `-vv` debug); `RUST_LOG` works too.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// How log lines and messages on stderr are written: `text`, or `json` (one JSON object a
+    /// line, for log shippers). Colour only on a terminal, and never with NO_COLOR set.
+    #[arg(
+        long,
+        global = true,
+        env = "FENCEPOST_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The options of [`Global`] before the subcommand are that command's only: a subcommand that
+/// has no use for them (`simulate`) neither shows nor takes them.
+const LOCATION_OPTIONS: [&str; 4] = ["coordinator", "ledger", "device", "config"];
+
+/// How stderr is written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object a line (tracing-subscriber's JSON layout), messages included.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -103,7 +134,8 @@ run is in doubt)\n  \
 2   usage error (a bad flag or value: an empty --salt, a --ttl below 1s, an invalid id, a \
 coordinator spec every process would have privately)\n  \
 3   not run: this occurrence already committed (here or on another host)\n  \
-4   not run: another host holds the agent's lease (see --wait); also when --wait ran out after \
+4   not run: another host, or another process of this host, holds the agent's lease (the \
+holder is named, a process of this host by its pid; see --wait); also when --wait ran out after \
 a refusal and the last attempt then failed\n  \
 5   not run: in doubt, an earlier attempt started and never recorded an outcome (its host \
 may have died mid-command), or another process with the same device id started it just before; \
@@ -124,18 +156,35 @@ PostgreSQL URL (leases and ledger in one database):\n  \
 0 9 * * * fencepost run --agent reports --intent 'daily report' --salt \"$(date +\\%F)\" --wait 2m -- ./send-report.sh"
     )]
     Run(commands::RunArgs),
+    /// Who holds what, what runs, what is in doubt, and whether the ledger is healthy.
+    #[command(
+        long_about = "Who holds what, what runs, what is in doubt, and whether the ledger is healthy.\n\n\
+Per agent: its lease (holder, epoch, time left; a holder on this host is named with its \
+process), its runs running and in doubt, and the most recently committed ones. Then the \
+ledger's health: damaged devices, and devices whose records the agents' holders published but \
+this host's ledger has not received yet. Also where this host keeps its state (the data \
+directory), the coordinator, the ledger and the device id in use. Exit 0 when the ledger is \
+healthy, 1 when it is damaged or behind, 10 when the coordinator or the ledger cannot be read."
+    )]
+    Status(status::StatusArgs),
     /// Inspect and operate leases directly (acquire, renew, release, current, list).
     Lease {
+        #[command(flatten)]
+        global: Global,
         #[command(subcommand)]
         command: commands::LeaseCommand,
     },
     /// Inspect the ledger: agents, runs, in-doubt runs, damaged devices.
     Ledger {
+        #[command(flatten)]
+        global: Global,
         #[command(subcommand)]
         command: commands::LedgerCommand,
     },
     /// Administration: create or upgrade the coordinator's schema.
     Admin {
+        #[command(flatten)]
+        global: Global,
         #[command(subcommand)]
         command: commands::AdminCommand,
     },
@@ -157,22 +206,50 @@ site's ledger converged. The same seed prints the same output, byte for byte."
 /// Logs to stderr through a background thread, so that a full or closed stderr (a pipe nobody
 /// reads) never blocks or panics the process: a stop of the command, a lease loss, a timeout must
 /// not wait for a log line. Lines that do not fit are dropped. The guard flushes at exit.
-fn init_tracing(verbose: u8) -> tracing_appender::non_blocking::WorkerGuard {
+/// Colour only when stderr is a terminal and NO_COLOR is unset or empty. In JSON, the messages
+/// of [`err!`] are events too ([`MESSAGE_TARGET`]), shown at every verbosity.
+fn init_tracing(verbose: u8, format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+    use std::io::IsTerminal as _;
     let default = match verbose {
         0 => "warn",
         1 => "info",
         _ => "debug",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // The picture renderer's complaints (a missing font, said for every text) are not ours.
+    if let Ok(directive) = "usvg=error".parse() {
+        filter = filter.add_directive(directive);
+    }
+    if format == LogFormat::Json {
+        if let Ok(directive) = format!("{MESSAGE_TARGET}=info").parse() {
+            filter = filter.add_directive(directive);
+        }
+        JSON_MESSAGES.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    let colour =
+        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
-        .with_target(false)
-        .try_init();
+        .with_ansi(colour);
+    let _ = match format {
+        LogFormat::Text => builder.with_target(false).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+    };
     guard
 }
+
+/// The target of the messages of [`err!`] as log events (`--log-format json`).
+pub const MESSAGE_TARGET: &str = "fencepost::message";
+
+/// Whether messages are written as JSON log events.
+static JSON_MESSAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn main() {
     let arguments: Vec<String> = std::env::args().collect();
@@ -181,19 +258,51 @@ fn main() {
         let group = arguments.get(2).and_then(|group| group.parse().ok()).unwrap_or(0);
         std::process::exit(child::watchdog(group));
     }
-    let cli = Cli::parse();
-    let logging = init_tracing(cli.global.verbose);
-    let outcome = if let Command::Simulate(args) = cli.command {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    // The location options before the subcommand belong to the top level alone (see
+    // `LOCATION_OPTIONS`); after it, each subcommand that uses them has its own.
+    let command = Cli::command().mut_args(|arg| {
+        if LOCATION_OPTIONS.contains(&arg.get_id().as_str()) {
+            arg.global(false)
+        } else {
+            arg
+        }
+    });
+    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
+    let logging = init_tracing(cli.verbose, cli.log_format);
+    let before = cli.before;
+    let outcome = match cli.command {
         // Needs no coordinator, ledger or device of this host.
-        commands::simulate(args)
-    } else {
-        Settings::resolve(&cli.global).and_then(|settings| match cli.command {
-            Command::Run(args) => commands::run(&settings, args),
-            Command::Lease { command } => commands::lease(&settings, command),
-            Command::Ledger { command } => commands::ledger(&settings, command),
-            Command::Admin { command } => commands::admin(&settings, command),
-            Command::Simulate(_) => unreachable!("handled above"),
-        })
+        Command::Simulate(args) => {
+            if before.coordinator.is_some()
+                || before.ledger.is_some()
+                || before.device.is_some()
+                || before.config.is_some()
+            {
+                Err(anyhow::Error::new(UsageError(
+                    "simulate uses no coordinator, ledger, device or config file of this host: leave out --coordinator, --ledger, --device and --config".to_owned(),
+                )))
+            } else {
+                commands::simulate(args)
+            }
+        }
+        Command::Run(mut args) => {
+            args.global = std::mem::take(&mut args.global).or(before);
+            report::run_reporting(args)
+        }
+        Command::Status(mut args) => {
+            args.global = std::mem::take(&mut args.global).or(before);
+            Settings::resolve(&args.global).and_then(|settings| status::status(&settings, &args))
+        }
+        Command::Lease { global, command } => {
+            Settings::resolve(&global.or(before)).and_then(|settings| commands::lease(&settings, command))
+        }
+        Command::Ledger { global, command } => {
+            Settings::resolve(&global.or(before)).and_then(|settings| commands::ledger(&settings, command))
+        }
+        Command::Admin { global, command } => {
+            Settings::resolve(&global.or(before)).and_then(|settings| commands::admin(&settings, command))
+        }
     };
     drop(logging);
     exit(outcome)
@@ -208,6 +317,18 @@ static STDERR_STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBo
 /// get through, later ones are dropped.
 pub fn write_stderr(line: String) {
     use std::sync::atomic::Ordering;
+    if JSON_MESSAGES.load(Ordering::SeqCst) {
+        // A log event: the subscriber's writer never blocks (it drops what does not fit).
+        let text = line.strip_prefix("fencepost: ").unwrap_or(&line);
+        match text.strip_prefix("warning: ") {
+            Some(warning) => tracing::warn!(target: MESSAGE_TARGET, "{warning}"),
+            None if text.starts_with("error: ") => {
+                tracing::error!(target: MESSAGE_TARGET, "{}", &text["error: ".len()..])
+            }
+            None => tracing::info!(target: MESSAGE_TARGET, "{text}"),
+        }
+        return;
+    }
     if STDERR_STUCK.load(Ordering::SeqCst) {
         return;
     }
@@ -242,16 +363,43 @@ macro_rules! usage {
     };
 }
 
+/// An error and its causes in one line, as `{:#}` writes them, without a cause whose words the
+/// line already holds (an error whose message includes its source would say it twice).
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// The exit status of a command that failed: 2 for a usage error, else 10.
+pub fn exit_status_of_error(error: &anyhow::Error) -> i32 {
+    if error.downcast_ref::<UsageError>().is_some() {
+        EXIT_USAGE
+    } else {
+        EXIT_ERROR
+    }
+}
+
 fn exit(outcome: anyhow::Result<i32>) -> ! {
     match outcome {
         Ok(code) => std::process::exit(code),
-        Err(error) if error.downcast_ref::<UsageError>().is_some() => {
-            err!("fencepost: {error:#}");
-            std::process::exit(EXIT_USAGE);
-        }
         Err(error) => {
-            err!("fencepost: {error:#}");
-            std::process::exit(EXIT_ERROR);
+            let code = exit_status_of_error(&error);
+            if JSON_MESSAGES.load(std::sync::atomic::Ordering::SeqCst) {
+                err!("fencepost: error: {}", one_line(&error));
+            } else {
+                err!("fencepost: {}", one_line(&error));
+            }
+            std::process::exit(code);
         }
     }
 }
@@ -265,6 +413,23 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn cli_an_error_line_says_each_cause_once() {
+        // An error whose message includes its source (a relay's I/O error) said it twice.
+        let source = std::io::Error::other("this file holds no fencepost ledger");
+        let error = anyhow::Error::new(fencepost::relay::RelayError::Io {
+            operation: "open",
+            path: "/tmp/ledger.db".into(),
+            source,
+        })
+        .context("cannot open the ledger /tmp/ledger.db");
+        assert_eq!(
+            one_line(&error),
+            "cannot open the ledger /tmp/ledger.db: open /tmp/ledger.db: this file holds no fencepost ledger"
+        );
+        assert_eq!(format!("{error:#}").matches("no fencepost ledger").count(), 2);
     }
 
     #[test]

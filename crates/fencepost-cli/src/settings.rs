@@ -14,35 +14,63 @@ use fencepost::lease::{Lease, LeaseCoordinator, LeaseError};
 use fencepost::relay::{FsRelay, Relay, SqliteRelay};
 use sha2::{Digest, Sha256};
 
-/// The global options every command shares.
-#[derive(Debug, Clone, clap::Args)]
+/// Where state lives: the options of the commands that use a coordinator, a ledger and a device
+/// id (every command but `simulate`). They are taken after the subcommand (`fencepost run
+/// --ledger …`, `fencepost ledger show --ledger …`) and, on the command line only, before it
+/// (`fencepost --ledger … run`), where one after the subcommand wins. The variables
+/// (`FENCEPOST_COORDINATOR`, …) are read by [`Settings::resolve`], after every flag.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Global {
     /// Where leases live: `sqlite:PATH` (one host; the default is `sqlite:<data dir>/leases.db`)
-    /// or a `postgres://` URL (many hosts).
-    #[arg(long, global = true, env = "FENCEPOST_COORDINATOR", value_name = "SPEC")]
+    /// or a `postgres://` URL (many hosts). Also FENCEPOST_COORDINATOR.
+    #[arg(long, global = true, value_name = "SPEC")]
     pub coordinator: Option<String>,
     /// Where intents live: a folder (one file per device; may be a synced folder every host
     /// shares), `sqlite:PATH` (a SQLite file: the processes of one host) or a `postgres://` URL
     /// (tables beside a PostgreSQL coordinator's: many hosts). Default: with a PostgreSQL
-    /// coordinator, its database; else the folder `<data dir>/ledger`.
-    #[arg(
-        long,
-        global = true,
-        env = "FENCEPOST_LEDGER",
-        value_name = "DIR|sqlite:PATH|URL"
-    )]
+    /// coordinator, its database; else the folder `<data dir>/ledger`. Also FENCEPOST_LEDGER.
+    #[arg(long, global = true, value_name = "DIR|sqlite:PATH|URL")]
     pub ledger: Option<PathBuf>,
     /// This host's device id. Default: the host name and a hash of the machine id, stable across
-    /// runs.
-    #[arg(long, global = true, env = "FENCEPOST_DEVICE", value_name = "ID")]
+    /// runs. Also FENCEPOST_DEVICE.
+    #[arg(long, global = true, value_name = "ID")]
     pub device: Option<String>,
     /// A TOML file with `coordinator`, `ledger` and `device` keys, used where a flag or variable
-    /// does not say. Default: `<config dir>/fencepost/config.toml` when it exists.
-    #[arg(long, global = true, env = "FENCEPOST_CONFIG", value_name = "FILE")]
+    /// does not say. Default: `<config dir>/fencepost/config.toml` when it exists. Also
+    /// FENCEPOST_CONFIG.
+    #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// More log output on stderr (`-v` info, `-vv` debug); `RUST_LOG` works too.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
-    pub verbose: u8,
+}
+
+impl Global {
+    /// These options, completed by `before` (the same options given before the subcommand).
+    pub fn or(self, before: Global) -> Global {
+        Global {
+            coordinator: self.coordinator.or(before.coordinator),
+            ledger: self.ledger.or(before.ledger),
+            device: self.device.or(before.device),
+            config: self.config.or(before.config),
+        }
+    }
+
+    /// These options, completed by the `FENCEPOST_*` variables (an empty one counts as unset).
+    fn or_environment(self) -> Global {
+        let variable = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+        Global {
+            coordinator: self.coordinator.or_else(|| {
+                variable("FENCEPOST_COORDINATOR").map(|value| value.to_string_lossy().into_owned())
+            }),
+            ledger: self
+                .ledger
+                .or_else(|| variable("FENCEPOST_LEDGER").map(PathBuf::from)),
+            device: self
+                .device
+                .or_else(|| variable("FENCEPOST_DEVICE").map(|value| value.to_string_lossy().into_owned())),
+            config: self
+                .config
+                .or_else(|| variable("FENCEPOST_CONFIG").map(PathBuf::from)),
+        }
+    }
 }
 
 /// The resolved settings.
@@ -80,7 +108,8 @@ pub enum LedgerKind {
     Postgres,
 }
 
-fn data_dir() -> Result<PathBuf> {
+/// `<data dir>/fencepost`, where this host keeps its defaults and its memory of the ledger.
+pub fn data_dir() -> Result<PathBuf> {
     dirs::data_dir()
         .map(|dir| dir.join("fencepost"))
         .context("cannot find a data directory (no HOME?): pass --coordinator and --ledger")
@@ -88,6 +117,7 @@ fn data_dir() -> Result<PathBuf> {
 
 impl Settings {
     pub fn resolve(global: &Global) -> Result<Self> {
+        let global = global.clone().or_environment();
         let file = read_config(global.config.as_deref())?;
         let coordinator = match global.coordinator.clone().or(file.coordinator) {
             Some(spec) => spec,

@@ -46,7 +46,7 @@ fn cli_run_help_documents_every_exit_status() {
     for line in [
         "0   ran, and the command succeeded",
         "3   not run: this occurrence already committed",
-        "4   not run: another host holds",
+        "4   not run: another host, or another process of this host, holds",
         "5   not run: in doubt",
         "10  error",
     ] {

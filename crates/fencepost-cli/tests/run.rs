@@ -266,8 +266,14 @@ fn errors_are_one_clear_line_and_lose_nothing() {
         "{}",
         text(&verify.stdout)
     );
+    // The listing shows what could be read, says what is damaged, and exits 1 (issue 18).
     let show = shared.run("host-1", &["ledger", "runs"]);
-    assert!(show.status.success(), "{}", text(&show.stderr));
+    assert_eq!(show.status.code(), Some(1), "{}", text(&show.stderr));
+    assert!(
+        text(&show.stderr).contains("damaged") && text(&show.stderr).contains("host-2"),
+        "{}",
+        text(&show.stderr)
+    );
     assert!(
         text(&show.stdout).contains("by host-1"),
         "host-1's runs are still read: {}",

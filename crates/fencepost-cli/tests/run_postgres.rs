@@ -80,7 +80,7 @@ fn catalog(statements: &str) {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_three_hosts_run_the_same_occurrence_and_the_effect_happens_once() {
     let shared = shared("three");
     for (round, salt) in ["2026-11-29", "2026-11-30"].iter().enumerate() {
@@ -92,7 +92,7 @@ fn run_postgres_three_hosts_run_the_same_occurrence_and_the_effect_happens_once(
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_a_host_killed_mid_command_leaves_an_in_doubt_run() {
     killed_host_leaves_an_in_doubt_run(&shared("killed"), "2026-11-29");
 }
@@ -101,7 +101,7 @@ fn run_postgres_a_host_killed_mid_command_leaves_an_in_doubt_run() {
 /// `run`, `lease …` and `ledger …` (the ledger in the same database, issue 16); it cannot migrate; and a database without the schema gets a
 /// message naming `fencepost admin migrate`, not "permission denied for database".
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_a_least_privilege_role_runs_every_command_but_migrate() {
     migrate();
     let role = format!("fp_runtime_{}", std::process::id());
@@ -192,7 +192,7 @@ fn lock_row(agent: &str) -> Client {
 /// bound replaces neither), or the URL's `operation_timeout`. Before, the library's session `SET statement_timeout` replaced the
 /// role's, and `--wait 30s` ended after 10 s on the first locked statement.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_wait_is_bounded_by_the_roles_timeout_or_the_operation_timeout() {
     migrate();
     let (hasty, patient) = (
@@ -239,7 +239,7 @@ fn run_postgres_wait_is_bounded_by_the_roles_timeout_or_the_operation_timeout() 
 /// A malformed or repeated `operation_timeout` in the coordinator URL is a usage error (exit 2),
 /// not a connection failure (found by an adversarial run).
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_a_malformed_operation_timeout_is_a_usage_error() {
     for malformed in ["abc", "1s&operation_timeout=20s", "1.5s"] {
         let url = format!("{}?operation_timeout={malformed}", server_url());
@@ -258,7 +258,7 @@ fn run_postgres_a_malformed_operation_timeout_is_a_usage_error() {
 /// Clear errors (issue 14, item 5): a read-only server (a standby, or a role with
 /// `default_transaction_read_only`) is named as such, not as a missing privilege.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_a_read_only_server_is_named() {
     migrate();
     let role = format!("fp_reader_{}", std::process::id());
@@ -358,7 +358,7 @@ impl CountingProxy {
 /// fence's coordinator check, and the outcome's rides on the release. (Found by measuring: the
 /// CLI's coordinator wrapper once sent each combined call as two.)
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass"]
 fn h2_h3_the_hand_off_costs_no_round_trip_of_its_own() {
     migrate();
     let proxy = CountingProxy::start();
@@ -405,7 +405,7 @@ fn h2_h3_the_hand_off_costs_no_round_trip_of_its_own() {
 /// one that forgets old commits: the names only, no checkpoint is read): 9 more, 16 in all,
 /// however long the ledger.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass"]
 fn r1_h2_the_ledger_in_the_database_costs_nine_messages_per_run() {
     migrate();
     let proxy = CountingProxy::start();
@@ -449,7 +449,7 @@ fn r1_h2_the_ledger_in_the_database_costs_nine_messages_per_run() {
 /// before the import, the hand-off (H3) waits for the records it lacks (exit 7) instead of
 /// running the occurrence again.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn h3_moving_a_ledger_folder_into_the_database_runs_nothing_twice() {
     let url = own_database("import");
     let host = Shared::database_only(tempfile::tempdir().unwrap(), url, "reports");
@@ -530,7 +530,7 @@ fn h3_moving_a_ledger_folder_into_the_database_runs_nothing_twice() {
 /// share that is not mounted (found by an adversarial run: it was ignored, and a committed run
 /// ran again): fencepost cannot tell what it holds.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn h3_an_old_ledger_folder_that_cannot_be_read_stops_the_database_ledger() {
     let url = own_database("dangling");
     let host = Shared::database_only(tempfile::tempdir().unwrap(), url, "reports");
@@ -552,7 +552,7 @@ fn h3_an_old_ledger_folder_that_cannot_be_read_stops_the_database_ledger() {
 /// same). The outcome is still written (exit 0), and the next host finds the run committed, not
 /// in doubt.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_an_outcome_is_written_after_the_server_closed_the_idle_ledger_connection() {
     let url = own_database("idle");
     let name = format!("fp_idle_{}", std::process::id());
@@ -599,7 +599,7 @@ fn own_database(test: &str) -> String {
 /// once each, and a holder killed mid-command leaves the run in doubt for the next host (H3 and
 /// the fold see its `pending` at once: there is no relay lag to wait for).
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn run_postgres_three_hosts_sharing_only_a_database_url_run_each_occurrence_once() {
     let url = own_database("one_url");
     let shared = Shared::database_only(tempfile::tempdir().unwrap(), url.clone(), "reports");
@@ -643,7 +643,7 @@ fn strs(args: &[String]) -> Vec<&str> {
 /// verify` says so) until a compaction of the same records stores it again, whole; a checkpoint
 /// whose chunks were deleted is reported by `verify`, and a new host then reads the records.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn k1_k4_a_ledger_in_the_database_keeps_checkpoints_that_new_hosts_start_from() {
     let url = own_database("checkpoints");
     let name = format!("fp_checkpoints_{}", std::process::id());
@@ -860,7 +860,7 @@ fn k1_k4_a_ledger_in_the_database_keeps_checkpoints_that_new_hosts_start_from() 
 /// record; `ledger verify` finds the ledger intact; a new host without the checkpoint (its rows
 /// deleted) runs nothing; a role without `DELETE` on `relay_records` is told so.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn k5_a_ledger_in_the_database_is_pruned_and_no_host_runs_a_committed_occurrence_again() {
     let url = own_database("prune");
     let name = format!("fp_prune_{}", std::process::id());

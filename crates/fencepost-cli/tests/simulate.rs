@@ -71,3 +71,66 @@ fn simulate_writes_an_svg_timeline_that_parses_and_renders() {
         std::fs::write(out, &png).unwrap();
     }
 }
+
+#[test]
+fn simulate_timeline_has_a_time_axis_skews_agents_refusals_and_a_png() {
+    let folder = tempfile::tempdir().unwrap();
+    let svg_path = folder.path().join("timeline.svg");
+    let png_path = folder.path().join("timeline.png");
+    // Seed 55: the resource refuses effects in `token` mode.
+    let output = simulate(&[
+        "--seed",
+        "55",
+        "--svg",
+        svg_path.to_str().unwrap(),
+        "--png",
+        png_path.to_str().unwrap(),
+    ]);
+    let table = String::from_utf8(output.stdout).unwrap();
+    let refused: u64 = table
+        .lines()
+        .find(|line| line.starts_with("token"))
+        .and_then(|line| line.split_whitespace().nth(8))
+        .and_then(|count| count.parse().ok())
+        .unwrap();
+    assert!(refused > 0, "{table}");
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    // A time axis with its unit under each of the four panels.
+    assert_eq!(svg.matches("time (s)</text>").count(), 4, "a time axis per mode");
+    // Each site's lane names its skew, with a true minus sign for a site behind.
+    assert!(svg.contains("site-0  skew "), "skews are labelled");
+    assert!(svg.contains("skew \u{2212}"), "seed 55 has a site behind");
+    // Each refusal of the resource is drawn (and only in token mode, which has them).
+    assert_eq!(
+        svg.matches("<title>REFUSED by the resource").count() as u64,
+        refused,
+        "every refusal is drawn"
+    );
+    // Effects say their agent, in its colour; every legend swatch comes before its text.
+    assert!(svg.contains(r##"fill="#4c78a8" stroke="#222222" stroke-width="0.8"><title>agent-0"##));
+    assert!(svg.contains(r##"fill="#b279a2" stroke="#222222" stroke-width="0.8"><title>agent-1"##));
+    let legend = &svg[svg.rfind("<g font-size=\"11\" transform").unwrap()..];
+    for element in legend.split('<').filter(|element| element.starts_with("text ")) {
+        let x: f64 = element
+            .split("x=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            x > 10.0,
+            "text at the left edge: a swatch must come before it: {element}"
+        );
+    }
+    let png = std::fs::read(&png_path).unwrap();
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    let options = resvg::usvg::Options::default();
+    let size = resvg::usvg::Tree::from_str(&svg, &options)
+        .unwrap()
+        .size()
+        .to_int_size();
+    // The PNG's width and height (its IHDR chunk) are the SVG's.
+    assert_eq!(u32::from_be_bytes(png[16..20].try_into().unwrap()), size.width());
+    assert_eq!(u32::from_be_bytes(png[20..24].try_into().unwrap()), size.height());
+}

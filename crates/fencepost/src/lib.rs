@@ -14,8 +14,9 @@
 //! Modules: [`clock`], [`run_id`], [`oplog`] and [`relay`] carry records between sites; [`lease`]
 //! (the coordinator and the intent vocabulary), [`fold`] and [`fence`] decide what may run;
 //! [`keeper`] holds a lease alive and [`dispatch`] runs one effect under the whole protocol (the
-//! call an agent runtime makes; its docs have a runnable runtime loop); [`simulate`] runs the whole
-//! protocol through seeded chaos and counts what each layer prevents.
+//! call an agent runtime makes; its docs have a runnable runtime loop); [`metrics`] names what they
+//! count and time through the `metrics` facade (for the recorder a program installs);
+//! [`simulate`] runs the whole protocol through seeded chaos and counts what each layer prevents.
 //!
 //! ## A tour
 //!
@@ -159,6 +160,8 @@ pub mod dispatch;
 pub mod keeper;
 #[path = "edge/ledger.rs"]
 pub mod ledger;
+#[path = "edge/metrics.rs"]
+pub mod metrics;
 #[path = "edge/relay/mod.rs"]
 pub mod relay;
 #[path = "edge/snapshot.rs"]

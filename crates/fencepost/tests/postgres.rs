@@ -163,10 +163,10 @@ impl Harness for PostgresHarness {
     }
 }
 
-conformance_tests!(postgres_server, PostgresHarness::new(), #[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]);
+conformance_tests!(postgres_server, PostgresHarness::new(), #[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]);
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_postgres_failures_are_backend_errors_not_verdicts() {
     let schema = TestSchema::new();
     // Connected, but the table is missing: every operation fails in the server.
@@ -179,7 +179,7 @@ fn l7_postgres_failures_are_backend_errors_not_verdicts() {
 /// Least privilege (issue 14, item 3): a coordinator never creates the schema itself; it says
 /// whether the schema is there, at which version, and what to run when it is not.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn schema_version_is_checked_and_migrate_is_the_explicit_step() {
     use fencepost::backend::postgres::{SchemaState, SCHEMA_VERSION};
     let schema = TestSchema::new();
@@ -212,7 +212,7 @@ fn schema_version_is_checked_and_migrate_is_the_explicit_step() {
 /// Rule L8 in SQL (issue 14, item 1): ids travel as literals, so quotes, backslashes and
 /// anything else an id may hold are escaped, never interpreted.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l8_postgres_ids_with_quotes_and_backslashes_round_trip() {
     let schema = TestSchema::new();
     let coordinator = schema.coordinator();
@@ -231,7 +231,7 @@ fn l8_postgres_ids_with_quotes_and_backslashes_round_trip() {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     let schema = TestSchema::new();
     std::thread::scope(|scope| {
@@ -261,7 +261,7 @@ fn connect_error(config: PostgresConfig) -> String {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l8_postgres_bad_urls_passwords_schemas_and_ids_are_clear_errors() {
     let message = connect_error(PostgresConfig::new("not a url at all ://"));
     assert!(message.contains("invalid PostgreSQL URL"), "{message}");
@@ -396,7 +396,7 @@ fn signal_sessions(name: &str, signal: &str) {
 /// resumed, after the caller had given up and exited, holding the agent for a whole TTL; now its
 /// commit is a second round trip that is never sent, so the error says it did not apply.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_an_acquire_given_up_on_a_stopped_server_never_grants_later() {
     let schema = TestSchema::new();
     let name = format!("{}_ghost", schema.name);
@@ -442,7 +442,7 @@ fn stored_epoch(schema: &TestSchema, agent: &str) -> i64 {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_session_ended_before_an_acquire_then_the_call_reconnects_and_grants_once() {
     let schema = TestSchema::new();
     let (coordinator, other) = named_coordinators(&schema);
@@ -474,7 +474,7 @@ fn l7_session_ended_before_an_acquire_then_the_call_reconnects_and_grants_once()
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_session_ended_during_an_acquire_is_a_backend_error_that_did_not_apply_then_reconnects() {
     let schema = TestSchema::new();
     let (coordinator, other) = named_coordinators(&schema);
@@ -528,7 +528,7 @@ fn l7_session_ended_during_an_acquire_is_a_backend_error_that_did_not_apply_then
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_session_ended_after_an_acquire_keeps_the_lease_and_the_next_call_reconnects() {
     let schema = TestSchema::new();
     let (coordinator, other) = named_coordinators(&schema);
@@ -622,7 +622,7 @@ fn fenced_effect(
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn fence_a_zombie_holder_commits_nothing_and_the_holder_commits() {
     let schema = TestSchema::new();
     create_effects(&schema);
@@ -706,7 +706,7 @@ fn holder_of_fenced() -> (TestSchema, PostgresLeaseCoordinator, Lease, String) {
 /// says so instead of returning the work's value as committed (found in issue 14's rewrite: the
 /// driver's `Transaction::commit` reported success).
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn fence_work_that_swallowed_a_failed_statement_is_not_reported_committed() {
     let (schema, holder, lease, insert) = holder_of_fenced();
     let outcome = holder.fenced_transaction("fenced", "laptop", lease.epoch, |transaction| {
@@ -734,7 +734,7 @@ fn fence_work_that_swallowed_a_failed_statement_is_not_reported_committed() {
 /// Work that panics inside the fenced transaction commits nothing, and the coordinator's next
 /// operation does not run inside that abandoned transaction (its session is replaced).
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn fence_work_that_panics_commits_nothing_and_leaves_no_open_transaction() {
     let (schema, holder, lease, insert) = holder_of_fenced();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -756,7 +756,7 @@ fn fence_work_that_panics_commits_nothing_and_leaves_no_open_transaction() {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn fence_the_holders_effect_commits_exactly_once_under_concurrent_zombies() {
     let schema = TestSchema::new();
     create_effects(&schema);
@@ -801,7 +801,7 @@ fn fence_the_holders_effect_commits_exactly_once_under_concurrent_zombies() {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn fence_a_steal_waits_for_the_fenced_commit() {
     let schema = TestSchema::new();
     create_effects(&schema);
@@ -849,7 +849,7 @@ fn fence_a_steal_waits_for_the_fenced_commit() {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn fence_no_effect_commits_after_its_epoch_was_superseded() {
     // Four sites write effects through the fence while a fifth keeps taking the lease from them.
     // Every grant leaves a marker; an effect of epoch e must come before the marker of every later
@@ -1069,7 +1069,7 @@ fn postgres_child_process() {
 /// with a release's parameters). scripts/test runs this directly and through PgBouncer in
 /// transaction and session mode (3 server connections, 8 clients).
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn pooled_clients_never_run_each_others_statements() {
     const PROCESSES: usize = 8;
     const ROUNDS: u64 = 25;
@@ -1095,7 +1095,7 @@ fn pooled_clients_never_run_each_others_statements() {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l6_postgres_histories_from_four_processes_are_linearizable() {
     const PROCESSES: usize = 4;
     const OPERATIONS: u64 = 50;
@@ -1231,7 +1231,7 @@ fn skewed_client(schema: &str, offset: &str, args: &str, ttl_ms: u64) -> String 
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn server_clock_two_clients_an_hour_apart_see_identical_grants_and_steals() {
     const TTL_MS: u64 = 1_500;
     let scenario = |laptop_offset: &str, phone_offset: &str| -> Vec<String> {
@@ -1291,7 +1291,7 @@ fn server_clock_two_clients_an_hour_apart_see_identical_grants_and_steals() {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l6_contended_acquires_are_verdicts_never_errors_and_grant_distinct_epochs() {
     // Eight sites acquire one agent and release at once when they win: the lease changes between a
     // refusal and the read of its holder all the time. Every call still ends in a grant or `Held`.
@@ -1346,7 +1346,7 @@ fn l6_contended_acquires_are_verdicts_never_errors_and_grant_distinct_epochs() {
 /// the transactional fence, which needs a transaction block, fails with an error that names the
 /// pooling mode. scripts/test starts that pooler (`FENCEPOST_PGBOUNCER_STATEMENT_URL`).
 #[test]
-#[ignore = "needs PostgreSQL and PgBouncer: run scripts/test (or set FENCEPOST_PGBOUNCER_STATEMENT_URL too)"]
+#[ignore = "needs PostgreSQL and PgBouncer: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_PGBOUNCER_STATEMENT_URL too)"]
 fn a_pooler_in_statement_mode_runs_leases_and_the_fence_names_the_mode() {
     let pooled = std::env::var("FENCEPOST_PGBOUNCER_STATEMENT_URL").expect(
         "FENCEPOST_PGBOUNCER_STATEMENT_URL is not set: this test needs PgBouncer in statement mode (scripts/test starts one)",
@@ -1417,19 +1417,19 @@ fn relay_harness() -> PostgresRelayHarness {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn r1_conformance_postgres_relay() {
     relay_conformance::run_all(&relay_harness());
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn k5_conformance_postgres_relay_a_pruned_log_is_read_from_where_it_begins() {
     relay_conformance::k5_a_pruned_log_is_read_from_where_it_begins(&relay_harness());
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn r1_conformance_postgres_relay_damage_is_isolated_and_reported() {
     relay_conformance::r1_damage_of_one_device_is_isolated_and_reported(&relay_harness());
 }
@@ -1438,7 +1438,7 @@ fn r1_conformance_postgres_relay_damage_is_isolated_and_reported() {
 /// a hole, is damage of that device: reported by a pull, and refusing appends and pushes; the
 /// other devices go on.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn r1_postgres_relay_a_length_or_a_hole_that_disagrees_with_the_rows_is_damage() {
     let schema = TestSchema::new();
     schema.coordinator();
@@ -1499,7 +1499,7 @@ fn r1_postgres_relay_a_length_or_a_hole_that_disagrees_with_the_rows_is_damage()
 /// R1 through a pooler in statement mode, which runs no transaction block: reads work, and a
 /// write is refused with an error that names the mode (nothing is stored half-way).
 #[test]
-#[ignore = "needs PostgreSQL and PgBouncer: run scripts/test (or set FENCEPOST_PGBOUNCER_STATEMENT_URL too)"]
+#[ignore = "needs PostgreSQL and PgBouncer: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_PGBOUNCER_STATEMENT_URL too)"]
 fn r1_postgres_relay_in_statement_mode_refuses_writes_and_names_the_mode() {
     let pooled = std::env::var("FENCEPOST_PGBOUNCER_STATEMENT_URL").expect(
         "FENCEPOST_PGBOUNCER_STATEMENT_URL is not set: this test needs PgBouncer in statement mode (scripts/test starts one)",
@@ -1528,7 +1528,7 @@ fn r1_postgres_relay_in_statement_mode_refuses_writes_and_names_the_mode() {
 /// `idle_session_timeout`, `pg_terminate_backend`) is replaced before the next call, instead of
 /// failing that call: a long command's outcome was never written to the ledger in the database.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_postgres_a_connection_closed_while_idle_is_replaced_before_the_next_call() {
     let schema = TestSchema::new();
     schema.coordinator();
@@ -1571,7 +1571,7 @@ fn l7_postgres_a_connection_closed_while_idle_is_replaced_before_the_next_call()
 /// first and its chunks go; a removed one is not found; a chunk missing from a stored one is
 /// an error (damage), never a shorter copy.
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn k3_k4_postgres_checkpoints_are_stored_in_chunks_and_come_back_whole() {
     let schema = TestSchema::new();
     schema.coordinator();

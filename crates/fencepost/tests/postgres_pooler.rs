@@ -34,7 +34,7 @@ fn fill_the_pool(pooled: &str, seconds: u64) -> Vec<std::thread::JoinHandle<()>>
 }
 
 #[test]
-#[ignore = "needs PostgreSQL and PgBouncer: run scripts/test"]
+#[ignore = "needs PostgreSQL and PgBouncer: scripts/test runs it in its PostgreSQL pass"]
 fn a_pooler_with_no_free_server_connection_cannot_hold_a_call_past_the_clients_bound() {
     let server = variable("FENCEPOST_POSTGRES_URL");
     let pooled = variable("FENCEPOST_PGBOUNCER_TRANSACTION_URL");

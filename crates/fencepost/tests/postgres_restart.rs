@@ -53,7 +53,7 @@ fn restart_server() {
 }
 
 #[test]
-#[ignore = "needs PostgreSQL: run scripts/test (or set FENCEPOST_POSTGRES_URL, _PG_CTL, _DATA and pass --include-ignored)"]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL, _PG_CTL, _DATA and pass --include-ignored)"]
 fn l5_epochs_continue_after_a_server_restart_mid_run() {
     let url = variable("FENCEPOST_POSTGRES_URL");
     let schema = format!("fp_restart_{}", std::process::id());

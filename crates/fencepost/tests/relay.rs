@@ -160,6 +160,52 @@ fn r1_sqlite_a_device_length_that_disagrees_with_its_records_is_damage() {
     }
 }
 
+/// A reader that opens a SQLite ledger file another process is still creating (the file made,
+/// its tables not yet) waits for the tables instead of calling it "no fencepost ledger" (found
+/// by a flaky test: `ledger compact --prune` that came as the first `run` created the ledger
+/// failed); a file that holds something else is still refused at once.
+#[test]
+fn r1_sqlite_a_ledger_file_being_created_is_waited_for_and_another_database_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    // A file with no schema yet, as `open` leaves it before it creates the tables.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .pragma_update(None, "user_version", 0)
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let creator = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            SqliteRelay::open(&path)
+                .unwrap()
+                .push(&ops_of("laptop", 2))
+                .unwrap();
+        })
+    };
+    let reader = SqliteRelay::open_existing(&path).expect("waits for the tables");
+    creator.join().unwrap();
+    assert_eq!(reader.pull(&Frontier::new()).unwrap().ops.len(), 2);
+
+    let other = dir.path().join("other.db");
+    rusqlite::Connection::open(&other)
+        .unwrap()
+        .execute("CREATE TABLE leases (agent_id TEXT)", [])
+        .unwrap();
+    let refused = SqliteRelay::open_existing(&other);
+    assert!(
+        matches!(&refused, Err(error) if error.to_string().contains("no fencepost ledger")),
+        "{:?}",
+        refused.err()
+    );
+}
+
 /// Overwrites one byte of the 0-based line `index` of `path` in place (same length, so later
 /// offsets are unchanged).
 fn corrupt_line(path: &Path, index: usize) -> Vec<u8> {

@@ -39,6 +39,24 @@ pub fn monotonic_clock() -> WallClock {
     Arc::new(move || u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
+/// How long something took, for metrics and reports (never a protocol decision, which goes by a
+/// [`WallClock`]): the monotonic clock, read here.
+#[derive(Debug, Clone, Copy)]
+pub struct Stopwatch(std::time::Instant);
+
+impl Stopwatch {
+    /// A stopwatch started now.
+    #[allow(clippy::disallowed_methods)] // the monotonic clock, read here and nowhere else
+    pub fn start() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    /// The time since [`start`](Self::start).
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.0.elapsed()
+    }
+}
+
 /// A bound in real time on a wait at the I/O edge (a file lock held by another process, a
 /// database file another process is creating): never a protocol decision, which goes by a
 /// [`WallClock`]. With [`system_clock`] and [`monotonic_clock`], the only reads of the OS clock in

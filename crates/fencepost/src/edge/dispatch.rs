@@ -48,6 +48,7 @@ use crate::fence::{check_dispatch, FenceDecision};
 use crate::id::{validate_id, IdError, IdKind};
 use crate::keeper::LeaseKeeper;
 use crate::lease::{Intent, IntentStatus, LeaseError};
+use crate::metrics;
 use crate::oplog::{LogError, OpId, OpRecord};
 use crate::relay::{RelayError, RelayProblem};
 
@@ -216,6 +217,24 @@ pub enum DispatchOutcome<T, E> {
 }
 
 impl<T, E> DispatchOutcome<T, E> {
+    /// A name for the outcome, as metrics, logs and `fencepost run --json` label it:
+    /// `succeeded`, `failed` (the effect ran), `interrupted` (it ran and its outcome is unknown:
+    /// the run is in doubt), or the refusal: `already_committed`, `stale_epoch`, `not_held`,
+    /// `in_doubt`, `concurrent_attempt`, `ledger_behind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DispatchOutcome::Executed { result: Ok(_), .. } => "succeeded",
+            DispatchOutcome::Executed { result: Err(_), .. } => "failed",
+            DispatchOutcome::Interrupted { .. } => "interrupted",
+            DispatchOutcome::AlreadyCommitted { .. } => "already_committed",
+            DispatchOutcome::StaleEpoch { .. } => "stale_epoch",
+            DispatchOutcome::NotHeld { .. } => "not_held",
+            DispatchOutcome::InDoubt { .. } => "in_doubt",
+            DispatchOutcome::ConcurrentAttempt { .. } => "concurrent_attempt",
+            DispatchOutcome::LedgerBehind { .. } => "ledger_behind",
+        }
+    }
+
     /// Whether the effect ran (to the end, or until it was interrupted).
     pub fn executed(&self) -> bool {
         matches!(
@@ -345,6 +364,26 @@ pub fn dispatch_effect<T, E>(
     options: DispatchOptions,
     effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
+    let dispatched = dispatch_effect_uncounted(keeper, ledger, run_id, options, effect);
+    let outcome = match &dispatched {
+        Ok(outcome) => outcome.kind(),
+        Err(_) => "error",
+    };
+    metrics::count(metrics::DISPATCHES, keeper.agent_id(), "outcome", outcome);
+    if let Ok(DispatchOutcome::Interrupted { .. }) = &dispatched {
+        metrics::count_agent(metrics::RUNS_LEFT_IN_DOUBT, keeper.agent_id());
+    }
+    dispatched
+}
+
+/// [`dispatch_effect`], without counting its outcome.
+fn dispatch_effect_uncounted<T, E>(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    run_id: &str,
+    options: DispatchOptions,
+    effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
+) -> Result<DispatchOutcome<T, E>, DispatchError> {
     validate_id(IdKind::Run, run_id)?;
     if keeper.device_id() != ledger.device_id() {
         return Err(DispatchError::DeviceMismatch {
@@ -438,6 +477,20 @@ impl From<LeaseError> for Refusal {
 }
 
 impl Refusal {
+    /// A name for the refusal, as metrics and logs label it: `already_committed`, `stale_epoch`,
+    /// `not_held`, `in_doubt`, `concurrent_attempt`, `ledger_behind` or `error`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Refusal::AlreadyCommitted { .. } => "already_committed",
+            Refusal::StaleEpoch { .. } => "stale_epoch",
+            Refusal::NotHeld { .. } => "not_held",
+            Refusal::InDoubt { .. } => "in_doubt",
+            Refusal::ConcurrentAttempt { .. } => "concurrent_attempt",
+            Refusal::LedgerBehind { .. } => "ledger_behind",
+            Refusal::Error(_) => "error",
+        }
+    }
+
     /// The [`DispatchOutcome`] of this refusal, or its error.
     ///
     /// # Errors
@@ -581,9 +634,30 @@ impl Ledger {
     ///
     /// [`dispatch`] is this, the effect, and [`Permit::finish`].
     ///
+    /// Each verdict is counted ([`metrics::FENCE_DECISIONS`](crate::metrics::FENCE_DECISIONS)).
+    ///
     /// # Errors
     /// A [`Refusal`]; see each variant for what was written.
     pub fn begin(
+        &mut self,
+        holder: &dyn crate::fence::Holder,
+        run_id: &str,
+        options: DispatchOptions,
+    ) -> Result<Permit, Refusal> {
+        let begun = self.begin_uncounted(holder, run_id, options);
+        let decision = match &begun {
+            Ok(_) => "proceed",
+            Err(refusal) => refusal.kind(),
+        };
+        metrics::count(metrics::FENCE_DECISIONS, holder.agent_id(), "decision", decision);
+        if let Err(Refusal::LedgerBehind { .. }) = &begun {
+            metrics::count_agent(metrics::LEDGER_BEHIND, holder.agent_id());
+        }
+        begun
+    }
+
+    /// [`begin`](Self::begin), without counting its verdict.
+    fn begin_uncounted(
         &mut self,
         holder: &dyn crate::fence::Holder,
         run_id: &str,

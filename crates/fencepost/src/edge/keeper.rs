@@ -31,6 +31,7 @@ use std::time::Duration;
 use crate::clock::{monotonic_clock, ManualClock, WallClock};
 use crate::id::{validate_id, IdKind};
 use crate::lease::{LeaseCoordinator, LeaseError};
+use crate::metrics;
 
 pub use crate::tenure::{
     AcquirePlan, AcquireStep, Acquisition, KeeperConfig, KeeperError, LossReason, Renewal, RenewalStep,
@@ -218,6 +219,8 @@ impl Shared {
             reason,
         };
         state.phase = Phase::Lost(loss.clone());
+        metrics::set_held(&self.agent_id, false);
+        metrics::count_agent(metrics::LEASE_LOSSES, &self.agent_id);
         let on_keeper_thread = state.keeper_thread == Some(std::thread::current().id());
         drop(state);
         self.changed.notify_all();
@@ -254,11 +257,12 @@ impl Shared {
     /// coordinator takes, the keeper's thread stays free to declare the loss at the deadline.
     fn send_renewal(self: &Arc<Self>, epoch: u64, ttl_ms: u64) -> Result<(), std::io::Error> {
         self.send(move |shared| {
-            Answer::Renewed(
-                shared
-                    .coordinator
-                    .renew(&shared.agent_id, &shared.device_id, epoch, ttl_ms),
-            )
+            let stopwatch = crate::clock::Stopwatch::start();
+            let renewed = shared
+                .coordinator
+                .renew(&shared.agent_id, &shared.device_id, epoch, ttl_ms);
+            metrics::time_agent(metrics::RENEW_SECONDS, &shared.agent_id, stopwatch.elapsed());
+            Answer::Renewed(renewed)
         })
     }
 
@@ -270,17 +274,26 @@ impl Shared {
         frontier: crate::relay::Frontier,
     ) -> Result<(), std::io::Error> {
         self.send(move |shared| {
-            Answer::RenewedPublishing(shared.coordinator.renew_publishing(
+            let stopwatch = crate::clock::Stopwatch::start();
+            let renewed = shared.coordinator.renew_publishing(
                 &shared.agent_id,
                 &shared.device_id,
                 epoch,
                 ttl_ms,
                 &frontier,
-            ))
+            );
+            metrics::time_agent(metrics::RENEW_SECONDS, &shared.agent_id, stopwatch.elapsed());
+            Answer::RenewedPublishing(renewed)
         })
     }
 
     fn log_renewal(&self, epoch: u64, outcome: Result<u64, &LeaseError>) {
+        let counted = match outcome {
+            Ok(_) => "ok",
+            Err(LeaseError::Backend(_)) => "transient_error",
+            Err(_) => "lost",
+        };
+        metrics::count(metrics::RENEWALS, &self.agent_id, "outcome", counted);
         match outcome {
             Ok(expires_at_ms) => {
                 tracing::debug!(agent_id = %self.agent_id, epoch, expires_at_ms, "lease renewed")
@@ -503,9 +516,17 @@ impl KeeperBuilder {
                     acquisition.floor_raised(self.clock.now_ms(), outcome);
                 }
                 AcquireStep::Acquire { ttl_ms } => {
+                    let stopwatch = crate::clock::Stopwatch::start();
                     let outcome =
                         self.coordinator
                             .acquire_handing_over(&self.agent_id, &self.device_id, ttl_ms);
+                    metrics::time_agent(metrics::ACQUIRE_SECONDS, &self.agent_id, stopwatch.elapsed());
+                    let counted = match &outcome {
+                        Ok(_) => "granted",
+                        Err(LeaseError::Held { .. }) => "held",
+                        Err(_) => "error",
+                    };
+                    metrics::count(metrics::ACQUIRES, &self.agent_id, "outcome", counted);
                     acquisition.acquired_handing_over(self.clock.now_ms(), outcome);
                 }
                 AcquireStep::WaitUntil { at_ms } => {
@@ -527,6 +548,7 @@ impl KeeperBuilder {
         };
         let epoch = renewal.epoch();
         tracing::info!(agent_id = %self.agent_id, device_id = %self.device_id, epoch, "lease acquired");
+        metrics::set_held(&self.agent_id, true);
         let shared = Arc::new(Shared {
             coordinator: self.coordinator,
             agent_id: self.agent_id,
@@ -880,6 +902,7 @@ impl LeaseKeeper {
             state.phase = Phase::ShutDown;
             drop(state);
             shared.changed.notify_all();
+            metrics::set_held(&shared.agent_id, false);
             tracing::warn!(agent_id = %shared.agent_id, epoch, %error, "cannot send the release; the lease will expire by its TTL");
             return Err(KeeperError::ReleaseUnanswered { epoch, waited_ms: 0 });
         }
@@ -899,6 +922,7 @@ impl LeaseKeeper {
                 state.phase = Phase::ShutDown;
                 drop(state);
                 shared.changed.notify_all();
+                metrics::set_held(&shared.agent_id, false);
                 tracing::info!(agent_id = %shared.agent_id, epoch, "lease released");
                 Ok(Shutdown::Released { epoch })
             }
@@ -916,6 +940,7 @@ impl LeaseKeeper {
                 state.phase = Phase::ShutDown;
                 drop(state);
                 shared.changed.notify_all();
+                metrics::set_held(&shared.agent_id, false);
                 tracing::warn!(agent_id = %shared.agent_id, epoch, %error, "lease release failed; it will expire by its TTL");
                 Err(error.into())
             }
@@ -923,6 +948,7 @@ impl LeaseKeeper {
                 state.phase = Phase::ShutDown;
                 drop(state);
                 shared.changed.notify_all();
+                metrics::set_held(&shared.agent_id, false);
                 let waited_ms = shared.clock.now_ms().saturating_sub(started_ms);
                 tracing::warn!(agent_id = %shared.agent_id, epoch, waited_ms, "the release did not answer; the lease will expire by its TTL");
                 Err(KeeperError::ReleaseUnanswered { epoch, waited_ms })

@@ -372,7 +372,14 @@ impl Ledger {
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),
             // then the ledger folds what the relay handed over, checking it again.
+            let stopwatch = crate::clock::Stopwatch::start();
             let batch = relay.pull(&Frontier::new())?;
+            crate::metrics::relay_call(
+                crate::metrics::RELAY_PULL_SECONDS,
+                crate::metrics::RELAY_PULLED_RECORDS,
+                stopwatch.elapsed(),
+                batch.ops.len(),
+            );
             let own: Vec<OpRecord> = batch
                 .ops
                 .iter()
@@ -404,7 +411,18 @@ impl Ledger {
             ledger.start_after_pruning()?;
         }
         let since = ledger.view.frontier.clone();
-        let problems = relay.pull_in_batches(&since, &mut |ops| ledger.absorb(&ops))?;
+        let stopwatch = crate::clock::Stopwatch::start();
+        let mut pulled = 0;
+        let problems = relay.pull_in_batches(&since, &mut |ops| {
+            pulled += ops.len();
+            ledger.absorb(&ops);
+        })?;
+        crate::metrics::relay_call(
+            crate::metrics::RELAY_PULL_SECONDS,
+            crate::metrics::RELAY_PULLED_RECORDS,
+            stopwatch.elapsed(),
+            pulled,
+        );
         ledger.take_problems(problems)?;
         if let Some(head) = ledger.view.heads.get(device_id) {
             ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
@@ -883,6 +901,7 @@ impl Ledger {
         }
         let mut draft: Option<DeviceLog> = None;
         let (log, unsent) = (&self.log, &self.unsent);
+        let stopwatch = crate::clock::Stopwatch::start();
         let appended = self.relay.append(
             log.device_id(),
             log.head().next_seq(),
@@ -897,6 +916,12 @@ impl Ledger {
                 Ok(made)
             },
         )?;
+        crate::metrics::relay_call(
+            crate::metrics::RELAY_PUSH_SECONDS,
+            crate::metrics::RELAY_PUSHED_RECORDS,
+            stopwatch.elapsed(),
+            appended.appended.len(),
+        );
         if let Some(next) = draft {
             self.log = next;
         }
@@ -946,7 +971,14 @@ impl Ledger {
     /// [`DispatchError::Relay`] when the push or the pull fails.
     pub fn sync(&mut self) -> Result<SyncReport, DispatchError> {
         let pushed = self.flush()?;
+        let stopwatch = crate::clock::Stopwatch::start();
         let batch = self.relay.pull(&self.view.frontier)?;
+        crate::metrics::relay_call(
+            crate::metrics::RELAY_PULL_SECONDS,
+            crate::metrics::RELAY_PULLED_RECORDS,
+            stopwatch.elapsed(),
+            batch.ops.len(),
+        );
         for op in &batch.ops {
             if &*op.device_id == self.log.device_id() {
                 continue; // own records written by another process: caught up on the next append

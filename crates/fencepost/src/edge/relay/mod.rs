@@ -305,7 +305,11 @@ impl fmt::Display for RelayProblem {
             formatter.write_str(": ")?;
         }
         if let Some(device_id) = &self.device_id {
-            write!(formatter, "device {device_id:?}: ")?;
+            // A detail that names the device itself (a log error) is not prefixed again.
+            let named = format!("device {device_id:?}");
+            if !self.detail.starts_with(&named) {
+                write!(formatter, "{named}: ")?;
+            }
         }
         formatter.write_str(&self.detail)
     }

@@ -107,14 +107,27 @@ impl SqliteRelay {
         })
         .map_err(failed)?;
         connection.busy_timeout(BUSY_TIMEOUT).map_err(failed)?;
-        let tables: i64 = connection
-            .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE type = 'table'
-                 AND name IN ('fencepost_relay_records', 'fencepost_relay_devices')",
-                [],
-                |row| row.get(0),
-            )
-            .map_err(failed)?;
+        // A file with no schema at all is one another process is creating (`open` makes the
+        // file, then its tables): waited for, a little (found by a test: a `ledger compact` that
+        // came as the first `run` created the ledger was refused, "no fencepost ledger").
+        let creating = crate::clock::RealTimeLimit::starting_now(BUSY_TIMEOUT);
+        let tables = loop {
+            let (tables, others): (i64, i64) = connection
+                .query_row(
+                    "SELECT count(*) FILTER (WHERE type = 'table'
+                         AND name IN ('fencepost_relay_records', 'fencepost_relay_devices')),
+                            count(*) FILTER (WHERE name NOT LIKE '%fencepost_relay%')
+                     FROM sqlite_schema",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .map_err(failed)?;
+            // Done: the relay's tables are there, or the file holds something else.
+            if tables >= 2 || others > 0 || creating.passed() {
+                break tables;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         if tables < 2 {
             return Err(storage_text(
                 "open",

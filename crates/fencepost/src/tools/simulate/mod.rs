@@ -206,6 +206,24 @@ pub struct Effect {
     pub duplicate: Option<Cause>,
 }
 
+/// An effect the resource refused (`token` mode), for the timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusedEffect {
+    /// The site whose effect it was.
+    pub site: usize,
+    /// The agent.
+    pub agent: usize,
+    /// The occurrence.
+    pub occurrence: u64,
+    /// The epoch of its token.
+    pub epoch: u64,
+    /// When it reached the resource.
+    pub at_ms: u64,
+    /// Why: `stale_epoch` (a newer token was seen), `already_applied` (the run id was applied
+    /// before: a duplicate stopped) or `unknown_epoch` (an epoch no coordinator minted).
+    pub reason: &'static str,
+}
+
 /// A span of time a site held an agent's lease (by its own view), for the timeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Tenure {
@@ -261,6 +279,9 @@ pub struct ModeReport {
     /// Every lease tenure, in order.
     #[serde(skip)]
     pub tenures: Vec<Tenure>,
+    /// Every effect the resource refused, in order (`token` mode).
+    #[serde(skip)]
+    pub refusal_log: Vec<RefusedEffect>,
 }
 
 /// Every mode on one seed.

@@ -69,9 +69,10 @@ pub fn render_table(report: &SimReport) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<6} hand-off: {} wait(s) for the ledger (median {median} ms, max {max} ms); per effect: {:.2} publish_frontier, {:.2} published_frontier, {:.2} current, {:.2} renew, {:.2} acquire",
+            "{:<6} hand-off: {} {} for the ledger (median {median} ms, max {max} ms); per effect: {:.2} publish_frontier, {:.2} published_frontier, {:.2} current, {:.2} renew, {:.2} acquire",
             mode.mode.name(),
             waits.len(),
+            if waits.len() == 1 { "wait" } else { "waits" },
             per_effect("publish_frontier"),
             per_effect("published_frontier"),
             per_effect("current"),
@@ -103,19 +104,151 @@ fn escape(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// An SVG timeline of a report: one panel per mode, one lane per site. Lease tenures are bars
-/// labelled with their epoch (one colour per agent), pauses grey, crashes black, partitioned sites
-/// shaded red, effects as dots, duplicates as red crosses (hover for the cause).
+/// A skew as a label: "skew −56 ms" (a true minus sign), "skew +12 ms", "skew 0 ms".
+fn skew_label(skew_ms: i64) -> String {
+    match skew_ms {
+        0 => "skew 0 ms".to_owned(),
+        skew if skew < 0 => format!("skew \u{2212}{} ms", skew.unsigned_abs()),
+        skew => format!("skew +{skew} ms"),
+    }
+}
+
+/// The spacing of the time axis's ticks: a round step giving at most 12 ticks over `total_ms`.
+fn tick_step_ms(total_ms: u64) -> u64 {
+    const STEPS: [u64; 14] = [
+        1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 60_000,
+    ];
+    STEPS
+        .iter()
+        .copied()
+        .find(|step| total_ms / step <= 12)
+        .unwrap_or(total_ms.div_ceil(12).max(1))
+}
+
+/// The legend: each swatch drawn first, its text after it, left to right, on as many rows as
+/// it takes.
+struct Legend {
+    svg: String,
+    x: f64,
+    y: f64,
+    right: f64,
+}
+
+impl Legend {
+    /// The width a text of `text` takes at font size 11, roughly.
+    fn text_width(text: &str) -> f64 {
+        6.2 * text.chars().count() as f64
+    }
+
+    /// Adds one entry: `swatch` is drawn at `(x, y)` (the swatch's left end, its middle line)
+    /// and is `width` wide; the text follows it.
+    fn entry(&mut self, width: f64, text: &str, swatch: impl FnOnce(f64, f64) -> String) {
+        let needed = width + 4.0 + Self::text_width(text);
+        if self.x + needed > self.right && self.x > 10.0 {
+            self.x = 10.0;
+            self.y += 18.0;
+        }
+        self.svg.push_str(&swatch(self.x, self.y));
+        let _ = write!(
+            self.svg,
+            r#"<text x="{}" y="{}">{}</text>"#,
+            self.x + width + 4.0,
+            self.y + 4.0,
+            escape(text)
+        );
+        self.x += needed + 16.0;
+    }
+}
+
+/// An SVG timeline of a report: one panel per mode, one lane per site (labelled with its clock
+/// skew), a time axis in seconds (or milliseconds) under each panel. Lease tenures are bars
+/// (one colour per agent; hover for the epoch), pauses grey, crashes black, partitioned sites
+/// shaded red, effects as dots in their agent's colour, duplicates as red crosses (hover for the
+/// cause), and in `token` mode the effects the resource refused as orange squares (a stale token,
+/// or a run it had applied: a duplicate stopped).
 pub fn render_svg(report: &SimReport) -> String {
-    const LEFT: f64 = 110.0;
+    const LEFT: f64 = 150.0;
     const WIDTH: f64 = 1000.0;
     const LANE: f64 = 26.0;
-    const AGENT_COLOURS: [&str; 4] = ["#4c78a8", "#72b7b2", "#b279a2", "#9d755d"];
+    const AXIS: f64 = 26.0;
+    const AGENT_COLOURS: [&str; 4] = ["#4c78a8", "#b279a2", "#72b7b2", "#9d755d"];
     let config = &report.config;
-    let total_ms = (config.run_ms + config.settle_ms).max(1) as f64;
+    let total = (config.run_ms + config.settle_ms).max(1);
+    let total_ms = total as f64;
     let x = |ms: u64| LEFT + WIDTH * ms as f64 / total_ms;
-    let panel_height = 30.0 + LANE * config.sites as f64 + 14.0;
-    let height = 60.0 + panel_height * report.modes.len() as f64 + 40.0;
+    let panel_height = 30.0 + LANE * config.sites as f64 + AXIS;
+    let agent_colour = |agent: usize| AGENT_COLOURS[agent % AGENT_COLOURS.len()];
+
+    // The legend first: its height decides the picture's.
+    let mut legend = Legend {
+        svg: String::new(),
+        x: 10.0,
+        y: 0.0,
+        right: LEFT + WIDTH,
+    };
+    for agent in 0..config.agents {
+        let colour = agent_colour(agent);
+        legend.entry(14.0, &format!("lease held by agent-{agent}"), |lx, ly| {
+            format!(
+                r#"<rect x="{lx}" y="{}" width="14" height="5" fill="{colour}"/>"#,
+                ly - 2.5
+            )
+        });
+    }
+    legend.entry(8.0, "effect (in its agent's colour)", |lx, ly| {
+        format!(
+            r##"<circle cx="{}" cy="{ly}" r="3" fill="{}" stroke="#222222" stroke-width="0.8"/>"##,
+            lx + 4.0,
+            agent_colour(0)
+        )
+    });
+    legend.entry(8.0, "duplicate", |lx, ly| {
+        format!(
+            r##"<g stroke="#d62728" stroke-width="2"><line x1="{lx}" y1="{}" x2="{}" y2="{}"/><line x1="{lx}" y1="{}" x2="{}" y2="{}"/></g>"##,
+            ly - 4.0,
+            lx + 8.0,
+            ly + 4.0,
+            ly + 4.0,
+            lx + 8.0,
+            ly - 4.0
+        )
+    });
+    legend.entry(8.0, "refused by the resource (token mode)", |lx, ly| {
+        format!(
+            r##"<rect x="{lx}" y="{}" width="8" height="8" fill="none" stroke="#e6550d" stroke-width="1.5"/>"##,
+            ly - 4.0
+        )
+    });
+    legend.entry(14.0, "paused", |lx, ly| {
+        format!(
+            r##"<rect x="{lx}" y="{}" width="14" height="6" fill="#888888"/>"##,
+            ly - 3.0
+        )
+    });
+    legend.entry(14.0, "crashed", |lx, ly| {
+        format!(
+            r##"<rect x="{lx}" y="{}" width="14" height="6" fill="#222222"/>"##,
+            ly - 3.0
+        )
+    });
+    legend.entry(14.0, "partitioned", |lx, ly| {
+        format!(
+            r##"<rect x="{lx}" y="{}" width="14" height="12" fill="#e45756" fill-opacity="0.18"/>"##,
+            ly - 6.0
+        )
+    });
+    legend.entry(6.0, "coordinator lost its state", |lx, ly| {
+        format!(
+            r##"<line x1="{x}" x2="{x}" y1="{}" y2="{}" stroke="#f58518" stroke-width="2" stroke-dasharray="4 2"/>"##,
+            ly - 6.0,
+            ly + 6.0,
+            x = lx + 3.0
+        )
+    });
+    let legend_rows = legend.y / 18.0 + 1.0;
+    let legend_top = 50.0 + panel_height * report.modes.len() as f64;
+    let height = legend_top + 18.0 * legend_rows + 10.0;
+
     let mut svg = String::new();
     let _ = write!(
         svg,
@@ -132,26 +265,61 @@ pub fn render_svg(report: &SimReport) -> String {
         report.schedule.faults.len(),
         config.run_ms
     );
+    let step_ms = tick_step_ms(total);
+    let in_seconds = step_ms >= 1_000;
     for (panel, mode) in report.modes.iter().enumerate() {
         let top = 40.0 + panel_height * panel as f64;
         let _ = write!(
             svg,
-            r#"<text x="10" y="{}" font-size="13" font-weight="bold">{}: {} effects, {} duplicates</text>"#,
+            r#"<text x="10" y="{}" font-size="13" font-weight="bold">{}: {} effects, {} duplicates, {} refused by the resource</text>"#,
             top + 16.0,
             mode.mode.name(),
             mode.effects,
-            mode.duplicates
+            mode.duplicates,
+            mode.refused_at_resource
         );
         let lane_top = |site: usize| top + 26.0 + LANE * site as f64;
         for site in 0..config.sites {
             let y = lane_top(site);
             let _ = write!(
                 svg,
-                r##"<rect x="{LEFT}" y="{y}" width="{WIDTH}" height="{h}" fill="#f4f4f4"/><text x="10" y="{ty}">site-{site} ({skew:+} ms)</text>"##,
+                r##"<rect x="{LEFT}" y="{y}" width="{WIDTH}" height="{h}" fill="#f4f4f4"/><text x="10" y="{ty}">site-{site}  {skew}</text>"##,
                 h = LANE - 4.0,
                 ty = y + 15.0,
-                skew = report.schedule.skew_ms.get(site).copied().unwrap_or(0)
+                skew = escape(&skew_label(
+                    report.schedule.skew_ms.get(site).copied().unwrap_or(0)
+                ))
             );
+        }
+        // The time axis, under the lanes.
+        let axis_y = lane_top(config.sites);
+        let _ = write!(
+            svg,
+            r##"<line x1="{LEFT}" x2="{}" y1="{axis_y}" y2="{axis_y}" stroke="#444444"/><text x="10" y="{}">time ({})</text>"##,
+            LEFT + WIDTH,
+            axis_y + 14.0,
+            if in_seconds { "s" } else { "ms" }
+        );
+        let mut tick = 0;
+        while tick <= total {
+            let tx = x(tick);
+            let label = if in_seconds {
+                let seconds = tick as f64 / 1000.0;
+                if tick % 1_000 == 0 {
+                    format!("{}", tick / 1_000)
+                } else {
+                    format!("{seconds:.1}")
+                }
+            } else {
+                tick.to_string()
+            };
+            let _ = write!(
+                svg,
+                r##"<line x1="{tx}" x2="{tx}" y1="{axis_y}" y2="{}" stroke="#444444"/><text x="{tx}" y="{}" text-anchor="middle" font-size="10">{label}</text>"##,
+                axis_y + 4.0,
+                axis_y + 14.0
+            );
+            tick += step_ms;
         }
         for fault in &report.schedule.faults {
             match fault {
@@ -212,7 +380,7 @@ pub fn render_svg(report: &SimReport) -> String {
             }
         }
         for tenure in &mode.tenures {
-            let colour = AGENT_COLOURS[tenure.agent % AGENT_COLOURS.len()];
+            let colour = agent_colour(tenure.agent);
             let y = lane_top(tenure.site) + 2.0 + 6.0 * (tenure.agent % 2) as f64;
             let width = (x(tenure.until_ms) - x(tenure.from_ms)).max(1.0);
             let _ = write!(
@@ -228,18 +396,19 @@ pub fn render_svg(report: &SimReport) -> String {
         for effect in &mode.effect_log {
             let cx = x(effect.at_ms);
             let cy = lane_top(effect.site) + 16.0;
+            let colour = agent_colour(effect.agent);
             match effect.duplicate {
                 None => {
                     let _ = write!(
                         svg,
-                        r##"<circle cx="{cx}" cy="{cy}" r="2.5" fill="#54a24b"><title>agent-{} occurrence {} at epoch {}, {} ms</title></circle>"##,
+                        r##"<circle cx="{cx}" cy="{cy}" r="3" fill="{colour}" stroke="#222222" stroke-width="0.8"><title>agent-{} occurrence {} at epoch {}, {} ms</title></circle>"##,
                         effect.agent, effect.occurrence, effect.epoch, effect.at_ms
                     );
                 }
                 Some(cause) => {
                     let _ = write!(
                         svg,
-                        r##"<g stroke="#d62728" stroke-width="2"><title>DUPLICATE agent-{} occurrence {} at epoch {}, {} ms: {}</title><line x1="{}" y1="{}" x2="{}" y2="{}"/><line x1="{}" y1="{}" x2="{}" y2="{}"/></g>"##,
+                        r##"<g><title>DUPLICATE agent-{} occurrence {} at epoch {}, {} ms: {}</title><circle cx="{cx}" cy="{cy}" r="3" fill="{colour}"/><g stroke="#d62728" stroke-width="2"><line x1="{}" y1="{}" x2="{}" y2="{}"/><line x1="{}" y1="{}" x2="{}" y2="{}"/></g></g>"##,
                         effect.agent,
                         effect.occurrence,
                         effect.epoch,
@@ -257,19 +426,30 @@ pub fn render_svg(report: &SimReport) -> String {
                 }
             }
         }
+        for refused in &mode.refusal_log {
+            let cx = x(refused.at_ms);
+            let cy = lane_top(refused.site) + 16.0;
+            let why = match refused.reason {
+                "already_applied" => "the run was applied before: a duplicate stopped",
+                "stale_epoch" => "a stale fencing token",
+                _ => "an epoch no coordinator minted",
+            };
+            let _ = write!(
+                svg,
+                r##"<rect x="{}" y="{}" width="8" height="8" fill="none" stroke="#e6550d" stroke-width="1.5"><title>REFUSED by the resource: agent-{} occurrence {} at epoch {}, {} ms: {why}</title></rect>"##,
+                cx - 4.0,
+                cy - 4.0,
+                refused.agent,
+                refused.occurrence,
+                refused.epoch,
+                refused.at_ms
+            );
+        }
     }
-    let legend_y = height - 20.0;
     let _ = write!(
         svg,
-        r##"<g font-size="11"><rect x="10" y="{ly}" width="14" height="5" fill="{a0}"/><text x="28" y="{ty}">lease held (agent-0 / agent-1)</text><rect x="210" y="{ly}" width="14" height="5" fill="{a1}"/><circle cx="400" cy="{cy}" r="3" fill="#54a24b"/><text x="408" y="{ty}">effect</text><g stroke="#d62728" stroke-width="2"><line x1="470" y1="{y1}" x2="478" y2="{y2}"/><line x1="470" y1="{y2}" x2="478" y2="{y1}"/></g><text x="484" y="{ty}">duplicate</text><rect x="560" y="{ly}" width="14" height="6" fill="#888888"/><text x="578" y="{ty}">paused</text><rect x="640" y="{ly}" width="14" height="6" fill="#222222"/><text x="658" y="{ty}">crashed</text><rect x="720" y="{ly2}" width="14" height="12" fill="#e45756" fill-opacity="0.18"/><text x="738" y="{ty}">partitioned</text><line x1="830" x2="830" y1="{ly2}" y2="{ty}" stroke="#f58518" stroke-width="2" stroke-dasharray="4 2"/><text x="836" y="{ty}">coordinator lost its state</text></g>"##,
-        ly = legend_y - 4.0,
-        ly2 = legend_y - 9.0,
-        ty = legend_y + 2.0,
-        cy = legend_y - 1.0,
-        y1 = legend_y - 5.0,
-        y2 = legend_y + 3.0,
-        a0 = AGENT_COLOURS[0],
-        a1 = AGENT_COLOURS[1]
+        r#"<g font-size="11" transform="translate(0 {legend_top})">{}</g>"#,
+        legend.svg
     );
     svg.push_str("</svg>\n");
     svg

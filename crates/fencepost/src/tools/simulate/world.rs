@@ -451,6 +451,7 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
             coordinator_calls: BTreeMap::new(),
             effect_log: Vec::new(),
             tenures: Vec::new(),
+            refusal_log: Vec::new(),
         },
     };
     let end_ms = config.run_ms + config.settle_ms;
@@ -902,7 +903,7 @@ impl World<'_> {
             Err(ResourceRefusal::StaleEpoch { highest_epoch, .. }) => {
                 // A stale token: refused. The site learns the highest epoch and gives the
                 // lease up.
-                self.report.refused_at_resource += 1;
+                self.refused_at_resource(index, flight, "stale_epoch");
                 let _ = self.coordinator.raise_epoch_floor(&token.agent_id, highest_epoch);
                 self.end_tenure(index, flight.agent);
                 self.sites[index].backlog.insert(key);
@@ -910,16 +911,29 @@ impl World<'_> {
             }
             Err(ResourceRefusal::AlreadyApplied { .. }) => {
                 // Already applied under this run id: idempotent success.
-                self.report.refused_at_resource += 1;
+                self.refused_at_resource(index, flight, "already_applied");
                 RunOutcome::Committed
             }
             Err(_) => {
                 // An epoch no coordinator minted: refused, nothing applied.
-                self.report.refused_at_resource += 1;
+                self.refused_at_resource(index, flight, "unknown_epoch");
                 self.sites[index].backlog.insert(key);
                 RunOutcome::Failed
             }
         }
+    }
+
+    /// Counts an effect the resource refused, and logs it for the timeline.
+    fn refused_at_resource(&mut self, index: usize, flight: &InFlight, reason: &'static str) {
+        self.report.refused_at_resource += 1;
+        self.report.refusal_log.push(super::RefusedEffect {
+            site: index,
+            agent: flight.agent,
+            occurrence: flight.occurrence,
+            epoch: flight.epoch,
+            at_ms: self.now_ms,
+            reason,
+        });
     }
 
     fn finish(mut self, occurrences_per_agent: u64) -> ModeReport {

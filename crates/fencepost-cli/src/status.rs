@@ -1,0 +1,286 @@
+//! `fencepost status`: the leases joined with the ledger's runs, and the ledger's health.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::commands::{open_ledger, plural, run_rows, RunRow};
+use crate::settings::{data_dir, without_password, Global, Settings};
+use crate::{EXIT_RAN_FAILED, EXIT_RAN_OK};
+
+/// How many of an agent's most recent commits `status` lists.
+const RECENT_COMMITS: usize = 5;
+
+/// `fencepost status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Only this agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub global: Global,
+}
+
+/// One run as `status` lists it.
+fn run_json(row: &RunRow, at_ms: Option<u64>) -> Value {
+    json!({
+        "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device,
+        "at_ms": at_ms,
+    })
+}
+
+/// `fencepost status`.
+pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
+    if let Some(agent) = &args.agent {
+        if let Err(error) = fencepost::id::validate_id(fencepost::id::IdKind::Agent, agent) {
+            crate::usage!("--agent {agent:?}: {error}");
+        }
+    }
+    let coordinator = settings.coordinator()?;
+    // Leases expire by the coordinator's clock; commits are stamped by the hosts' wall clocks.
+    let now_ms = coordinator.now_ms();
+    let wall_now_ms = fencepost::clock::system_clock()();
+    let leases: BTreeMap<String, fencepost::lease::Lease> = coordinator
+        .list()
+        .context("cannot list the leases")?
+        .into_iter()
+        .map(|lease| (lease.agent_id.clone(), lease))
+        .collect();
+    let live: BTreeMap<String, fencepost::lease::Lease> = leases
+        .iter()
+        .filter(|(_, lease)| lease.expires_at_ms > now_ms)
+        .map(|(agent, lease)| (agent.clone(), lease.clone()))
+        .collect();
+    let ledger = open_ledger(settings)?;
+    let rows = run_rows(&ledger, args.agent.as_deref(), &live);
+    let state = ledger.state();
+    let mut agents: Vec<String> = state
+        .agents()
+        .into_iter()
+        .map(|(agent, _)| agent.to_owned())
+        .collect();
+    agents.extend(leases.keys().cloned());
+    agents.sort();
+    agents.dedup();
+    agents.retain(|agent| args.agent.as_ref().is_none_or(|only| only == agent));
+
+    let mut behind_any = false;
+    let mut agent_values = Vec::new();
+    for agent in &agents {
+        let lease = leases.get(agent).map(|lease| {
+            let process = crate::holder::find(settings, agent, &lease.holder, lease.epoch);
+            json!({
+                "holder": lease.holder, "epoch": lease.epoch, "expires_at_ms": lease.expires_at_ms,
+                "remaining_ms": lease.expires_at_ms.saturating_sub(now_ms),
+                "live": lease.expires_at_ms > now_ms,
+                "this_host": lease.holder == settings.device,
+                "pid": process.as_ref().map(|process| process.pid),
+                "run_id": process.as_ref().map(|process| process.run_id.clone()),
+            })
+        });
+        let mine: Vec<&RunRow> = rows.iter().filter(|row| &row.agent == agent).collect();
+        let running: Vec<Value> = mine
+            .iter()
+            .filter(|row| row.status == "running")
+            .map(|row| run_json(row, None))
+            .collect();
+        let in_doubt: Vec<Value> = mine
+            .iter()
+            .filter(|row| row.status == "in-doubt")
+            .map(|row| run_json(row, None))
+            .collect();
+        let mut committed: Vec<(u64, &RunRow)> = mine
+            .iter()
+            .filter(|row| row.status == "committed")
+            .map(|row| {
+                let at_ms = state
+                    .committed_run(agent, &row.run)
+                    .map_or(0, |record| state.hlc_of(record).wall_ms);
+                (at_ms, *row)
+            })
+            .collect();
+        committed.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.run.cmp(&b.1.run)));
+        let committed_count = committed.len();
+        let recent: Vec<Value> = committed
+            .iter()
+            .take(RECENT_COMMITS)
+            .map(|(at_ms, row)| run_json(row, Some(*at_ms)))
+            .collect();
+        // Rule H3: what the agent's holders published that this host's ledger has not received.
+        let behind: Vec<Value> = match coordinator.published_frontier(agent) {
+            Ok(published) => ledger
+                .behind(&published)
+                .iter()
+                .map(|missing| {
+                    json!({"device_id": missing.device_id, "has": missing.has, "needs": missing.needs,
+                           "differs": missing.differs, "detail": missing.to_string()})
+                })
+                .collect(),
+            Err(error) => {
+                err!("fencepost: warning: cannot read what the holders of {agent} published ({error}); not checked");
+                Vec::new()
+            }
+        };
+        behind_any |= !behind.is_empty();
+        agent_values.push(json!({
+            "agent_id": agent,
+            "fencing_epoch": state.fencing_epoch(agent),
+            "lease": lease,
+            "running": running,
+            "in_doubt": in_doubt,
+            "committed": committed_count,
+            "recently_committed": recent,
+            "ledger_behind": behind,
+        }));
+    }
+
+    let damage: Vec<Value> = ledger
+        .damage()
+        .iter()
+        .map(|problem| json!({"device_id": problem.device_id, "detail": problem.to_string()}))
+        .chain(
+            ledger
+                .checkpoint_failure()
+                .map(|problem| json!({"device_id": null, "detail": problem.to_string()})),
+        )
+        .collect();
+    let devices = ledger.view().frontier().iter().count();
+    let healthy = damage.is_empty() && !behind_any;
+    let data_directory = data_dir().map(|dir| dir.display().to_string()).ok();
+    let ledger_kind = match settings.ledger_kind {
+        crate::settings::LedgerKind::Folder => "folder",
+        crate::settings::LedgerKind::Sqlite => "sqlite",
+        crate::settings::LedgerKind::Postgres => "postgres",
+    };
+    if args.json {
+        out!(
+            "{}",
+            json!({
+                "device_id": settings.device,
+                "data_directory": data_directory,
+                "coordinator": without_password(&settings.coordinator),
+                "ledger": {
+                    "location": settings.ledger_label(), "kind": ledger_kind, "devices": devices,
+                    "healthy": healthy, "damage": damage,
+                },
+                "coordinator_now_ms": now_ms,
+                "agents": agent_values,
+            })
+        );
+        return Ok(if healthy { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
+    }
+
+    out!("device:      {}", settings.device);
+    out!(
+        "data dir:    {}",
+        data_directory.as_deref().unwrap_or("(none: no HOME)")
+    );
+    out!("coordinator: {}", without_password(&settings.coordinator));
+    out!(
+        "ledger:      {} ({ledger_kind}, {})",
+        settings.ledger_label(),
+        plural(devices as u64, "device")
+    );
+    if agents.is_empty() {
+        out!("no agent has a lease or a run yet");
+    }
+    for value in &agent_values {
+        let agent = value["agent_id"].as_str().unwrap_or_default();
+        out!("");
+        let lease = &value["lease"];
+        let lease_text = if lease.is_null() {
+            "not held".to_owned()
+        } else {
+            let holder = lease["holder"].as_str().unwrap_or_default();
+            let who = if lease["this_host"].as_bool() == Some(true) {
+                match lease["pid"].as_u64() {
+                    Some(pid) => format!("{holder} (this host, process {pid})"),
+                    None => format!("{holder} (this host)"),
+                }
+            } else {
+                holder.to_owned()
+            };
+            let time = if lease["live"].as_bool() == Some(true) {
+                format!(
+                    "{:.1} s left",
+                    lease["remaining_ms"].as_u64().unwrap_or_default() as f64 / 1000.0
+                )
+            } else {
+                "expired".to_owned()
+            };
+            format!("held by {who} at epoch {}, {time}", lease["epoch"])
+        };
+        out!(
+            "agent {agent}: {lease_text}; fencing epoch {}, {} committed",
+            value["fencing_epoch"],
+            plural(value["committed"].as_u64().unwrap_or_default(), "run")
+        );
+        let list = |key: &str, label: &str| {
+            for run in value[key].as_array().into_iter().flatten() {
+                let at = run["at_ms"]
+                    .as_u64()
+                    .map(|ms| format!("  {}", ago(wall_now_ms, ms)))
+                    .unwrap_or_default();
+                out!(
+                    "  {label:<10} {}  epoch {}  by {}{at}",
+                    run["run_id"].as_str().unwrap_or_default(),
+                    run["epoch"],
+                    run["device_id"].as_str().unwrap_or_default()
+                );
+            }
+        };
+        list("running", "running");
+        list("in_doubt", "in doubt");
+        list("recently_committed", "committed");
+        for missing in value["ledger_behind"].as_array().into_iter().flatten() {
+            out!(
+                "  behind     this host's ledger lacks {} (published by the agent's holders)",
+                missing["detail"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    out!("");
+    if healthy {
+        out!("ledger health: intact, and up to date with what the holders published");
+        return Ok(EXIT_RAN_OK);
+    }
+    for problem in &damage {
+        out!("damaged: {}", problem["detail"].as_str().unwrap_or_default());
+    }
+    out!(
+        "ledger health: {}{}",
+        if damage.is_empty() {
+            String::new()
+        } else {
+            format!("damaged ({})", plural(damage.len() as u64, "problem"))
+        },
+        if behind_any {
+            if damage.is_empty() {
+                "behind what the holders published (a sync still copying, or a ledger not shared)"
+            } else {
+                "; behind what the holders published"
+            }
+        } else {
+            ""
+        }
+    );
+    Ok(EXIT_RAN_FAILED)
+}
+
+/// How long before `now_ms` a time was, in words ("3 min ago").
+fn ago(now_ms: u64, at_ms: u64) -> String {
+    if at_ms > now_ms {
+        return "just now".to_owned();
+    }
+    let seconds = (now_ms - at_ms) / 1000;
+    match seconds {
+        0..=119 => format!("{seconds} s ago"),
+        120..=7_199 => format!("{} min ago", seconds / 60),
+        7_200..=172_799 => format!("{} h ago", seconds / 3600),
+        _ => format!("{} days ago", seconds / 86_400),
+    }
+}
