@@ -738,6 +738,8 @@ fn wait_for_ledger(
         }
         if !told && !missing.is_empty() {
             told = true;
+            metrics::counter!(crate::report::LEDGER_WAITS, "agent" => keeper.agent_id().to_owned())
+                .increment(1);
             err!(
                 "fencepost: waiting for this host's ledger to receive what the previous holder of {} recorded: {}",
                 keeper.agent_id(),

@@ -292,20 +292,35 @@ fn main() {
         }
         Command::Status(mut args) => {
             args.global = std::mem::take(&mut args.global).or(before);
-            Settings::resolve(&args.global).and_then(|settings| status::status(&settings, &args))
+            in_span("status", &args.global.clone(), |settings| {
+                status::status(settings, &args)
+            })
         }
-        Command::Lease { global, command } => {
-            Settings::resolve(&global.or(before)).and_then(|settings| commands::lease(&settings, command))
-        }
-        Command::Ledger { global, command } => {
-            Settings::resolve(&global.or(before)).and_then(|settings| commands::ledger(&settings, command))
-        }
-        Command::Admin { global, command } => {
-            Settings::resolve(&global.or(before)).and_then(|settings| commands::admin(&settings, command))
-        }
+        Command::Lease { global, command } => in_span("lease", &global.or(before), |settings| {
+            commands::lease(settings, command)
+        }),
+        Command::Ledger { global, command } => in_span("ledger", &global.or(before), |settings| {
+            commands::ledger(settings, command)
+        }),
+        Command::Admin { global, command } => in_span("admin", &global.or(before), |settings| {
+            commands::admin(settings, command)
+        }),
     };
     drop(logging);
     exit(outcome)
+}
+
+/// Resolves the settings and runs `command` in a span that names it and the device (`run` has
+/// a span of its own, with the run's fields).
+fn in_span(
+    name: &'static str,
+    global: &Global,
+    command: impl FnOnce(&Settings) -> anyhow::Result<i32>,
+) -> anyhow::Result<i32> {
+    let settings = Settings::resolve(global)?;
+    let span = tracing::error_span!("command", command = name, device = %settings.device);
+    let _entered = span.enter();
+    command(&settings)
 }
 
 /// Whether a line to stderr did not get through in time: later ones are not tried.

@@ -23,6 +23,9 @@ pub const RUN_DURATION_SECONDS: &str = "fencepost_run_duration_seconds";
 pub const RUN_END_TIMESTAMP: &str = "fencepost_run_end_timestamp_seconds";
 /// Metric: the last run's outcome, 1 for the outcome it had (gauge; labels `agent`, `outcome`).
 pub const RUN_OUTCOME: &str = "fencepost_run_outcome";
+/// Metric: waits of `run` for this host's ledger to receive what earlier holders published
+/// (rule H3; counter; label `agent`): how long it waited is the `wait` phase.
+pub const LEDGER_WAITS: &str = "fencepost_ledger_waits_total";
 /// Metric: the agent's runs in doubt in this host's ledger when the run ended (gauge; label
 /// `agent`).
 pub const RUNS_IN_DOUBT: &str = "fencepost_runs_in_doubt";
@@ -195,6 +198,10 @@ fn install_recorder() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
         "When the agent's last fencepost run ended (seconds since the Unix epoch)."
     );
     metrics::describe_gauge!(RUN_OUTCOME, "The last run's outcome: 1 for the outcome it had.");
+    metrics::describe_counter!(
+        LEDGER_WAITS,
+        "Waits for this host's ledger to receive what earlier holders published."
+    );
     metrics::describe_gauge!(
         RUNS_IN_DOUBT,
         "The agent's runs in doubt in this host's ledger when the run ended."

@@ -62,10 +62,16 @@ fn h3_a_host_whose_ledger_lacks_the_commit_waits_then_finds_it_committed() {
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
     assert_eq!(shared.effects().len(), 1);
 
+    let metrics_file = shared.path("host-2.prom");
     let behind = run_as(
         &shared,
         "host-2",
-        &strs(&report(&shared, "2026-11-30", &["--wait", "1s"], "0")),
+        &strs(&report(
+            &shared,
+            "2026-11-30",
+            &["--wait", "1s", "--metrics-file", metrics_file.to_str().unwrap()],
+            "0",
+        )),
     );
     let message = text(&behind.stderr);
     assert_eq!(behind.status.code(), Some(7), "{message}");
@@ -75,6 +81,29 @@ fn h3_a_host_whose_ledger_lacks_the_commit_waits_then_finds_it_committed() {
         "names the device and the records missing: {message}"
     );
     assert_eq!(shared.effects().len(), 1, "nothing ran on a ledger that lags");
+    // The wait is counted and timed (issue 18).
+    let metrics = std::fs::read_to_string(&metrics_file).unwrap();
+    let agent = &shared.agent;
+    for line in [
+        format!("fencepost_ledger_waits_total{{agent=\"{agent}\"}} 1"),
+        format!("fencepost_run_outcome{{agent=\"{agent}\",outcome=\"ledger_behind\"}} 1"),
+        format!("fencepost_run_exit_status{{agent=\"{agent}\"}} 7"),
+    ] {
+        assert!(
+            metrics.lines().any(|found| found == line),
+            "{line} missing from {metrics}"
+        );
+    }
+    let waited = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(&format!(
+                "fencepost_run_duration_seconds{{agent=\"{agent}\",phase=\"wait\"}} "
+            ))
+        })
+        .and_then(|seconds| seconds.parse::<f64>().ok())
+        .unwrap();
+    assert!(waited >= 0.9, "waited {waited} s of --wait 1s");
 
     sync(&shared, "host-1", "host-2");
     let after = run_as(&shared, "host-2", &strs(&args));
