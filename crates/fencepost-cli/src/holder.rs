@@ -26,6 +26,42 @@ pub struct HolderProcess {
     pub run_id: String,
     /// When it was granted the lease (ms since the Unix epoch, this host's clock).
     pub granted_at_ms: u64,
+    /// When the process started (Linux: clock ticks since boot, `/proc/PID/stat`): a process
+    /// that took its pid later is not it.
+    #[serde(default)]
+    pub started_ticks: Option<u64>,
+    /// Its pid namespace (Linux: `/proc/self/ns/pid`): a pid means nothing in another one (a
+    /// container).
+    #[serde(default)]
+    pub pid_namespace: Option<String>,
+}
+
+/// What is known of the process of this host that holds a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HolderState {
+    /// It recorded itself and still runs.
+    Running(HolderProcess),
+    /// It recorded itself and is gone (killed before it could release): the lease ends with its
+    /// TTL.
+    Gone(HolderProcess),
+    /// No usable record (another host, an older fencepost, a process in another pid namespace).
+    Unknown,
+}
+
+/// When process `pid` started, in clock ticks since boot (Linux).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces) begin with field 3 (state);
+    // the start time is field 22.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// This process's pid namespace (Linux).
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .map(|link| link.display().to_string())
 }
 
 /// The record of this process as a holder, removed when dropped.
@@ -48,15 +84,20 @@ impl Holding {
             epoch,
             run_id: run_id.to_owned(),
             granted_at_ms: fencepost::clock::system_clock()(),
+            started_ticks: process_start(std::process::id()),
+            pid_namespace: pid_namespace(),
         };
+        let temporary = path.with_extension(format!("tmp-{}", std::process::id()));
         let written = path
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
             .and_then(|()| {
                 let text = serde_json::to_vec(&holder).map_err(std::io::Error::other)?;
-                let temporary = path.with_extension(format!("tmp-{}", std::process::id()));
                 std::fs::write(&temporary, text)?;
                 std::fs::rename(&temporary, &path)
+            })
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&temporary);
             });
         match written {
             Ok(()) => Self { path: Some(path) },
@@ -97,17 +138,37 @@ fn read(path: &std::path::Path) -> Option<HolderProcess> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
 
-/// The process of this host that holds `agent_id`'s lease as `device_id` at `epoch`, if one
-/// recorded itself and is still alive.
-pub fn find(settings: &Settings, agent_id: &str, device_id: &str, epoch: u64) -> Option<HolderProcess> {
+/// The process of this host that holds `agent_id`'s lease as `device_id` at `epoch`, as far as
+/// its record tells: running (the pid is alive, started when the record says, in this pid
+/// namespace), gone, or unknown.
+pub fn find(settings: &Settings, agent_id: &str, device_id: &str, epoch: u64) -> HolderState {
     if device_id != settings.device {
-        return None;
+        return HolderState::Unknown;
     }
-    let holder = read(&path_of(settings, agent_id)?)?;
-    let pid = i32::try_from(holder.pid).ok()?;
+    let Some(holder) = path_of(settings, agent_id).and_then(|path| read(&path)) else {
+        return HolderState::Unknown;
+    };
+    let ours = holder.epoch == epoch && holder.device_id == device_id && holder.agent_id == agent_id;
+    let comparable = match (&holder.pid_namespace, pid_namespace()) {
+        (Some(recorded), Some(here)) => *recorded == here,
+        _ => true,
+    };
+    let Ok(pid) = i32::try_from(holder.pid) else {
+        return HolderState::Unknown;
+    };
+    if !ours || !comparable || pid <= 0 {
+        return HolderState::Unknown;
+    }
     let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-    (holder.epoch == epoch && holder.device_id == device_id && holder.agent_id == agent_id && alive)
-        .then_some(holder)
+    let same_process = match holder.started_ticks {
+        Some(started) => process_start(holder.pid) == Some(started),
+        None => true,
+    };
+    if alive && same_process {
+        HolderState::Running(holder)
+    } else {
+        HolderState::Gone(holder)
+    }
 }
 
 /// The holder of a lease, as messages name it: another host's device id, or this host's
@@ -117,10 +178,14 @@ pub fn describe(settings: &Settings, agent_id: &str, holder: &str, epoch: u64) -
         return format!("{holder} (another host, or a process with another device id)");
     }
     match find(settings, agent_id, holder, epoch) {
-        Some(process) => format!(
+        HolderState::Running(process) => format!(
             "this host ({holder}), process {} running {}",
             process.pid, process.run_id
         ),
-        None => format!("this host ({holder}), another process with this device id"),
+        HolderState::Gone(process) => format!(
+            "this host ({holder}), whose process {} ended without giving it back (killed?): it ends with its TTL",
+            process.pid
+        ),
+        HolderState::Unknown => format!("this host ({holder}), another process with this device id"),
     }
 }

@@ -268,7 +268,30 @@ fn main() {
             arg
         }
     });
-    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|error| error.exit());
+    let parsed = command
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
+        Ok(cli) => cli,
+        Err(error) => {
+            use clap::error::ErrorKind;
+            let shown = matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            );
+            if shown || !json_asked(&arguments) {
+                error.exit()
+            }
+            // A usage error as a JSON log line, as every other line of stderr is then.
+            let logging = init_tracing(0, LogFormat::Json);
+            let text = error.render().to_string();
+            tracing::error!(target: MESSAGE_TARGET, "{}", text.trim());
+            drop(logging);
+            std::process::exit(error.exit_code());
+        }
+    };
     let logging = init_tracing(cli.verbose, cli.log_format);
     let before = cli.before;
     let outcome = match cli.command {
@@ -306,8 +329,9 @@ fn main() {
             commands::admin(settings, command)
         }),
     };
+    let code = finish(outcome);
     drop(logging);
-    exit(outcome)
+    std::process::exit(code)
 }
 
 /// Resolves the settings and runs `command` in a span that names it and the device (`run` has
@@ -334,13 +358,20 @@ pub fn write_stderr(line: String) {
     use std::sync::atomic::Ordering;
     if JSON_MESSAGES.load(Ordering::SeqCst) {
         // A log event: the subscriber's writer never blocks (it drops what does not fit).
+        // Messages say what did not go as asked (not run, failed, damaged): WARN, unless they
+        // are the ordinary outcomes of a job on several hosts (INFO), or the command's error.
         let text = line.strip_prefix("fencepost: ").unwrap_or(&line);
-        match text.strip_prefix("warning: ") {
-            Some(warning) => tracing::warn!(target: MESSAGE_TARGET, "{warning}"),
-            None if text.starts_with("error: ") => {
-                tracing::error!(target: MESSAGE_TARGET, "{}", &text["error: ".len()..])
-            }
-            None => tracing::info!(target: MESSAGE_TARGET, "{text}"),
+        const ORDINARY: [&str; 2] = [
+            "already committed; not running it again",
+            "waiting for this host's ledger",
+        ];
+        if let Some(error) = text.strip_prefix("error: ") {
+            tracing::error!(target: MESSAGE_TARGET, "{error}");
+        } else if ORDINARY.iter().any(|ordinary| text.contains(ordinary)) {
+            tracing::info!(target: MESSAGE_TARGET, "{text}");
+        } else {
+            let text = text.strip_prefix("warning: ").unwrap_or(text);
+            tracing::warn!(target: MESSAGE_TARGET, "{text}");
         }
         return;
     }
@@ -404,19 +435,30 @@ pub fn exit_status_of_error(error: &anyhow::Error) -> i32 {
     }
 }
 
-fn exit(outcome: anyhow::Result<i32>) -> ! {
+/// The exit status of `outcome`, its error said on stderr (before the log writer is flushed and
+/// closed: in JSON, the error is a log event, and one written after that was lost).
+fn finish(outcome: anyhow::Result<i32>) -> i32 {
     match outcome {
-        Ok(code) => std::process::exit(code),
+        Ok(code) => code,
         Err(error) => {
-            let code = exit_status_of_error(&error);
             if JSON_MESSAGES.load(std::sync::atomic::Ordering::SeqCst) {
                 err!("fencepost: error: {}", one_line(&error));
             } else {
                 err!("fencepost: {}", one_line(&error));
             }
-            std::process::exit(code);
+            exit_status_of_error(&error)
         }
     }
+}
+
+/// Whether the command line or the environment asks for JSON logs (for the errors of the
+/// command line itself, found before the logs are set up).
+fn json_asked(arguments: &[String]) -> bool {
+    let flagged = arguments
+        .windows(2)
+        .any(|pair| pair[0] == "--log-format" && pair[1] == "json")
+        || arguments.iter().any(|argument| argument == "--log-format=json");
+    flagged || std::env::var("FENCEPOST_LOG_FORMAT").is_ok_and(|format| format == "json")
 }
 
 #[cfg(test)]

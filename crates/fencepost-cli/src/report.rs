@@ -237,15 +237,27 @@ fn write_metrics(
         metrics::gauge!(RUNS_IN_DOUBT, "agent" => agent).set(count as f64);
     }
     let text = handle.render();
-    let file_name = path
-        .file_name()
+    // A link is followed (the file it names is replaced); anything but a regular file is left
+    // alone (found by an adversarial run: `--metrics-file /dev/full` replaced the device).
+    let path = match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_symlink() => std::fs::canonicalize(path)
+            .with_context(|| format!("--metrics-file {}: cannot follow the link", path.display()))?,
+        _ => path.to_path_buf(),
+    };
+    if let Ok(metadata) = std::fs::metadata(&path) {
+        if !metadata.is_file() {
+            anyhow::bail!(
+                "--metrics-file {} is not a regular file (a device, a folder, a FIFO?): not replacing it; the metrics were not written",
+                path.display()
+            );
+        }
+    }
+    path.file_name()
         .with_context(|| format!("--metrics-file {}: not a file name", path.display()))?;
-    let mut temporary_name = std::ffi::OsString::from(".");
-    temporary_name.push(file_name);
-    temporary_name.push(format!(".tmp-{}", std::process::id()));
-    let temporary = path.with_file_name(temporary_name);
+    // Hidden, and short whatever the file's name (a name near the limit must still work).
+    let temporary = path.with_file_name(format!(".fencepost-metrics.tmp-{}", std::process::id()));
     std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::rename(&temporary, path))
+        .and_then(|()| std::fs::rename(&temporary, &path))
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&temporary);
         })

@@ -558,6 +558,15 @@ impl Backend {
         }
     }
 
+    /// Every agent with a register in the coordinator (held or not), in order.
+    pub fn agents(&self) -> Result<Vec<String>, LeaseError> {
+        match self {
+            Backend::Sqlite(coordinator) => coordinator.agents(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(coordinator) => coordinator.agents(),
+        }
+    }
+
     /// Every lease with a holder, in agent order.
     pub fn list(&self) -> Result<Vec<Lease>, LeaseError> {
         match self {

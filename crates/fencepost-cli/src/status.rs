@@ -64,6 +64,10 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
         .map(|(agent, _)| agent.to_owned())
         .collect();
     agents.extend(leases.keys().cloned());
+    // Agents known only to the coordinator: released, with records their holders published
+    // that this host's ledger may never have received (a ledger that is not shared).
+    agents.extend(coordinator.agents().context("cannot list the agents")?);
+    agents.extend(args.agent.iter().cloned());
     agents.sort();
     agents.dedup();
     agents.retain(|agent| args.agent.as_ref().is_none_or(|only| only == agent));
@@ -72,14 +76,21 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
     let mut agent_values = Vec::new();
     for agent in &agents {
         let lease = leases.get(agent).map(|lease| {
+            use crate::holder::HolderState;
             let process = crate::holder::find(settings, agent, &lease.holder, lease.epoch);
+            let (state, pid, run_id) = match &process {
+                HolderState::Running(process) => ("running", Some(process.pid), Some(process.run_id.clone())),
+                HolderState::Gone(process) => ("gone", Some(process.pid), Some(process.run_id.clone())),
+                HolderState::Unknown => ("unknown", None, None),
+            };
             json!({
                 "holder": lease.holder, "epoch": lease.epoch, "expires_at_ms": lease.expires_at_ms,
                 "remaining_ms": lease.expires_at_ms.saturating_sub(now_ms),
                 "live": lease.expires_at_ms > now_ms,
                 "this_host": lease.holder == settings.device,
-                "pid": process.as_ref().map(|process| process.pid),
-                "run_id": process.as_ref().map(|process| process.run_id.clone()),
+                "process": state,
+                "pid": pid,
+                "run_id": run_id,
             })
         });
         let mine: Vec<&RunRow> = rows.iter().filter(|row| &row.agent == agent).collect();
@@ -197,9 +208,12 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
         } else {
             let holder = lease["holder"].as_str().unwrap_or_default();
             let who = if lease["this_host"].as_bool() == Some(true) {
-                match lease["pid"].as_u64() {
-                    Some(pid) => format!("{holder} (this host, process {pid})"),
-                    None => format!("{holder} (this host)"),
+                match (lease["process"].as_str(), lease["pid"].as_u64()) {
+                    (Some("running"), Some(pid)) => format!("{holder} (this host, process {pid})"),
+                    (Some("gone"), Some(pid)) => format!(
+                        "{holder} (this host; its process {pid} ended without giving it back, so it ends with its TTL)"
+                    ),
+                    _ => format!("{holder} (this host)"),
                 }
             } else {
                 holder.to_owned()

@@ -491,3 +491,180 @@ fn cli_listings_of_a_damaged_ledger_say_what_is_damaged_and_exit_1() {
         "{said}"
     );
 }
+
+/// Found by an adversarial pass: `--metrics-file /dev/full` replaced the device with a text file.
+/// Anything but a regular file is left alone (a warning, the exit status unchanged); a link is
+/// followed, and the file it names is replaced.
+#[test]
+fn metrics_file_never_replaces_a_device_or_fifo_and_follows_a_link() {
+    let shared = Shared::sqlite();
+    let fifo = shared.path("metrics.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let output = shared.run(
+        "host-1",
+        &run_args("m", "1", &["--metrics-file", fifo.to_str().unwrap()], "true"),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("not a regular file"),
+        "{}",
+        text(&output.stderr)
+    );
+    use std::os::unix::fs::FileTypeExt as _;
+    assert!(
+        std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(),
+        "the FIFO is still one"
+    );
+
+    let real = shared.path("real.prom");
+    std::fs::write(&real, "old\n").unwrap();
+    let link = shared.path("link.prom");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let output = shared.run(
+        "host-1",
+        &run_args("m", "2", &["--metrics-file", link.to_str().unwrap()], "true"),
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(
+        std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
+        "the link stays"
+    );
+    assert!(std::fs::read_to_string(&real)
+        .unwrap()
+        .contains("fencepost_run_exit_status"));
+    // A name near the file system's limit works: the temporary file's name is short.
+    let long = shared.path(&format!("{}.prom", "m".repeat(250)));
+    let output = shared.run(
+        "host-1",
+        &run_args("m", "3", &["--metrics-file", long.to_str().unwrap()], "true"),
+    );
+    assert!(long.exists(), "{}", text(&output.stderr));
+}
+
+/// Found by an adversarial pass: in JSON, fencepost's own errors (exit 2 and 10) were lost (the
+/// log writer was closed before they were said), and the command line's errors were plain text.
+#[test]
+fn logs_json_format_says_every_error_as_a_json_line() {
+    let shared = Shared::sqlite();
+    let cases: [(Vec<&str>, i32, &str); 4] = [
+        (run_args("e", "1", &["--ttl", "0s"], "true"), 2, "--ttl"),
+        (
+            run_args("e", "1", &["--ledger", "/nonexistent/ledger"], "true"),
+            10,
+            "/nonexistent/ledger",
+        ),
+        (vec!["status", "--agent", ""], 2, "--agent"),
+        (
+            vec!["run", "--agent", "e", "--intent", "i", "--salt", "", "--", "true"],
+            2,
+            "--salt",
+        ),
+    ];
+    for (args, code, named) in cases {
+        let output = shared
+            .command("host-1", &args)
+            .env("FENCEPOST_LOG_FORMAT", "json")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(code), "{args:?}");
+        let stderr = text(&output.stderr);
+        let lines: Vec<serde_json::Value> = stderr
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {line:?}")))
+            .collect();
+        assert!(
+            lines.iter().any(|line| line["level"] == "ERROR"
+                && line["fields"]["message"].as_str().unwrap().contains(named)),
+            "{args:?}: the error is said: {stderr:?}"
+        );
+    }
+}
+
+/// Found by an adversarial pass: an agent whose holders published records that this host's
+/// ledger never received, with no lease held and nothing in the local ledger (a ledger folder
+/// that is not shared), was invisible to `status`, which said healthy while `run` exited 7.
+#[test]
+fn status_sees_an_agent_known_only_to_the_coordinator_and_reports_the_ledger_behind() {
+    let shared = Shared::sqlite();
+    let elsewhere = shared.path("other-ledger");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let ran = shared.run(
+        "host-2",
+        &[
+            "run",
+            "--agent",
+            "quiet",
+            "--intent",
+            "i",
+            "--salt",
+            "1",
+            "--ledger",
+            elsewhere.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(ran.status.code(), Some(0), "{}", text(&ran.stderr));
+    let output = shared.run("host-1", &["status", "--json"]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output.stdout));
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let agent = status["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|agent| agent["agent_id"] == "quiet")
+        .unwrap_or_else(|| panic!("the agent is listed: {status}"));
+    assert_eq!(agent["ledger_behind"][0]["device_id"], "host-2", "{status}");
+    let run = shared.run("host-1", &run_args("quiet", "1", &[], "true"));
+    assert_eq!(run.status.code(), Some(7), "as run says");
+}
+
+/// Found by an adversarial pass: the holder record's pid was believed whenever some process had
+/// it (a pid reused, or a record pointing at another process). A holder process killed with
+/// SIGKILL is said to be gone, and a record naming a process that started after the grant is
+/// not believed.
+#[test]
+fn status_says_a_killed_holder_process_is_gone_and_believes_no_other_process_with_its_pid() {
+    let shared = Shared::sqlite();
+    kill_mid_command(
+        &shared,
+        "host-1",
+        &[
+            "run", "--agent", "held", "--intent", "i", "--salt", "1", "--ttl", "30s",
+        ],
+        "true",
+    );
+    let status = |shared: &Shared| -> serde_json::Value {
+        let output = shared.run("host-1", &["status", "--json", "--agent", "held"]);
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    let seen = status(&shared);
+    let lease = &seen["agents"][0]["lease"];
+    assert_eq!(lease["live"], true, "{seen}");
+    assert_eq!(lease["process"], "gone", "{seen}");
+    let refused = shared.run("host-1", &run_args("held", "2", &[], "true"));
+    assert_eq!(refused.status.code(), Some(4));
+    assert!(
+        text(&refused.stderr).contains("ended without giving it back"),
+        "{}",
+        text(&refused.stderr)
+    );
+
+    // The record made to name a live process that is not the holder.
+    let mut impostor = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let holders = shared.path("data").join("fencepost").join("holders");
+    let record = std::fs::read_dir(&holders)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let mut forged: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    forged["pid"] = serde_json::json!(impostor.id());
+    std::fs::write(&record, forged.to_string()).unwrap();
+    let seen = status(&shared);
+    assert_eq!(seen["agents"][0]["lease"]["process"], "gone", "{seen}");
+    assert!(!text(&shared.run("host-1", &["status"]).stdout).contains(&format!("process {})", impostor.id())));
+    impostor.kill().unwrap();
+    impostor.wait().unwrap();
+}

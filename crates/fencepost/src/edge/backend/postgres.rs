@@ -1235,6 +1235,27 @@ impl PostgresLeaseCoordinator {
         Err(failure(problem, false, None))
     }
 
+    /// Every agent the coordinator has a register of (held, released, or only a raised floor),
+    /// in order: `fencepost status` asks each for what its holders published.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] when the server cannot be reached or answers wrongly.
+    pub fn agents(&self) -> Result<Vec<String>, LeaseError> {
+        let statements = [format!(
+            "SELECT agent_id FROM {}.leases ORDER BY agent_id",
+            quote_identifier(&self.config.schema)
+        )];
+        let outcome = self.with_session(|session| {
+            let sets = self.batch(session, &statements)?;
+            let rows = sets.into_iter().next().unwrap_or_default();
+            Ok(rows
+                .iter()
+                .map(|row| row.get(0).unwrap_or("").to_owned())
+                .collect())
+        });
+        outcome.map_err(|error| self.explain("list the agents", error, false))
+    }
+
     /// Every lease with a holder (expired or not), in agent order: what an operator lists.
     ///
     /// # Errors

@@ -39,6 +39,8 @@ const SELECT_ROW: &str = concat!(
 const GRANT: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, ?2, ?3, ?4, 0) ON CONFLICT (agent_id) DO UPDATE SET holder = excluded.holder, epoch = excluded.epoch, expires_at_ms = excluded.expires_at_ms");
 /// Extends the expiry for the holder at its epoch, and returns the row either way (`renew`).
 const RENEW: &str = concat!("UPDATE ", table!(), " SET expires_at_ms = CASE WHEN holder = ?2 AND epoch = ?3 THEN ?4 ELSE expires_at_ms END WHERE agent_id = ?1 RETURNING holder, epoch, expires_at_ms");
+/// Every agent with a register, for operators (`agents`).
+const AGENTS: &str = concat!("SELECT agent_id FROM ", table!(), " ORDER BY agent_id");
 /// Every held lease, for operators (`list`).
 const LIST: &str = concat!(
     "SELECT agent_id, holder, epoch, expires_at_ms FROM ",
@@ -383,6 +385,23 @@ impl SqliteLeaseCoordinator {
     /// the caller's tables in the same file). Do not write the `fencepost_leases` table.
     pub fn with_connection<R>(&self, work: impl FnOnce(&Connection) -> R) -> R {
         work(&self.lock())
+    }
+
+    /// Every agent the coordinator has a register of (held, released or never granted but with
+    /// a raised floor), in order: `fencepost status` asks each for what its holders published.
+    ///
+    /// # Errors
+    /// [`LeaseError::Backend`] when the file cannot be read.
+    pub fn agents(&self) -> Result<Vec<String>, LeaseError> {
+        let connection = self.lock();
+        connection
+            .prepare_cached(AGENTS)
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| row.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|error| sqlite_failure("list the agents", error, false))
     }
 
     /// Every lease with a holder (expired or not), in agent order: what an operator lists.
