@@ -144,6 +144,18 @@ fn run_postgres_a_least_privilege_role_runs_every_command_but_migrate() {
     ok(&["ledger", "show"]);
     ok(&["ledger", "runs"]);
     ok(&["ledger", "verify"]);
+    // `status` with the runtime grants: leases, every agent's register, published frontiers.
+    // (Its exit status says the whole database's health, which other tests damage on purpose.)
+    let status = host.run("laptop", &["status", "--json", "--agent", &agent]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout)
+        .unwrap_or_else(|error| panic!("{error}: {}", text(&status.stderr)));
+    assert_eq!(status["agents"][0]["agent_id"], agent.as_str(), "{status}");
+    assert_eq!(status["agents"][0]["committed"], 1, "{status}");
+    assert_eq!(
+        status["agents"][0]["lease"],
+        serde_json::Value::Null,
+        "released: {status}"
+    );
 
     let output = host.run("laptop", &["admin", "migrate"]);
     assert_eq!(output.status.code(), Some(10), "{}", text(&output.stderr));
