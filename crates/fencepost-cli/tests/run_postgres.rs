@@ -521,13 +521,13 @@ fn h3_moving_a_ledger_folder_into_the_database_runs_nothing_twice() {
     let import = host.run("host-1", &["ledger", "import", moved.to_str().unwrap()]);
     assert_eq!(import.status.code(), Some(0), "{}", text(&import.stderr));
     assert!(
-        text(&import.stdout).contains("imported 2 record(s) of 1 device(s)"),
+        text(&import.stdout).contains("imported 2 records of 1 device from"),
         "{}",
         text(&import.stdout)
     );
     let again = host.run("host-1", &["ledger", "import", moved.to_str().unwrap()]);
     assert!(
-        text(&again.stdout).contains("imported 0 record(s) of 1 device(s)")
+        text(&again.stdout).contains("imported 0 records of 1 device from")
             && text(&again.stdout).contains("2 already there"),
         "{}",
         text(&again.stdout)
