@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::settings::{data_dir, Settings};
 
@@ -123,14 +122,8 @@ impl Drop for Holding {
 
 /// Where the holder of `agent_id` under this coordinator is recorded.
 fn path_of(settings: &Settings, agent_id: &str) -> Option<PathBuf> {
-    let mut digest = Sha256::new();
-    digest.update(crate::settings::without_password(&settings.coordinator).as_bytes());
-    digest.update([0x1f]);
-    digest.update(agent_id.as_bytes());
-    let key: String = digest.finalize()[..8]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
+    let coordinator = crate::settings::without_password(&settings.coordinator);
+    let key = crate::settings::short_key(&[coordinator.as_bytes(), agent_id.as_bytes()]);
     Some(data_dir().ok()?.join("holders").join(format!("{key}.json")))
 }
 

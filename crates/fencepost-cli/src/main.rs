@@ -315,9 +315,7 @@ fn main() {
         }
         Command::Status(mut args) => {
             args.global = std::mem::take(&mut args.global).or(before);
-            in_span("status", &args.global.clone(), |settings| {
-                status::status(settings, &args)
-            })
+            in_span("status", &args.global, |settings| status::status(settings, &args))
         }
         Command::Lease { global, command } => in_span("lease", &global.or(before), |settings| {
             commands::lease(settings, command)

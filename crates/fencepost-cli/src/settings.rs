@@ -312,8 +312,7 @@ impl Settings {
                 std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone())
             }
         };
-        let digest = Sha256::digest(ledger.as_os_str().as_encoded_bytes());
-        digest[..8].iter().map(|byte| format!("{byte:02x}")).collect()
+        short_key(&[ledger.as_os_str().as_encoded_bytes()])
     }
 
     /// Where this site keeps its snapshot of the ledger (per ledger and device), so that a
@@ -346,6 +345,22 @@ impl Settings {
     pub fn migrate_coordinator(&self) -> Result<Arc<Backend>> {
         Backend::open(&self.coordinator, Schema::Migrate).map(Arc::new)
     }
+}
+
+/// A short name for this host's files about something: the first 8 bytes of the SHA-256 of
+/// `parts` joined by 0x1F, in hex.
+pub fn short_key(parts: &[&[u8]]) -> String {
+    let mut digest = Sha256::new();
+    for (index, part) in parts.iter().enumerate() {
+        if index > 0 {
+            digest.update([0x1f]);
+        }
+        digest.update(part);
+    }
+    digest.finalize()[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 /// The ledger a `--ledger` spec names: `sqlite:PATH`, a `postgres://` URL, or a folder; checked
