@@ -7,9 +7,10 @@
 //! same way. If `fencepost` dies without a chance to do any of this (SIGKILL), the kernel kills the
 //! command (`PR_SET_PDEATHSIG` on Linux), and a [`Watchdog`] process kills the rest of its group.
 
-use std::io::{Read, Write};
+use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,16 +107,19 @@ pub struct Supervision<'a> {
     pub signals: &'a Signals,
 }
 
-/// Starts `command` in a process group of its own, to be killed when fencepost dies.
-pub fn spawn(mut command: Command) -> std::io::Result<std::process::Child> {
+/// Starts `command` in a process group of its own, to be killed when fencepost dies. The
+/// `watchdog`, started before, is told the group by the command's own process before it runs the
+/// program: from the command's first instruction on, the watchdog knows what to kill.
+pub fn spawn(mut command: Command, watchdog: Option<&Watchdog>) -> std::io::Result<std::process::Child> {
     let parent = std::process::id();
+    let announce = watchdog.and_then(Watchdog::announce_descriptor);
     // What the command leaves behind when it exits becomes fencepost's child, not init's: fencepost
     // can then reap it (see `stop_leftovers`) whatever init does.
     #[cfg(target_os = "linux")]
     nix::sys::prctl::set_child_subreaper(true)?;
     command.process_group(0);
     // SAFETY: between fork and exec the closure calls only async-signal-safe functions (prctl,
-    // getppid, kill through nix's thin wrappers) and allocates nothing.
+    // getppid, getpid, signal, write) and allocates nothing.
     unsafe {
         command.pre_exec(move || {
             #[cfg(target_os = "linux")]
@@ -130,58 +134,93 @@ pub fn spawn(mut command: Command) -> std::io::Result<std::process::Child> {
             }
             #[cfg(not(target_os = "linux"))]
             let _ = parent;
+            if let Some(descriptor) = announce {
+                announce_group(descriptor);
+            }
             Ok(())
         });
     }
     command.spawn()
 }
 
-/// The hidden subcommand that runs a [`Watchdog`].
-pub const WATCHDOG_COMMAND: &str = "__watchdog";
+/// In the command's process, before it runs the program: writes its process group (its pid, see
+/// [`spawn`]) and a newline to the watchdog's pipe. Async-signal-safe; no allocation.
+fn announce_group(descriptor: std::os::fd::RawFd) {
+    use nix::libc;
+    let mut text = [0u8; 24];
+    let mut at = text.len() - 1;
+    text[at] = b'\n';
+    // SAFETY: getpid, signal and write are async-signal-safe; the buffer outlives the write.
+    unsafe {
+        let mut pid = libc::getpid().unsigned_abs();
+        loop {
+            at -= 1;
+            text[at] = b'0' + (pid % 10) as u8;
+            pid /= 10;
+            if pid == 0 {
+                break;
+            }
+        }
+        // A watchdog that is gone gets nothing, and its broken pipe must not kill the command
+        // before it starts (SIGPIPE is back to its default action here).
+        let previous = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        libc::write(descriptor, text[at..].as_ptr().cast(), text.len() - at);
+        libc::signal(libc::SIGPIPE, previous);
+    }
+}
 
-/// A process that kills the command's process group if `fencepost` dies before it could (reads
-/// its standard input, a pipe from fencepost: end of input without `done` means fencepost died).
+/// The name of the watchdog process (`ps`, `top`, and its command line).
+pub const WATCHDOG_NAME: &std::ffi::CStr = c"fp-watchdog";
+
+/// A process that kills the command's process group if `fencepost` dies before it could. It is
+/// a fork of fencepost that runs no program (it used to run `fencepost __watchdog`: starting that
+/// program again cost every run a few milliseconds of a slow machine), started before the command,
+/// whose process tells it its group (see [`spawn`]). It reads a pipe from fencepost: the end of its
+/// input without `done` means fencepost died. It is named [`WATCHDOG_NAME`], and its command line
+/// says so too, so that `pkill -f 'fencepost run'` (which kills fencepost) does not kill it with
+/// fencepost.
 pub struct Watchdog {
-    input: Option<ChildStdin>,
-    process: Child,
+    input: Option<std::fs::File>,
+    process: Pid,
     /// Told `done`: it exits by itself, and nobody waits for it.
     disarmed: bool,
 }
 
 impl Watchdog {
-    /// Starts a watchdog of process group `group`.
-    pub fn start(group: u32) -> std::io::Result<Self> {
-        // /proc/self/exe runs this very binary, even if it was replaced on disk meanwhile.
-        let program = if cfg!(target_os = "linux") {
-            std::path::PathBuf::from("/proc/self/exe")
-        } else {
-            std::env::current_exe()?
-        };
-        let mut process = Command::new(program)
-            .args([WATCHDOG_COMMAND, &group.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .process_group(0)
-            .spawn()?;
-        let input = process.stdin.take();
-        Ok(Self {
-            input,
-            process,
-            disarmed: false,
-        })
+    /// Starts a watchdog, before the command.
+    pub fn start() -> std::io::Result<Self> {
+        let title = command_line_area();
+        // Both ends close on exec: the command's process writes its group into the pipe before
+        // it runs the program, and no program holds the pipe open after.
+        let (output, input) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        // SAFETY: the child runs `watch` only, which calls async-signal-safe functions and
+        // allocates nothing (fencepost has other threads, whose locks the child must not need),
+        // and never returns.
+        match unsafe { nix::unistd::fork() }? {
+            nix::unistd::ForkResult::Child => watch(output.as_raw_fd(), title),
+            nix::unistd::ForkResult::Parent { child } => Ok(Self {
+                input: Some(std::fs::File::from(input)),
+                process: child,
+                disarmed: false,
+            }),
+        }
     }
 
-    /// The command's group is done with: the watchdog exits without killing anything. It is
-    /// not waited for: it reads `done` from the pipe whenever it gets to it, even after
-    /// fencepost has exited (waiting cost every run the start of a process, ~10 ms on a slow
-    /// machine: the watchdog of a short command is often still starting).
+    /// The descriptor the command's process tells the watchdog its group through.
+    fn announce_descriptor(&self) -> Option<std::os::fd::RawFd> {
+        self.input.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// The command's group is done with (or the command never started): the watchdog exits
+    /// without killing anything. It is not waited for: it reads `done` from the pipe whenever it
+    /// gets to it, even after fencepost has exited.
     pub fn disarm(mut self) {
         if let Some(mut input) = self.input.take() {
             if input.write_all(b"done\n").is_ok() {
                 self.disarmed = true;
             }
         }
-        let _ = self.process.try_wait();
+        let _ = waitpid(self.process, Some(WaitPidFlag::WNOHANG));
     }
 }
 
@@ -190,20 +229,119 @@ impl Drop for Watchdog {
         // Without `disarm`, closing its input makes the watchdog kill the group.
         drop(self.input.take());
         if !self.disarmed {
-            let _ = self.process.wait();
+            let _ = waitpid(self.process, None);
         }
     }
 }
 
-/// The watchdog's own work (`fencepost __watchdog GROUP`): waits for the end of its input, then
-/// kills `group` with SIGKILL unless told `done`.
-pub fn watchdog(group: i32) -> i32 {
-    let mut said = Vec::new();
-    let _ = std::io::stdin().take(64).read_to_end(&mut said);
-    if !said.starts_with(b"done") && group > 1 {
-        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+/// Where this process's command line is in its memory (the bytes `/proc/self/cmdline` shows), when
+/// that can be told for sure: the watchdog writes its own name there.
+fn command_line_area() -> Option<(usize, usize)> {
+    #[cfg(target_os = "linux")]
+    {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // After "pid (name) ", the fields from the third on; arg_start and arg_end are the 48th
+        // and 49th (proc(5)).
+        let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+        let start: usize = fields.get(45)?.parse().ok()?;
+        let end: usize = fields.get(46)?.parse().ok()?;
+        let shown = std::fs::read("/proc/self/cmdline").ok()?;
+        if end <= start || end - start != shown.len() {
+            return None;
+        }
+        // SAFETY: the kernel says this process's command line is there, in its memory, and it
+        // is read only to be compared with what the kernel shows of it.
+        let held = unsafe { std::slice::from_raw_parts(start as *const u8, end - start) };
+        (held == shown.as_slice()).then_some((start, end))
     }
-    0
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// The watchdog's own work, in the forked child: reads `input` to its end, and kills the group
+/// the command's process wrote into it unless fencepost wrote `done` after it; then exits. Only
+/// async-signal-safe calls, no allocation.
+fn watch(input: std::os::fd::RawFd, title: Option<(usize, usize)>) -> ! {
+    use nix::libc;
+    // SAFETY: async-signal-safe system calls on this process's own descriptors and signals, and
+    // writes into this process's (copied) command line, checked by `command_line_area`.
+    unsafe {
+        // Its input on 0, and nothing else open: the copies of fencepost's descriptors (its
+        // output, a pipe a reader waits on, files and their locks) must not outlive fencepost.
+        if libc::dup2(input, 0) == 0 {
+            #[cfg(target_os = "linux")]
+            let closed = libc::syscall(libc::SYS_close_range, 1u32, u32::MAX, 0u32) == 0;
+            #[cfg(not(target_os = "linux"))]
+            let closed = false;
+            if !closed {
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                let top = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                    limit.rlim_cur.min(65_536) as i32
+                } else {
+                    1_024
+                };
+                for descriptor in 1..top {
+                    libc::close(descriptor);
+                }
+            }
+        }
+        // Signals as a new program has them: fencepost's handlers are not this process's.
+        for signal in FORWARDED {
+            libc::signal(signal, libc::SIG_DFL);
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        // Its own process group: a signal to fencepost's group (a terminal's Ctrl-C) does not end it.
+        libc::setpgid(0, 0);
+        // Named apart from fencepost, in `ps`, `top` and `pgrep -f`.
+        #[cfg(target_os = "linux")]
+        libc::prctl(libc::PR_SET_NAME, WATCHDOG_NAME.as_ptr());
+        if let Some((start, end)) = title {
+            let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
+            area.fill(0);
+            let name = WATCHDOG_NAME.to_bytes();
+            let length = name.len().min(area.len().saturating_sub(1));
+            area[..length].copy_from_slice(&name[..length]);
+        }
+    }
+    // "<group>\n" from the command's process, then "done\n" from fencepost.
+    let mut said = [0u8; 64];
+    let mut filled = 0;
+    while filled < said.len() {
+        let rest = &mut said[filled..];
+        // SAFETY: reads into the buffer's free part, of its length.
+        let count = unsafe { libc::read(0, rest.as_mut_ptr().cast(), rest.len()) };
+        match count {
+            0 => break,
+            1.. => filled += count as usize,
+            _ if nix::errno::Errno::last() == nix::errno::Errno::EINTR => {}
+            _ => break,
+        }
+    }
+    let said = &said[..filled];
+    let line = said
+        .iter()
+        .position(|&byte| byte == b'\n')
+        .map(|end| (&said[..end], &said[end + 1..]));
+    if let Some((group, rest)) = line {
+        let group =
+            (!group.is_empty() && group.len() <= 10 && group.iter().all(u8::is_ascii_digit)).then(|| {
+                group
+                    .iter()
+                    .fold(0i64, |value, digit| value * 10 + i64::from(digit - b'0'))
+            });
+        if let Some(group) = group.filter(|group| *group > 1 && *group <= i64::from(i32::MAX)) {
+            if !rest.starts_with(b"done") {
+                let _ = killpg(Pid::from_raw(group as i32), Signal::SIGKILL);
+            }
+        }
+    }
+    // SAFETY: ends this process without running fencepost's exit handlers (they are the parent's).
+    unsafe { libc::_exit(0) }
 }
 
 /// Stops what is left in `group` once its leader has exited: SIGTERM, then SIGKILL after

@@ -485,19 +485,23 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
             .env("FENCEPOST_RUN_ID", &token.run_id)
             .env("FENCEPOST_EPOCH", token.epoch.to_string())
             .env("FENCEPOST_DEVICE", &settings.device);
-        report.command_started();
-        let mut child = match child::spawn(command) {
-            Ok(child) => child,
-            Err(error) => {
-                return EffectOutcome::Failed(format!("cannot start {:?}: {error}", args.command[0]))
-            }
-        };
-        // Should fencepost die, the watchdog kills what the command started.
-        let watchdog = match Watchdog::start(child.id()) {
+        // Should fencepost die, the watchdog kills what the command started. It starts first:
+        // the command's process tells it its group before it runs the program.
+        let watchdog = match Watchdog::start() {
             Ok(watchdog) => Some(watchdog),
             Err(error) => {
                 tracing::warn!(%error, "cannot start the watchdog of the command's process group");
                 None
+            }
+        };
+        report.command_started();
+        let mut child = match child::spawn(command, watchdog.as_ref()) {
+            Ok(child) => child,
+            Err(error) => {
+                if let Some(watchdog) = watchdog {
+                    watchdog.disarm();
+                }
+                return EffectOutcome::Failed(format!("cannot start {:?}: {error}", args.command[0]));
             }
         };
         let holds = || keeper.holds();

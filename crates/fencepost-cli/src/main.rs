@@ -229,7 +229,12 @@ fn init_tracing(verbose: u8, format: LogFormat) -> tracing_appender::non_blockin
     }
     let colour =
         std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+    // A short queue: the default (128 000 lines) costs every run megabytes of memory to set up,
+    // and fencepost says a few lines at most.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .lossy(true)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
@@ -245,6 +250,9 @@ fn init_tracing(verbose: u8, format: LogFormat) -> tracing_appender::non_blockin
     guard
 }
 
+/// How many log lines wait for a slow stderr before lines are dropped.
+const LOG_QUEUE_LINES: usize = 1_024;
+
 /// The target of the messages of [`err!`] as log events (`--log-format json`).
 pub const MESSAGE_TARGET: &str = "fencepost::message";
 
@@ -253,11 +261,6 @@ static JSON_MESSAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicB
 
 fn main() {
     let arguments: Vec<String> = std::env::args().collect();
-    if arguments.get(1).map(String::as_str) == Some(child::WATCHDOG_COMMAND) {
-        // `fencepost run`'s watchdog of its command's process group (not for people).
-        let group = arguments.get(2).and_then(|group| group.parse().ok()).unwrap_or(0);
-        std::process::exit(child::watchdog(group));
-    }
     use clap::{CommandFactory as _, FromArgMatches as _};
     // The location options before the subcommand belong to the top level alone (see
     // `LOCATION_OPTIONS`); after it, each subcommand that uses them has its own.

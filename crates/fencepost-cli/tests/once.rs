@@ -427,6 +427,123 @@ fn keeper_a_killed_fencepost_takes_its_command_and_its_children_with_it() {
     }
 }
 
+/// The processes whose parent is `parent`: pid, name, process group, command line.
+fn children_of(parent: u32) -> Vec<(String, String, String, String)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| {
+            let pid = entry.ok()?.file_name().to_str()?.to_owned();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // pid (name) state ppid pgrp ...
+            let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            let fields: Vec<&str> = rest.split(' ').collect();
+            let command_line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let command_line = String::from_utf8_lossy(&command_line).replace('\0', " ");
+            (fields.get(1)? == &parent.to_string()).then(|| {
+                (
+                    pid,
+                    name.to_owned(),
+                    fields.get(2).unwrap_or(&"").to_string(),
+                    command_line,
+                )
+            })
+        })
+        .collect()
+}
+
+/// The watchdog (a fork of fencepost that kills the command's group if fencepost dies) holds
+/// nothing of fencepost's but its pipe: not its output (a reader of `fencepost run | …` would
+/// wait for the watchdog), not its files and their locks. It has a process group and a name of
+/// its own, and a command line of its own: an operator's `pkill -9 -f 'fencepost run'` kills
+/// fencepost, not the watchdog, which then kills what the command started (with the watchdog's
+/// command line fencepost's, both died at once and the command's children lived on, 6 times in 20).
+#[test]
+fn keeper_the_watchdog_holds_only_its_pipe_and_outlives_a_pkill_of_fencepost_run() {
+    let shared = Shared::sqlite();
+    let pid_file = shared.path("command.pid");
+    let child_file = shared.path("child.pid");
+    let script = format!(
+        "sleep 30 & echo $! > '{child}'; echo $$ > '{pid}.tmp'; mv '{pid}.tmp' '{pid}'; wait",
+        child = child_file.display(),
+        pid = pid_file.display()
+    );
+    let mut fencepost = shared.spawn("host-1", &run_args("a", "1", &[], &["sh", "-c", &script]));
+    wait_for_file(&pid_file);
+    let command = std::fs::read_to_string(&pid_file).unwrap();
+    let background = std::fs::read_to_string(&child_file).unwrap();
+    let children = children_of(fencepost.id());
+    let watchdogs: Vec<_> = children
+        .iter()
+        .filter(|child| child.0 != command.trim())
+        .collect();
+    assert_eq!(watchdogs.len(), 1, "fencepost's children: {children:?}");
+    let (pid, name, group, command_line) = watchdogs[0].clone();
+    assert_eq!(name, "fp-watchdog", "the watchdog is named apart");
+    assert_eq!(command_line.trim(), "fp-watchdog", "its command line is its own");
+    assert_eq!(group, pid, "the watchdog has a process group of its own");
+    let open: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        open,
+        ["0"],
+        "the watchdog holds its pipe only, not fencepost's descriptors"
+    );
+    // `pkill -9 -f <this run's command line>`: every process whose command line holds it
+    // (fencepost's, the command's), found as pkill finds them.
+    let marker = pid_file.display().to_string();
+    let matching: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| {
+            let pid = entry.ok()?.file_name().to_str()?.to_owned();
+            let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            String::from_utf8_lossy(&line).contains(&marker).then_some(pid)
+        })
+        .collect();
+    assert!(matching.contains(&fencepost.id().to_string()), "{matching:?}");
+    assert!(
+        !matching.contains(&pid),
+        "the watchdog's command line is not fencepost's"
+    );
+    let _ = Command::new("kill").arg("-KILL").args(&matching).status();
+    fencepost.wait().unwrap();
+    assert!(
+        gone_within(&background, 5),
+        "the command's background child outlived fencepost"
+    );
+    assert!(gone_within(&command, 5), "the command outlived fencepost");
+}
+
+/// A fencepost killed the moment its command starts (here by the command itself) still takes
+/// the command's whole group with it: the watchdog starts before the command, and the command's
+/// own process tells it its group before it runs the program. (The watchdog used to start after
+/// the command: a SIGKILL in between left the command's children alive, 10 times in 30.)
+#[test]
+fn keeper_a_fencepost_killed_as_its_command_starts_takes_the_command_group_with_it() {
+    let shared = Shared::sqlite();
+    let marks = shared.path("marks");
+    const ATTEMPTS: usize = 12;
+    for attempt in 0..ATTEMPTS {
+        let script = format!(
+            "(sleep 2; echo late >> '{marks}') & kill -KILL $PPID; sleep 30",
+            marks = marks.display()
+        );
+        // An agent each: the killed fencepost's lease stays until its TTL.
+        let agent = format!("a{attempt}");
+        let mut fencepost = shared.spawn("host-1", &run_args(&agent, "1", &[], &["sh", "-c", &script]));
+        let status = fencepost.wait().unwrap();
+        assert_eq!(status.code(), None, "fencepost was killed");
+    }
+    std::thread::sleep(Duration::from_millis(2_500));
+    let late = std::fs::read_to_string(&marks).unwrap_or_default();
+    assert_eq!(
+        late.lines().count(),
+        0,
+        "the command's background child outlived fencepost in some of {ATTEMPTS} attempts"
+    );
+}
+
 /// What a command leaves running in its process group when it exits is stopped too: it would
 /// act after the outcome was recorded and the lease released.
 #[test]

@@ -663,6 +663,45 @@ fn l5_sqlite_epoch_floor_gives_42_after_41_and_survives_a_restart() {
     assert_eq!(again.acquire("milo", "phone", 10_000).unwrap().epoch, 43);
 }
 
+/// Rule L5 at the cost of a command: raising the floor to one the coordinator already has (not
+/// above both its floor and its last epoch) writes nothing, since every `fencepost run` raises it
+/// to the ledger's epoch, almost always the last, before it acquires; a higher floor is written.
+/// And once no process has the file open, the file alone holds every grant (the log was
+/// checkpointed into it): a copy of it taken then, as an operator's `cp` backup, loses nothing.
+#[test]
+fn l5_sqlite_a_floor_it_has_writes_nothing_and_a_closed_file_holds_every_grant() {
+    let folder = tempfile::tempdir().unwrap();
+    let database = folder.path().join("leases.db");
+    let log = folder.path().join("leases.db-wal");
+    let clock = ManualClock::new(1_000);
+    let coordinator = SqliteLeaseCoordinator::open(&database, clock.wall_clock()).unwrap();
+    coordinator.raise_epoch_floor("milo", 41).unwrap();
+    assert_eq!(coordinator.acquire("milo", "laptop", 1_000).unwrap().epoch, 42);
+    let length = || std::fs::metadata(&log).unwrap().len();
+    let before = length();
+    for floor in [0, 41, 42] {
+        coordinator.raise_epoch_floor("milo", floor).unwrap();
+        assert_eq!(
+            length(),
+            before,
+            "raising the floor to {floor} (not above the epoch it has) wrote to the log"
+        );
+    }
+    coordinator.raise_epoch_floor("milo", 50).unwrap();
+    assert!(length() > before, "a higher floor is written");
+    clock.advance(1_000);
+    assert_eq!(coordinator.acquire("milo", "phone", 1_000).unwrap().epoch, 51);
+    drop(coordinator);
+    let copy = folder.path().join("copy.db");
+    std::fs::copy(&database, &copy).unwrap();
+    let restored = SqliteLeaseCoordinator::open(&copy, clock.wall_clock()).unwrap();
+    assert_eq!(
+        restored.current("milo").unwrap().map(|lease| lease.epoch),
+        Some(51),
+        "a copy of the closed file alone has the last grant"
+    );
+}
+
 fn open_error(path: &Path) -> String {
     match SqliteLeaseCoordinator::open(path, ManualClock::new(1).wall_clock()) {
         Err(LeaseError::Backend(error)) => error.to_string(),

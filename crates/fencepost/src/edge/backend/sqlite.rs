@@ -49,8 +49,10 @@ const LIST: &str = concat!(
 );
 /// Clears the holder (`release`, after the transaction checked holder and epoch).
 const RELEASE: &str = concat!("UPDATE ", table!(), " SET holder = NULL WHERE agent_id = ?1");
-/// Raises the epoch floor, creating the row if needed.
-const RAISE_FLOOR: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, NULL, 0, 0, ?2) ON CONFLICT (agent_id) DO UPDATE SET floor = max(floor, excluded.floor)");
+/// Raises the epoch floor, creating the row if needed. A floor not above both the floor and the
+/// last epoch changes no grant (the next is one above the higher of the two), and is not written:
+/// every `fencepost run` raises the floor to the ledger's epoch, which is almost always the last.
+const RAISE_FLOOR: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, NULL, 0, 0, ?2) ON CONFLICT (agent_id) DO UPDATE SET floor = excluded.floor WHERE excluded.floor > max(floor, epoch)");
 
 /// Settings of a [`SqliteLeaseCoordinator`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +98,9 @@ const PUBLISHED: &str = "SELECT device_id, next_seq, last_op_id FROM fencepost_f
 ///
 /// * One table, `fencepost_leases`, one row per agent: holder, epoch, expiry, epoch floor.
 /// * Write-ahead log, `synchronous = FULL`: a granted epoch is on disk before `acquire` returns,
-///   so a crash (of the process or of the machine) never lets an epoch be granted twice.
+///   so a crash (of the process or of the machine) never lets an epoch be granted twice. The
+///   last process to close the file checkpoints the log into it, so a copy of the file taken
+///   while no process has it open holds every grant (an operator's `cp` backup).
 /// * Every operation is a `BEGIN IMMEDIATE` transaction that reads the coordinator clock only once
 ///   it holds the write lock (so each operation takes effect at one instant of that clock); `renew`
 ///   is one `UPDATE … RETURNING` statement in it. `current` takes the lock too, so that it never
