@@ -240,6 +240,38 @@ fn r1_conformance_folder_relay() {
     conformance::run_all(&Folder);
 }
 
+/// R1: writers of one device id that append their first records at the same moment (two cron
+/// jobs of a new host) all succeed: a device file that one of them creates between another's two
+/// looks at the path is a new log, not "a symbolic link to nothing" (that refused an append as
+/// damage; found by the folder relay's conformance run under load).
+#[test]
+fn r1_folder_relay_first_appends_of_one_device_at_once_are_not_damage() {
+    const WRITERS: usize = 6;
+    for round in 0..150 {
+        let folder = tempfile::tempdir().unwrap();
+        let start = std::sync::Barrier::new(WRITERS);
+        std::thread::scope(|scope| {
+            for writer in 0..WRITERS {
+                let (folder, start) = (folder.path(), &start);
+                scope.spawn(move || {
+                    let relay = FsRelay::open(folder).unwrap();
+                    let clock = ManualClock::new(1_000);
+                    let mut log = DeviceLog::new("shared", clock.wall_clock()).unwrap();
+                    start.wait();
+                    relay
+                        .append("shared", 0, &mut |tail: &[OpRecord]| {
+                            log.catch_up(tail)?;
+                            Ok(vec![
+                                log.try_append(Surface::log("note"), json!({ "writer": writer }))?
+                            ])
+                        })
+                        .unwrap_or_else(|error| panic!("round {round}, writer {writer}: {error}"));
+                });
+            }
+        });
+    }
+}
+
 #[test]
 #[cfg(unix)]
 fn k5_conformance_folder_relay_a_pruned_log_is_read_from_where_it_begins() {

@@ -497,20 +497,35 @@ impl FsRelay {
 
 /// Why `path` cannot be a device log, if it exists and is something else than a regular file (a
 /// folder, a FIFO, which would block every reader, a device, a dangling symbolic link).
+///
+/// The path itself is looked at first, then what a link leads to: another writer of the device
+/// may create the file at any moment, and a file that was not there at one look and is at the
+/// next is a new log, not a link to nothing (taking it for one refused a first append of two
+/// writers at once as damage).
 fn not_a_log_file(path: &Path) -> Option<String> {
-    match std::fs::metadata(path) {
-        Ok(metadata) if metadata.is_file() => None,
-        Ok(metadata) => Some(format!(
-            "not a regular file (a {}); a device log is a plain file",
-            if metadata.is_dir() {
-                "folder"
-            } else {
-                "FIFO, socket or device"
+    let kind = |metadata: &std::fs::Metadata| {
+        (!metadata.is_file()).then(|| {
+            format!(
+                "not a regular file (a {}); a device log is a plain file",
+                if metadata.is_dir() {
+                    "folder"
+                } else {
+                    "FIFO, socket or device"
+                }
+            )
+        })
+    };
+    let missing = |error: &std::io::Error| error.kind() == std::io::ErrorKind::NotFound;
+    match std::fs::symlink_metadata(path) {
+        Ok(found) if found.file_type().is_symlink() => match std::fs::metadata(path) {
+            Ok(target) => kind(&target),
+            Err(error) if missing(&error) => {
+                Some("a symbolic link to nothing; a device log is a plain file".to_owned())
             }
-        )),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => std::fs::symlink_metadata(path)
-            .is_ok()
-            .then(|| "a symbolic link to nothing; a device log is a plain file".to_owned()),
+            Err(error) => Some(format!("cannot read its metadata: {error}")),
+        },
+        Ok(found) => kind(&found),
+        Err(error) if missing(&error) => None,
         Err(error) => Some(format!("cannot read its metadata: {error}")),
     }
 }
