@@ -89,9 +89,9 @@ pub struct RunArgs {
     /// atomically; for node_exporter's textfile collector, name it *.prom in its folder).
     #[arg(long, value_name = "FILE")]
     pub metrics_file: Option<PathBuf>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
-    command: Vec<String>,
+    /// The command and its arguments (passed on byte for byte, UTF-8 or not).
+    #[arg(last = true, required = true, value_name = "COMMAND", value_parser = clap::value_parser!(std::ffi::OsString))]
+    command: Vec<std::ffi::OsString>,
     #[command(flatten)]
     pub global: crate::settings::Global,
 }

@@ -260,7 +260,10 @@ pub const MESSAGE_TARGET: &str = "fencepost::message";
 static JSON_MESSAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn main() {
-    let arguments: Vec<String> = std::env::args().collect();
+    // Arguments need not be UTF-8 (a command's, after `--`): `std::env::args` would panic.
+    let arguments: Vec<String> = std::env::args_os()
+        .map(|argument| argument.to_string_lossy().into_owned())
+        .collect();
     use clap::{CommandFactory as _, FromArgMatches as _};
     // The location options before the subcommand belong to the top level alone (see
     // `LOCATION_OPTIONS`); after it, each subcommand that uses them has its own.

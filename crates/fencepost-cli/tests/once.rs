@@ -427,6 +427,38 @@ fn keeper_a_killed_fencepost_takes_its_command_and_its_children_with_it() {
     }
 }
 
+/// A command's arguments need not be UTF-8 (a file name in Latin-1): they reach the command byte
+/// for byte, and the run commits; a `--salt` that is not UTF-8 is a usage error (exit 2), and
+/// nothing runs. (`std::env::args` made fencepost panic on either, exit 101.)
+#[test]
+fn cli_arguments_that_are_not_utf8_reach_the_command_or_are_a_usage_error_never_a_panic() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let shared = Shared::sqlite();
+    let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let output = shared
+        .command("host-1", &run_args("a", "1", &[], &["printf", "%s"]))
+        .arg(latin1)
+        .output()
+        .unwrap();
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    assert_eq!(
+        output.stdout, b"caf\xe9",
+        "the argument reached the command byte for byte"
+    );
+    let mut args = run_args("a", "2", &[], &["sh", "-c", "echo ran >> effects"]);
+    let salt = args.iter().position(|arg| *arg == "2").unwrap();
+    args.remove(salt);
+    let mut command = shared.command("host-1", &args[..salt]);
+    command
+        .arg(latin1)
+        .args(&args[salt..])
+        .current_dir(shared.path("."));
+    let output = command.output().unwrap();
+    assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    assert!(text(&output.stderr).contains("UTF-8"), "{}", text(&output.stderr));
+    assert!(!shared.path("effects").exists(), "nothing ran");
+}
+
 /// The processes whose parent is `parent`: pid, name, process group, command line.
 fn children_of(parent: u32) -> Vec<(String, String, String, String)> {
     std::fs::read_dir("/proc")
