@@ -143,28 +143,26 @@ pub fn spawn(mut command: Command, watchdog: Option<&Watchdog>) -> std::io::Resu
     command.spawn()
 }
 
+/// Room for a pid and a newline.
+const ANNOUNCE_BYTES: usize = 24;
+
 /// In the command's process, before it runs the program: writes its process group (its pid, see
 /// [`spawn`]) and a newline to the watchdog's pipe. Async-signal-safe; no allocation.
 fn announce_group(descriptor: std::os::fd::RawFd) {
     use nix::libc;
-    let mut text = [0u8; 24];
-    let mut at = text.len() - 1;
-    text[at] = b'\n';
-    // SAFETY: getpid, signal and write are async-signal-safe; the buffer outlives the write.
+    // Formatting into a slice of the stack neither allocates nor locks.
+    let mut text = [0u8; ANNOUNCE_BYTES];
+    let mut rest = &mut text[..];
+    if writeln!(rest, "{}", std::process::id()).is_err() {
+        return;
+    }
+    let length = ANNOUNCE_BYTES - rest.len();
+    // SAFETY: signal and write are async-signal-safe; the buffer outlives the write.
     unsafe {
-        let mut pid = libc::getpid().unsigned_abs();
-        loop {
-            at -= 1;
-            text[at] = b'0' + (pid % 10) as u8;
-            pid /= 10;
-            if pid == 0 {
-                break;
-            }
-        }
         // A watchdog that is gone gets nothing, and its broken pipe must not kill the command
         // before it starts (SIGPIPE is back to its default action here).
         let previous = libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-        libc::write(descriptor, text[at..].as_ptr().cast(), text.len() - at);
+        libc::write(descriptor, text.as_ptr().cast(), length);
         libc::signal(libc::SIGPIPE, previous);
     }
 }
@@ -328,15 +326,13 @@ fn watch(input: std::os::fd::RawFd, title: Option<(usize, usize)>) -> ! {
         .position(|&byte| byte == b'\n')
         .map(|end| (&said[..end], &said[end + 1..]));
     if let Some((group, rest)) = line {
-        let group =
-            (!group.is_empty() && group.len() <= 10 && group.iter().all(u8::is_ascii_digit)).then(|| {
-                group
-                    .iter()
-                    .fold(0i64, |value, digit| value * 10 + i64::from(digit - b'0'))
-            });
-        if let Some(group) = group.filter(|group| *group > 1 && *group <= i64::from(i32::MAX)) {
+        // Parsing in place allocates nothing.
+        let group = std::str::from_utf8(group)
+            .ok()
+            .and_then(|text| text.parse::<i32>().ok());
+        if let Some(group) = group.filter(|group| *group > 1) {
             if !rest.starts_with(b"done") {
-                let _ = killpg(Pid::from_raw(group as i32), Signal::SIGKILL);
+                let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
             }
         }
     }

@@ -459,8 +459,19 @@ fn cli_arguments_that_are_not_utf8_reach_the_command_or_are_a_usage_error_never_
     assert!(!shared.path("effects").exists(), "nothing ran");
 }
 
-/// The processes whose parent is `parent`: pid, name, process group, command line.
-fn children_of(parent: u32) -> Vec<(String, String, String, String)> {
+/// A process, as `ps` shows it.
+#[derive(Debug, Clone)]
+struct Process {
+    pid: String,
+    parent: String,
+    name: String,
+    group: String,
+    /// Its arguments, joined by spaces.
+    command_line: String,
+}
+
+/// Every process of this machine (`/proc`).
+fn processes() -> Vec<Process> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|entry| {
@@ -470,14 +481,12 @@ fn children_of(parent: u32) -> Vec<(String, String, String, String)> {
             let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
             let fields: Vec<&str> = rest.split(' ').collect();
             let command_line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let command_line = String::from_utf8_lossy(&command_line).replace('\0', " ");
-            (fields.get(1)? == &parent.to_string()).then(|| {
-                (
-                    pid,
-                    name.to_owned(),
-                    fields.get(2).unwrap_or(&"").to_string(),
-                    command_line,
-                )
+            Some(Process {
+                parent: fields.get(1)?.to_string(),
+                group: fields.get(2)?.to_string(),
+                name: name.to_owned(),
+                command_line: String::from_utf8_lossy(&command_line).replace('\0', " "),
+                pid,
             })
         })
         .collect()
@@ -503,16 +512,25 @@ fn keeper_the_watchdog_holds_only_its_pipe_and_outlives_a_pkill_of_fencepost_run
     wait_for_file(&pid_file);
     let command = std::fs::read_to_string(&pid_file).unwrap();
     let background = std::fs::read_to_string(&child_file).unwrap();
-    let children = children_of(fencepost.id());
-    let watchdogs: Vec<_> = children
+    let parent = fencepost.id().to_string();
+    let children: Vec<Process> = processes()
+        .into_iter()
+        .filter(|each| each.parent == parent)
+        .collect();
+    let watchdogs: Vec<&Process> = children
         .iter()
-        .filter(|child| child.0 != command.trim())
+        .filter(|child| child.pid != command.trim())
         .collect();
     assert_eq!(watchdogs.len(), 1, "fencepost's children: {children:?}");
-    let (pid, name, group, command_line) = watchdogs[0].clone();
-    assert_eq!(name, "fp-watchdog", "the watchdog is named apart");
-    assert_eq!(command_line.trim(), "fp-watchdog", "its command line is its own");
-    assert_eq!(group, pid, "the watchdog has a process group of its own");
+    let watchdog = watchdogs[0];
+    let pid = watchdog.pid.clone();
+    assert_eq!(watchdog.name, "fp-watchdog", "the watchdog is named apart");
+    assert_eq!(
+        watchdog.command_line.trim(),
+        "fp-watchdog",
+        "its command line is its own"
+    );
+    assert_eq!(watchdog.group, pid, "the watchdog has a process group of its own");
     let open: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
@@ -525,13 +543,10 @@ fn keeper_the_watchdog_holds_only_its_pipe_and_outlives_a_pkill_of_fencepost_run
     // `pkill -9 -f <this run's command line>`: every process whose command line holds it
     // (fencepost's, the command's), found as pkill finds them.
     let marker = pid_file.display().to_string();
-    let matching: Vec<String> = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|entry| {
-            let pid = entry.ok()?.file_name().to_str()?.to_owned();
-            let line = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            String::from_utf8_lossy(&line).contains(&marker).then_some(pid)
-        })
+    let matching: Vec<String> = processes()
+        .into_iter()
+        .filter(|each| each.command_line.contains(&marker))
+        .map(|each| each.pid)
         .collect();
     assert!(matching.contains(&fencepost.id().to_string()), "{matching:?}");
     assert!(
