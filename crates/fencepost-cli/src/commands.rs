@@ -459,6 +459,23 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
     let mut stopped_before_start = None;
     let mut lost_before_start = false;
     let outcome = dispatch_effect(&keeper, &mut ledger, &run_id, options, |token| {
+        // Should fencepost die, the watchdog kills what the command started. It starts before the
+        // command, whose process tells it its group before it runs the program, and before the
+        // last looks below, so that nothing but the start follows them (a fork and its reads of
+        // /proc are no part of that window).
+        let watchdog = match Watchdog::start() {
+            Ok(watchdog) => Some(watchdog),
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the watchdog of the command's process group");
+                None
+            }
+        };
+        // The command did not start: the watchdog has nothing to kill.
+        let stand_down = |watchdog: Option<Watchdog>| {
+            if let Some(watchdog) = watchdog {
+                watchdog.disarm();
+            }
+        };
         // A seam for the tests (debug builds only): hold the window between the fence and the
         // start open, so that a signal can be sent into it.
         #[cfg(debug_assertions)]
@@ -470,12 +487,14 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
         }
         if let Some(signal) = signals.pending() {
             stopped_before_start = Some(signal);
+            stand_down(watchdog);
             return EffectOutcome::Failed(format!("fencepost got {signal} before the command started"));
         }
         // The last look before the start, with no I/O: fencepost may have been stopped (SIGSTOP,
         // a suspended machine) since the fence, past its renew deadline.
         if !keeper.holds() {
             lost_before_start = true;
+            stand_down(watchdog);
             return EffectOutcome::Failed("the lease was lost before the command started".to_owned());
         }
         let mut command = Command::new(&args.command[0]);
@@ -485,22 +504,11 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
             .env("FENCEPOST_RUN_ID", &token.run_id)
             .env("FENCEPOST_EPOCH", token.epoch.to_string())
             .env("FENCEPOST_DEVICE", &settings.device);
-        // Should fencepost die, the watchdog kills what the command started. It starts first:
-        // the command's process tells it its group before it runs the program.
-        let watchdog = match Watchdog::start() {
-            Ok(watchdog) => Some(watchdog),
-            Err(error) => {
-                tracing::warn!(%error, "cannot start the watchdog of the command's process group");
-                None
-            }
-        };
         report.command_started();
         let mut child = match child::spawn(command, watchdog.as_ref()) {
             Ok(child) => child,
             Err(error) => {
-                if let Some(watchdog) = watchdog {
-                    watchdog.disarm();
-                }
+                stand_down(watchdog);
                 return EffectOutcome::Failed(format!("cannot start {:?}: {error}", args.command[0]));
             }
         };
