@@ -124,7 +124,7 @@ fn open_ledger_with(
 ) -> Result<Ledger> {
     if let Some(folder) = settings.folder_left_behind() {
         crate::usage!(
-            "the ledger is in PostgreSQL, but {} holds a ledger folder from an earlier fencepost (the default before), whose commits the database may not have (or cannot be read: a link to a share that is not mounted?). Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
+            "the ledger is in PostgreSQL, but {} holds this host's embedded ledger folder (the ledger fencepost keeps in the data directory when no ledger is in a database: this host ran with the embedded default, or an earlier version, before), whose commits the database may not have (or cannot be read: a link to a share that is not mounted?). Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
             folder.display(),
             folder.display(),
             folder.display()
@@ -191,6 +191,14 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
     }
     let damage = ledger.damage();
     let first = damage.first()?;
+    if only_pruned(ledger) {
+        // Records pruned after a checkpoint this host cannot read yet: they are not lost, and
+        // accepting the gap would run what they committed again (issue 37).
+        return Some(format!(
+            "not running anything: {first}. The records it lacks are in a checkpoint that this host's copy of the ledger ({}) does not hold yet: let the sync bring the checkpoints folder from the host that pruned, then run again",
+            settings.ledger_label()
+        ));
+    }
     let which = first
         .device_id
         .clone()
@@ -321,6 +329,8 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
         }
     }
     refuse_damage(&ledger, settings)?;
+    // Known from here on, whatever the run ends with (exit 3, 4, 7 too).
+    report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
     if ledger.committed_run(agent, &run_id).is_some() {
         err!("fencepost: {run_id} of {agent} already committed; not running it again");
         return Ok(EXIT_ALREADY_COMMITTED);
@@ -400,7 +410,14 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
         Ok(keeper) => keeper,
         Err(KeeperError::Lease(LeaseError::Held { holder, epoch, .. })) => {
             let named = crate::holder::describe(settings, agent, &holder, epoch);
-            err!("fencepost: {agent} is held by {named} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
+            if args.wait == 0 {
+                err!("fencepost: {agent} is held by {named} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
+            } else {
+                err!(
+                    "fencepost: {agent} is still held by {named} at epoch {epoch} after waiting {} ms (--wait); not running {run_id}",
+                    args.wait
+                );
+            }
             report.holder = Some(holder);
             return Ok(EXIT_HELD_ELSEWHERE);
         }
@@ -1207,7 +1224,9 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 .into_iter()
                 .find(|doubt| doubt.run_id == run)
             else {
-                bail!("{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)");
+                crate::usage!(
+                    "{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)"
+                );
             };
             if !force {
                 let live = listed_live_leases(settings).with_context(|| {

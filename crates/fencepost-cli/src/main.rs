@@ -287,6 +287,10 @@ fn main() {
                     | ErrorKind::DisplayVersion
                     | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
             );
+            if !shown {
+                // `run --json` and `--metrics-file` report every usage error (issue 37).
+                report::report_unparsed_run(&arguments, &error.render().to_string());
+            }
             if shown || !json_asked(&arguments) {
                 error.exit()
             }

@@ -151,6 +151,10 @@ pub fn run_reporting(args: RunArgs) -> Result<i32> {
         Some(_) => Some(install_recorder()?),
         None => None,
     };
+    if prometheus.is_some() {
+        fencepost::metrics::register_zeros(&args.agent);
+        metrics::counter!(LEDGER_WAITS, "agent" => args.agent.clone()).increment(0);
+    }
     let mut report = RunReport::new(&args.agent);
     let outcome = Settings::resolve(&args.global).and_then(|settings| {
         report.device = Some(settings.device.clone());
@@ -173,6 +177,81 @@ pub fn run_reporting(args: RunArgs) -> Result<i32> {
         }
     }
     outcome
+}
+
+/// A `fencepost run` whose arguments could not be parsed (clap's usage error, `error`): its
+/// report all the same when the arguments ask for one (`--json`, `--metrics-file PATH`), as
+/// for every other usage error, so that a stale metrics file never looks current. Looks at the
+/// raw `arguments` (the program's name first); does nothing for another subcommand.
+pub fn report_unparsed_run(arguments: &[String], error: &str) {
+    let Some(run) = unparsed_run(arguments) else {
+        return;
+    };
+    let mut report = RunReport::new(run.agent.as_deref().unwrap_or(""));
+    report.finish(EXIT_USAGE, Some(error.trim().to_owned()));
+    if let Some(path) = &run.metrics_file {
+        let written = install_recorder().and_then(|handle| {
+            fencepost::metrics::register_zeros(&report.agent);
+            metrics::counter!(LEDGER_WAITS, "agent" => report.agent.clone()).increment(0);
+            write_metrics(&handle, &report, Path::new(path))
+        });
+        if let Err(error) = written {
+            err!("fencepost: warning: {}", crate::one_line(&error));
+        }
+    }
+    if run.json {
+        match serde_json::to_string(&report) {
+            Ok(line) => out!("{line}"),
+            Err(error) => err!("fencepost: warning: cannot write the report as JSON: {error}"),
+        }
+    }
+}
+
+/// What the raw arguments of a `run` say of its report.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct UnparsedRun {
+    agent: Option<String>,
+    json: bool,
+    metrics_file: Option<String>,
+}
+
+/// The report options of `arguments` when their subcommand is `run` (the first argument that
+/// is neither an option nor an option's value); up to `--`, after which the command's own are.
+fn unparsed_run(arguments: &[String]) -> Option<UnparsedRun> {
+    const TAKES_VALUE: [&str; 5] = [
+        "--coordinator",
+        "--ledger",
+        "--device",
+        "--config",
+        "--log-format",
+    ];
+    let mut rest = arguments.iter().skip(1);
+    loop {
+        let argument = rest.next()?;
+        if TAKES_VALUE.contains(&argument.as_str()) {
+            rest.next();
+        } else if !argument.starts_with('-') {
+            if argument != "run" {
+                return None;
+            }
+            break;
+        }
+    }
+    let mut run = UnparsedRun::default();
+    let mut rest = rest.take_while(|argument| *argument != "--");
+    while let Some(argument) = rest.next() {
+        let (name, inline) = match argument.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_owned())),
+            None => (argument.as_str(), None),
+        };
+        match name {
+            "--json" => run.json = true,
+            "--metrics-file" => run.metrics_file = inline.or_else(|| rest.next().cloned()),
+            "--agent" => run.agent = inline.or_else(|| rest.next().cloned()),
+            _ => {}
+        }
+    }
+    Some(run)
 }
 
 /// Installs the Prometheus recorder that `--metrics-file` renders (duration histograms with
@@ -267,6 +346,51 @@ fn write_metrics(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strings(arguments: &[&str]) -> Vec<String> {
+        arguments.iter().map(|argument| (*argument).to_owned()).collect()
+    }
+
+    #[test]
+    fn cli_the_report_options_of_an_unparsed_run_are_found_up_to_the_command() {
+        let found = unparsed_run(&strings(&[
+            "fencepost",
+            "--coordinator",
+            "run",
+            "run",
+            "--agent=a",
+            "--json",
+            "--metrics-file",
+            "m.prom",
+            "--",
+            "--json",
+        ]));
+        assert_eq!(
+            found,
+            Some(UnparsedRun {
+                agent: Some("a".to_owned()),
+                json: true,
+                metrics_file: Some("m.prom".to_owned())
+            })
+        );
+        assert_eq!(
+            unparsed_run(&strings(&[
+                "fencepost",
+                "run",
+                "--agent",
+                "a",
+                "--",
+                "x",
+                "--json"
+            ])),
+            Some(UnparsedRun {
+                agent: Some("a".to_owned()),
+                ..UnparsedRun::default()
+            })
+        );
+        assert_eq!(unparsed_run(&strings(&["fencepost", "status", "--json"])), None);
+        assert_eq!(unparsed_run(&strings(&["fencepost"])), None);
+    }
 
     #[test]
     fn report_outcome_follows_the_exit_status() {

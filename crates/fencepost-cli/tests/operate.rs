@@ -668,3 +668,69 @@ fn status_says_a_killed_holder_process_is_gone_and_believes_no_other_process_wit
     impostor.kill().unwrap();
     impostor.wait().unwrap();
 }
+
+/// Issue 37, item 7: `run --json` and `--metrics-file` report every usage error, also those of
+/// the arguments' own parsing (an empty `--salt`, `--ttl 0.5s`), so that a metrics file from an
+/// earlier run never looks current; the gauges and the counters that stayed 0 are written on
+/// every exit (`fencepost_runs_in_doubt` after an exit 4 as after an exit 5).
+#[test]
+fn metrics_every_usage_error_and_every_exit_writes_the_report_and_its_zeros() {
+    let shared = Shared::sqlite();
+    let file = shared.path("fencepost.prom");
+    let file_arg = file.to_str().unwrap();
+    let ran = shared.run(
+        "host-1",
+        &run_args("mailer", "1", &["--metrics-file", file_arg], "true"),
+    );
+    assert_eq!(ran.status.code(), Some(0), "{}", text(&ran.stderr));
+    for bad in [&["--salt", ""][..], &["--ttl", "0.5s"]] {
+        let mut args = vec![
+            "run",
+            "--agent",
+            "mailer",
+            "--intent",
+            "i",
+            "--json",
+            "--metrics-file",
+            file_arg,
+        ];
+        args.extend_from_slice(bad);
+        args.extend(["--", "true"]);
+        let output = shared.run("host-1", &args);
+        assert_eq!(output.status.code(), Some(2), "{bad:?}: {}", text(&output.stderr));
+        let stdout = text(&output.stdout);
+        let report: serde_json::Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|error| panic!("{bad:?}: {error}: {stdout:?}"));
+        assert_eq!(report["outcome"], "usage_error", "{report}");
+        assert_eq!(report["agent"], "mailer", "{report}");
+        let metrics = scrape(&file);
+        assert_eq!(
+            sample(&metrics, "fencepost_run_exit_status", &[("agent", "mailer")]),
+            Some(2.0),
+            "{bad:?}"
+        );
+    }
+    // Exit 4: held by another host; every gauge and the zero counters are there.
+    let held = shared.run(
+        "host-2",
+        &["lease", "acquire", "--agent", "mailer", "--ttl", "1m"],
+    );
+    assert!(held.status.success(), "{}", text(&held.stderr));
+    let output = shared.run(
+        "host-1",
+        &run_args("mailer", "2", &["--metrics-file", file_arg], "true"),
+    );
+    assert_eq!(output.status.code(), Some(4), "{}", text(&output.stderr));
+    let metrics = scrape(&file);
+    let agent = [("agent", "mailer")];
+    assert_eq!(sample(&metrics, "fencepost_runs_in_doubt", &agent), Some(0.0));
+    for counter in [
+        "fencepost_lease_losses_total",
+        "fencepost_runs_left_in_doubt_total",
+        "fencepost_ledger_behind_total",
+        "fencepost_ledger_waits_total",
+    ] {
+        assert_eq!(sample(&metrics, counter, &agent), Some(0.0), "{counter}");
+    }
+    assert_eq!(sample(&metrics, "fencepost_leases_held", &agent), Some(0.0));
+}

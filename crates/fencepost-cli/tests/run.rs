@@ -131,8 +131,33 @@ fn ledger_resolve_records_an_in_doubt_runs_outcome() {
             "ledger", "resolve", "--agent", "billing", "--run", &run_id, "--as", "failed",
         ],
     );
-    assert_eq!(not_in_doubt.status.code(), Some(10));
+    // A usage error (issue 37, item 7), not damage: nothing is wrong with the ledger.
+    assert_eq!(not_in_doubt.status.code(), Some(2));
     assert!(text(&not_in_doubt.stderr).contains("is not in doubt"));
+    for (agent, run) in [
+        ("billing", "run-00000000000000000000000000000000"),
+        ("nobody", run_id.as_str()),
+    ] {
+        let output = shared.run(
+            "host-2",
+            &[
+                "ledger",
+                "resolve",
+                "--agent",
+                agent,
+                "--run",
+                run,
+                "--as",
+                "committed",
+            ],
+        );
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{agent} {run}: {}",
+            text(&output.stderr)
+        );
+    }
 }
 
 #[test]
@@ -374,4 +399,34 @@ fn settings_come_from_flags_then_variables_then_the_config_file_and_the_device_i
     );
     let renewed: serde_json::Value = serde_json::from_str(&text(&output.stdout)).unwrap();
     assert_eq!(renewed["holder"].as_str(), Some(first.as_str()));
+}
+
+/// Issue 37, item 7: exit 4 after `--wait` ran out says that it waited, not to use --wait.
+#[test]
+fn l1_exit_4_after_the_wait_ran_out_says_it_waited() {
+    let shared = Shared::sqlite();
+    let held = shared.run("laptop", &["lease", "acquire", "--agent", "milo", "--ttl", "1m"]);
+    assert!(held.status.success(), "{}", text(&held.stderr));
+    let output = shared.run(
+        "phone",
+        &[
+            "run", "--agent", "milo", "--intent", "x", "--salt", "1", "--wait", "1s", "--", "true",
+        ],
+    );
+    let message = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(4), "{message}");
+    assert!(!message.contains("use --wait"), "{message}");
+    assert!(message.contains("after waiting"), "{message}");
+    let output = shared.run(
+        "phone",
+        &[
+            "run", "--agent", "milo", "--intent", "x", "--salt", "1", "--", "true",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(4));
+    assert!(
+        text(&output.stderr).contains("use --wait"),
+        "{}",
+        text(&output.stderr)
+    );
 }

@@ -478,6 +478,11 @@ fn h3_moving_a_ledger_folder_into_the_database_runs_nothing_twice() {
     assert_eq!(stopped.status.code(), Some(2), "{}", text(&stopped.stderr));
     let message = text(&stopped.stderr);
     assert!(message.contains("fencepost ledger import"), "{message}");
+    // It says what the folder is (issue 37, item 7), not "an earlier fencepost's".
+    assert!(
+        message.contains("this host's embedded ledger folder"),
+        "{message}"
+    );
     // Naming the database ledger does not get past the stop (found by an adversarial run: it
     // ran the committed occurrence again).
     let mut named = vec!["--ledger", host.coordinator.as_str()];

@@ -859,3 +859,58 @@ fn k5_r1_fs_a_pruned_copy_with_the_old_files_identity_is_read_where_it_holds_wha
     assert!(next.problems.is_empty(), "{:?}", next.problems);
     assert_eq!(ids(&next.ops), ids(&ops[10..]));
 }
+
+/// K5, R1 (issue 37, case 2): the same when the pruned copy with the old file's identity is
+/// *shorter* than what was read (a prune that kept only the last records, before the writer
+/// appended more): it holds what was read from where it begins, so it is read on, not
+/// reported as a file that shrank (hosts pruning in loops on one folder were refused, "the
+/// file shrank from 516 to 344 bytes … was it replaced or truncated?"). A file cut short under
+/// its identity is still reported.
+#[test]
+fn k5_r1_fs_a_shorter_pruned_copy_with_the_old_files_identity_is_read_on_and_a_cut_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let ops = ops_of("phone", 12);
+    FsRelay::open(dir.path()).unwrap().push(&ops[..10]).unwrap();
+    let reader = FsRelay::open(dir.path()).unwrap();
+    assert_eq!(ids(&reader.pull(&Frontier::new()).unwrap().ops), ids(&ops[..10]));
+    let path = device_file(dir.path(), "phone");
+    let rewrite = |content: Vec<u8>| {
+        OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap()
+            .write_all(&content)
+            .unwrap();
+    };
+    // Records 0..9 removed, the last one read kept, and one more appended: shorter than the
+    // ten lines read.
+    rewrite(ops[9..11].iter().flat_map(line_of).collect());
+    let mut since = Frontier::new();
+    since.raise_to("phone", 10, Some(ops[9].op_id));
+    let next = reader.pull(&since).unwrap();
+    assert!(next.problems.is_empty(), "{:?}", next.problems);
+    assert_eq!(ids(&next.ops), ids(&ops[10..11]));
+    // Cut short in the middle of what was read: damage.
+    since.raise_to("phone", 11, Some(ops[10].op_id));
+    rewrite(ops[9..10].iter().flat_map(line_of).collect());
+    let cut = reader.pull(&since).unwrap();
+    assert_eq!(cut.problems.len(), 1, "{:?}", cut.problems);
+    assert_eq!(cut.problems[0].kind, ProblemKind::Damage, "{:?}", cut.problems);
+}
+
+/// R1 (issue 37, item 7): a device file's lock that another process holds past the wait says
+/// what an operator can do (there is no `lock_timeout_ms` flag, variable or config key to raise).
+#[test]
+fn r1_a_lock_timeout_says_what_the_operator_can_do() {
+    let error = RelayError::LockTimeout {
+        path: "/srv/ledger/devices/laptop.jsonl".into(),
+        waited_ms: 30_000,
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("fuser /srv/ledger/devices/laptop.jsonl"),
+        "{message}"
+    );
+    assert!(!message.contains("raise lock_timeout_ms"), "{message}");
+}

@@ -20,6 +20,8 @@ use crate::snapshot::{AttemptsMark, Snapshot, SnapshotBase, SnapshotError};
 
 #[path = "ledger/checkpoints.rs"]
 mod checkpoints;
+#[path = "ledger/compose.rs"]
+mod compose;
 #[path = "ledger/snapshot_lock.rs"]
 mod snapshot_lock;
 
@@ -229,6 +231,10 @@ pub struct Ledger {
     /// The checkpoint this ledger started from because device files begin after it (pruned),
     /// and the frontier where it ends.
     start_checkpoint: Option<(std::path::PathBuf, Frontier)>,
+    /// Whether the view started from a merge of checkpoints (rule K6), none of which covers
+    /// alone the records removed from the relay: written as a checkpoint once the open has read
+    /// the rest ([`Ledger::write_merged_start`]).
+    merged_start: bool,
     /// How many checkpoints the relay's [store](crate::relay::Relay::checkpoint_store) held when
     /// this ledger last listed them (`None`: not listed, or no store).
     stored_checkpoints: std::cell::Cell<Option<usize>>,
@@ -367,6 +373,7 @@ impl Ledger {
             checkpoint_marks: None,
             started_from: None,
             start_checkpoint: None,
+            merged_start: false,
             stored_checkpoints: std::cell::Cell::new(None),
         };
         if !relay.checks_records() {
@@ -427,6 +434,7 @@ impl Ledger {
         if let Some(head) = ledger.view.heads.get(device_id) {
             ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
         }
+        ledger.write_merged_start();
         ledger.save_snapshot();
         Ok(ledger)
     }
@@ -1072,6 +1080,18 @@ impl Ledger {
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.view.frontier.next_seq(device);
+                // A file that begins after what this reading has (pruned while it read, or
+                // after a checkpoint not here yet) is said already, and its records were not
+                // handed over: what the site saw is checked once they are (found by the test
+                // `k6_concurrent_prunes_on_one_folder_refuse_no_run_and_no_compaction`: this
+                // second problem made the gap look like other damage, which is not read again).
+                let gap = self.problems.iter().any(|problem| {
+                    problem.kind == crate::relay::ProblemKind::Pruned
+                        && problem.device_id.as_ref() == Some(device)
+                });
+                if gap && has < mark.next_seq {
+                    continue;
+                }
                 let detail = if has < mark.next_seq {
                     format!(
                         "this site has seen {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",

@@ -105,6 +105,20 @@ pub fn describe() {
     describe_counter!(RELAY_PULLED_RECORDS, "Records a ledger's pulls brought.");
 }
 
+/// Makes every counter above whose only label is `agent` (and those with no label) exist at
+/// zero for `agent_id`, and the [`LEASES_HELD`] gauge at 0 unless set: a textfile written at
+/// the end of a process then shows a count that stayed 0 as 0, not as a missing series (alert
+/// rules need no `absent()`). Counters labelled by an outcome appear with their first count.
+pub fn register_zeros(agent_id: &str) {
+    for name in [LEASE_LOSSES, RUNS_LEFT_IN_DOUBT, LEDGER_BEHIND] {
+        metrics::counter!(name, "agent" => agent_id.to_owned()).increment(0);
+    }
+    for name in [RELAY_PUSHED_RECORDS, RELAY_PULLED_RECORDS] {
+        metrics::counter!(name).increment(0);
+    }
+    metrics::gauge!(LEASES_HELD, "agent" => agent_id.to_owned()).increment(0.0);
+}
+
 /// Counts one occurrence of a counter with an `agent` label and one more label.
 pub(crate) fn count(name: &'static str, agent_id: &str, key: &'static str, value: &'static str) {
     metrics::counter!(name, "agent" => agent_id.to_owned(), key => value).increment(1);

@@ -5,11 +5,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use std::collections::BTreeMap;
+
 use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
 use crate::dispatch::DispatchError;
 use crate::fold::Forgetting;
-use crate::oplog::OpRecord;
+use crate::oplog::{HeadMark, OpId, OpRecord};
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
 
@@ -390,6 +392,13 @@ impl Ledger {
             self.checkpoint_unusable(&path, &problem);
             return None;
         }
+        // Device files that begin after records it does not cover (pruned after another
+        // checkpoint): the open starts from the checkpoints that cover them together (rule K6).
+        let starts = self.relay.log_starts().unwrap_or_default();
+        if !covers_starts(&file.base().heads, &starts) {
+            tracing::info!(checkpoint = %path.display(), "the best checkpoint does not cover every record removed from the logs; starting from the checkpoints that do");
+            return None;
+        }
         drop(file);
         // The empty snapshot is replaced by a checked copy of the checkpoint with its lock
         // exclusive (no other process has the file open; those that wait for it then find the
@@ -506,6 +515,8 @@ impl Ledger {
             return Ok(());
         };
         self.mirror_checkpoints(&dir, |_, _| true);
+        // The usable ones, best first; the first that covers every removed record alone.
+        let mut usable = Vec::new();
         for (named, path) in checkpoint::list(&dir).unwrap_or_default() {
             let Ok(mut file) = CheckpointFile::open(&path) else {
                 continue;
@@ -513,32 +524,36 @@ impl Ledger {
             if named.mismatch(&file).is_some() || file.check_pages().is_err() {
                 continue;
             }
-            let base = file.base().clone();
-            let base = &base;
-            let covers = starts.iter().all(|(device, (first, prev))| {
-                base.heads.iter().any(|head| {
-                    head.device_id == *device
-                        && (head.next_seq > *first
-                            || (head.next_seq == *first && head.last.map(|(id, _, _)| id) == Some(*prev)))
-                })
-            });
-            if !covers {
-                continue;
+            if covers_starts(&file.base().heads, &starts) {
+                let Some(view) = attested_view(&mut file) else {
+                    continue;
+                };
+                tracing::info!(checkpoint = %path.display(), "device files begin after a checkpoint: reading from it");
+                self.view = view;
+                self.started_from = Some(checkpoint::id_hex(&named.id));
+                self.start_checkpoint = Some((path, self.view.frontier.clone()));
+                return Ok(());
             }
-            let Some(mut view) = loaded_view(&mut file) else {
-                continue;
-            };
-            view.attested = base
-                .compactions
-                .iter()
-                .flat_map(|mark| mark.heads.iter().cloned())
-                .chain(base.compaction_heads())
-                .collect();
-            tracing::info!(checkpoint = %path.display(), "device files begin after a checkpoint: reading from it");
+            usable.push((path, file));
+        }
+        // None alone (hosts that pruned before a sync carried the others' records): the merge
+        // of those that together cover them (rule K6).
+        let merged = merge_covering(usable, &starts);
+        if let Some(Merged {
+            view,
+            parts,
+            covers: true,
+        }) = merged
+        {
+            tracing::info!(checkpoints = ?parts, "device files begin after records that several checkpoints cover, none alone: reading from their merge");
             self.view = view;
-            self.started_from = Some(checkpoint::id_hex(&named.id));
-            self.start_checkpoint = Some((path, self.view.frontier.clone()));
+            self.merged_start = true;
             return Ok(());
+        }
+        // Not covered even together: damage. Whatever commits and epochs the checkpoints here
+        // hold still count (a caller that accepts the damage runs none of those again).
+        if let Some(Merged { view, .. }) = merged {
+            self.view = view;
         }
         let lacking: Vec<String> = starts
             .iter()
@@ -550,12 +565,36 @@ impl Ledger {
             file: Some(dir.clone()),
             line_number: None,
             detail: format!(
-                "the checkpoints folder holds no usable checkpoint that covers the records removed from the logs ({} begin after a checkpoint): not synced here yet, removed or damaged; sync it, or write a new checkpoint with `fencepost ledger compact` on a host whose ledger is intact",
+                "the checkpoints folder holds no usable checkpoint (alone or merged with the others) that covers the records removed from the logs ({} begin after a checkpoint): not synced here yet, removed or damaged; sync it, or write a new checkpoint with `fencepost ledger compact` on a host whose ledger is intact",
                 lacking.join(", ")
             ),
         };
         self.checkpoint_damage = Some(problem);
         Ok(())
+    }
+
+    /// After an open that started from a merge of checkpoints ([`start_after_pruning`]), writes
+    /// that merge with every record read after it as a checkpoint of its own, so that other
+    /// sites (and this one's next processes) start from one file: the checkpoints it contains
+    /// go. Nothing is written on a damaged ledger, or when the merge forgets runs (a retention
+    /// is an operator's `ledger compact --forget-commits-older-than`); a failure only costs the
+    /// next open another merge.
+    ///
+    /// [`start_after_pruning`]: Self::start_after_pruning
+    pub(super) fn write_merged_start(&mut self) {
+        if !self.merged_start || self.view.forgotten.is_some() || !self.damage().is_empty() {
+            return;
+        }
+        match self.compact_with(&CompactOptions::default()) {
+            Ok(info) => {
+                tracing::info!(checkpoint = %info.path.display(), "wrote the merge of the checkpoints this ledger started from");
+                self.started_from = Some(info.id.clone());
+                self.start_checkpoint = Some((info.path, self.view.frontier.clone()));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot write the merge of the checkpoints this ledger started from; the next open merges them again");
+            }
+        }
     }
 
     /// Gives up this site's snapshot, whose loaded part is `base`, when a device file now
@@ -909,6 +948,105 @@ impl Drop for FreshCopies {
             let _ = std::fs::remove_dir_all(folder);
         }
     }
+}
+
+/// Whether checkpoint heads `heads` cover every record removed from the logs (`starts`: per
+/// device, the seq of its first stored record and the id that record names as its `prev`).
+fn covers_starts(heads: &[HeadMark], starts: &BTreeMap<String, (u64, OpId)>) -> bool {
+    starts
+        .iter()
+        .all(|(device, start)| covers_start(heads, device, *start))
+}
+
+/// Whether `heads` cover the records of `device` before its first stored record, `first`,
+/// which names `prev`.
+fn covers_start(heads: &[HeadMark], device: &str, (first, prev): (u64, OpId)) -> bool {
+    heads.iter().any(|head| {
+        head.device_id == device
+            && (head.next_seq > first
+                || (head.next_seq == first && head.last.map(|(id, _, _)| id) == Some(prev)))
+    })
+}
+
+/// How many records of `device` `heads` cover.
+fn reach(heads: &[HeadMark], device: &str) -> u64 {
+    heads
+        .iter()
+        .find(|head| head.device_id == device)
+        .map_or(0, |head| head.next_seq)
+}
+
+/// A checkpoint's view with its runs loaded, and the records it attests by place and id (its
+/// heads and its line's): what a view that starts from it no longer finds in the relay.
+fn attested_view(file: &mut CheckpointFile) -> Option<LedgerState> {
+    let mut view = loaded_view(file)?;
+    let base = file.base();
+    view.attested = base
+        .compactions
+        .iter()
+        .flat_map(|mark| mark.heads.iter().cloned())
+        .chain(base.compaction_heads())
+        .collect();
+    Some(view)
+}
+
+/// Checkpoints merged (rule K6): their view, their files, and whether they cover every record
+/// removed from the logs.
+struct Merged {
+    view: LedgerState,
+    parts: Vec<PathBuf>,
+    covers: bool,
+}
+
+/// The merge (rule K6) of checkpoints among `usable` (best first) that together cover every
+/// record removed from the logs (`starts`): each one taken covers more of a device that the
+/// merge does not cover yet. One that cannot be merged (not a view of the same ledger as the
+/// others: see [`LedgerState::merge_checkpoint`]) is left out. When they do not cover it all
+/// together, the merge of those that cover some of it ([`Merged::covers`] false); `None` when
+/// none does.
+fn merge_covering(
+    usable: Vec<(PathBuf, CheckpointFile)>,
+    starts: &BTreeMap<String, (u64, OpId)>,
+) -> Option<Merged> {
+    let mut merged: Option<Merged> = None;
+    let mut heads: Vec<HeadMark> = Vec::new();
+    for (path, mut file) in usable {
+        let adds = starts.iter().any(|(device, start)| {
+            !covers_start(&heads, device, *start) && reach(&file.base().heads, device) > reach(&heads, device)
+        });
+        if !adds {
+            continue;
+        }
+        let Some(view) = attested_view(&mut file) else {
+            continue;
+        };
+        let so_far = match &mut merged {
+            None => merged.insert(Merged {
+                view,
+                parts: Vec::new(),
+                covers: false,
+            }),
+            Some(so_far) => {
+                if let Err(reason) = so_far.view.merge_checkpoint(view) {
+                    tracing::warn!(checkpoint = %path.display(), %reason, "cannot merge this checkpoint with the others");
+                    continue;
+                }
+                so_far
+            }
+        };
+        so_far.parts.push(path);
+        heads = so_far
+            .view
+            .heads
+            .values()
+            .map(crate::oplog::LogHead::mark)
+            .collect();
+        if covers_starts(&heads, starts) {
+            so_far.covers = true;
+            break;
+        }
+    }
+    merged
 }
 
 fn loaded_view(file: &mut CheckpointFile) -> Option<LedgerState> {

@@ -294,6 +294,22 @@ impl FsRelay {
             entry.identity = identity;
             return self.refresh(name, entry, hand);
         }
+        if length < entry.verified_to && entry.identity.is_some() {
+            // Shorter under the same identity: a prune's new file that the file system gave
+            // the number of the one it replaced (removed, then reused), or a file cut short.
+            // The first holds what was read from where it begins; the second does not.
+            match self.relocate(entry) {
+                Ok(()) => {
+                    entry.identity = identity;
+                    return self.refresh(name, entry, hand);
+                }
+                Err(problem) if problem.kind == ProblemKind::Pruned => {
+                    entry.damage = Some(problem);
+                    return Ok(refresh);
+                }
+                Err(_) => {}
+            }
+        }
         entry.identity = identity;
         if length < entry.verified_to {
             entry.damage = Some(self.problem(entry, None, format!(

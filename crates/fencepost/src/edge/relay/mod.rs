@@ -346,7 +346,7 @@ pub enum RelayError {
         problem: RelayProblem,
     },
     /// Another process held a device file's lock for longer than the configured wait.
-    #[error("waited {waited_ms} ms for the lock on {path}; another process holds it (raise lock_timeout_ms, or look for a stuck process)")]
+    #[error("waited {waited_ms} ms for the lock on {path}; another process holds it: `fuser {path}` names it (a fencepost of this device stopped with SIGSTOP, or stuck on a slow disk): let it go on, or end it, and run again (in the library, FsRelayConfig::lock_timeout_ms sets the wait)")]
     LockTimeout {
         /// The file.
         path: PathBuf,

@@ -1,0 +1,289 @@
+//! Checkpoints compose (issue 37, rule K6) through the built binary: hosts whose ledger folders
+//! are synced by copying prune before the copies carried each other's latest records, then the
+//! copies catch up; every host, a new one included, goes on running new occurrences, refuses
+//! every committed one, and finds the ledger intact.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{text, Shared};
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+/// A host: its device id and its copy of the ledger folder.
+struct Host {
+    device: &'static str,
+    ledger: PathBuf,
+}
+
+impl Host {
+    fn new(shared: &Shared, device: &'static str) -> Self {
+        let ledger = shared.path(&format!("ledger-{device}"));
+        std::fs::create_dir_all(&ledger).unwrap();
+        Self { device, ledger }
+    }
+
+    fn run(&self, shared: &Shared, args: &[&str]) -> Output {
+        shared
+            .command(self.device, args)
+            .env("FENCEPOST_LEDGER", &self.ledger)
+            .output()
+            .unwrap()
+    }
+
+    /// `fencepost run` of `agent`'s job for `salt`, appending the salt to `effects`.
+    fn job(&self, shared: &Shared, agent: &str, salt: &str) -> Output {
+        let effect = format!(
+            "echo \"{salt} $FENCEPOST_DEVICE\" >> '{}'",
+            shared.path("effects").display()
+        );
+        self.run(
+            shared,
+            &[
+                "run", "--agent", agent, "--intent", "backup", "--salt", salt, "--ttl", "2s", "--wait",
+                "10s", "--", "sh", "-c", &effect,
+            ],
+        )
+    }
+
+    /// `fencepost run` of `agent-a`'s job for `salt` that accepts the damage of `devices` and
+    /// runs `effect`.
+    fn accepting(&self, shared: &Shared, salt: &str, devices: &[&str], effect: &str) -> Output {
+        let mut args = vec![
+            "run", "--agent", "agent-a", "--intent", "backup", "--salt", salt, "--ttl", "2s",
+        ];
+        for device in devices {
+            args.extend(["--accept-damaged", device]);
+        }
+        args.extend(["--", "sh", "-c", effect]);
+        self.run(shared, &args)
+    }
+
+    fn commit(&self, shared: &Shared, agent: &str, salt: &str) {
+        let output = self.job(shared, agent, salt);
+        assert_eq!(
+            code(&output),
+            0,
+            "{salt} on {}: {}",
+            self.device,
+            text(&output.stderr)
+        );
+    }
+}
+
+/// Copies what a sync tool would carry from `from`'s folder to `to`'s: `from`'s own device
+/// file, and every checkpoint `to` lacks.
+fn sync(from: &Host, to: &Host) {
+    let file = |host: &Host| host.ledger.join("devices").join(format!("{}.jsonl", from.device));
+    std::fs::create_dir_all(to.ledger.join("devices")).unwrap();
+    if file(from).exists() {
+        std::fs::copy(file(from), file(to)).unwrap();
+    }
+    copy_checkpoints(&from.ledger, &to.ledger);
+}
+
+fn copy_checkpoints(from: &Path, to: &Path) {
+    let Ok(entries) = std::fs::read_dir(from.join("checkpoints")) else {
+        return;
+    };
+    std::fs::create_dir_all(to.join("checkpoints")).unwrap();
+    for entry in entries {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with("checkpoint-") {
+            continue;
+        }
+        let target = to.join("checkpoints").join(&name);
+        if !target.exists() {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn copy_folder(from: &Path, to: &Path) {
+    for sub in ["devices", "checkpoints"] {
+        std::fs::create_dir_all(to.join(sub)).unwrap();
+        for entry in std::fs::read_dir(from.join(sub)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), to.join(sub).join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+fn assert_once(shared: &Shared) {
+    let mut salts: Vec<String> = shared
+        .effects()
+        .iter()
+        .map(|line| line.split(' ').next().unwrap_or_default().to_owned())
+        .collect();
+    let all = salts.len();
+    salts.sort();
+    salts.dedup();
+    assert_eq!(salts.len(), all, "an effect ran twice: {:?}", shared.effects());
+}
+
+/// K6 (issue 37, case 1): two hosts each prune before the copies of the folder carried the
+/// other's latest records, then the copies sync both ways. Every host — the two, and a new host
+/// with a copy of the folder — runs new occurrences (exit 0), refuses every committed one
+/// (exit 3), compacts, and finds the ledger intact; nothing ran twice.
+#[test]
+fn k6_hosts_that_pruned_before_a_sync_carried_each_others_records_all_go_on() {
+    let shared = Shared::sqlite();
+    let alpha = Host::new(&shared, "alpha");
+    let beta = Host::new(&shared, "beta");
+    let mut committed: Vec<(&str, String)> = Vec::new();
+    for day in 0..3 {
+        for (host, agent) in [(&alpha, "agent-a"), (&beta, "agent-b")] {
+            let salt = format!("{agent}-day-{day}");
+            host.commit(&shared, agent, &salt);
+            committed.push((agent, salt));
+        }
+    }
+    sync(&alpha, &beta);
+    sync(&beta, &alpha);
+    // Offline from each other: more runs, then each prunes its own file.
+    for day in 3..6 {
+        for (host, agent) in [(&alpha, "agent-a"), (&beta, "agent-b")] {
+            let salt = format!("{agent}-day-{day}");
+            host.commit(&shared, agent, &salt);
+            committed.push((agent, salt));
+        }
+    }
+    for host in [&alpha, &beta] {
+        let output = host.run(&shared, &["ledger", "compact", "--prune"]);
+        assert_eq!(
+            code(&output),
+            0,
+            "compact on {}: {}",
+            host.device,
+            text(&output.stderr)
+        );
+    }
+    // The copies catch up, both ways.
+    sync(&alpha, &beta);
+    sync(&beta, &alpha);
+    let gamma = Host::new(&shared, "gamma");
+    copy_folder(&alpha.ledger, &gamma.ledger);
+    // The advice the refusal used to give, taken on the new host: every commit is in one of
+    // the checkpoints there, so nothing runs again (it ran a committed occurrence again).
+    let effect = format!("echo again >> '{}'", shared.path("effects").display());
+    let output = gamma.accepting(&shared, "agent-a-day-4", &["alpha", "beta"], &effect);
+    assert_ne!(
+        code(&output),
+        0,
+        "a committed run ran again: {}",
+        text(&output.stderr)
+    );
+
+    for (host, agent) in [(&alpha, "agent-a"), (&beta, "agent-b"), (&gamma, "agent-c")] {
+        let salt = format!("{agent}-after-{}", host.device);
+        let output = host.job(&shared, agent, &salt);
+        assert_eq!(
+            code(&output),
+            0,
+            "a new occurrence on {}: {}",
+            host.device,
+            text(&output.stderr)
+        );
+    }
+    for host in [&alpha, &beta, &gamma] {
+        for (agent, salt) in &committed {
+            let output = host.job(&shared, agent, salt);
+            assert_eq!(
+                code(&output),
+                3,
+                "{salt} on {} (committed before): {}",
+                host.device,
+                text(&output.stderr)
+            );
+        }
+    }
+    // The copies catch up with those runs too; then every host's ledger is whole.
+    for from in [&alpha, &beta, &gamma] {
+        for to in [&alpha, &beta, &gamma] {
+            if from.device != to.device {
+                sync(from, to);
+            }
+        }
+    }
+    for host in [&alpha, &beta, &gamma] {
+        for args in [&["ledger", "verify"][..], &["ledger", "compact"], &["status"]] {
+            let output = host.run(&shared, args);
+            assert_eq!(
+                code(&output),
+                0,
+                "{args:?} on {}: {}{}",
+                host.device,
+                text(&output.stdout),
+                text(&output.stderr)
+            );
+        }
+    }
+    assert_once(&shared);
+    assert_eq!(shared.effects().len(), committed.len() + 3);
+}
+
+/// Issue 37, item 4: a host whose copy holds a pruned file but not yet the checkpoint that
+/// covers its first records is refused without advice to accept the damage (the records are
+/// not lost); accepting it anyway runs nothing that a checkpoint it can read holds committed;
+/// once the checkpoint arrives, it runs on.
+#[test]
+fn k6_a_pruned_file_ahead_of_its_checkpoint_is_refused_without_advice_to_accept_it_and_accepting_it_runs_no_commit_again(
+) {
+    let shared = Shared::sqlite();
+    let alpha = Host::new(&shared, "alpha");
+    let beta = Host::new(&shared, "beta");
+    let mut early = Vec::new();
+    for day in 0..3 {
+        let salt = format!("agent-a-day-{day}");
+        alpha.commit(&shared, "agent-a", &salt);
+        early.push(salt);
+    }
+    sync(&alpha, &beta);
+    // beta's checkpoint covers alpha's early commits; alpha's own covers the later ones too.
+    let output = beta.run(&shared, &["ledger", "compact"]);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    alpha.commit(&shared, "agent-a", "agent-a-day-3");
+    let output = alpha.run(&shared, &["ledger", "compact", "--prune"]);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    // A new host gets alpha's pruned file and beta's checkpoint, not alpha's checkpoint yet.
+    let gamma = Host::new(&shared, "gamma");
+    std::fs::create_dir_all(gamma.ledger.join("devices")).unwrap();
+    std::fs::copy(
+        alpha.ledger.join("devices/alpha.jsonl"),
+        gamma.ledger.join("devices/alpha.jsonl"),
+    )
+    .unwrap();
+    copy_checkpoints(&beta.ledger, &gamma.ledger);
+    let output = gamma.job(&shared, "agent-a", "agent-a-day-4");
+    let message = text(&output.stderr);
+    assert_eq!(code(&output), 10, "{message}");
+    assert!(
+        !message.contains("--accept-damaged"),
+        "advises what may run commits again: {message}"
+    );
+    let again = shared.path("effects-again");
+    let effect = format!("echo again >> '{}'", again.display());
+    for salt in &early {
+        let output = gamma.accepting(&shared, salt, &["alpha"], &effect);
+        assert_ne!(
+            code(&output),
+            0,
+            "{salt}, committed in a checkpoint here, ran again: {}",
+            text(&output.stderr)
+        );
+    }
+    assert!(!again.exists(), "a committed run ran again");
+    // The checkpoint arrives: every committed run is refused, a new one runs.
+    copy_checkpoints(&alpha.ledger, &gamma.ledger);
+    for salt in early.iter().map(String::as_str).chain(["agent-a-day-3"]) {
+        let output = gamma.job(&shared, "agent-a", salt);
+        assert_eq!(code(&output), 3, "{salt}: {}", text(&output.stderr));
+    }
+    gamma.commit(&shared, "agent-a", "agent-a-day-4");
+    assert_once(&shared);
+}
