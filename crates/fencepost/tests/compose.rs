@@ -257,3 +257,48 @@ proptest! {
         }
     }
 }
+
+/// K6, K3 (found by an adversarial test): a checkpoint of another ledger whose device ids are
+/// this one's, and whose head sits on the record a pruned file keeps, is not taken for this
+/// ledger's (alone, or in a merge): it names another record before the file's first one. The
+/// ledger is damaged (nothing runs) instead of holding the other ledger's commits.
+#[test]
+fn k6_k3_another_ledgers_checkpoint_that_reaches_a_pruned_files_start_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_000);
+    let open = |folder: &Path, snapshot: Option<&str>| {
+        let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(folder).unwrap());
+        let mut options = LedgerOptions::default();
+        if let Some(name) = snapshot {
+            options = options.snapshot(dir.path().join(name));
+        }
+        Ledger::open_with("beta", clock.wall_clock(), relay, options).unwrap()
+    };
+    let ours = dir.path().join("ours");
+    let theirs = dir.path().join("theirs");
+    for (folder, prefix) in [(&ours, "ours"), (&theirs, "theirs")] {
+        for index in 0..3 {
+            clock.advance(1);
+            let intent = Intent::new("milo", format!("{prefix}-{index}"), 1, IntentStatus::Committed);
+            open(folder, None).record(&intent).unwrap();
+        }
+    }
+    open(&ours, None)
+        .compact_with(&CompactOptions::default().prune())
+        .unwrap();
+    for checkpoint in checkpoints(&ours) {
+        std::fs::remove_file(checkpoint).unwrap();
+    }
+    open(&theirs, None).compact().unwrap();
+    for checkpoint in checkpoints(&theirs) {
+        carry_checkpoint(&checkpoint, &ours);
+    }
+    for snapshot in [None, Some("snapshot.sqlite")] {
+        let mut ledger = open(&ours, snapshot);
+        assert!(!ledger.damage().is_empty(), "snapshot {snapshot:?}: no damage");
+        assert!(
+            ledger.committed_run("milo", "theirs-0").is_none(),
+            "snapshot {snapshot:?}: another ledger's commit"
+        );
+    }
+}

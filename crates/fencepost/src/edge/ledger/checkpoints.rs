@@ -11,7 +11,7 @@ use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
 use crate::dispatch::DispatchError;
 use crate::fold::Forgetting;
-use crate::oplog::{HeadMark, OpId, OpRecord};
+use crate::oplog::{OpId, OpRecord};
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
 
@@ -395,7 +395,7 @@ impl Ledger {
         // Device files that begin after records it does not cover (pruned after another
         // checkpoint): the open starts from the checkpoints that cover them together (rule K6).
         let starts = self.relay.log_starts().unwrap_or_default();
-        if !covers_starts(&file.base().heads, &starts) {
+        if !base_view(file.base()).is_some_and(|view| covers_starts(&view, &starts)) {
             tracing::info!(checkpoint = %path.display(), "the best checkpoint does not cover every record removed from the logs; starting from the checkpoints that do");
             return None;
         }
@@ -524,7 +524,7 @@ impl Ledger {
             if named.mismatch(&file).is_some() || file.check_pages().is_err() {
                 continue;
             }
-            if covers_starts(&file.base().heads, &starts) {
+            if base_view(file.base()).is_some_and(|view| covers_starts(&view, &starts)) {
                 let Some(view) = attested_view(&mut file) else {
                     continue;
                 };
@@ -950,43 +950,60 @@ impl Drop for FreshCopies {
     }
 }
 
-/// Whether checkpoint heads `heads` cover every record removed from the logs (`starts`: per
-/// device, the seq of its first stored record and the id that record names as its `prev`).
-fn covers_starts(heads: &[HeadMark], starts: &BTreeMap<String, (u64, OpId)>) -> bool {
-    starts
-        .iter()
-        .all(|(device, start)| covers_start(heads, device, *start))
-}
-
-/// Whether `heads` cover the records of `device` before its first stored record, `first`,
-/// which names `prev`.
-fn covers_start(heads: &[HeadMark], device: &str, (first, prev): (u64, OpId)) -> bool {
-    heads.iter().any(|head| {
-        head.device_id == device
-            && (head.next_seq > first
-                || (head.next_seq == first && head.last.map(|(id, _, _)| id) == Some(prev)))
-    })
-}
-
-/// How many records of `device` `heads` cover.
-fn reach(heads: &[HeadMark], device: &str) -> u64 {
-    heads
-        .iter()
-        .find(|head| head.device_id == device)
-        .map_or(0, |head| head.next_seq)
-}
-
-/// A checkpoint's view with its runs loaded, and the records it attests by place and id (its
-/// heads and its line's): what a view that starts from it no longer finds in the relay.
-fn attested_view(file: &mut CheckpointFile) -> Option<LedgerState> {
-    let mut view = loaded_view(file)?;
-    let base = file.base();
-    view.attested = base
-        .compactions
+/// The records a checkpoint attests by place and id: its heads and its line's, what a view
+/// that starts from it no longer finds in the relay.
+fn attested_of(base: &SnapshotBase) -> std::collections::BTreeSet<(String, u64, OpId)> {
+    base.compactions
         .iter()
         .flat_map(|mark| mark.heads.iter().cloned())
         .chain(base.compaction_heads())
-        .collect();
+        .collect()
+}
+
+/// A checkpoint's loaded part as a view, without its runs, with what it attests: what its
+/// heads and the ids it knows are compared with (`covers_starts`, `contradicts_starts`).
+fn base_view(base: &SnapshotBase) -> Option<LedgerState> {
+    let mut view = LedgerState::restored(base).ok()?;
+    view.attested = attested_of(base);
+    Some(view)
+}
+
+/// Whether `view` covers every record removed from the logs (`starts`: per device, the seq of
+/// its first stored record and the id that record names as its `prev`).
+fn covers_starts(view: &LedgerState, starts: &BTreeMap<String, (u64, OpId)>) -> bool {
+    starts
+        .iter()
+        .all(|(device, start)| covers_start(view, device, *start))
+}
+
+/// Whether `view` covers the records of `device` before its first stored record, `first`,
+/// which names `prev`: it reaches it, and where it knows the record before it, that record is
+/// `prev` (found by an adversarial test: a checkpoint of another ledger with the same device
+/// ids, whose head sat on the kept record, was taken for this one's: a run that never ran here
+/// was "already committed", and a commit was lost).
+fn covers_start(view: &LedgerState, device: &str, (first, prev): (u64, OpId)) -> bool {
+    view.frontier.next_seq(device) >= first && !contradicts_start(view, device, (first, prev))
+}
+
+/// Whether `view` names another record than the files do before the first record of some
+/// device (another ledger's checkpoint, or a device whose log was replaced since).
+fn contradicts_starts(view: &LedgerState, starts: &BTreeMap<String, (u64, OpId)>) -> bool {
+    starts
+        .iter()
+        .any(|(device, start)| contradicts_start(view, device, *start))
+}
+
+fn contradicts_start(view: &LedgerState, device: &str, (first, prev): (u64, OpId)) -> bool {
+    first
+        .checked_sub(1)
+        .and_then(|before| view.known_id(device, before))
+        .is_some_and(|known| known != prev)
+}
+
+/// A checkpoint's view with its runs loaded, and the records it attests.
+fn attested_view(file: &mut CheckpointFile) -> Option<LedgerState> {
+    let mut view = loaded_view(file)?;
+    view.attested = attested_of(file.base());
     Some(view)
 }
 
@@ -1009,10 +1026,22 @@ fn merge_covering(
     starts: &BTreeMap<String, (u64, OpId)>,
 ) -> Option<Merged> {
     let mut merged: Option<Merged> = None;
-    let mut heads: Vec<HeadMark> = Vec::new();
     for (path, mut file) in usable {
+        let Some(candidate) = base_view(file.base()) else {
+            continue;
+        };
+        if contradicts_starts(&candidate, starts) {
+            tracing::warn!(checkpoint = %path.display(), "the checkpoint names other records than the device files here (another ledger's?); not used");
+            continue;
+        }
         let adds = starts.iter().any(|(device, start)| {
-            !covers_start(&heads, device, *start) && reach(&file.base().heads, device) > reach(&heads, device)
+            merged
+                .as_ref()
+                .is_none_or(|so_far| !covers_start(&so_far.view, device, *start))
+                && candidate.frontier.next_seq(device)
+                    > merged
+                        .as_ref()
+                        .map_or(0, |so_far| so_far.view.frontier.next_seq(device))
         });
         if !adds {
             continue;
@@ -1035,13 +1064,7 @@ fn merge_covering(
             }
         };
         so_far.parts.push(path);
-        heads = so_far
-            .view
-            .heads
-            .values()
-            .map(crate::oplog::LogHead::mark)
-            .collect();
-        if covers_starts(&heads, starts) {
+        if covers_starts(&so_far.view, starts) {
             so_far.covers = true;
             break;
         }
