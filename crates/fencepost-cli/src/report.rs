@@ -152,8 +152,7 @@ pub fn run_reporting(args: RunArgs) -> Result<i32> {
         None => None,
     };
     if prometheus.is_some() {
-        fencepost::metrics::register_zeros(&args.agent);
-        metrics::counter!(LEDGER_WAITS, "agent" => args.agent.clone()).increment(0);
+        register_zeros(&args.agent);
     }
     let mut report = RunReport::new(&args.agent);
     let outcome = Settings::resolve(&args.global).and_then(|settings| {
@@ -191,8 +190,7 @@ pub fn report_unparsed_run(arguments: &[String], error: &str) {
     report.finish(EXIT_USAGE, Some(error.trim().to_owned()));
     if let Some(path) = &run.metrics_file {
         let written = install_recorder().and_then(|handle| {
-            fencepost::metrics::register_zeros(&report.agent);
-            metrics::counter!(LEDGER_WAITS, "agent" => report.agent.clone()).increment(0);
+            register_zeros(&report.agent);
             write_metrics(&handle, &report, Path::new(path))
         });
         if let Err(error) = written {
@@ -205,6 +203,13 @@ pub fn report_unparsed_run(arguments: &[String], error: &str) {
             Err(error) => err!("fencepost: warning: cannot write the report as JSON: {error}"),
         }
     }
+}
+
+/// The library's counters of `agent` that stayed 0, and this binary's, written as 0
+/// ([`fencepost::metrics::register_zeros`]).
+fn register_zeros(agent: &str) {
+    fencepost::metrics::register_zeros(agent);
+    metrics::counter!(LEDGER_WAITS, "agent" => agent.to_owned()).increment(0);
 }
 
 /// What the raw arguments of a `run` say of its report.

@@ -1,11 +1,10 @@
 //! A ledger's use of the shared checkpoints ([`crate::checkpoint`]): writing one, starting from
 //! one, and checking them against the records they cover.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-
-use std::collections::BTreeMap;
 
 use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
@@ -385,17 +384,21 @@ impl Ledger {
                 return None;
             }
         };
-        let problem = named
-            .mismatch(&file)
-            .or_else(|| LedgerState::restored(file.base()).err());
-        if let Some(problem) = problem {
-            self.checkpoint_unusable(&path, &problem);
-            return None;
-        }
+        let view = match named.mismatch(&file) {
+            Some(problem) => Err(problem),
+            None => base_view(file.base()),
+        };
+        let view = match view {
+            Ok(view) => view,
+            Err(problem) => {
+                self.checkpoint_unusable(&path, &problem);
+                return None;
+            }
+        };
         // Device files that begin after records it does not cover (pruned after another
         // checkpoint): the open starts from the checkpoints that cover them together (rule K6).
         let starts = self.relay.log_starts().unwrap_or_default();
-        if !base_view(file.base()).is_some_and(|view| covers_starts(&view, &starts)) {
+        if !covers_starts(&view, &starts) {
             tracing::info!(checkpoint = %path.display(), "the best checkpoint does not cover every record removed from the logs; starting from the checkpoints that do");
             return None;
         }
@@ -524,17 +527,20 @@ impl Ledger {
             if named.mismatch(&file).is_some() || file.check_pages().is_err() {
                 continue;
             }
-            if base_view(file.base()).is_some_and(|view| covers_starts(&view, &starts)) {
-                let Some(view) = attested_view(&mut file) else {
+            let Ok(mut view) = base_view(file.base()) else {
+                continue;
+            };
+            if covers_starts(&view, &starts) {
+                if load_runs(&mut view, &mut file).is_none() {
                     continue;
-                };
+                }
                 tracing::info!(checkpoint = %path.display(), "device files begin after a checkpoint: reading from it");
                 self.view = view;
                 self.started_from = Some(checkpoint::id_hex(&named.id));
                 self.start_checkpoint = Some((path, self.view.frontier.clone()));
                 return Ok(());
             }
-            usable.push((path, file));
+            usable.push((path, file, view));
         }
         // None alone (hosts that pruned before a sync carried the others' records): the merge
         // of those that together cover them (rule K6).
@@ -962,10 +968,17 @@ fn attested_of(base: &SnapshotBase) -> std::collections::BTreeSet<(String, u64, 
 
 /// A checkpoint's loaded part as a view, without its runs, with what it attests: what its
 /// heads and the ids it knows are compared with (`covers_starts`, `contradicts_starts`).
-fn base_view(base: &SnapshotBase) -> Option<LedgerState> {
-    let mut view = LedgerState::restored(base).ok()?;
+fn base_view(base: &SnapshotBase) -> Result<LedgerState, String> {
+    let mut view = LedgerState::restored(base)?;
     view.attested = attested_of(base);
-    Some(view)
+    Ok(view)
+}
+
+/// Folds a checkpoint's runs into `view`, its loaded part ([`base_view`]); `None` when a run
+/// cannot be read.
+fn load_runs(view: &mut LedgerState, file: &mut CheckpointFile) -> Option<()> {
+    file.for_each_run(|agent, run, summary| view.state.merge_summary(agent, run, summary))
+        .ok()
 }
 
 /// Whether `view` covers every record removed from the logs (`starts`: per device, the seq of
@@ -1000,13 +1013,6 @@ fn contradicts_start(view: &LedgerState, device: &str, (first, prev): (u64, OpId
         .is_some_and(|known| known != prev)
 }
 
-/// A checkpoint's view with its runs loaded, and the records it attests.
-fn attested_view(file: &mut CheckpointFile) -> Option<LedgerState> {
-    let mut view = loaded_view(file)?;
-    view.attested = attested_of(file.base());
-    Some(view)
-}
-
 /// Checkpoints merged (rule K6): their view, their files, and whether they cover every record
 /// removed from the logs.
 struct Merged {
@@ -1022,33 +1028,24 @@ struct Merged {
 /// together, the merge of those that cover some of it ([`Merged::covers`] false); `None` when
 /// none does.
 fn merge_covering(
-    usable: Vec<(PathBuf, CheckpointFile)>,
+    usable: Vec<(PathBuf, CheckpointFile, LedgerState)>,
     starts: &BTreeMap<String, (u64, OpId)>,
 ) -> Option<Merged> {
     let mut merged: Option<Merged> = None;
-    for (path, mut file) in usable {
-        let Some(candidate) = base_view(file.base()) else {
-            continue;
-        };
-        if contradicts_starts(&candidate, starts) {
+    for (path, mut file, mut view) in usable {
+        if contradicts_starts(&view, starts) {
             tracing::warn!(checkpoint = %path.display(), "the checkpoint names other records than the device files here (another ledger's?); not used");
             continue;
         }
+        let so_far = merged.as_ref().map(|merged| &merged.view);
         let adds = starts.iter().any(|(device, start)| {
-            merged
-                .as_ref()
-                .is_none_or(|so_far| !covers_start(&so_far.view, device, *start))
-                && candidate.frontier.next_seq(device)
-                    > merged
-                        .as_ref()
-                        .map_or(0, |so_far| so_far.view.frontier.next_seq(device))
+            let reach = |view: Option<&LedgerState>| view.map_or(0, |view| view.frontier.next_seq(device));
+            !so_far.is_some_and(|so_far| covers_start(so_far, device, *start))
+                && reach(Some(&view)) > reach(so_far)
         });
-        if !adds {
+        if !adds || load_runs(&mut view, &mut file).is_none() {
             continue;
         }
-        let Some(view) = attested_view(&mut file) else {
-            continue;
-        };
         let so_far = match &mut merged {
             None => merged.insert(Merged {
                 view,
@@ -1073,9 +1070,8 @@ fn merge_covering(
 }
 
 fn loaded_view(file: &mut CheckpointFile) -> Option<LedgerState> {
-    let mut view = LedgerState::restored(&file.base().clone()).ok()?;
-    file.for_each_run(|agent, run, summary| view.state.merge_summary(agent, run, summary))
-        .ok()?;
+    let mut view = LedgerState::restored(file.base()).ok()?;
+    load_runs(&mut view, file)?;
     Some(view)
 }
 
