@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use fencepost::clock::system_clock;
@@ -16,7 +16,7 @@ use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
 use fencepost::ledger::{CompactOptions, Retention};
 use fencepost::oplog::{OpRecord, Surface};
-use fencepost::relay::{Frontier, ProblemKind};
+use fencepost::relay::{Frontier, ProblemKind, RelayError};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
@@ -63,6 +63,12 @@ pub struct RunArgs {
     /// told, for this host's ledger to receive what the previous holders recorded (exit 7).
     #[arg(long, default_value = "0s", value_parser = parse_duration_ms, value_name = "DURATION")]
     wait: u64,
+    /// How long to keep trying to write the command's outcome to the ledger (a database
+    /// restarting, a lost connection) before it is queued on this host instead: the next
+    /// fencepost command of this host that writes to the ledger, or `fencepost ledger flush`,
+    /// writes it (`fencepost status` lists what is queued). Never dropped.
+    #[arg(long, default_value = "30s", value_parser = parse_duration_ms, value_name = "DURATION")]
+    outcome_wait: u64,
     /// Stop the command if it still runs after this long (SIGTERM to its process group, SIGKILL
     /// after --kill-after): exit 1, and unless it still exits 0 the run is in doubt (it may have
     /// done part of its effect).
@@ -131,6 +137,11 @@ fn open_ledger_with(
         );
     }
     let mut options = LedgerOptions::default().seen_file(settings.seen_file()?);
+    if access == Access::Write {
+        // What this host could not write before (an outcome while the database was away) is
+        // written first, and nothing is decided while it cannot be.
+        options = options.outbox(settings.outbox_file()?);
+    }
     if snapshot {
         if let Some(path) = settings.snapshot_file()? {
             options = options.snapshot(path);
@@ -236,28 +247,70 @@ impl std::fmt::Display for PrunedMeanwhile {
 
 impl std::error::Error for PrunedMeanwhile {}
 
-/// `fencepost run`: an attempt, started over (up to 3 times) when a device file was pruned
-/// while it read the ledger, before its command (found by an adversarial test: hosts pruning
-/// while others ran stopped healthy runs with exit 10, as damage). The last attempt reports
-/// such a file as damage.
+/// `fencepost run`: an attempt, started over before its command ran when a device file was
+/// pruned while it read the ledger (up to 3 times; found by an adversarial test: hosts pruning
+/// while others ran stopped healthy runs with exit 10, as damage), and when the database failed
+/// in a way that passes by itself (a restart, PgBouncer refusing logins meanwhile, a lost
+/// connection: [`transient`]) while `--wait` lasts. The last attempt reports what stopped it.
 pub fn run(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Result<i32> {
-    const ATTEMPTS: u32 = 4;
-    for attempt in 1..=ATTEMPTS {
-        match run_attempt(settings, args, report) {
-            Err(error) if attempt < ATTEMPTS && error.chain().any(|cause| cause.is::<PrunedMeanwhile>()) => {
+    const PRUNED_ATTEMPTS: u32 = 4;
+    let deadline = Instant::now() + Duration::from_millis(args.wait);
+    let mut pruned = 0;
+    let mut pause = Duration::from_millis(100);
+    let mut told = false;
+    loop {
+        match run_attempt(settings, args, report, deadline) {
+            Err(error)
+                if pruned + 1 < PRUNED_ATTEMPTS
+                    && error.chain().any(|cause| cause.is::<PrunedMeanwhile>()) =>
+            {
+                pruned += 1;
                 tracing::debug!(
-                    attempt,
+                    attempt = pruned,
                     "a device file was pruned while the ledger read it; starting over"
                 );
-                std::thread::sleep(Duration::from_millis(50 * u64::from(attempt)));
+                std::thread::sleep(Duration::from_millis(50 * u64::from(pruned)));
+            }
+            Err(error) if transient(&error) && Instant::now() + pause < deadline => {
+                if !told {
+                    told = true;
+                    err!(
+                        "fencepost: {}; trying again while --wait lasts",
+                        crate::one_line(&error)
+                    );
+                }
+                tracing::debug!(error = %crate::one_line(&error), "a failure that may pass; starting over");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
             }
             ended => return ended,
         }
     }
-    unreachable!("the last attempt returns whatever it ends with")
 }
 
-fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Result<i32> {
+/// Whether `error` may pass by itself ([`RelayError::is_transient`],
+/// [`LeaseError::is_transient`], [`DispatchError::is_transient`]): a database or pooler that
+/// restarts, refuses logins for a while, lost the connection or did not answer in time.
+pub(crate) fn transient(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<RelayError>().is_some_and(RelayError::is_transient)
+            || cause.downcast_ref::<LeaseError>().is_some_and(LeaseError::is_transient)
+            || cause.downcast_ref::<DispatchError>().is_some_and(DispatchError::is_transient)
+            || matches!(cause.downcast_ref::<KeeperError>(), Some(KeeperError::Lease(error)) if error.is_transient())
+    })
+}
+
+/// What is left of the time until `deadline`, in ms.
+fn remaining_ms(deadline: Instant) -> u64 {
+    u64::try_from(deadline.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
+}
+
+fn run_attempt(
+    settings: &Settings,
+    args: &RunArgs,
+    report: &mut RunReport,
+    deadline: Instant,
+) -> Result<i32> {
     if args.ttl < MIN_TTL_MS {
         crate::usage!(
             "--ttl {} ms is too short: at least {} ms, so that the lease can be renewed while the command runs",
@@ -349,15 +402,13 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
     // gave the lease back (it used to end it holding the lease for the whole --ttl, so every
     // other host was refused until then). One during a wait for the lease ends the wait.
     let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
-    let started = std::time::Instant::now();
     report.started_acquiring();
     let acquire = |ledger_epoch: u64| {
-        let waited = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         LeaseKeeper::builder(coordinator.shared(), agent, &settings.device)
             .config(config)
             .ledger_epoch(ledger_epoch)
             .stop_waiting_when(signals.came())
-            .wait_to_acquire(args.wait.saturating_sub(waited))
+            .wait_to_acquire(remaining_ms(deadline))
     };
     let mut acquired = acquire(ledger.state().fencing_epoch(agent));
     // A seam for the tests (debug builds only): hold the window just after the grant open, so
@@ -451,7 +502,7 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
     // Rule H3: nothing runs until this host's ledger has every record the earlier holders
     // published (their `pending`s and outcomes): waited for within --wait, holding the lease.
     // From here on the lease is held: a signal gives it back before fencepost ends.
-    let waited = wait_for_ledger(&keeper, &mut ledger, settings, &signals, started, args.wait);
+    let waited = wait_for_ledger(&keeper, &mut ledger, settings, &signals, deadline);
     report.waited_for_ledger();
     match waited {
         Ok(LedgerWait::Ready) => {}
@@ -587,7 +638,14 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
             refuse_damage(&ledger, settings)?;
             bail!("the ledger is damaged")
         }
-        Err(error) => return Err(error).context(format!("{run_id} of {agent} could not be dispatched")),
+        Err(error) => {
+            // Nothing ran. What the attempt recorded (its `pending`, and the `failed` that
+            // settles it) is written, or queued on this host, so that it is not left in doubt.
+            if let Err(unstored) = store_outcome(settings, &mut ledger, remaining_ms(deadline)) {
+                tracing::warn!(error = %crate::one_line(&unstored), "could not write nor queue the record of an attempt that did not run");
+            }
+            return Err(error).context(format!("{run_id} of {agent} could not be dispatched"));
+        }
     };
     match shutdown {
         Err(error) => {
@@ -602,34 +660,37 @@ fn run_attempt(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> R
         }
         Ok(_) => {}
     }
-    let mut unstored = false;
-    if ledger.unsent() > 0 {
-        // Once more, through the ledger opened again: this one may no longer continue the
-        // device's log (another process of this device id appended and a prune removed those
-        // records since this one read: found by a flaky test, the outcome of a run was lost).
-        match open_ledger_with(settings, Access::Write, false, true)
-            .and_then(|mut fresh| Ok(ledger.flush_through(&mut fresh)?))
-        {
-            Ok(stored) => tracing::info!(stored, "stored the outcome through the ledger opened again"),
-            Err(error) => {
-                err!(
-                    "fencepost: warning: could not store the outcome through the ledger opened again either ({})",
-                    crate::one_line(&error)
-                );
-                unstored = true;
+    let ran = if outcome.executed() {
+        "ran, but its outcome"
+    } else {
+        "did not run; its record"
+    };
+    match store_outcome(settings, &mut ledger, args.outcome_wait) {
+        Ok(Stored::Written) => {}
+        Ok(Stored::Queued {
+            count,
+            path,
+            cause,
+            passes,
+        }) => {
+            report.queued = count;
+            let queued = format!(
+                "{run_id} of {agent} {ran} could not be written to {} ({cause}); it is queued on this host in {} ({}), and the next fencepost command of this host that writes to the ledger, or `fencepost ledger flush`, writes it",
+                settings.ledger_label(),
+                path.display(),
+                plural(count as u64, "record")
+            );
+            if !passes {
+                // The ledger needs a repair first: until then the run is in doubt elsewhere.
+                bail!("{queued} once the ledger is repaired; until then other hosts find the run in doubt");
             }
+            err!("fencepost: warning: {queued} (it did not come back within --outcome-wait)");
         }
-    }
-    if unstored || ledger.unsent() > 0 {
-        let ran = if outcome.executed() {
-            "ran, but its outcome"
-        } else {
-            "did not run; its record"
-        };
-        bail!(
-            "{run_id} of {agent} {ran} could not be written to {} (see the warnings above); the run stays in doubt until `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` records it",
-            settings.ledger_label()
-        );
+        Err(error) => bail!(
+            "{run_id} of {agent} {ran} could not be written to {}, nor queued on this host ({}); the run stays in doubt until `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` records it",
+            settings.ledger_label(),
+            crate::one_line(&error)
+        ),
     }
     Ok(match outcome {
         DispatchOutcome::Executed { result: Ok(()), .. } => EXIT_RAN_OK,
@@ -704,6 +765,84 @@ It may have done its effect, or part of it, so it is in doubt: check, then recor
     })
 }
 
+/// Where [`store_outcome`] put the records of a run.
+enum Stored {
+    /// In the ledger (or there was nothing to write).
+    Written,
+    /// On this host, in the outbox, for the next command (the ledger could not be written);
+    /// `passes`: whether the cause may pass by itself (else the ledger needs repair first).
+    Queued {
+        count: usize,
+        path: PathBuf,
+        cause: String,
+        passes: bool,
+    },
+}
+
+/// Writes the records of the run that are not in the ledger yet (its outcome), trying again
+/// for `wait_ms` while the failure may pass by itself, through this ledger and then through
+/// the ledger opened again (this one may no longer continue the device's log: another process
+/// of this device id appended and a prune removed those records since it read: found by a
+/// flaky test, the outcome of a run was lost); then queues them on this host (the outbox).
+fn store_outcome(settings: &Settings, ledger: &mut Ledger, wait_ms: u64) -> Result<Stored> {
+    if ledger.unsent() == 0 {
+        return Ok(Stored::Written);
+    }
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let within = |deadline: Instant| deadline.saturating_duration_since(Instant::now());
+    let (mut cause, mut passes) = match ledger.flush_within(within(deadline)) {
+        Ok(_) => return Ok(Stored::Written),
+        Err(error) => (error.to_string(), error.is_transient()),
+    };
+    err!("fencepost: warning: could not write the outcome ({cause}); trying through the ledger opened again");
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match open_ledger_with(settings, Access::Write, false, true) {
+            Ok(mut fresh) => {
+                // The records move to `fresh`, and stay in its queue if it cannot write them.
+                let written = match ledger.flush_through(&mut fresh) {
+                    Err(error) if error.is_transient() => fresh.flush_within(within(deadline)),
+                    other => other,
+                };
+                return match written {
+                    Ok(_) => {
+                        tracing::info!("stored the outcome through the ledger opened again");
+                        Ok(Stored::Written)
+                    }
+                    Err(error) => queue(&mut fresh, error.to_string(), error.is_transient()),
+                };
+            }
+            Err(error) if transient(&error) && Instant::now() + pause < deadline => {
+                (cause, passes) = (crate::one_line(&error), true);
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => {
+                if transient(&error) {
+                    (cause, passes) = (crate::one_line(&error), true);
+                }
+                return queue(ledger, cause, passes);
+            }
+        }
+    }
+}
+
+/// Queues the ledger's unwritten records on this host ([`Ledger::queue_unsent`]).
+fn queue(ledger: &mut Ledger, cause: String, passes: bool) -> Result<Stored> {
+    let Some(path) = ledger.outbox_file().map(Path::to_path_buf) else {
+        bail!("the ledger could not be written ({cause}), and it has no outbox to queue the records in");
+    };
+    let count = ledger
+        .queue_unsent()
+        .with_context(|| format!("the ledger could not be written ({cause})"))?;
+    Ok(Stored::Queued {
+        count,
+        path,
+        cause,
+        passes,
+    })
+}
+
 /// How often `run` syncs its ledger while it waits for what the previous holders published.
 const LEDGER_POLL: Duration = Duration::from_millis(200);
 
@@ -724,10 +863,8 @@ fn wait_for_ledger(
     ledger: &mut Ledger,
     settings: &Settings,
     signals: &Signals,
-    started: std::time::Instant,
-    wait_ms: u64,
+    deadline: Instant,
 ) -> Result<LedgerWait> {
-    let deadline = started + Duration::from_millis(wait_ms);
     let mut told = false;
     loop {
         // Read right after the grant by the keeper; asked again only when that read failed.
@@ -1069,6 +1206,15 @@ pub enum LedgerCommand {
         #[arg(long)]
         prune: bool,
     },
+    /// Write what this host queued because the ledger could not be written then (the outcome of
+    /// a command that ran while the database was away; `fencepost status` lists it). Every
+    /// `fencepost run` of this host does it first. Exit 0 when nothing is left queued, 10 when
+    /// the ledger still cannot be written (nothing queued is lost).
+    Flush {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Record the outcome of an in-doubt run after checking what really happened.
     Resolve {
         /// The agent whose run it is.
@@ -1111,6 +1257,65 @@ fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease>
         );
         Default::default()
     })
+}
+
+/// The TTL of the lease `ledger resolve` holds while it records an outcome.
+const RESOLVE_TTL_MS: u64 = 30_000;
+
+/// Takes `agent`'s lease for `ledger resolve`, and brings the ledger up to what its holders
+/// published (rule H3: another operator's resolution included). Refused while the lease is live:
+/// at the attempt's epoch the run may still be running; at another, another run or operator
+/// holds it.
+fn hold_to_resolve(
+    settings: &Settings,
+    agent: &str,
+    run: &str,
+    doubt: &fencepost::dispatch::InDoubtRun,
+    ledger: &mut Ledger,
+) -> Result<LeaseKeeper> {
+    let cannot_tell = || {
+        format!(
+            "cannot tell whether {run} of {agent} is still running; resolve it once you know its lease (epoch {}, {}) has ended, with --force",
+            doubt.epoch, doubt.device_id
+        )
+    };
+    let coordinator = settings.coordinator().with_context(cannot_tell)?;
+    let acquired = LeaseKeeper::builder(coordinator.shared(), agent, &settings.device)
+        .config(KeeperConfig::new(RESOLVE_TTL_MS))
+        .ledger_epoch(ledger.state().fencing_epoch(agent))
+        .acquire();
+    let keeper = match acquired {
+        Ok(keeper) => keeper,
+        Err(KeeperError::Lease(LeaseError::Held { holder, epoch, .. })) if epoch == doubt.epoch => bail!(
+            "{run} of {agent} may still be running: {holder} holds the lease at its epoch {epoch}, and it is live. Resolve it once that lease ends, or pass --force"
+        ),
+        Err(KeeperError::Lease(LeaseError::Held { holder, epoch, .. })) => bail!(
+            "{agent} is held by {holder} at epoch {epoch} (another run, or another operator resolving): resolve {run} once that lease ends, or pass --force"
+        ),
+        Err(error) => return Err(error).with_context(cannot_tell),
+    };
+    let published = match keeper.handed_over() {
+        Some(frontier) => Ok(frontier),
+        None => coordinator.published_frontier(agent),
+    };
+    let caught_up = published
+        .context("cannot read what the holders published")
+        .and_then(|published| Ok((ledger.sync().map(|_| ())?, published)))
+        .map(|((), published)| ledger.behind(&published));
+    match caught_up {
+        Ok(missing) if missing.is_empty() => Ok(keeper),
+        Ok(missing) => {
+            release_quietly(&keeper);
+            bail!(
+                "this host's ledger lacks what the holders of {agent} recorded ({}); resolve {run} once it has synced",
+                describe_missing(&missing)
+            )
+        }
+        Err(error) => {
+            release_quietly(&keeper);
+            Err(error)
+        }
+    }
 }
 
 /// The live lease of each agent, or why the coordinator could not say.
@@ -1193,6 +1398,22 @@ pub(crate) fn run_rows(
 pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     match command {
         LedgerCommand::Verify { json } => return verify(settings, json),
+        LedgerCommand::Flush { json } => {
+            let ledger = open_ledger_to_write(settings)?;
+            let stored = ledger.stored_from_outbox();
+            if json {
+                out!("{}", json!({"stored": stored, "ledger": settings.ledger_label()}));
+            } else if stored == 0 {
+                out!("nothing of this host was queued for {}", settings.ledger_label());
+            } else {
+                out!(
+                    "wrote {} queued on this host to {}",
+                    plural(stored as u64, "record"),
+                    settings.ledger_label()
+                );
+            }
+            return Ok(EXIT_RAN_OK);
+        }
         LedgerCommand::Import { from } => return import(settings, &from),
         LedgerCommand::Compact {
             json,
@@ -1228,28 +1449,45 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                     "{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)"
                 );
             };
-            if !force {
-                let live = listed_live_leases(settings).with_context(|| {
-                    format!("cannot tell whether {run} of {agent} is still running; resolve it once you know its lease (epoch {}, {}) has ended, with --force", doubt.epoch, doubt.device_id)
-                })?;
-                if let Some(lease) = live.get(&agent) {
-                    if lease.epoch == doubt.epoch {
-                        bail!(
-                            "{run} of {agent} may still be running: {} holds the lease at its epoch {}, and it is live. Resolve it once that lease ends, or pass --force",
-                            lease.holder,
-                            lease.epoch
-                        );
-                    }
+            // Under the agent's lease (unless --force), so that two operators resolving one run
+            // at once take turns: the second finds it resolved (found by an adversarial test:
+            // both were told their opposite outcomes were recorded).
+            let keeper = if force {
+                None
+            } else {
+                Some(hold_to_resolve(settings, &agent, &run, &doubt, &mut ledger)?)
+            };
+            if keeper.is_some() && ledger.in_doubt_run(&agent, &run, u64::MAX).is_none() {
+                if let Some(keeper) = &keeper {
+                    release_quietly(keeper);
                 }
+                crate::usage!(
+                    "{run} of {agent} is no longer in doubt: an outcome was recorded meanwhile (another operator?); see `fencepost ledger runs --agent {agent}`"
+                );
             }
             let settled = if outcome == "committed" {
                 RunOutcome::Committed
             } else {
                 RunOutcome::Failed
             };
-            ledger
-                .resolve(&agent, &run, settled)
-                .context("cannot write the outcome to the ledger folder")?;
+            let resolved = ledger.resolve(&agent, &run, settled);
+            if let Some(keeper) = &keeper {
+                // Published with the release (rule H2): the next holder waits for it.
+                keeper.pushed(&ledger.pushed());
+                if let Err(error) = keeper.shutdown() {
+                    err!("fencepost: warning: could not release the lease of {agent} ({error:#}); it ends with its TTL");
+                }
+            }
+            resolved.with_context(|| format!("cannot write the outcome to {}", settings.ledger_label()))?;
+            // With --force, another record may have settled it differently meanwhile: a commit
+            // stands whatever else is recorded.
+            if settled == RunOutcome::Failed
+                && ledger.sync().is_ok()
+                && ledger.committed_run(&agent, &run).is_some()
+            {
+                err!("fencepost: {run} of {agent} was recorded failed, but another record commits it, and a commit stands (see `fencepost ledger runs --agent {agent}`)");
+                return Ok(EXIT_RAN_FAILED);
+            }
             out!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
             if let Some(older) = ledger.in_doubt_run(&agent, &run, u64::MAX) {
                 out!(

@@ -29,6 +29,9 @@ pub const LEDGER_WAITS: &str = "fencepost_ledger_waits_total";
 /// Metric: the agent's runs in doubt in this host's ledger when the run ended (gauge; label
 /// `agent`).
 pub const RUNS_IN_DOUBT: &str = "fencepost_runs_in_doubt";
+/// Metric: records of the agent's last run queued on this host, not yet in the ledger (gauge;
+/// label `agent`).
+pub const RUN_QUEUED: &str = "fencepost_run_queued_records";
 
 /// The durations of a run's phases, in milliseconds (absent when the run did not get there).
 #[derive(Debug, Default, Clone, Serialize)]
@@ -68,6 +71,9 @@ pub struct RunReport {
     pub in_doubt: bool,
     /// The agent's runs in doubt in this host's ledger at the end.
     pub runs_in_doubt: Option<usize>,
+    /// How many records of the run (its outcome) are queued on this host, not yet in the ledger
+    /// (`--outcome-wait` ran out; the next command, or `fencepost ledger flush`, writes them).
+    pub queued: usize,
     /// The holder that refused the lease (exit 4).
     pub holder: Option<String>,
     /// The error (exit 2 and 10).
@@ -287,11 +293,29 @@ fn install_recorder() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
         "Waits for this host's ledger to receive what earlier holders published."
     );
     metrics::describe_gauge!(
+        RUN_QUEUED,
+        "Records of the agent's last run queued on this host because the ledger could not be written (--outcome-wait ran out)."
+    );
+    metrics::describe_gauge!(
         RUNS_IN_DOUBT,
         "The agent's runs in doubt in this host's ledger when the run ended."
     );
     Ok(handle)
 }
+
+/// Every value of [`RunReport::outcome`].
+const OUTCOMES: [&str; 10] = [
+    "succeeded",
+    "failed",
+    "usage_error",
+    "already_committed",
+    "held_elsewhere",
+    "in_doubt",
+    "lease_lost",
+    "ledger_behind",
+    "signalled",
+    "error",
+];
 
 /// Sets the run's gauges, renders every metric and replaces `path` with them atomically (a
 /// temporary file beside it, renamed over it: the textfile collector never reads half a file).
@@ -316,7 +340,12 @@ fn write_metrics(
     }
     let now_ms = fencepost::clock::system_clock()();
     metrics::gauge!(RUN_END_TIMESTAMP, "agent" => agent.clone()).set(now_ms as f64 / 1000.0);
-    metrics::gauge!(RUN_OUTCOME, "agent" => agent.clone(), "outcome" => report.outcome).set(1.0);
+    // Every outcome, 1 for the one the run had and 0 for the others (no series left missing).
+    for outcome in OUTCOMES {
+        let value = if outcome == report.outcome { 1.0 } else { 0.0 };
+        metrics::gauge!(RUN_OUTCOME, "agent" => agent.clone(), "outcome" => outcome).set(value);
+    }
+    metrics::gauge!(RUN_QUEUED, "agent" => agent.clone()).set(report.queued as f64);
     if let Some(count) = report.runs_in_doubt {
         metrics::gauge!(RUNS_IN_DOUBT, "agent" => agent).set(count as f64);
     }

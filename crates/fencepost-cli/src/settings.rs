@@ -303,6 +303,30 @@ impl Settings {
         )))
     }
 
+    /// The name of this host's files about the ledger and device (the seen file's).
+    fn site_file_name(&self) -> Result<String> {
+        Ok(self
+            .seen_file()?
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default())
+    }
+
+    /// Where this site keeps the records it could not store in the ledger yet (the outcome of a
+    /// command that ran while the database was away), per ledger and device, until a command
+    /// stores them (`run`, `ledger flush`).
+    pub fn outbox_file(&self) -> Result<PathBuf> {
+        let name = self.site_file_name()?;
+        let folder = data_dir()?.join("outbox");
+        std::fs::create_dir_all(&folder).with_context(|| {
+            format!(
+                "cannot create {}, where this host keeps outcomes it could not write to the ledger yet",
+                folder.display()
+            )
+        })?;
+        Ok(folder.join(name))
+    }
+
     /// A short name of the ledger for this host's files about it: the first 8 bytes of the
     /// SHA-256 of its folder or file (canonical) or its URL without the password, in hex.
     fn ledger_key(&self) -> String {
@@ -320,11 +344,7 @@ impl Settings {
     /// `None` (said on stderr) when the folder cannot be made: the command then reads the whole
     /// ledger, as it would without a snapshot.
     pub fn snapshot_file(&self) -> Result<Option<PathBuf>> {
-        let seen = self.seen_file()?;
-        let name = seen
-            .file_name()
-            .map(|name| name.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = self.site_file_name()?;
         let folder = data_dir()?.join("snapshots");
         if let Err(error) = std::fs::create_dir_all(&folder) {
             tracing::warn!(folder = %folder.display(), %error, "cannot create the folder of this host's snapshots of ledgers; reading the whole ledger");

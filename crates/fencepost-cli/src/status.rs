@@ -33,13 +33,49 @@ fn run_json(row: &RunRow, at_ms: Option<u64>) -> Value {
     })
 }
 
-/// `fencepost status`.
+/// The records queued on this host that the ledger does not have yet (outcomes written while
+/// the database was away: [`fencepost::ledger::read_outbox`]), as `status` lists them.
+fn queued_here(settings: &Settings, agent: Option<&str>) -> Result<(std::path::PathBuf, Vec<Value>)> {
+    let path = settings.outbox_file()?;
+    let records = fencepost::ledger::read_outbox(&path)?;
+    let values = records
+        .iter()
+        .filter(|record| record.device_id == settings.device)
+        .map(|record| match record.intent() {
+            Some(intent) => json!({
+                "agent_id": intent.agent_id, "run_id": intent.run_id, "epoch": intent.epoch,
+                "status": intent.status.as_str(),
+            }),
+            None => json!({"surface": record.surface, "payload": record.payload}),
+        })
+        .filter(|value| agent.is_none_or(|agent| value["agent_id"].as_str().is_none_or(|of| of == agent)))
+        .collect();
+    Ok((path, values))
+}
+
+/// `fencepost status`: what [`report`] says; when the coordinator or the ledger cannot be read,
+/// what is queued on this host is said with the error.
 pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
     if let Some(agent) = &args.agent {
         if let Err(error) = fencepost::id::validate_id(fencepost::id::IdKind::Agent, agent) {
             crate::usage!("--agent {agent:?}: {error}");
         }
     }
+    let (outbox, queued) = queued_here(settings, args.agent.as_deref())?;
+    report(settings, args, &queued).inspect_err(|_| {
+        if !queued.is_empty() {
+            err!(
+                "fencepost: {} of this host wait in {} for the ledger (`fencepost ledger flush` writes them)",
+                plural(queued.len() as u64, "queued record"),
+                outbox.display()
+            );
+        }
+    })
+}
+
+/// The leases joined with the ledger's runs, and the ledger's health (exit 1 when it is damaged,
+/// behind, or records of this host wait in its outbox).
+fn report(settings: &Settings, args: &StatusArgs, queued: &[Value]) -> Result<i32> {
     let coordinator = settings.coordinator()?;
     // Leases expire by the coordinator's clock; commits are stamped by the hosts' wall clocks.
     let now_ms = coordinator.now_ms();
@@ -160,7 +196,7 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
         )
         .collect();
     let devices = ledger.view().frontier().iter().count();
-    let healthy = damage.is_empty() && !behind_any;
+    let healthy = damage.is_empty() && !behind_any && queued.is_empty();
     let data_directory = data_dir().map(|dir| dir.display().to_string()).ok();
     let ledger_kind = match settings.ledger_kind {
         crate::settings::LedgerKind::Folder => "folder",
@@ -180,6 +216,7 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
                 },
                 "coordinator_now_ms": now_ms,
                 "agents": agent_values,
+                "queued": queued,
             })
         );
         return Ok(if healthy { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
@@ -257,6 +294,15 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
             );
         }
     }
+    for record in queued {
+        out!(
+            "queued on this host, not yet in the ledger: {} of {} {} at epoch {} (`fencepost ledger flush` writes it)",
+            record["run_id"].as_str().unwrap_or("a record"),
+            record["agent_id"].as_str().unwrap_or("?"),
+            record["status"].as_str().unwrap_or(""),
+            record["epoch"]
+        );
+    }
     out!("");
     if healthy {
         out!("ledger health: intact, and up to date with what the holders published");
@@ -265,23 +311,22 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
     for problem in &damage {
         out!("damaged: {}", problem["detail"].as_str().unwrap_or_default());
     }
-    out!(
-        "ledger health: {}{}",
-        if damage.is_empty() {
-            String::new()
-        } else {
-            format!("damaged ({})", plural(damage.len() as u64, "problem"))
-        },
-        if behind_any {
-            if damage.is_empty() {
-                "behind what the holders published (a sync still copying, or a ledger not shared)"
-            } else {
-                "; behind what the holders published"
-            }
-        } else {
-            ""
-        }
-    );
+    let mut health = Vec::new();
+    if !damage.is_empty() {
+        health.push(format!("damaged ({})", plural(damage.len() as u64, "problem")));
+    }
+    if behind_any {
+        health.push(
+            "behind what the holders published (a sync still copying, or a ledger not shared)".to_owned(),
+        );
+    }
+    if !queued.is_empty() {
+        health.push(format!(
+            "behind this host, which holds {} it could not write yet",
+            plural(queued.len() as u64, "record")
+        ));
+    }
+    out!("ledger health: {}", health.join("; "));
     Ok(EXIT_RAN_FAILED)
 }
 

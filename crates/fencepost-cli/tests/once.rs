@@ -796,8 +796,10 @@ fn l5_lease_acquire_raises_the_epoch_floor_from_the_ledger() {
     assert_eq!(lease["epoch"], 6, "{lease}");
 }
 
-/// R1: an outcome that cannot be written is never dropped silently: fencepost says so, exits 10,
-/// and the run stays in doubt (its `pending` is in the ledger).
+/// R1, D2: an outcome that cannot be written for a cause that does not pass (a damaged device
+/// file) is never dropped: fencepost says so, exits 10, and queues it on the host; the run is in
+/// doubt elsewhere (its `pending` is in the ledger) until `ledger flush` writes it after the
+/// repair.
 #[test]
 fn r1_an_outcome_that_cannot_be_written_is_reported_and_the_run_stays_in_doubt() {
     let shared = Shared::sqlite();
@@ -821,6 +823,11 @@ fn r1_an_outcome_that_cannot_be_written_is_reported_and_the_run_stays_in_doubt()
     assert!(runs.contains("in-doubt"), "{runs}");
     let again = shared.run("host-2", &run_args("a", "1", &[], &["true"]));
     assert_eq!(code(&again), 5, "{}", text(&again.stderr));
+    assert!(message.contains("queued on this host"), "{message}");
+    let flushed = shared.run("host-1", &["ledger", "flush"]);
+    assert_eq!(code(&flushed), 0, "{}", text(&flushed.stderr));
+    let again = shared.run("host-2", &run_args("a", "1", &[], &["true"]));
+    assert_eq!(code(&again), 3, "committed once written: {}", text(&again.stderr));
 }
 
 /// D2: a command killed by a signal fencepost did not send (an operator's `kill -9`, the OOM

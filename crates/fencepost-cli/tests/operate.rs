@@ -107,8 +107,17 @@ fn metrics_run_writes_prometheus_text_with_the_counters_of_each_layer() {
     );
     assert_eq!(
         sample(&metrics, "fencepost_dispatches_total", &agent),
-        None,
-        "nothing dispatched"
+        Some(0.0),
+        "nothing dispatched: every outcome counted at 0"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "fencepost_run_outcome",
+            &[("agent", "nightly"), ("outcome", "succeeded")]
+        ),
+        Some(0.0),
+        "every outcome there, 0 for the others"
     );
     let leftovers: Vec<_> = std::fs::read_dir(shared.folder.path())
         .unwrap()

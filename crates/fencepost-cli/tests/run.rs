@@ -160,6 +160,70 @@ fn ledger_resolve_records_an_in_doubt_runs_outcome() {
     }
 }
 
+/// Issue 37, item 7 (rule D2): two operators resolving one run at once with opposite outcomes
+/// take turns under the agent's lease: one is told it was recorded, the other that it was
+/// resolved meanwhile (or is being resolved), and the ledger holds one outcome.
+#[test]
+fn d2_two_operators_resolving_one_run_at_once_are_not_both_told_it_was_recorded() {
+    let shared = Shared::sqlite();
+    for round in 0..5 {
+        let salt = format!("{round}");
+        common::kill_mid_command(
+            &shared,
+            "host-1",
+            &[
+                "run", "--agent", "billing", "--intent", "charge", "--salt", &salt, "--ttl", "1s",
+            ],
+            "true",
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1_100));
+        let runs: serde_json::Value =
+            serde_json::from_str(&text(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout)).unwrap();
+        let run_id = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|run| run["status"] == "in-doubt")
+            .and_then(|run| run["run_id"].as_str())
+            .unwrap()
+            .to_owned();
+        let resolvers: Vec<_> = [("host-2", "committed"), ("host-3", "failed")]
+            .into_iter()
+            .map(|(host, outcome)| {
+                let args = [
+                    "ledger", "resolve", "--agent", "billing", "--run", &run_id, "--as", outcome,
+                ];
+                (outcome, shared.spawn(host, &args))
+            })
+            .collect();
+        let ended: Vec<_> = resolvers
+            .into_iter()
+            .map(|(outcome, child)| (outcome, child.wait_with_output().unwrap()))
+            .collect();
+        let recorded: Vec<&str> = ended
+            .iter()
+            .filter(|(_, output)| output.status.success())
+            .map(|(outcome, _)| *outcome)
+            .collect();
+        assert_eq!(recorded.len(), 1, "round {round}: {ended:?}");
+        let (_, refused) = ended.iter().find(|(_, output)| !output.status.success()).unwrap();
+        let told = text(&refused.stderr);
+        assert!(
+            told.contains("no longer in doubt") || told.contains("another operator resolving"),
+            "round {round}: {told}"
+        );
+        let runs: serde_json::Value =
+            serde_json::from_str(&text(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout)).unwrap();
+        let run = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|run| run["run_id"] == run_id.as_str())
+            .unwrap();
+        assert_eq!(run["status"], recorded[0], "round {round}: {run}");
+    }
+}
+
 #[test]
 fn lease_commands_acquire_renew_release_current_list_with_json() {
     let shared = Shared::sqlite();

@@ -11,18 +11,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::postgres::{admin, fresh_database, in_database, server_url};
 use common::{killed_host_leaves_an_in_doubt_run, text, three_hosts_at_once, Shared};
 use postgres::{Client, NoTls};
-
-fn server_url() -> String {
-    std::env::var("FENCEPOST_POSTGRES_URL").expect(
-        "FENCEPOST_POSTGRES_URL is not set: these tests need a PostgreSQL server (scripts/test starts one)",
-    )
-}
-
-fn admin() -> Client {
-    Client::connect(&server_url(), NoTls).expect("cannot connect to the test server")
-}
 
 /// `fencepost admin migrate` against the server, as its superuser (the explicit admin step).
 fn migrate() {
@@ -584,29 +575,11 @@ fn l7_an_outcome_is_written_after_the_server_closed_the_idle_ledger_connection()
     assert_eq!(host.effects().len(), 1);
 }
 
-/// `url` naming `database` instead of its own.
-fn in_database(url: &str, database: &str) -> String {
-    let (before, after) = url.rsplit_once('/').expect("a URL with a database");
-    let query = after
-        .split_once('?')
-        .map_or(String::new(), |(_, query)| format!("?{query}"));
-    format!("{before}/{database}{query}")
-}
-
-/// A database of the test's own, migrated (`fencepost admin migrate`, as the superuser): the
-/// ledger's tables would otherwise be shared by every test. Returns the URL the hosts use (through
-/// the pooler when one is set; it forwards any database).
+/// A database of the test's own, migrated: the ledger's tables would otherwise be shared by
+/// every test. Returns the URL the hosts use (through the pooler when one is set; it forwards
+/// any database).
 fn own_database(test: &str) -> String {
-    let name = format!("fp_{test}_{}", std::process::id());
-    let mut admin = admin();
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .unwrap();
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    let folder = tempfile::tempdir().unwrap();
-    let migrator = Shared::with(folder, in_database(&server_url(), &name), "admin");
-    let output = migrator.run("admin-host", &["admin", "migrate"]);
-    assert!(output.status.success(), "migrate: {}", text(&output.stderr));
+    let name = fresh_database(test);
     let hosts = std::env::var("FENCEPOST_POSTGRES_COORDINATOR_URL").unwrap_or_else(|_| server_url());
     in_database(&hosts, &name)
 }

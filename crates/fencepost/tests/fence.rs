@@ -124,6 +124,7 @@ impl FailingCoordinator {
             backend: "test",
             message: "storage is down".into(),
             may_have_applied: false,
+            transient: true,
             source: None,
         })
     }

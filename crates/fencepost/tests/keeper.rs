@@ -53,6 +53,7 @@ impl LeaseCoordinator for Flaky {
                 backend: "flaky",
                 message: "connection reset".into(),
                 may_have_applied: false,
+                transient: true,
                 source: None,
             }))
         } else {
@@ -750,6 +751,7 @@ fn renewal_machine_renews_retries_and_loses_by_the_config_alone() {
             backend: "test",
             message: "connection reset".into(),
             may_have_applied: false,
+            transient: true,
             source: None,
         }))
     };
@@ -827,6 +829,7 @@ fn l5_acquisition_machine_raises_the_floor_once_then_retries_within_the_wait() {
             backend: "test",
             message: "connection reset".into(),
             may_have_applied: false,
+            transient: true,
             source: None,
         })
     };

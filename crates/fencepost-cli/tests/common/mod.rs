@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+pub mod postgres;
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

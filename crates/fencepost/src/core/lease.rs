@@ -80,6 +80,11 @@ pub struct BackendError {
     pub message: String,
     /// Whether the operation may have taken effect.
     pub may_have_applied: bool,
+    /// Whether the failure may pass by itself: the server or a pooler in front of it
+    /// restarting, refusing logins for a while, a lost connection, no answer in time, a lock
+    /// held by another writer. Trying again (after a pause) may succeed; a wrong password, a
+    /// missing schema or a corrupt row will not.
+    pub transient: bool,
     /// The underlying error, if any.
     #[source]
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
@@ -155,6 +160,14 @@ pub enum LeaseError {
         /// The last epoch (or floor) it has.
         last_epoch: u64,
     },
+}
+
+impl LeaseError {
+    /// Whether trying again later may succeed: a storage failure that may pass by itself
+    /// ([`BackendError::transient`]). A verdict (held, lost) and bad input are not.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LeaseError::Backend(error) if error.transient)
+    }
 }
 
 /// A linearizable compare-and-swap register of leases, one per agent.

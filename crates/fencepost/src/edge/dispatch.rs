@@ -147,6 +147,40 @@ pub enum DispatchError {
         #[source]
         source: std::io::Error,
     },
+    /// The outbox ([`LedgerOptions::outbox`](crate::ledger::LedgerOptions::outbox)) could not
+    /// be read, locked or written, or a line of it is damaged. Nothing in it was removed.
+    #[error("the outbox {path} (records queued on this site): {detail}")]
+    Outbox {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Records queued in the outbox could not be stored (they stay in it): nothing is decided
+    /// before they are, so that a run whose outcome waits there is not taken for one in doubt.
+    #[error("{count} record(s) queued on this site in {path} could not be stored yet: {source}")]
+    Queued {
+        /// The outbox.
+        path: std::path::PathBuf,
+        /// How many it holds for this device.
+        count: usize,
+        /// Why they could not be stored.
+        #[source]
+        source: Box<DispatchError>,
+    },
+}
+
+impl DispatchError {
+    /// Whether trying again later may succeed: the relay or the coordinator failed in a way
+    /// that may pass by itself ([`RelayError::is_transient`], [`LeaseError::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            DispatchError::Relay(error) => error.is_transient(),
+            DispatchError::Lease(error) => error.is_transient(),
+            DispatchError::Queued { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
 }
 
 /// What [`dispatch`] did.
@@ -731,7 +765,13 @@ impl Ledger {
             );
         }
         let intent = |status| Intent::new(agent_id, run_id, epoch, status);
-        self.record(&intent(IntentStatus::Pending))?;
+        if let Err(error) = self.record(&intent(IntentStatus::Pending)) {
+            // Not stored, or stored with its answer lost: nothing runs, and a `failed` queued
+            // behind it settles the attempt wherever the `pending` got to (stored by the next
+            // flush, or kept in the outbox, with it).
+            self.queue_behind_unsent(intent(IntentStatus::Failed));
+            return Err(error.into());
+        }
         // Another writer of this device (a thread or process sharing the device id and the lease)
         // may have started the same run since this ledger last looked: its `pending` then arrived
         // in this append's catch-up, before ours. The first `pending` in the log runs; this one

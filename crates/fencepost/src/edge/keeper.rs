@@ -389,6 +389,7 @@ fn not_started(call: &str, error: &std::io::Error) -> LeaseError {
         backend: "keeper",
         message: format!("cannot start {call}: {error}"),
         may_have_applied: false,
+        transient: true,
         source: None,
     })
 }
@@ -579,6 +580,7 @@ impl KeeperBuilder {
                 backend: "keeper",
                 message: format!("cannot start the renewal thread: {error}"),
                 may_have_applied: false,
+                transient: true,
                 source: None,
             })
             .into());

@@ -22,8 +22,12 @@ use crate::snapshot::{AttemptsMark, Snapshot, SnapshotBase, SnapshotError};
 mod checkpoints;
 #[path = "ledger/compose.rs"]
 mod compose;
+#[path = "ledger/outbox.rs"]
+mod outbox;
 #[path = "ledger/snapshot_lock.rs"]
 mod snapshot_lock;
+
+pub use outbox::{read_outbox, QueuedRecord};
 
 use snapshot_lock::SnapshotLock;
 
@@ -110,9 +114,21 @@ pub struct LedgerOptions {
     /// With a snapshot, [`Ledger::state`] holds the runs read or asked about in this process
     /// only: ask [`Ledger::committed_run`], or open without one to list everything.
     pub snapshot: Option<std::path::PathBuf>,
+    /// A file (in the site's own data directory) that keeps the records this site could not
+    /// store yet ([`Ledger::queue_unsent`]: the outcome of a command that ran while the
+    /// database was away), until a ledger opened with it stores them: [`Ledger::open_with`]
+    /// does, before it returns, and fails while it cannot, so that nothing is decided on a
+    /// ledger that lacks them. Shared by the site's processes (under a file lock).
+    pub outbox: Option<std::path::PathBuf>,
 }
 
 impl LedgerOptions {
+    /// Keep records that could not be stored in `path` (see [`LedgerOptions::outbox`]).
+    pub fn outbox(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.outbox = Some(path.into());
+        self
+    }
+
     /// Remember what was seen in `path` (see [`LedgerOptions::seen_file`]).
     pub fn seen_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.seen_file = Some(path.into());
@@ -238,6 +254,10 @@ pub struct Ledger {
     /// How many checkpoints the relay's [store](crate::relay::Relay::checkpoint_store) held when
     /// this ledger last listed them (`None`: not listed, or no store).
     stored_checkpoints: std::cell::Cell<Option<usize>>,
+    /// The outbox ([`LedgerOptions::outbox`]).
+    outbox: Option<std::path::PathBuf>,
+    /// How many queued records the open stored from the outbox.
+    stored_from_outbox: usize,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -375,6 +395,8 @@ impl Ledger {
             start_checkpoint: None,
             merged_start: false,
             stored_checkpoints: std::cell::Cell::new(None),
+            outbox: options.outbox.clone(),
+            stored_from_outbox: 0,
         };
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),
@@ -395,6 +417,7 @@ impl Ledger {
                 .collect();
             ledger.log = DeviceLog::resume(device_id, wall_clock, HlcConfig::default(), &own)?;
             ledger.take_pull(batch)?;
+            ledger.stored_from_outbox = ledger.store_outbox()?;
             return Ok(ledger);
         }
         // A relay that checks its records hands over checked chains: they are folded as they are
@@ -411,7 +434,7 @@ impl Ledger {
             };
             ledger.snapshot = lock.and_then(|lock| SnapshotUse::open(path, device_id, lock));
         }
-        ledger.resume_snapshot();
+        ledger.resume_snapshot()?;
         if ledger.view.frontier.iter().next().is_none() {
             // Nothing restored: where device files begin after a checkpoint (pruned), from the
             // checkpoint that covers what they lack.
@@ -436,6 +459,7 @@ impl Ledger {
         }
         ledger.write_merged_start();
         ledger.save_snapshot();
+        ledger.stored_from_outbox = ledger.store_outbox()?;
         Ok(ledger)
     }
 
@@ -445,9 +469,9 @@ impl Ledger {
     /// shrank or was replaced, records deleted) is kept as it is and not used: what it had read
     /// is checked like the seen file's memory (damage until the ledger has it again), and it is
     /// not overwritten while the ledger is damaged.
-    fn resume_snapshot(&mut self) {
+    fn resume_snapshot(&mut self) -> Result<(), RelayError> {
         let Some(snapshot) = &self.snapshot else {
-            return;
+            return Ok(());
         };
         let path = snapshot.store.path().to_path_buf();
         let mut saved = snapshot.store.base();
@@ -475,25 +499,37 @@ impl Ledger {
         }
         if self.share_snapshot() || empty {
             let Some(snapshot) = &self.snapshot else {
-                return;
+                return Ok(());
             };
             saved = snapshot.store.base();
         }
         let base = match saved {
-            Ok(None) => return, // nothing saved yet
+            Ok(None) => return Ok(()), // nothing saved yet
             Ok(Some(base)) => base,
             Err(error) if error.is_busy() => {
                 tracing::warn!(snapshot = %path.display(), %error, "another process holds the snapshot; reading the whole ledger this time");
                 self.snapshot = None;
-                return;
+                return Ok(());
             }
-            Err(error) => return self.start_snapshot_over(path, &error.to_string()),
+            Err(error) => {
+                self.start_snapshot_over(path, &error.to_string());
+                return Ok(());
+            }
         };
         let view = match LedgerState::restored(&base) {
             Ok(view) => view,
-            Err(reason) => return self.start_snapshot_over(path, &reason),
+            Err(reason) => {
+                self.start_snapshot_over(path, &reason);
+                return Ok(());
+            }
         };
         if let Err(reason) = self.relay.resume(&base.cursor) {
+            // The relay could not be read (a database away): nothing is known of the snapshot,
+            // which stays as it is; the open fails with the relay's error.
+            let reason = match reason {
+                crate::relay::ResumeError::Relay(error) => return Err(error),
+                other => other.to_string(),
+            };
             if let Some((_, checkpoint)) = from_checkpoint {
                 // The files here do not reach the checkpoint (not synced up to it yet, or they
                 // shrank) or hold other records: what it covers is checked like the seen file's
@@ -505,18 +541,19 @@ impl Ledger {
                     self.view.state.raise_fencing_epoch(agent, *epoch);
                 }
                 self.checkpoint_marks = Some((checkpoint, base.heads));
-                return self.start_snapshot_over(
+                self.start_snapshot_over(
                     path,
                     "it was copied from a checkpoint that this ledger does not match",
                 );
+                return Ok(());
             }
             tracing::warn!(snapshot = %path.display(), %reason, "the ledger no longer holds what this site's snapshot read; reading the whole ledger");
             self.snapshot_marks = base.heads;
             self.snapshot = None;
-            return;
+            return Ok(());
         }
         let Some(snapshot) = &mut self.snapshot else {
-            return;
+            return Ok(());
         };
         snapshot.saved = Some(view.frontier.clone());
         snapshot.queried = true;
@@ -527,6 +564,7 @@ impl Ledger {
         }
         self.started_from = from_checkpoint.map(|(id, _)| id);
         tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
+        Ok(())
     }
 
     /// Makes the snapshot's lock shared again if this process holds it exclusively (it made the
@@ -757,6 +795,17 @@ impl Ledger {
         &self.view
     }
 
+    /// The outbox ([`LedgerOptions::outbox`]), if the ledger was opened with one.
+    pub fn outbox_file(&self) -> Option<&std::path::Path> {
+        self.outbox.as_deref()
+    }
+
+    /// How many records queued on this site (in the [outbox](LedgerOptions::outbox)) the open
+    /// stored.
+    pub fn stored_from_outbox(&self) -> usize {
+        self.stored_from_outbox
+    }
+
     /// How many records wait to be stored (their append failed; [`flush`](Self::flush) retries).
     pub fn unsent(&self) -> usize {
         self.unsent.len()
@@ -890,6 +939,14 @@ impl Ledger {
                 source: std::io::Error::other("the relay stored nothing"),
             })
         })
+    }
+
+    /// Queues `intent` behind the records that could not be stored yet, without writing: when
+    /// there are some (an attempt's `pending` whose append failed, which `intent` settles).
+    pub(crate) fn queue_behind_unsent(&mut self, intent: Intent) {
+        if !self.unsent.is_empty() {
+            self.unsent.push((Surface::Intent, intent.payload()));
+        }
     }
 
     /// Stores the queued records under the relay's claim on this device's log.

@@ -105,13 +105,42 @@ pub fn describe() {
     describe_counter!(RELAY_PULLED_RECORDS, "Records a ledger's pulls brought.");
 }
 
-/// Makes every counter above whose only label is `agent` (and those with no label) exist at
-/// zero for `agent_id`, and the [`LEASES_HELD`] gauge at 0 unless set: a textfile written at
-/// the end of a process then shows a count that stayed 0 as 0, not as a missing series (alert
-/// rules need no `absent()`). Counters labelled by an outcome appear with their first count.
+/// The verdicts [`FENCE_DECISIONS`] counts; [`DISPATCHES`] counts them too (but `proceed`),
+/// with the ends of a dispatch that ran.
+const DECISIONS: [&str; 8] = [
+    "proceed",
+    "already_committed",
+    "stale_epoch",
+    "not_held",
+    "in_doubt",
+    "concurrent_attempt",
+    "ledger_behind",
+    "error",
+];
+
+/// Makes every counter above exist at zero for `agent_id` (those labelled by an outcome or a
+/// decision with each of its values), and the [`LEASES_HELD`] gauge at 0 unless set: a textfile
+/// written at the end of a process then shows a count that stayed 0 as 0, not as a missing
+/// series (alert rules need no `absent()`).
 pub fn register_zeros(agent_id: &str) {
     for name in [LEASE_LOSSES, RUNS_LEFT_IN_DOUBT, LEDGER_BEHIND] {
         metrics::counter!(name, "agent" => agent_id.to_owned()).increment(0);
+    }
+    let zero = |name: &'static str, key: &'static str, value: &'static str| {
+        metrics::counter!(name, "agent" => agent_id.to_owned(), key => value).increment(0);
+    };
+    for outcome in ["granted", "held", "error"] {
+        zero(ACQUIRES, "outcome", outcome);
+    }
+    for outcome in ["ok", "transient_error", "lost"] {
+        zero(RENEWALS, "outcome", outcome);
+    }
+    for decision in DECISIONS {
+        zero(FENCE_DECISIONS, "decision", decision);
+    }
+    let ran = ["succeeded", "failed", "interrupted"];
+    for outcome in ran.into_iter().chain(DECISIONS.into_iter().skip(1)) {
+        zero(DISPATCHES, "outcome", outcome);
     }
     for name in [RELAY_PUSHED_RECORDS, RELAY_PULLED_RECORDS] {
         metrics::counter!(name).increment(0);

@@ -28,6 +28,7 @@ impl Columns {
             backend: self.backend,
             message,
             may_have_applied: false,
+            transient: false,
             source: None,
         })
     }

@@ -817,8 +817,33 @@ fn failure(
         backend: "postgres",
         message: message.into(),
         may_have_applied,
+        transient: false,
         source: source.map(|error| Box::new(error) as Box<dyn std::error::Error + Send + Sync>),
     })
+}
+
+/// `error`, marked as one that may pass by itself ([`BackendError::transient`]).
+fn passing(mut error: LeaseError) -> LeaseError {
+    if let LeaseError::Backend(backend) = &mut error {
+        backend.transient = true;
+    }
+    error
+}
+
+/// Whether a statement's error may pass by itself: a lost connection or a server that is
+/// shutting down, starting or recovering ([`outcome_unknown`]), a pooler that cannot log in to
+/// its server for now (PgBouncer's `server_login_retry` answers `08P01`), too many connections,
+/// a timeout (a slow server, a row lock held by another writer), a serialization failure or a
+/// deadlock (the server rolled the transaction back).
+fn passes(error: &tokio_postgres::Error) -> bool {
+    outcome_unknown(error)
+        || error.code().is_some_and(|code| {
+            *code == SqlState::TOO_MANY_CONNECTIONS
+                || *code == SqlState::QUERY_CANCELED
+                || *code == SqlState::LOCK_NOT_AVAILABLE
+                || *code == SqlState::T_R_SERIALIZATION_FAILURE
+                || *code == SqlState::T_R_DEADLOCK_DETECTED
+        })
 }
 
 /// Whether `error` left the statement's outcome unknown: the connection closed or failed (the
@@ -838,6 +863,14 @@ fn outcome_unknown(error: &tokio_postgres::Error) -> bool {
         }
         None => std::error::Error::source(error).is_some_and(|source| source.is::<std::io::Error>()),
     }
+}
+
+/// Whether a login failed for a reason that trying again does not cure: a wrong password or
+/// role, or a database that does not exist.
+fn permanent_login_failure(code: &SqlState) -> bool {
+    *code == SqlState::INVALID_PASSWORD
+        || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+        || *code == SqlState::INVALID_CATALOG_NAME
 }
 
 /// Quotes an SQL identifier.
@@ -1017,11 +1050,7 @@ impl PostgresLeaseCoordinator {
                     break;
                 }
                 Err(ConnectFailure::Driver(error)) => {
-                    let permanent = error.code().is_some_and(|code| {
-                        *code == SqlState::INVALID_PASSWORD
-                            || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
-                            || *code == SqlState::INVALID_CATALOG_NAME
-                    });
+                    let permanent = error.code().is_some_and(permanent_login_failure);
                     tracing::debug!(attempt, error = %describe(&error), "PostgreSQL connection attempt failed");
                     last = Some(ConnectFailure::Driver(error));
                     if permanent {
@@ -1031,19 +1060,23 @@ impl PostgresLeaseCoordinator {
             }
         }
         match last {
-            Some(ConnectFailure::Driver(error)) => Err(failure(
-                format!("cannot connect to PostgreSQL: {}", describe(&error)),
-                false,
-                Some(error),
-            )),
-            Some(ConnectFailure::NoAnswer(limit)) => Err(failure(
+            Some(ConnectFailure::Driver(error)) => {
+                let permanent = error.code().is_some_and(permanent_login_failure);
+                let failed = failure(
+                    format!("cannot connect to PostgreSQL: {}", describe(&error)),
+                    false,
+                    Some(error),
+                );
+                Err(if permanent { failed } else { passing(failed) })
+            }
+            Some(ConnectFailure::NoAnswer(limit)) => Err(passing(failure(
                 format!(
                     "cannot connect to PostgreSQL: no answer within {} ms (a stopped server or pooler, or a pooler that cannot log in to its server)",
                     phase.map_or(limit, |phase| phase.elapsed()).as_millis()
                 ),
                 false,
                 None,
-            )),
+            ))),
             Some(ConnectFailure::Local(error)) => Err(failure(
                 format!("cannot connect to PostgreSQL: no runtime for the connection: {error}"),
                 false,
@@ -1559,14 +1592,14 @@ impl PostgresLeaseCoordinator {
                     waited_ms = limit.as_millis() as u64,
                     "PostgreSQL did not answer in time"
                 );
-                failure(
+                passing(failure(
                     format!(
                         "{operation}: no answer within {} ms (operation_timeout plus {CLIENT_MARGIN_MS} ms): a pooler with no free server connection or unable to log in to its server, or a server or pooler that stopped answering; the connection was given up",
                         limit.as_millis()
                     ),
                     write,
                     None,
-                )
+                ))
             }
             CallError::Statement(error) => {
                 let unknown = outcome_unknown(&error);
@@ -1584,8 +1617,11 @@ impl PostgresLeaseCoordinator {
                     Some(code) if (*code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE) && RELAY_OPERATIONS.contains(&operation) => {
                         " (timed out: another writer held the device's row of the ledger, or the server is slow; not applied. The bound is the lower of operation_timeout and the role's statement_timeout/lock_timeout)"
                     }
-                    Some(code) if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE => {
+                    Some(code) if (*code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE) && LEASE_OPERATIONS.contains(&operation) => {
                         " (timed out: the lease row stayed locked, or the server is slow; not applied. The bound is the lower of operation_timeout and the role's statement_timeout/lock_timeout)"
+                    }
+                    Some(code) if *code == SqlState::QUERY_CANCELED || *code == SqlState::LOCK_NOT_AVAILABLE => {
+                        " (timed out: the server is slow, or another session held a lock on the fencepost schema's tables, a migration say; not applied. The bound is the lower of operation_timeout and the role's statement_timeout/lock_timeout)"
                     }
                     _ if described.contains("pooling mode") || described.contains("pool_mode") => {
                         " (a pooling proxy in a mode that cannot run transactions, such as PgBouncer's statement mode: use transaction or session pooling)"
@@ -1594,11 +1630,17 @@ impl PostgresLeaseCoordinator {
                     _ => "",
                 };
                 tracing::warn!(operation, error = %described, may_have_applied = write && unknown, "PostgreSQL call failed");
-                failure(
+                let transient = passes(&error);
+                let failed = failure(
                     format!("{operation}: {described}{hint}"),
                     write && unknown,
                     Some(error),
-                )
+                );
+                if transient {
+                    passing(failed)
+                } else {
+                    failed
+                }
             }
         }
     }
@@ -1716,6 +1758,16 @@ impl PostgresLeaseCoordinator {
 /// The operations of the ledger in the database, as [`RelayError::Database`] names them.
 const RELAY_OPERATIONS: [&str; 3] = ["push to", "pull from", "append to"];
 
+/// The operations that lock an agent's lease row.
+const LEASE_OPERATIONS: [&str; 6] = [
+    "acquire",
+    "renew",
+    "release",
+    "raise_epoch_floor",
+    "publish_frontier",
+    "fenced_transaction",
+];
+
 /// What the ledger in the database ([`PostgresRelay`](crate::relay::PostgresRelay)) runs on a
 /// coordinator's session: the same bounds, reconnection and pooler-safe statements (simple query
 /// protocol, values as literals, no prepared statement, no session setting).
@@ -1777,18 +1829,25 @@ impl PostgresLeaseCoordinator {
             let messages = match session.simple_query_within(&text, limit) {
                 // PgBouncer in statement mode answers a transaction block by closing the
                 // connection, often before its message can be read. Nothing was written.
+                // A closed connection alone may also be a restart or a lost connection (found
+                // by losing each query of a run in turn: it was reported as statement mode, and
+                // not tried again): that passes, and the message says both.
                 Err(CallError::Statement(error))
                     if (error.is_closed() && error.as_db_error().is_none())
                         || describe(&error).contains("pooling mode") =>
                 {
-                    return Err(CallError::Reply(failure(
-                        format!(
-                            "the connection was closed as the transaction began ({}): a pooler in statement mode (PgBouncer's pool_mode = statement) runs no transaction block; use transaction or session pooling for the ledger",
-                            describe(&error)
-                        ),
+                    let described = describe(&error);
+                    let statement_mode = described.contains("pooling mode");
+                    let failed = failure(
+                        if statement_mode {
+                            format!("the transaction was refused as it began ({described}): a pooler in statement mode (PgBouncer's pool_mode = statement) runs no transaction block; use transaction or session pooling for the ledger")
+                        } else {
+                            format!("the connection was closed as the transaction began ({described}): the server or a pooler restarted, or the connection was lost (or a pooler in statement mode, PgBouncer's pool_mode = statement, which runs no transaction block, closed it: use transaction or session pooling for the ledger); nothing was written")
+                        },
                         false,
                         Some(error),
-                    )));
+                    );
+                    return Err(CallError::Reply(if statement_mode { failed } else { passing(failed) }));
                 }
                 answer => Self::or_roll_back(session, limit, answer)?,
             };
@@ -1842,9 +1901,9 @@ impl PostgresLeaseCoordinator {
     /// A failed call of the relay as a [`RelayError`]; `write` says whether a write was sent
     /// whose answer may be lost.
     fn relay_failure(&self, operation: &'static str, error: CallError, write: bool) -> RelayError {
-        let (message, may_have_applied) = match self.explain(operation, error, write) {
-            LeaseError::Backend(error) => (error.message, error.may_have_applied),
-            other => (other.to_string(), false),
+        let (message, may_have_applied, transient) = match self.explain(operation, error, write) {
+            LeaseError::Backend(error) => (error.message, error.may_have_applied, error.transient),
+            other => (other.to_string(), false, false),
         };
         // `explain` names the operation first; the relay's error names it too.
         let message = message
@@ -1856,6 +1915,7 @@ impl PostgresLeaseCoordinator {
             operation,
             message,
             may_have_applied,
+            transient,
         }
     }
 }
@@ -2314,6 +2374,69 @@ mod tests {
             }
         });
         (port, holder)
+    }
+
+    /// A server that answers every login with an `ErrorResponse` of SQLSTATE `code` (as
+    /// PgBouncer does with `08P01` while its server's logins fail, `server_login_retry`).
+    fn refusing_server(code: &'static str, message: &'static str) -> u16 {
+        use std::io::{Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let mut length = [0u8; 4];
+                if stream.read_exact(&mut length).is_err() {
+                    continue;
+                }
+                let mut rest = vec![0u8; (u32::from_be_bytes(length) as usize).saturating_sub(4)];
+                let _ = stream.read_exact(&mut rest);
+                let mut fields = Vec::new();
+                for (kind, value) in [(b'S', "FATAL"), (b'C', code), (b'M', message)] {
+                    fields.push(kind);
+                    fields.extend_from_slice(value.as_bytes());
+                    fields.push(0);
+                }
+                fields.push(0);
+                let mut answer = vec![b'E'];
+                answer.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                answer.extend_from_slice(&fields);
+                let _ = stream.write_all(&answer);
+            }
+        });
+        port
+    }
+
+    /// Issue 37, item 6 (rule L7): a pooler that refuses logins while its server restarts is a
+    /// failure that passes (`transient`), so that callers wait it out within their bound; a
+    /// wrong password is not, and neither is a missing database.
+    #[test]
+    fn l7_a_login_refused_by_a_restarting_pooler_is_transient_a_wrong_password_is_not() {
+        let connect = |code, message| {
+            let port = refusing_server(code, message);
+            PostgresLeaseCoordinator::connect(PostgresConfig {
+                connect_attempts: 2,
+                ..PostgresConfig::new(format!("postgres://fencepost@127.0.0.1:{port}/app"))
+            })
+            .expect_err("the server refuses every login")
+        };
+        let refused = connect(
+            "08P01",
+            "server login has been failing, try again later (server_login_retry)",
+        );
+        assert!(refused.is_transient(), "{refused}");
+        assert!(
+            refused.to_string().contains("server login has been failing"),
+            "{refused}"
+        );
+        let starting = connect("57P03", "the database system is starting up");
+        assert!(starting.is_transient(), "{starting}");
+        for (code, message) in [
+            ("28P01", "password authentication failed for user \"fencepost\""),
+            ("3D000", "database \"app\" does not exist"),
+        ] {
+            let refused = connect(code, message);
+            assert!(!refused.is_transient(), "{code}: {refused}");
+        }
     }
 
     /// Issue 14, item 4: every attempt to connect to a server that never answers shares one

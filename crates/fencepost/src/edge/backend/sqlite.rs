@@ -155,6 +155,7 @@ fn failure(
         backend: "sqlite",
         message: message.into(),
         may_have_applied,
+        transient: false,
         source: source.map(|error| Box::new(error) as Box<dyn std::error::Error + Send + Sync>),
     })
 }
@@ -176,7 +177,15 @@ fn sqlite_failure(context: &str, error: rusqlite::Error, writing: bool) -> Lease
         Some(ErrorCode::NotADatabase) => " (the file is not a SQLite database)",
         _ => "",
     };
-    failure(format!("{context}: {error}{hint}"), may_have_applied, Some(error))
+    let failed = failure(format!("{context}: {error}{hint}"), may_have_applied, Some(error));
+    match (failed, code) {
+        // Another process held the file: it may let go.
+        (LeaseError::Backend(mut backend), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)) => {
+            backend.transient = true;
+            LeaseError::Backend(backend)
+        }
+        (failed, _) => failed,
+    }
 }
 
 /// The conversions to and from this backend's signed 64-bit columns.

@@ -668,19 +668,19 @@ impl Relay for FsRelay {
 
     /// Checks every file of the cursor (long enough, and the cursor's last record still where it
     /// was, with a valid id), then continues each after it.
-    fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
+    fn resume(&self, cursor: &serde_json::Value) -> Result<(), super::ResumeError> {
         let cursor =
             FsCursor::deserialize(cursor).map_err(|error| format!("the cursor is damaged: {error}"))?;
         let mut resumed = BTreeMap::new();
         for file in cursor.files {
             let entry = self.resumed_file(&file)?;
             if resumed.insert(file.name.clone(), entry).is_some() {
-                return Err(format!("the cursor names {} twice", file.name));
+                return Err(format!("the cursor names {} twice", file.name).into());
             }
         }
         let mut files = self.lock_files();
         if !files.is_empty() {
-            return Err("this relay has read records already".to_owned());
+            return Err("this relay has read records already".to_owned().into());
         }
         *files = resumed;
         Ok(())

@@ -106,9 +106,13 @@ pub trait Relay: Send + Sync {
     /// and leaves the relay as it was, reading from the start.
     ///
     /// The default: `Err` (a relay that cannot resume).
-    fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
+    ///
+    /// # Errors
+    /// [`ResumeError::Mismatch`] saying why the cursor does not hold, or [`ResumeError::Relay`]
+    /// when the relay could not be read to check it (nothing is known then).
+    fn resume(&self, cursor: &serde_json::Value) -> Result<(), ResumeError> {
         let _ = cursor;
-        Err("this relay does not resume from a cursor".to_owned())
+        Err("this relay does not resume from a cursor".to_owned().into())
     }
 
     /// The folder where this relay keeps the ledger's shared [checkpoints](crate::checkpoint),
@@ -367,6 +371,9 @@ pub enum RelayError {
         message: String,
         /// Whether records may have been stored although the call failed (its answer was lost).
         may_have_applied: bool,
+        /// Whether the failure may pass by itself (see
+        /// [`BackendError::transient`](crate::lease::BackendError::transient)).
+        transient: bool,
     },
     /// The relay cannot do what was asked ([`Relay::prune`] of a relay that keeps every record).
     #[error("{0}")]
@@ -382,6 +389,39 @@ pub enum RelayError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl RelayError {
+    /// Whether trying again later may succeed: a database that restarts, refuses logins for a
+    /// while, lost the connection or did not answer in time ([`RelayError::Database`] with
+    /// `transient`), or a device file's lock held for longer than the wait
+    /// ([`RelayError::LockTimeout`]). Damage, refused records and bad input are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RelayError::Database { transient, .. } => *transient,
+            RelayError::LockTimeout { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// Why [`Relay::resume`] did not resume.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ResumeError {
+    /// What the relay holds no longer matches the cursor (a file that shrank, a record
+    /// replaced, a cursor damaged): read from the start.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The relay could not be read to check the cursor (a database away): nothing is known.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
+}
+
+impl From<String> for ResumeError {
+    fn from(reason: String) -> Self {
+        ResumeError::Mismatch(reason)
+    }
 }
 
 /// The result of checking one device's pushed records against its stored log.
@@ -409,7 +449,7 @@ pub(crate) fn frontier_cursor(frontier: &Frontier) -> Option<serde_json::Value> 
 /// the cursor still holds its last record, the same one (a device whose records were deleted, or
 /// replaced, does not match), with one pull of those records and what follows them.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> Result<(), String> {
+pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> Result<(), ResumeError> {
     let marks = Vec::<(String, u64, OpId)>::deserialize(cursor)
         .map_err(|error| format!("the cursor is damaged: {error}"))?;
     let mut since = Frontier::new();
@@ -419,7 +459,7 @@ pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> R
             .ok_or_else(|| format!("the cursor of {device_id:?} names no record"))?;
         since.raise(device_id, last);
     }
-    let batch = relay.pull(&since).map_err(|error| error.to_string())?;
+    let batch = relay.pull(&since)?;
     // A device the cursor does not name was read from record 0: one that begins after a
     // checkpoint is the next pull's to report (or to read from there), not the cursor's.
     let named = |problem: &RelayProblem| {
@@ -434,7 +474,7 @@ pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> R
         .iter()
         .find(|problem| problem.is_damage() && named(problem))
     {
-        return Err(problem.to_string());
+        return Err(problem.to_string().into());
     }
     for (device_id, next_seq, last_op_id) in &marks {
         let found = batch
@@ -445,7 +485,8 @@ pub(crate) fn resume_by_pull(relay: &dyn Relay, cursor: &serde_json::Value) -> R
             return Err(format!(
                 "record {} of {device_id:?} is not the one read before",
                 next_seq - 1
-            ));
+            )
+            .into());
         }
     }
     Ok(())

@@ -73,6 +73,7 @@ impl PostgresRelay {
     pub fn connect(config: PostgresConfig) -> Result<Self, RelayError> {
         let database = PostgresLeaseCoordinator::connect(config).map_err(|error| RelayError::Database {
             operation: "connect to",
+            transient: error.is_transient(),
             message: error.to_string(),
             may_have_applied: false,
         })?;
@@ -107,6 +108,7 @@ impl PostgresRelay {
             .check_schema()
             .map_err(|error| RelayError::Database {
                 operation: "open",
+                transient: error.is_transient(),
                 message: error.to_string(),
                 may_have_applied: false,
             })
@@ -187,6 +189,7 @@ impl PostgresRelay {
             operation: "read",
             message: format!("device {device_id:?}: its row was not returned"),
             may_have_applied: false,
+            transient: false,
         })?;
         let next_seq = row.get(0).and_then(|text| text.parse::<u64>().ok()).unwrap_or(0);
         let top = top
@@ -278,7 +281,7 @@ impl Relay for PostgresRelay {
     }
 
     /// Checks that every device still holds the cursor's last record.
-    fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
+    fn resume(&self, cursor: &serde_json::Value) -> Result<(), super::ResumeError> {
         super::resume_by_pull(self, cursor)
     }
 
@@ -565,6 +568,7 @@ impl CheckpointStore for PostgresRelay {
             operation: "read a checkpoint of",
             message: format!("checkpoint {name} in {}: {detail}", self.checkpoints),
             may_have_applied: false,
+            transient: false,
         };
         let upload = row.get(0).unwrap_or("").to_owned();
         let bytes = row.get(1).and_then(|text| text.parse::<u64>().ok()).unwrap_or(0);
@@ -621,6 +625,7 @@ impl CheckpointStore for PostgresRelay {
             operation: "store a checkpoint in",
             message: format!("cannot read {}: {error}", path.display()),
             may_have_applied: false,
+            transient: false,
         };
         let mut file = std::fs::File::open(path).map_err(unreadable)?;
         // Chunks of uploads killed an hour ago or more, which no checkpoint names; and an
@@ -647,6 +652,7 @@ impl CheckpointStore for PostgresRelay {
                 operation: "store a checkpoint in",
                 message: "the server named no upload".to_owned(),
                 may_have_applied: false,
+                transient: false,
             })?;
         let mut buffer = vec![0u8; CHUNK_BYTES];
         let mut bytes = 0u64;

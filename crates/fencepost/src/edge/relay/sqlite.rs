@@ -310,7 +310,7 @@ impl Relay for SqliteRelay {
     }
 
     /// Checks that every device still holds the cursor's last record.
-    fn resume(&self, cursor: &serde_json::Value) -> Result<(), String> {
+    fn resume(&self, cursor: &serde_json::Value) -> Result<(), super::ResumeError> {
         super::resume_by_pull(self, cursor)
     }
 

@@ -1,0 +1,320 @@
+//! The outbox ([`LedgerOptions::outbox`](super::LedgerOptions::outbox)): records this site asked
+//! for that the relay could not store (a database restarting, a lost connection), kept in a file
+//! of the site until one of its ledgers stores them. An outcome of a command that ran is never
+//! dropped because the database was away for a while.
+//!
+//! The file holds one JSON object per line: the device, the record's surface and payload. It is
+//! appended to and synced before [`Ledger::queue_unsent`] returns; a ledger opened with it stores
+//! what it holds before anything else ([`Ledger::open_with`]), then removes it, both under the
+//! lock of `<file>.lock`, so two processes never store one queue twice or drop what the other
+//! queued meanwhile. A last line cut short (a crash while it was written, before anyone was told
+//! it was queued) is left out; any other line that does not read is an error that names it, and
+//! the file stays as it is.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Ledger;
+use crate::clock::RealTimeLimit;
+use crate::dispatch::DispatchError;
+use crate::lease::Intent;
+use crate::oplog::Surface;
+
+/// How long a process waits for another one's lock on the outbox: it is held to read, append or
+/// store it, which takes a relay's bounded call at most.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// One queued record, as a line of the outbox.
+#[derive(Debug, Serialize, Deserialize)]
+struct Line {
+    device_id: String,
+    surface: Surface,
+    payload: Value,
+}
+
+/// A record waiting in an outbox ([`read_outbox`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct QueuedRecord {
+    /// The device whose log it goes to.
+    pub device_id: String,
+    /// What it is about.
+    pub surface: Surface,
+    /// Its content.
+    pub payload: Value,
+}
+
+impl QueuedRecord {
+    /// The intent it records, when it is one.
+    pub fn intent(&self) -> Option<Intent> {
+        (self.surface == Surface::Intent)
+            .then(|| Intent::from_payload(&self.payload))
+            .flatten()
+    }
+}
+
+/// The records waiting in the outbox `path` (none when the file does not exist), without taking
+/// its lock or changing it: for a status report.
+///
+/// # Errors
+/// [`DispatchError::Outbox`] when the file cannot be read or a line of it is damaged.
+pub fn read_outbox(path: &Path) -> Result<Vec<QueuedRecord>, DispatchError> {
+    Ok(read(path)?
+        .into_iter()
+        .map(|line| QueuedRecord {
+            device_id: line.device_id,
+            surface: line.surface,
+            payload: line.payload,
+        })
+        .collect())
+}
+
+fn outbox_error(path: &Path, detail: impl Into<String>) -> DispatchError {
+    DispatchError::Outbox {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+/// The lines of the outbox, checked: each reads, and an intent names valid ids and an epoch a
+/// coordinator mints.
+fn read(path: &Path) -> Result<Vec<Line>, DispatchError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(error) => return Err(outbox_error(path, format!("cannot read it: {error}"))),
+    };
+    let ends_complete = bytes.last().is_none_or(|byte| *byte == b'\n');
+    let pieces: Vec<&[u8]> = bytes.split(|byte| *byte == b'\n').collect();
+    let mut lines = Vec::new();
+    for (index, piece) in pieces.iter().enumerate() {
+        if piece.is_empty() {
+            continue;
+        }
+        let last = index + 1 == pieces.len();
+        let line = serde_json::from_slice::<Line>(piece)
+            .map_err(|error| error.to_string())
+            .and_then(|line| check(&line).map(|()| line));
+        match line {
+            Ok(line) => lines.push(line),
+            Err(_) if last && !ends_complete => {
+                tracing::warn!(outbox = %path.display(), "the outbox's last line was cut short (a crash while it was written); leaving it out");
+            }
+            Err(error) => {
+                return Err(outbox_error(
+                    path,
+                    format!("line {} is damaged ({error}); nothing of it was stored or removed: repair the line or record the run with `fencepost ledger resolve`, then remove the file", index + 1),
+                ))
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// Whether a line is one this code could have queued.
+fn check(line: &Line) -> Result<(), String> {
+    crate::id::validate_id(crate::id::IdKind::Device, &line.device_id).map_err(|error| error.to_string())?;
+    if line.surface != Surface::Intent {
+        return Ok(());
+    }
+    let intent = Intent::from_payload(&line.payload).ok_or("not an intent record")?;
+    crate::id::validate_id(crate::id::IdKind::Agent, &intent.agent_id).map_err(|error| error.to_string())?;
+    crate::id::validate_id(crate::id::IdKind::Run, &intent.run_id).map_err(|error| error.to_string())?;
+    if !(1..=crate::lease::MAX_EPOCH).contains(&intent.epoch) {
+        return Err(format!("epoch {} is not one a coordinator mints", intent.epoch));
+    }
+    Ok(())
+}
+
+/// The outbox's lock, held until dropped.
+struct Locked {
+    _file: File,
+}
+
+fn lock(path: &Path) -> Result<Locked, DispatchError> {
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(PathBuf::from(&lock_path))
+        .map_err(|error| outbox_error(path, format!("cannot open its lock: {error}")))?;
+    let limit = RealTimeLimit::starting_now(LOCK_WAIT);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Locked { _file: file }),
+            Err(TryLockError::WouldBlock) if !limit.passed() => std::thread::sleep(Duration::from_millis(10)),
+            Err(TryLockError::WouldBlock) => {
+                return Err(outbox_error(
+                    path,
+                    format!(
+                        "another process held its lock for {} s (`fuser {}` names it)",
+                        LOCK_WAIT.as_secs(),
+                        PathBuf::from(&lock_path).display()
+                    ),
+                ))
+            }
+            Err(TryLockError::Error(error)) => {
+                return Err(outbox_error(path, format!("cannot lock it: {error}")))
+            }
+        }
+    }
+}
+
+/// Appends `lines` to the outbox and syncs it (and its folder, when it was made).
+fn append(path: &Path, lines: &[Line]) -> Result<(), DispatchError> {
+    let failed = |error: std::io::Error| outbox_error(path, format!("cannot write it: {error}"));
+    let mut text = Vec::new();
+    for line in lines {
+        serde_json::to_writer(&mut text, line).map_err(|error| failed(error.into()))?;
+        text.push(b'\n');
+    }
+    let existed = path.exists();
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(failed)?;
+    // A last line cut short by an earlier crash would swallow the first new one.
+    if file.metadata().map_err(failed)?.len() > 0 && !ends_with_newline(path).map_err(failed)? {
+        text.insert(0, b'\n');
+    }
+    file.write_all(&text).map_err(failed)?;
+    file.sync_all().map_err(failed)?;
+    if !existed {
+        if let Some(folder) = path.parent().filter(|folder| !folder.as_os_str().is_empty()) {
+            File::open(folder)
+                .and_then(|folder| folder.sync_all())
+                .map_err(failed)?;
+        }
+    }
+    Ok(())
+}
+
+fn ends_with_newline(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut file = File::open(path)?;
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    file.read_exact(&mut last)?;
+    Ok(last[0] == b'\n')
+}
+
+impl Ledger {
+    /// Stores what the outbox holds for this device, first in this ledger's queue, then removes
+    /// it (all under its lock); how many records it held. Other devices' lines (a file shared
+    /// by mistake) are left for their own ledgers.
+    pub(super) fn store_outbox(&mut self) -> Result<usize, DispatchError> {
+        let Some(path) = self.outbox.clone() else {
+            return Ok(0);
+        };
+        let _locked = lock(&path)?;
+        let lines = read(&path)?;
+        if lines.is_empty() {
+            return Ok(0);
+        }
+        let (own, others): (Vec<Line>, Vec<Line>) = lines
+            .into_iter()
+            .partition(|line| line.device_id == self.device_id());
+        if own.is_empty() {
+            return Ok(0);
+        }
+        let count = own.len();
+        let earlier = std::mem::take(&mut self.unsent);
+        self.unsent = own.into_iter().map(|line| (line.surface, line.payload)).collect();
+        let stored = self.write_queued();
+        if let Err(error) = stored {
+            // The file still holds them: they are stored by the next ledger opened with it.
+            self.unsent = earlier;
+            return Err(DispatchError::Queued {
+                path,
+                count,
+                source: Box::new(error),
+            });
+        }
+        self.unsent = earlier;
+        let remove = || -> std::io::Result<()> {
+            let temporary = path.with_extension(format!("{}.tmp", std::process::id()));
+            if others.is_empty() {
+                return std::fs::remove_file(&path);
+            }
+            let mut text = Vec::new();
+            for line in &others {
+                serde_json::to_writer(&mut text, line)?;
+                text.push(b'\n');
+            }
+            std::fs::write(&temporary, text)?;
+            File::open(&temporary)?.sync_all()?;
+            std::fs::rename(&temporary, &path)
+        };
+        remove().map_err(|error| {
+            outbox_error(
+                &path,
+                format!("its records were stored, but it could not be emptied ({error}): remove it by hand (storing them again would only repeat their outcomes)"),
+            )
+        })?;
+        tracing::info!(outbox = %path.display(), stored = count, "stored the records queued on this site");
+        Ok(count)
+    }
+
+    /// Moves the records that could not be stored yet ([`unsent`](Self::unsent)) into the
+    /// outbox ([`LedgerOptions::outbox`](super::LedgerOptions::outbox)), synced to disk, so that
+    /// the next ledger of this site opened with it stores them; returns how many. 0, moving
+    /// nothing, without an outbox.
+    ///
+    /// # Errors
+    /// [`DispatchError::Outbox`] when the file cannot be locked or written; the records stay
+    /// queued here.
+    pub fn queue_unsent(&mut self) -> Result<usize, DispatchError> {
+        let Some(path) = self.outbox.clone() else {
+            return Ok(0);
+        };
+        if self.unsent.is_empty() {
+            return Ok(0);
+        }
+        let lines: Vec<Line> = self
+            .unsent
+            .iter()
+            .map(|(surface, payload)| Line {
+                device_id: self.device_id().to_owned(),
+                surface: surface.clone(),
+                payload: payload.clone(),
+            })
+            .collect();
+        let _locked = lock(&path)?;
+        append(&path, &lines)?;
+        let count = self.unsent.len();
+        self.unsent.clear();
+        tracing::warn!(outbox = %path.display(), queued = count, "queued records the ledger could not store yet on this site");
+        Ok(count)
+    }
+
+    /// Stores the queued records ([`flush`](Self::flush)), trying again while the relay's
+    /// failure may pass by itself ([`DispatchError::is_transient`]: a database restarting, a
+    /// lost connection) and `limit` has not passed: pauses from 100 ms, doubled up to 2 s.
+    /// Returns how many were stored.
+    ///
+    /// # Errors
+    /// The last error, when `limit` passed or the failure will not pass by itself; the records
+    /// stay queued ([`queue_unsent`](Self::queue_unsent) keeps them on the site).
+    pub fn flush_within(&mut self, limit: Duration) -> Result<usize, DispatchError> {
+        let limit = RealTimeLimit::starting_now(limit);
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match self.flush() {
+                Err(error) if error.is_transient() && limit.remaining() > pause => {
+                    tracing::warn!(%error, "could not store the queued records; trying again");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                ended => return ended,
+            }
+        }
+    }
+}
