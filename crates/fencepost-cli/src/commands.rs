@@ -626,6 +626,17 @@ fn run_attempt(
         ending = Some(end);
         outcome
     });
+    // What the run recorded and could not store yet (its outcome; or, when nothing ran, its
+    // `pending` and the `failed` that settles it) is written, or queued on this host, before the
+    // release, so that the release publishes it (rule H2), and with the signals still caught: one
+    // that comes meanwhile queues it at once (it used to end fencepost and lose the outcome).
+    let outcome_wait = if outcome.is_ok() {
+        args.outcome_wait
+    } else {
+        remaining_ms(deadline)
+    };
+    let stored = store_outcome(settings, &mut ledger, outcome_wait, &signals);
+    keeper.pushed(&ledger.pushed());
     let shutdown = keeper.shutdown();
     signals.release();
     report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
@@ -639,9 +650,7 @@ fn run_attempt(
             bail!("the ledger is damaged")
         }
         Err(error) => {
-            // Nothing ran. What the attempt recorded (its `pending`, and the `failed` that
-            // settles it) is written, or queued on this host, so that it is not left in doubt.
-            if let Err(unstored) = store_outcome(settings, &mut ledger, remaining_ms(deadline)) {
+            if let Err(unstored) = stored {
                 tracing::warn!(error = %crate::one_line(&unstored), "could not write nor queue the record of an attempt that did not run");
             }
             return Err(error).context(format!("{run_id} of {agent} could not be dispatched"));
@@ -665,13 +674,14 @@ fn run_attempt(
     } else {
         "did not run; its record"
     };
-    match store_outcome(settings, &mut ledger, args.outcome_wait) {
+    match stored {
         Ok(Stored::Written) => {}
         Ok(Stored::Queued {
             count,
             path,
             cause,
             passes,
+            signal,
         }) => {
             report.queued = count;
             let queued = format!(
@@ -680,6 +690,10 @@ fn run_attempt(
                 path.display(),
                 plural(count as u64, "record")
             );
+            if let Some(signal) = signal {
+                err!("fencepost: got {signal} while writing the outcome: {queued}");
+                return Ok(128 + signal as i32);
+            }
             if !passes {
                 // The ledger needs a repair first: until then the run is in doubt elsewhere.
                 bail!("{queued} once the ledger is repaired; until then other hosts find the run in doubt");
@@ -776,6 +790,8 @@ enum Stored {
         path: PathBuf,
         cause: String,
         passes: bool,
+        /// A signal that came meanwhile (the write was given up for it).
+        signal: Option<nix::sys::signal::Signal>,
     },
 }
 
@@ -783,17 +799,37 @@ enum Stored {
 /// for `wait_ms` while the failure may pass by itself, through this ledger and then through
 /// the ledger opened again (this one may no longer continue the device's log: another process
 /// of this device id appended and a prune removed those records since it read: found by a
-/// flaky test, the outcome of a run was lost); then queues them on this host (the outbox).
-fn store_outcome(settings: &Settings, ledger: &mut Ledger, wait_ms: u64) -> Result<Stored> {
+/// flaky test, the outcome of a run was lost); then queues them on this host (the outbox). A
+/// signal given to fencepost meanwhile stops the tries: the records are queued at once.
+fn store_outcome(
+    settings: &Settings,
+    ledger: &mut Ledger,
+    wait_ms: u64,
+    signals: &Signals,
+) -> Result<Stored> {
     if ledger.unsent() == 0 {
         return Ok(Stored::Written);
     }
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let within = |deadline: Instant| deadline.saturating_duration_since(Instant::now());
-    let (mut cause, mut passes) = match ledger.flush_within(within(deadline)) {
-        Ok(_) => return Ok(Stored::Written),
-        Err(error) => (error.to_string(), error.is_transient()),
+    // In slices, so that a signal is seen between them.
+    let slice = Duration::from_millis(500);
+    let (mut cause, mut passes) = loop {
+        match ledger.flush_within(within(deadline).min(slice)) {
+            Ok(_) => return Ok(Stored::Written),
+            Err(error)
+                if error.is_transient() && signals.pending().is_none() && Instant::now() < deadline =>
+            {
+                tracing::debug!(%error, "could not write the outcome yet");
+            }
+            Err(error) => break (error.to_string(), error.is_transient()),
+        }
     };
+    // A failure that passes, once the time is up or a signal came, is queued at once; another
+    // (a device file pruned meanwhile) may be cured by reading the ledger again.
+    if (passes && Instant::now() >= deadline) || signals.pending().is_some() {
+        return queue(ledger, cause, passes, signals.pending());
+    }
     err!("fencepost: warning: could not write the outcome ({cause}); trying through the ledger opened again");
     let mut pause = Duration::from_millis(100);
     loop {
@@ -801,7 +837,9 @@ fn store_outcome(settings: &Settings, ledger: &mut Ledger, wait_ms: u64) -> Resu
             Ok(mut fresh) => {
                 // The records move to `fresh`, and stay in its queue if it cannot write them.
                 let written = match ledger.flush_through(&mut fresh) {
-                    Err(error) if error.is_transient() => fresh.flush_within(within(deadline)),
+                    Err(error) if error.is_transient() && signals.pending().is_none() => {
+                        fresh.flush_within(within(deadline))
+                    }
                     other => other,
                 };
                 return match written {
@@ -809,10 +847,17 @@ fn store_outcome(settings: &Settings, ledger: &mut Ledger, wait_ms: u64) -> Resu
                         tracing::info!("stored the outcome through the ledger opened again");
                         Ok(Stored::Written)
                     }
-                    Err(error) => queue(&mut fresh, error.to_string(), error.is_transient()),
+                    Err(error) => queue(
+                        &mut fresh,
+                        error.to_string(),
+                        error.is_transient(),
+                        signals.pending(),
+                    ),
                 };
             }
-            Err(error) if transient(&error) && Instant::now() + pause < deadline => {
+            Err(error)
+                if transient(&error) && signals.pending().is_none() && Instant::now() + pause < deadline =>
+            {
                 (cause, passes) = (crate::one_line(&error), true);
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
@@ -821,14 +866,19 @@ fn store_outcome(settings: &Settings, ledger: &mut Ledger, wait_ms: u64) -> Resu
                 if transient(&error) {
                     (cause, passes) = (crate::one_line(&error), true);
                 }
-                return queue(ledger, cause, passes);
+                return queue(ledger, cause, passes, signals.pending());
             }
         }
     }
 }
 
 /// Queues the ledger's unwritten records on this host ([`Ledger::queue_unsent`]).
-fn queue(ledger: &mut Ledger, cause: String, passes: bool) -> Result<Stored> {
+fn queue(
+    ledger: &mut Ledger,
+    cause: String,
+    passes: bool,
+    signal: Option<nix::sys::signal::Signal>,
+) -> Result<Stored> {
     let Some(path) = ledger.outbox_file().map(Path::to_path_buf) else {
         bail!("the ledger could not be written ({cause}), and it has no outbox to queue the records in");
     };
@@ -840,6 +890,7 @@ fn queue(ledger: &mut Ledger, cause: String, passes: bool) -> Result<Stored> {
         path,
         cause,
         passes,
+        signal,
     })
 }
 
@@ -1401,6 +1452,13 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
         LedgerCommand::Flush { json } => {
             let ledger = open_ledger_to_write(settings)?;
             let stored = ledger.stored_from_outbox();
+            for (other, held) in settings.other_outboxes() {
+                err!(
+                    "fencepost: warning: {} of this device wait in {} for another ledger, or this one named otherwise: flush them with the --ledger or --coordinator they were queued for",
+                    plural(held as u64, "queued record"),
+                    other.display()
+                );
+            }
             if json {
                 out!("{}", json!({"stored": stored, "ledger": settings.ledger_label()}));
             } else if stored == 0 {
@@ -1439,7 +1497,10 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             if let Err(error) = validate_id(IdKind::Run, &run) {
                 crate::usage!("--run: {error}");
             }
-            let mut ledger = open_ledger(settings)?;
+            // Opened to write: what this host queued (the run's own outcome, maybe) is written
+            // first (found by an adversarial test: a run resolved `failed` while its `committed`
+            // waited in this host's outbox ran again elsewhere).
+            let mut ledger = open_ledger_to_write(settings)?;
             let Some(doubt) = ledger
                 .in_doubt(&agent, u64::MAX)
                 .into_iter()

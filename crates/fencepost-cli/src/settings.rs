@@ -312,6 +312,32 @@ impl Settings {
             .unwrap_or_default())
     }
 
+    /// This device's outbox files of other ledgers (or of the same one named otherwise: another
+    /// host name for the server), with what they hold: `status` and `ledger flush` name them.
+    pub fn other_outboxes(&self) -> Vec<(PathBuf, usize)> {
+        let Ok(own) = self.outbox_file() else {
+            return Vec::new();
+        };
+        let suffix = format!("-{}", fencepost::relay::device_file_name(&self.device));
+        let Some(folder) = own.parent() else {
+            return Vec::new();
+        };
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            return Vec::new();
+        };
+        let mut found: Vec<(PathBuf, usize)> = entries
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| *path != own && path.to_string_lossy().ends_with(&suffix))
+            .filter_map(|path| {
+                let held = fencepost::ledger::read_outbox(&path).map_or(1, |records| records.len());
+                (held > 0).then_some((path, held))
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
     /// Where this site keeps the records it could not store in the ledger yet (the outcome of a
     /// command that ran while the database was away), per ledger and device, until a command
     /// stores them (`run`, `ledger flush`).
@@ -328,10 +354,17 @@ impl Settings {
     }
 
     /// A short name of the ledger for this host's files about it: the first 8 bytes of the
-    /// SHA-256 of its folder or file (canonical) or its URL without the password, in hex.
+    /// SHA-256 of its folder or file (canonical) or its URL without the password and options,
+    /// in hex.
     fn ledger_key(&self) -> String {
         let ledger = match self.ledger_kind {
-            LedgerKind::Postgres => PathBuf::from(self.ledger_label()),
+            // Where the data is, not how to reach it: the options of the URL
+            // (`?operation_timeout=5s`) are left out (found by an adversarial test: a URL with
+            // an option did not find what this host had queued under the one without).
+            LedgerKind::Postgres => {
+                let label = self.ledger_label();
+                PathBuf::from(label.split_once('?').map_or(label.as_str(), |(base, _)| base))
+            }
             LedgerKind::Folder | LedgerKind::Sqlite => {
                 std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone())
             }

@@ -38,6 +38,24 @@ fn run_json(row: &RunRow, at_ms: Option<u64>) -> Value {
 fn queued_here(settings: &Settings, agent: Option<&str>) -> Result<(std::path::PathBuf, Vec<Value>)> {
     let path = settings.outbox_file()?;
     let records = fencepost::ledger::read_outbox(&path)?;
+    let others = records
+        .iter()
+        .filter(|record| record.device_id != settings.device)
+        .count();
+    if others > 0 {
+        err!(
+            "fencepost: warning: {} in {} name another device; no ledger of this device writes them",
+            plural(others as u64, "queued record"),
+            path.display()
+        );
+    }
+    for (other, held) in settings.other_outboxes() {
+        err!(
+            "fencepost: warning: {} of this device wait in {} for another ledger, or this one named otherwise (run `fencepost ledger flush` with the --ledger or --coordinator they were queued for)",
+            plural(held as u64, "queued record"),
+            other.display()
+        );
+    }
     let values = records
         .iter()
         .filter(|record| record.device_id == settings.device)

@@ -283,3 +283,35 @@ fn r1_a_damaged_outbox_loses_nothing_and_a_last_line_cut_short_is_left_out() {
         "the other device's line stays; the half line is gone"
     );
 }
+
+/// A FIFO where the outbox or its lock should be is an error, never a hang; a last line cut
+/// short goes when the next record is queued, so that it never becomes a damaged line in the
+/// middle (both found by an adversarial test).
+#[test]
+fn r1_an_outbox_that_is_not_a_file_is_an_error_and_a_line_cut_short_never_blocks_the_queue() {
+    let site = Site::new();
+    let fifo = |path: &std::path::Path| {
+        let made = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+        assert!(made.success());
+    };
+    fifo(&site.outbox());
+    let refused = site.open("laptop").unwrap_err();
+    assert!(refused.to_string().contains("not a regular file"), "{refused}");
+    std::fs::remove_file(site.outbox()).unwrap();
+    let mut ledger = site.open("laptop").unwrap();
+    let mut lock = site.outbox().into_os_string();
+    lock.push(".lock");
+    std::fs::remove_file(&lock).unwrap();
+    fifo(std::path::Path::new(&lock));
+    site.run_then_blink(&mut ledger, "laptop", "run-a", 1_000);
+    let refused = ledger.queue_unsent().unwrap_err();
+    assert!(refused.to_string().contains("not a regular file"), "{refused}");
+    std::fs::remove_file(&lock).unwrap();
+    std::fs::write(site.outbox(), b"{\"device_id\":\"laptop\",\"surf").unwrap();
+    assert_eq!(ledger.queue_unsent().unwrap(), 1);
+    drop(ledger);
+    site.relay.down_for(0);
+    let ledger = site.open("laptop").unwrap();
+    assert_eq!(ledger.stored_from_outbox(), 1);
+    assert!(site.reader("phone").committed_run("reports", "run-a").is_some());
+}

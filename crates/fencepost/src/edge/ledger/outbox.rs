@@ -84,11 +84,14 @@ fn outbox_error(path: &Path, detail: impl Into<String>) -> DispatchError {
 /// The lines of the outbox, checked: each reads, and an intent names valid ids and an epoch a
 /// coordinator mints.
 fn read(path: &Path) -> Result<Vec<Line>, DispatchError> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
+    let mut file = match open_regular(path, OpenOptions::new().read(true)) {
+        Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(error) => return Err(outbox_error(path, format!("cannot read it: {error}"))),
     };
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file, &mut bytes)
+        .map_err(|error| outbox_error(path, format!("cannot read it: {error}")))?;
     let ends_complete = bytes.last().is_none_or(|byte| *byte == b'\n');
     let pieces: Vec<&[u8]> = bytes.split(|byte| *byte == b'\n').collect();
     let mut lines = Vec::new();
@@ -131,6 +134,26 @@ fn check(line: &Line) -> Result<(), String> {
     Ok(())
 }
 
+/// Opens `path` with `options` only when it is a regular file, or none (found by an adversarial
+/// test: a FIFO in its place made every command hang on the open).
+fn open_regular(path: &Path, options: &OpenOptions) -> std::io::Result<File> {
+    let not_regular = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "it is not a regular file (a FIFO, a socket, a device or a folder?): move it away",
+        )
+    };
+    match std::fs::metadata(path) {
+        Ok(metadata) if !metadata.is_file() => return Err(not_regular()),
+        _ => {}
+    }
+    let file = options.open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(file)
+}
+
 /// The outbox's lock, held until dropped.
 struct Locked {
     _file: File,
@@ -139,12 +162,19 @@ struct Locked {
 fn lock(path: &Path) -> Result<Locked, DispatchError> {
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(PathBuf::from(&lock_path))
-        .map_err(|error| outbox_error(path, format!("cannot open its lock: {error}")))?;
+    let file = open_regular(
+        Path::new(&lock_path),
+        OpenOptions::new().create(true).truncate(false).write(true),
+    )
+    .map_err(|error| {
+        outbox_error(
+            path,
+            format!(
+                "cannot open its lock {}: {error}",
+                PathBuf::from(&lock_path).display()
+            ),
+        )
+    })?;
     let limit = RealTimeLimit::starting_now(LOCK_WAIT);
     loop {
         match file.try_lock() {
@@ -176,15 +206,21 @@ fn append(path: &Path, lines: &[Line]) -> Result<(), DispatchError> {
         text.push(b'\n');
     }
     let existed = path.exists();
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(failed)?;
-    // A last line cut short by an earlier crash would swallow the first new one.
-    if file.metadata().map_err(failed)?.len() > 0 && !ends_with_newline(path).map_err(failed)? {
-        text.insert(0, b'\n');
-    }
+    let mut file = open_regular(
+        path,
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true),
+    )
+    .map_err(failed)?;
+    // A last line cut short by an earlier crash is left out by every reader: it goes, so that it
+    // does not become a damaged line in the middle (found by an adversarial test: the next
+    // queued outcome made it one, and every command of the host stopped).
+    let end = complete_length(&mut file).map_err(failed)?;
+    file.set_len(end).map_err(failed)?;
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(end)).map_err(failed)?;
     file.write_all(&text).map_err(failed)?;
     file.sync_all().map_err(failed)?;
     if !existed {
@@ -197,13 +233,15 @@ fn append(path: &Path, lines: &[Line]) -> Result<(), DispatchError> {
     Ok(())
 }
 
-fn ends_with_newline(path: &Path) -> std::io::Result<bool> {
-    use std::io::{Read as _, Seek as _, SeekFrom};
-    let mut file = File::open(path)?;
-    file.seek(SeekFrom::End(-1))?;
-    let mut last = [0u8; 1];
-    file.read_exact(&mut last)?;
-    Ok(last[0] == b'\n')
+/// The length of the file up to the end of its last complete line.
+fn complete_length(file: &mut File) -> std::io::Result<u64> {
+    let mut bytes = Vec::new();
+    std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
+    std::io::Read::read_to_end(file, &mut bytes)?;
+    Ok(bytes
+        .iter()
+        .rposition(|byte| *byte == b'\n')
+        .map_or(0, |last| last as u64 + 1))
 }
 
 impl Ledger {
