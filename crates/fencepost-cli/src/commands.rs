@@ -170,6 +170,19 @@ fn open_ledger_with(
     }
 }
 
+/// Refuses (exit 10) to decide on `run` of `agent` while this host holds an outcome of it in a
+/// queue of another ledger key (the same database named otherwise, `localhost` for
+/// `127.0.0.1`): found by an adversarial test, a run resolved `failed` so ran again elsewhere.
+fn refuse_queued_elsewhere(settings: &Settings, agent: &str, run: &str) -> Result<()> {
+    match settings.queued_elsewhere(agent, run) {
+        Some(path) => bail!(
+            "an outcome of {run} of {agent} waits on this host in {}, queued for another ledger or for this one named otherwise (another host name for the server): write it with `fencepost ledger flush` and the --ledger or --coordinator it was queued for, then run again",
+            path.display()
+        ),
+        None => Ok(()),
+    }
+}
+
 /// Whether the ledger's only damage is a device file that begins after what the reading lacks
 /// ([`ProblemKind::Pruned`]): another host's prune may have come while it read.
 fn only_pruned(ledger: &Ledger) -> bool {
@@ -382,6 +395,7 @@ fn run_attempt(
         }
     }
     refuse_damage(&ledger, settings)?;
+    refuse_queued_elsewhere(settings, agent, &run_id)?;
     // Known from here on, whatever the run ends with (exit 3, 4, 7 too).
     report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
     if ledger.committed_run(agent, &run_id).is_some() {
@@ -1452,13 +1466,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
         LedgerCommand::Flush { json } => {
             let ledger = open_ledger_to_write(settings)?;
             let stored = ledger.stored_from_outbox();
-            for (other, held) in settings.other_outboxes() {
-                err!(
-                    "fencepost: warning: {} of this device wait in {} for another ledger, or this one named otherwise: flush them with the --ledger or --coordinator they were queued for",
-                    plural(held as u64, "queued record"),
-                    other.display()
-                );
-            }
+            crate::status::warn_other_outboxes(&settings.other_outboxes());
             if json {
                 out!("{}", json!({"stored": stored, "ledger": settings.ledger_label()}));
             } else if stored == 0 {
@@ -1510,6 +1518,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                     "{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)"
                 );
             };
+            refuse_queued_elsewhere(settings, &agent, &run)?;
             // Under the agent's lease (unless --force), so that two operators resolving one run
             // at once take turns: the second finds it resolved (found by an adversarial test:
             // both were told their opposite outcomes were recorded).

@@ -303,6 +303,19 @@ impl Settings {
         )))
     }
 
+    /// The outbox's key: [`ledger_key`](Self::ledger_key), of the database's identity for a
+    /// ledger in PostgreSQL.
+    fn outbox_key(&self) -> String {
+        #[cfg(feature = "postgres")]
+        if self.ledger_kind == LedgerKind::Postgres {
+            let config = fencepost::backend::postgres::PostgresConfig::new(self.ledger.to_string_lossy());
+            if let Some(identity) = config.database_identity() {
+                return short_key(&[identity.as_bytes()]);
+            }
+        }
+        self.ledger_key()
+    }
+
     /// The name of this host's files about the ledger and device (the seen file's).
     fn site_file_name(&self) -> Result<String> {
         Ok(self
@@ -312,37 +325,52 @@ impl Settings {
             .unwrap_or_default())
     }
 
-    /// This device's outbox files of other ledgers (or of the same one named otherwise: another
-    /// host name for the server), with what they hold: `status` and `ledger flush` name them.
-    pub fn other_outboxes(&self) -> Vec<(PathBuf, usize)> {
+    /// This device's outbox files of other ledgers (or of this one named otherwise: another
+    /// host name for the server), with what they hold, or why they cannot be read: `status`,
+    /// `ledger flush`, `run` and `ledger resolve` look at them.
+    pub fn other_outboxes(&self) -> Vec<(PathBuf, Result<Vec<fencepost::ledger::QueuedRecord>, String>)> {
         let Ok(own) = self.outbox_file() else {
             return Vec::new();
         };
         let suffix = format!("-{}", fencepost::relay::device_file_name(&self.device));
-        let Some(folder) = own.parent() else {
+        let Some(entries) = own.parent().and_then(|folder| std::fs::read_dir(folder).ok()) else {
             return Vec::new();
         };
-        let Ok(entries) = std::fs::read_dir(folder) else {
-            return Vec::new();
-        };
-        let mut found: Vec<(PathBuf, usize)> = entries
+        let mut found: Vec<_> = entries
             .flatten()
             .map(|entry| entry.path())
             .filter(|path| *path != own && path.to_string_lossy().ends_with(&suffix))
-            .filter_map(|path| {
-                let held = fencepost::ledger::read_outbox(&path).map_or(1, |records| records.len());
-                (held > 0).then_some((path, held))
+            .map(|path| {
+                let records = fencepost::ledger::read_outbox(&path).map_err(|error| error.to_string());
+                (path, records)
             })
+            .filter(|(_, records)| records.as_ref().map_or(true, |records| !records.is_empty()))
             .collect();
-        found.sort();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
         found
+    }
+
+    /// The outbox file of another ledger key that holds an outcome of `run` of `agent` (see
+    /// [`other_outboxes`](Self::other_outboxes)): deciding on the run here would ignore it.
+    pub fn queued_elsewhere(&self, agent: &str, run: &str) -> Option<PathBuf> {
+        self.other_outboxes().into_iter().find_map(|(path, records)| {
+            records
+                .ok()?
+                .iter()
+                .filter_map(fencepost::ledger::QueuedRecord::intent)
+                .any(|intent| intent.agent_id == agent && intent.run_id == run)
+                .then_some(path)
+        })
     }
 
     /// Where this site keeps the records it could not store in the ledger yet (the outcome of a
     /// command that ran while the database was away), per ledger and device, until a command
     /// stores them (`run`, `ledger flush`).
+    /// Named by the database's identity, not by the URL's spelling (found by an adversarial
+    /// test: a URL with an option, or `postgresql://`, did not find what this host had queued).
     pub fn outbox_file(&self) -> Result<PathBuf> {
-        let name = self.site_file_name()?;
+        let key = self.outbox_key();
+        let name = format!("{key}-{}", fencepost::relay::device_file_name(&self.device));
         let folder = data_dir()?.join("outbox");
         std::fs::create_dir_all(&folder).with_context(|| {
             format!(
@@ -354,17 +382,10 @@ impl Settings {
     }
 
     /// A short name of the ledger for this host's files about it: the first 8 bytes of the
-    /// SHA-256 of its folder or file (canonical) or its URL without the password and options,
-    /// in hex.
+    /// SHA-256 of its folder or file (canonical) or its URL without the password, in hex.
     fn ledger_key(&self) -> String {
         let ledger = match self.ledger_kind {
-            // Where the data is, not how to reach it: the options of the URL
-            // (`?operation_timeout=5s`) are left out (found by an adversarial test: a URL with
-            // an option did not find what this host had queued under the one without).
-            LedgerKind::Postgres => {
-                let label = self.ledger_label();
-                PathBuf::from(label.split_once('?').map_or(label.as_str(), |(base, _)| base))
-            }
+            LedgerKind::Postgres => PathBuf::from(self.ledger_label()),
             LedgerKind::Folder | LedgerKind::Sqlite => {
                 std::fs::canonicalize(&self.ledger).unwrap_or_else(|_| self.ledger.clone())
             }

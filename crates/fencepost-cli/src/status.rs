@@ -49,13 +49,8 @@ fn queued_here(settings: &Settings, agent: Option<&str>) -> Result<(std::path::P
             path.display()
         );
     }
-    for (other, held) in settings.other_outboxes() {
-        err!(
-            "fencepost: warning: {} of this device wait in {} for another ledger, or this one named otherwise (run `fencepost ledger flush` with the --ledger or --coordinator they were queued for)",
-            plural(held as u64, "queued record"),
-            other.display()
-        );
-    }
+    let elsewhere = settings.other_outboxes();
+    warn_other_outboxes(&elsewhere);
     let values = records
         .iter()
         .filter(|record| record.device_id == settings.device)
@@ -67,8 +62,32 @@ fn queued_here(settings: &Settings, agent: Option<&str>) -> Result<(std::path::P
             None => json!({"surface": record.surface, "payload": record.payload}),
         })
         .filter(|value| agent.is_none_or(|agent| value["agent_id"].as_str().is_none_or(|of| of == agent)))
+        .chain(
+            elsewhere
+                .iter()
+                .map(|(path, _)| json!({"elsewhere": path.display().to_string()})),
+        )
         .collect();
     Ok((path, values))
+}
+
+/// Says what this device's queues for other ledger keys hold (`status`, `ledger flush`).
+pub(crate) fn warn_other_outboxes(
+    elsewhere: &[(
+        std::path::PathBuf,
+        Result<Vec<fencepost::ledger::QueuedRecord>, String>,
+    )],
+) {
+    for (other, records) in elsewhere {
+        match records {
+            Ok(records) => err!(
+                "fencepost: warning: {} of this device wait in {} for another ledger, or this one named otherwise (another host name for the server): run `fencepost ledger flush` with the --ledger or --coordinator they were queued for",
+                plural(records.len() as u64, "queued record"),
+                other.display()
+            ),
+            Err(error) => err!("fencepost: warning: {error}"),
+        }
+    }
 }
 
 /// `fencepost status`: what [`report`] says; when the coordinator or the ledger cannot be read,
@@ -312,7 +331,7 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &[Value]) -> Result<i3
             );
         }
     }
-    for record in queued {
+    for record in queued.iter().filter(|record| record["elsewhere"].is_null()) {
         out!(
             "queued on this host, not yet in the ledger: {} of {} {} at epoch {} (`fencepost ledger flush` writes it)",
             record["run_id"].as_str().unwrap_or("a record"),

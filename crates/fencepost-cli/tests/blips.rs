@@ -197,6 +197,36 @@ fn d2_an_outcome_that_cannot_be_written_in_time_is_queued_and_written_later() {
     let again = host.run("host-2", &strs(&host.report_args("1", &[], "0")));
     assert_eq!(code(&again), 3, "{}", text(&again.stderr));
 
+    // The same database under another host name (`localhost`): another queue, which neither
+    // `run` nor `ledger resolve` of that run decides around, and `status` names.
+    queue_one("5");
+    proxy.set(Mode::Pass);
+    let renamed = host.coordinator.replace("127.0.0.1", "localhost");
+    let as_renamed = |args: &[&str]| {
+        host.command("host-1", args)
+            .env("FENCEPOST_COORDINATOR", &renamed)
+            .output()
+            .unwrap()
+    };
+    let status = as_renamed(&["status"]);
+    assert_eq!(code(&status), 1, "{}", text(&status.stdout));
+    assert!(
+        text(&status.stderr).contains("another ledger, or this one named otherwise"),
+        "{}",
+        text(&status.stderr)
+    );
+    let refused = as_renamed(&strs(&host.report_args("5", &[], "0")));
+    assert_eq!(code(&refused), 10, "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("waits on this host in"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(host.run("host-1", &["ledger", "flush"]).status.code(), Some(0));
+    std::thread::sleep(Duration::from_secs(3));
+    let again = host.run("host-2", &strs(&host.report_args("5", &[], "0")));
+    assert_eq!(code(&again), 3, "{}", text(&again.stderr));
+
     // `ledger resolve` on the host writes what it queued first: the run is committed, not in
     // doubt, and resolving it `failed` is refused (it used to be recorded, and the run ran again
     // elsewhere).
@@ -236,7 +266,7 @@ fn d2_an_outcome_that_cannot_be_written_in_time_is_queued_and_written_later() {
     assert_eq!(code(&next), 0, "{}", text(&next.stderr));
     let again = host.run("host-2", &strs(&host.report_args("3", &[], "0")));
     assert_eq!(code(&again), 3, "{}", text(&again.stderr));
-    assert_eq!(host.effects().len(), 4, "once each");
+    assert_eq!(host.effects().len(), 5, "once each");
 }
 
 /// SIGTERM, SIGINT or SIGHUP while fencepost tries to write the outcome of a command that ran:

@@ -149,6 +149,37 @@ impl PostgresConfig {
     }
 }
 
+impl PostgresConfig {
+    /// Which database the URL names, however it is spelled (`postgres://` or `postgresql://`,
+    /// credentials and options in the authority or in the query): `role@host:port/database`,
+    /// hosts and ports as listed (default port 5432, database the role's name), with the
+    /// schema. `None` for a URL that does not parse. Two names of one server (`localhost` and
+    /// `127.0.0.1`) stay two identities.
+    pub fn database_identity(&self) -> Option<String> {
+        let settings: tokio_postgres::Config = self.url.parse().ok()?;
+        let user = settings.get_user().unwrap_or_default();
+        let hosts: Vec<String> = settings
+            .get_hosts()
+            .iter()
+            .map(|host| match host {
+                tokio_postgres::config::Host::Tcp(name) => name.to_ascii_lowercase(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            })
+            .collect();
+        let ports: Vec<String> = match settings.get_ports() {
+            [] => vec!["5432".to_owned()],
+            ports => ports.iter().map(u16::to_string).collect(),
+        };
+        let database = settings.get_dbname().unwrap_or(user);
+        Some(format!(
+            "{user}@{}:{}/{database}#{}",
+            hosts.join(","),
+            ports.join(","),
+            self.schema
+        ))
+    }
+}
+
 /// The largest [`PostgresConfig::operation_timeout_ms`]: PostgreSQL's timeouts are 32-bit
 /// milliseconds.
 pub const MAX_OPERATION_TIMEOUT_MS: u64 = i32::MAX as u64;
@@ -2437,6 +2468,24 @@ mod tests {
             let refused = connect(code, message);
             assert!(!refused.is_transient(), "{code}: {refused}");
         }
+    }
+
+    /// A database's identity leaves out how the URL spells it (the host's outbox is keyed by it).
+    #[test]
+    fn a_database_identity_is_the_same_however_the_url_spells_it() {
+        let identity = |url: &str| PostgresConfig::new(url).database_identity().unwrap();
+        let plain = identity("postgres://fp:secret@db.internal:5432/app");
+        for url in [
+            "postgresql://fp:other@db.internal/app",
+            "postgres://fp@DB.internal:5432/app?operation_timeout=5s&sslmode=disable",
+            "postgres://db.internal/app?user=fp&password=secret",
+            "postgres:///app?host=db.internal&user=fp",
+        ] {
+            assert_eq!(identity(url), plain, "{url}");
+        }
+        assert_ne!(identity("postgres://fp@db.internal/other"), plain);
+        assert_ne!(identity("postgres://fp@db.internal:6432/app"), plain);
+        assert!(PostgresConfig::new("not a url").database_identity().is_none());
     }
 
     /// Issue 14, item 4: every attempt to connect to a server that never answers shares one

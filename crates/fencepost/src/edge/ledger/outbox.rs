@@ -26,8 +26,8 @@ use crate::lease::Intent;
 use crate::oplog::Surface;
 
 /// How long a process waits for another one's lock on the outbox: it is held to read, append or
-/// store it, which takes a relay's bounded call at most.
-const LOCK_WAIT: Duration = Duration::from_secs(30);
+/// store it, which takes one relay call at most (bounded: 11 s by default for PostgreSQL).
+const LOCK_WAIT: Duration = Duration::from_secs(15);
 
 /// One queued record, as a line of the outbox.
 #[derive(Debug, Serialize, Deserialize)]
@@ -176,10 +176,17 @@ fn lock(path: &Path) -> Result<Locked, DispatchError> {
         )
     })?;
     let limit = RealTimeLimit::starting_now(LOCK_WAIT);
+    let mut told = false;
     loop {
         match file.try_lock() {
             Ok(()) => return Ok(Locked { _file: file }),
-            Err(TryLockError::WouldBlock) if !limit.passed() => std::thread::sleep(Duration::from_millis(10)),
+            Err(TryLockError::WouldBlock) if !limit.passed() => {
+                if !told && limit.elapsed() > Duration::from_secs(1) {
+                    told = true;
+                    tracing::warn!(outbox = %path.display(), "waiting for another process's lock on the outbox (it writes the records queued on this site)");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
             Err(TryLockError::WouldBlock) => {
                 return Err(outbox_error(
                     path,
