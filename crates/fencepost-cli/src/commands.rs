@@ -830,22 +830,14 @@ fn store_outcome(
     }
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     let within = |deadline: Instant| deadline.saturating_duration_since(Instant::now());
-    // In slices, so that a signal is seen between them.
-    let slice = Duration::from_millis(500);
-    let (mut cause, mut passes) = loop {
-        match ledger.flush_within(within(deadline).min(slice)) {
-            Ok(_) => return Ok(Stored::Written),
-            Err(error)
-                if error.is_transient() && signals.pending().is_none() && Instant::now() < deadline =>
-            {
-                tracing::debug!(%error, "could not write the outcome yet");
-            }
-            Err(error) => break (error.to_string(), error.is_transient()),
-        }
+    let no_signal = || signals.pending().is_none();
+    let (mut cause, mut passes) = match ledger.flush_while(within(deadline), no_signal) {
+        Ok(_) => return Ok(Stored::Written),
+        Err(error) => (error.to_string(), error.is_transient()),
     };
-    // A failure that passes, once the time is up or a signal came, is queued at once; another
-    // (a device file pruned meanwhile) may be cured by reading the ledger again.
-    if (passes && Instant::now() >= deadline) || signals.pending().is_some() {
+    // A failure that passes (the time is up) or a signal: queued at once. Another (a device
+    // file pruned meanwhile) may be cured by reading the ledger again.
+    if passes || !no_signal() {
         return queue(ledger, cause, passes, signals.pending());
     }
     err!("fencepost: warning: could not write the outcome ({cause}); trying through the ledger opened again");
@@ -855,9 +847,7 @@ fn store_outcome(
             Ok(mut fresh) => {
                 // The records move to `fresh`, and stay in its queue if it cannot write them.
                 let written = match ledger.flush_through(&mut fresh) {
-                    Err(error) if error.is_transient() && signals.pending().is_none() => {
-                        fresh.flush_within(within(deadline))
-                    }
+                    Err(error) if error.is_transient() => fresh.flush_while(within(deadline), no_signal),
                     other => other,
                 };
                 return match written {
@@ -873,9 +863,7 @@ fn store_outcome(
                     ),
                 };
             }
-            Err(error)
-                if transient(&error) && signals.pending().is_none() && Instant::now() + pause < deadline =>
-            {
+            Err(error) if transient(&error) && no_signal() && Instant::now() + pause < deadline => {
                 (cause, passes) = (crate::one_line(&error), true);
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));

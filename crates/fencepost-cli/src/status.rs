@@ -35,7 +35,7 @@ fn run_json(row: &RunRow, at_ms: Option<u64>) -> Value {
 
 /// The records queued on this host that the ledger does not have yet (outcomes written while
 /// the database was away: [`fencepost::ledger::read_outbox`]), as `status` lists them.
-fn queued_here(settings: &Settings, agent: Option<&str>) -> Result<(std::path::PathBuf, Vec<Value>)> {
+fn queued_here(settings: &Settings, agent: Option<&str>) -> Result<Queued> {
     let path = settings.outbox_file()?;
     let records = fencepost::ledger::read_outbox(&path)?;
     let others = records
@@ -62,13 +62,32 @@ fn queued_here(settings: &Settings, agent: Option<&str>) -> Result<(std::path::P
             None => json!({"surface": record.surface, "payload": record.payload}),
         })
         .filter(|value| agent.is_none_or(|agent| value["agent_id"].as_str().is_none_or(|of| of == agent)))
-        .chain(
-            elsewhere
-                .iter()
-                .map(|(path, _)| json!({"elsewhere": path.display().to_string()})),
-        )
         .collect();
-    Ok((path, values))
+    let elsewhere = elsewhere
+        .iter()
+        .map(|(path, _)| path.display().to_string())
+        .collect();
+    Ok(Queued {
+        path,
+        records: values,
+        elsewhere,
+    })
+}
+
+/// What waits on this host ([`queued_here`]).
+struct Queued {
+    /// This ledger's outbox.
+    path: std::path::PathBuf,
+    /// Its records of this device, as `status` lists them.
+    records: Vec<Value>,
+    /// This device's outboxes under other ledger keys that hold something.
+    elsewhere: Vec<String>,
+}
+
+impl Queued {
+    fn is_empty(&self) -> bool {
+        self.records.is_empty() && self.elsewhere.is_empty()
+    }
 }
 
 /// Says what this device's queues for other ledger keys hold (`status`, `ledger flush`).
@@ -98,13 +117,13 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
             crate::usage!("--agent {agent:?}: {error}");
         }
     }
-    let (outbox, queued) = queued_here(settings, args.agent.as_deref())?;
+    let queued = queued_here(settings, args.agent.as_deref())?;
     report(settings, args, &queued).inspect_err(|_| {
-        if !queued.is_empty() {
+        if !queued.records.is_empty() {
             err!(
                 "fencepost: {} of this host wait in {} for the ledger (`fencepost ledger flush` writes them)",
-                plural(queued.len() as u64, "queued record"),
-                outbox.display()
+                plural(queued.records.len() as u64, "queued record"),
+                queued.path.display()
             );
         }
     })
@@ -112,7 +131,7 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
 
 /// The leases joined with the ledger's runs, and the ledger's health (exit 1 when it is damaged,
 /// behind, or records of this host wait in its outbox).
-fn report(settings: &Settings, args: &StatusArgs, queued: &[Value]) -> Result<i32> {
+fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32> {
     let coordinator = settings.coordinator()?;
     // Leases expire by the coordinator's clock; commits are stamped by the hosts' wall clocks.
     let now_ms = coordinator.now_ms();
@@ -253,7 +272,8 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &[Value]) -> Result<i3
                 },
                 "coordinator_now_ms": now_ms,
                 "agents": agent_values,
-                "queued": queued,
+                "queued": queued.records,
+                "queued_elsewhere": queued.elsewhere,
             })
         );
         return Ok(if healthy { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
@@ -331,7 +351,7 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &[Value]) -> Result<i3
             );
         }
     }
-    for record in queued.iter().filter(|record| record["elsewhere"].is_null()) {
+    for record in &queued.records {
         out!(
             "queued on this host, not yet in the ledger: {} of {} {} at epoch {} (`fencepost ledger flush` writes it)",
             record["run_id"].as_str().unwrap_or("a record"),
@@ -359,8 +379,13 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &[Value]) -> Result<i3
     }
     if !queued.is_empty() {
         health.push(format!(
-            "behind this host, which holds {} it could not write yet",
-            plural(queued.len() as u64, "record")
+            "behind this host, which holds {} it could not write yet{}",
+            plural(queued.records.len() as u64, "record"),
+            if queued.elsewhere.is_empty() {
+                ""
+            } else {
+                " (and queues under another ledger key: see the warnings above)"
+            }
         ));
     }
     out!("ledger health: {}", health.join("; "));

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::postgres::{fresh_database, in_database, server_url};
 use common::proxy::{Mode, Proxy};
-use common::{text, wait_for_file, Shared};
+use common::{in_doubt_run, text, wait_for_file, Shared};
 
 /// Hosts sharing only a database URL, through a proxy of the test's own, in a database of the
 /// test's own.
@@ -27,6 +27,30 @@ fn hosts(test: &str) -> (Proxy, Shared) {
     let proxy = Proxy::start(upstream);
     let shared = Shared::database_only(tempfile::tempdir().unwrap(), proxy.url(&url), "reports");
     (proxy, shared)
+}
+
+/// Starts the daily report for `salt` on host-1 with `extra`, its command sleeping `linger`
+/// after its effect; returns once the command has run, with the database taken away (every
+/// connection cut, logins refused, as a restart behind PgBouncer).
+fn run_then_take_the_database_away(
+    host: &Shared,
+    proxy: &Proxy,
+    salt: &str,
+    extra: &[&str],
+    linger: &str,
+) -> std::process::Child {
+    let started_file = host.path(&format!("started-{salt}"));
+    let mut args = host.report_args(salt, extra, "0");
+    let script = args.pop().unwrap();
+    args.push(format!(
+        "{script}; touch '{}'; sleep {linger}",
+        started_file.display()
+    ));
+    let run = host.spawn("host-1", &strs(&args));
+    wait_for_file(&started_file);
+    proxy.set(Mode::RefuseLogins);
+    proxy.cut();
+    run
 }
 
 fn strs(args: &[String]) -> Vec<&str> {
@@ -108,14 +132,7 @@ fn l7_d2_a_query_or_an_answer_lost_at_any_step_of_a_run_is_waited_out_and_runs_o
 #[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
 fn l7_d2_a_restart_during_the_command_still_writes_its_outcome() {
     let (proxy, host) = hosts("blip_command");
-    let started_file = host.path("started");
-    let mut args = host.report_args("1", &["--ttl", "10s"], "0");
-    let script = args.pop().unwrap();
-    args.push(format!("{script}; touch '{}'; sleep 0.5", started_file.display()));
-    let mut run = host.spawn("host-1", &strs(&args));
-    wait_for_file(&started_file);
-    proxy.set(Mode::RefuseLogins);
-    proxy.cut();
+    let mut run = run_then_take_the_database_away(&host, &proxy, "1", &["--ttl", "10s"], "0.5");
     std::thread::sleep(Duration::from_secs(3));
     proxy.set(Mode::Pass);
     let ran = run.wait().unwrap();
@@ -136,14 +153,8 @@ fn l7_d2_a_restart_during_the_command_still_writes_its_outcome() {
 fn d2_an_outcome_that_cannot_be_written_in_time_is_queued_and_written_later() {
     let (proxy, host) = hosts("blip_queue");
     let queue_one = |salt: &str| {
-        let started_file = host.path(&format!("started-{salt}"));
-        let mut args = host.report_args(salt, &["--ttl", "3s", "--outcome-wait", "1s", "--json"], "0");
-        let script = args.pop().unwrap();
-        args.push(format!("{script}; touch '{}'; sleep 0.3", started_file.display()));
-        let run = host.spawn("host-1", &strs(&args));
-        wait_for_file(&started_file);
-        proxy.set(Mode::RefuseLogins);
-        proxy.cut();
+        let extra = ["--ttl", "3s", "--outcome-wait", "1s", "--json"];
+        let run = run_then_take_the_database_away(&host, &proxy, salt, &extra, "0.3");
         let output = run.wait_with_output().unwrap();
         assert_eq!(code(&output), 0, "{}", text(&output.stderr));
         assert!(
@@ -233,16 +244,7 @@ fn d2_an_outcome_that_cannot_be_written_in_time_is_queued_and_written_later() {
     queue_one("2");
     proxy.set(Mode::Pass);
     std::thread::sleep(Duration::from_secs(3));
-    let runs: serde_json::Value =
-        serde_json::from_slice(&host.run("host-2", &["ledger", "runs", "--json"]).stdout).unwrap();
-    let run_id = runs
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|run| run["status"] == "in-doubt")
-        .and_then(|run| run["run_id"].as_str())
-        .expect("the queued run is in doubt elsewhere")
-        .to_owned();
+    let run_id = in_doubt_run(&host, "host-2"); // the queued run, in doubt elsewhere
     let resolved = host.run(
         "host-1",
         &[
@@ -278,14 +280,8 @@ fn d2_a_signal_while_the_outcome_is_retried_queues_it() {
     let (proxy, host) = hosts("blip_signal");
     for (number, signal, status) in [(1, "TERM", 143), (2, "INT", 130), (3, "HUP", 129)] {
         let salt = format!("{number}");
-        let started_file = host.path(&format!("started-{salt}"));
-        let mut args = host.report_args(&salt, &["--ttl", "3s", "--outcome-wait", "20s"], "0");
-        let script = args.pop().unwrap();
-        args.push(format!("{script}; touch '{}'; sleep 0.3", started_file.display()));
-        let run = host.spawn("host-1", &strs(&args));
-        wait_for_file(&started_file);
-        proxy.set(Mode::RefuseLogins);
-        proxy.cut();
+        let extra = ["--ttl", "3s", "--outcome-wait", "20s"];
+        let run = run_then_take_the_database_away(&host, &proxy, &salt, &extra, "0.3");
         std::thread::sleep(Duration::from_secs(2));
         let signalled = std::process::Command::new("kill")
             .args([format!("-{signal}"), run.id().to_string()])

@@ -177,16 +177,7 @@ fn d2_two_operators_resolving_one_run_at_once_are_not_both_told_it_was_recorded(
             "true",
         );
         std::thread::sleep(std::time::Duration::from_millis(1_100));
-        let runs: serde_json::Value =
-            serde_json::from_str(&text(&shared.run("host-2", &["ledger", "runs", "--json"]).stdout)).unwrap();
-        let run_id = runs
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|run| run["status"] == "in-doubt")
-            .and_then(|run| run["run_id"].as_str())
-            .unwrap()
-            .to_owned();
+        let run_id = common::in_doubt_run(&shared, "host-2");
         let resolvers: Vec<_> = [("host-2", "committed"), ("host-3", "failed")]
             .into_iter()
             .map(|(host, outcome)| {

@@ -130,6 +130,19 @@ impl Shared {
     }
 }
 
+/// The id of the run `ledger runs --json` shows in doubt, as `device` reads the ledger.
+pub fn in_doubt_run(shared: &Shared, device: &str) -> String {
+    let runs: serde_json::Value =
+        serde_json::from_slice(&shared.run(device, &["ledger", "runs", "--json"]).stdout).unwrap();
+    runs.as_array()
+        .unwrap()
+        .iter()
+        .find(|run| run["status"] == "in-doubt")
+        .and_then(|run| run["run_id"].as_str())
+        .unwrap_or_else(|| panic!("no run in doubt: {runs}"))
+        .to_owned()
+}
+
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

@@ -271,19 +271,18 @@ impl Ledger {
             return Ok(0);
         }
         let count = own.len();
-        let earlier = std::mem::take(&mut self.unsent);
+        // Called by the open, before anything else is queued.
+        debug_assert!(self.unsent.is_empty());
         self.unsent = own.into_iter().map(|line| (line.surface, line.payload)).collect();
-        let stored = self.write_queued();
-        if let Err(error) = stored {
+        if let Err(error) = self.write_queued() {
             // The file still holds them: they are stored by the next ledger opened with it.
-            self.unsent = earlier;
+            self.unsent.clear();
             return Err(DispatchError::Queued {
                 path,
                 count,
                 source: Box::new(error),
             });
         }
-        self.unsent = earlier;
         let remove = || -> std::io::Result<()> {
             let temporary = path.with_extension(format!("{}.tmp", std::process::id()));
             if others.is_empty() {
@@ -349,11 +348,20 @@ impl Ledger {
     /// The last error, when `limit` passed or the failure will not pass by itself; the records
     /// stay queued ([`queue_unsent`](Self::queue_unsent) keeps them on the site).
     pub fn flush_within(&mut self, limit: Duration) -> Result<usize, DispatchError> {
+        self.flush_while(limit, || true)
+    }
+
+    /// [`flush_within`](Self::flush_within), giving up the tries as soon as `go_on` says no (it
+    /// is asked before each pause): a caller that stops for a signal queues the records at once.
+    ///
+    /// # Errors
+    /// As [`flush_within`](Self::flush_within).
+    pub fn flush_while(&mut self, limit: Duration, go_on: impl Fn() -> bool) -> Result<usize, DispatchError> {
         let limit = RealTimeLimit::starting_now(limit);
         let mut pause = Duration::from_millis(100);
         loop {
             match self.flush() {
-                Err(error) if error.is_transient() && limit.remaining() > pause => {
+                Err(error) if error.is_transient() && limit.remaining() > pause && go_on() => {
                     tracing::warn!(%error, "could not store the queued records; trying again");
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_secs(2));
