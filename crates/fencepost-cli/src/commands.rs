@@ -247,8 +247,13 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
         } else {
             String::new()
         },
-        settings.repair_hint()
+        settings.repair_hint(went_back(&damage))
     ))
+}
+
+/// Whether the damage is a database that went back (`ProblemKind::WentBack`).
+fn went_back(damage: &[&fencepost::relay::RelayProblem]) -> bool {
+    damage.iter().any(|problem| problem.kind == ProblemKind::WentBack)
 }
 
 /// A refusal ([`refuse_damage`]) whose only damage is a device file pruned while the ledger
@@ -1654,7 +1659,7 @@ fn report_damage(ledger: &Ledger, settings: &Settings) -> i32 {
             "fencepost: the ledger in {} is damaged ({}): what the damaged devices recorded after the damage is missing above. {} (`fencepost ledger verify` checks everything)",
             settings.ledger_label(),
             plural(damage.len() as u64, "problem"),
-            settings.repair_hint()
+            settings.repair_hint(went_back(&damage))
         );
     }
     EXIT_RAN_FAILED
@@ -1874,7 +1879,7 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
     }
     for problem in ledger.problems() {
         let kind = match problem.kind {
-            ProblemKind::Damage | ProblemKind::Pruned => "damaged",
+            ProblemKind::Damage | ProblemKind::Pruned | ProblemKind::WentBack => "damaged",
             ProblemKind::IncompleteLine => "incomplete",
             _ => "ignored",
         };
@@ -1934,7 +1939,9 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
             "fencepost: {} in {}: each device stops at its first bad record; {} (an incomplete last line of a folder's file may be a write or a sync in progress)",
             plural(bad as u64, "problem"),
             settings.ledger_label(),
-            settings.repair_hint().to_lowercase()
+            settings
+                .repair_hint(went_back(&ledger.problems().iter().collect::<Vec<_>>()))
+                .to_lowercase()
         );
     } else {
         // Only checkpoints: the records are intact.

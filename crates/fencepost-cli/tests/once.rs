@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{text, wait_for_file, Shared};
 use fencepost::clock::{Hlc, ManualClock};
+use fencepost::lease::LeaseCoordinator as _;
 use fencepost::oplog::{DeviceLog, OpId, OpRecord, Surface};
 use fencepost::relay::{device_file_name, FsRelay, Relay};
 use serde_json::json;
@@ -113,7 +114,7 @@ fn d2_a_retried_run_killed_mid_command_is_in_doubt_although_an_older_attempt_fai
     let shared = Shared::sqlite();
     let failed = shared.run("host-1", &run_args("a", "s", &[], &["sh", "-c", "exit 1"]));
     assert_eq!(code(&failed), 1, "{}", text(&failed.stderr));
-    // The retry (epoch 2) is killed with SIGKILL mid-command.
+    // The retry (a later epoch) is killed with SIGKILL mid-command.
     common::kill_mid_command(
         &shared,
         "host-1",
@@ -126,7 +127,7 @@ fn d2_a_retried_run_killed_mid_command_is_in_doubt_although_an_older_attempt_fai
     std::thread::sleep(Duration::from_millis(1_100)); // the dead host's lease runs out
     let runs = text(&shared.run("host-2", &["ledger", "runs", "--agent", "a"]).stdout);
     assert!(
-        runs.contains("in-doubt") && runs.contains("epoch 2") && runs.contains("after failed@1"),
+        runs.contains("in-doubt") && runs.contains("after failed@"),
         "{runs}"
     );
     let again = shared.run(
@@ -354,8 +355,13 @@ fn keeper_a_command_whose_lease_is_lost_is_stopped_and_left_in_doubt() {
     signal(child.id(), "STOP");
     std::thread::sleep(Duration::from_millis(1_500));
     // Another host takes the expired lease.
-    let taken = shared.run("host-2", &["lease", "acquire", "--agent", "a", "--ttl", "60s"]);
+    let taken = shared.run(
+        "host-2",
+        &["lease", "acquire", "--agent", "a", "--ttl", "60s", "--json"],
+    );
     assert_eq!(code(&taken), 0, "{}", text(&taken.stderr));
+    let taken: serde_json::Value = serde_json::from_slice(&taken.stdout).unwrap();
+    let epoch = taken["epoch"].as_u64().unwrap().to_string();
     let resumed = Instant::now();
     signal(child.id(), "CONT");
     let status = child.wait().unwrap();
@@ -363,11 +369,11 @@ fn keeper_a_command_whose_lease_is_lost_is_stopped_and_left_in_doubt() {
     assert_eq!(status.code(), Some(6));
     assert!(shared.effects().is_empty(), "the command never finished");
     assert_eq!(
-        code(&shared.run("host-2", &["lease", "release", "--agent", "a", "--epoch", "2"])),
+        code(&shared.run("host-2", &["lease", "release", "--agent", "a", "--epoch", &epoch])),
         0
     );
     let runs = text(&shared.run("host-3", &["ledger", "runs"]).stdout);
-    assert!(runs.contains("in-doubt") && runs.contains("epoch 1"), "{runs}");
+    assert!(runs.contains("in-doubt"), "{runs}");
     let again = shared.run("host-3", &run_args("a", "1", &[], &["true"]));
     assert_eq!(
         code(&again),
@@ -787,13 +793,14 @@ fn l5_lease_acquire_raises_the_epoch_floor_from_the_ledger() {
     let mut other = DeviceLog::new("elsewhere", ManualClock::new(1_000).wall_clock()).unwrap();
     let committed = other.append(
         Surface::Intent,
-        json!({"id": "run-old", "agent_id": "a", "epoch": 5, "status": "committed"}),
+        // Above the wall clock in ms, which the epoch clock would mint above anyway.
+        json!({"id": "run-old", "agent_id": "a", "epoch": 10_000_000_000_005u64, "status": "committed"}),
     );
     relay.push(&[committed]).unwrap();
     let acquired = shared.run("host-1", &["lease", "acquire", "--agent", "a", "--json"]);
     assert_eq!(code(&acquired), 0, "{}", text(&acquired.stderr));
     let lease: serde_json::Value = serde_json::from_slice(&acquired.stdout).unwrap();
-    assert_eq!(lease["epoch"], 6, "{lease}");
+    assert_eq!(lease["epoch"], 10_000_000_000_006u64, "{lease}");
 }
 
 /// R1, D2: an outcome that cannot be written for a cause that does not pass (a damaged device
@@ -1197,9 +1204,19 @@ fn l5_a_coordinator_that_loses_its_state_never_grants_one_token_twice_to_one_dev
 }
 
 /// A host runs a long command; another waits for the lease; the coordinator loses its rows; the
-/// waiter must run under an epoch of its own (2), never the first host's (1).
+/// waiter must run under an epoch of its own (F + 2), never the first host's (F + 1). The floor F
+/// is far above the wall clock, as epochs are after the clock was set back behind them: the
+/// epoch clock alone (rule L5, `SqliteConfig::epoch_clock`) would mint above the lost epochs.
 fn coordinator_loss_during_a_wait(first_device: &str, second_device: &str) {
     let shared = Shared::sqlite();
+    const F: u64 = 10_000_000_000_000;
+    fencepost::backend::sqlite::SqliteLeaseCoordinator::open(
+        shared.path("leases.db"),
+        fencepost::clock::system_clock(),
+    )
+    .unwrap()
+    .raise_epoch_floor(&shared.agent, F)
+    .unwrap();
     let first_effect = format!("{}; sleep 8", append_effect(&shared, "p"));
     let mut first = shared.spawn(
         first_device,
@@ -1238,10 +1255,10 @@ fn coordinator_loss_during_a_wait(first_device: &str, second_device: &str) {
     exit_within(&mut first, 30, "the first host");
     let effects = shared.effects();
     assert_eq!(effects.len(), 2, "{effects:?}");
-    assert_eq!(effects[0], format!("p {first_device} 1"), "{effects:?}");
+    assert_eq!(effects[0], format!("p {first_device} {}", F + 1), "{effects:?}");
     assert_eq!(
         effects[1],
-        format!("w {second_device} 2"),
+        format!("w {second_device} {}", F + 2),
         "one token, one holder: {effects:?}"
     );
 }

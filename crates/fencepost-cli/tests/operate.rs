@@ -228,7 +228,7 @@ fn logs_json_format_writes_only_json_lines_with_the_runs_fields() {
         assert!(in_run["span"]["run_id"].as_str().unwrap().starts_with("run-"));
         if code == 0 {
             assert!(
-                lines.iter().any(|line| line["span"]["epoch"] == 1),
+                lines.iter().any(|line| line["span"]["epoch"].as_u64() > Some(0)),
                 "the epoch joins the span once granted: {stderr}"
             );
         } else {

@@ -129,11 +129,8 @@ fn l7_sqlite_failures_are_backend_errors_not_verdicts() {
         }
     }
     coordinator.with_connection(|connection| connection.execute_batch("ROLLBACK").unwrap());
-    assert_eq!(
-        blocked.acquire("l7", "laptop", 1_000).unwrap().epoch,
-        1,
-        "nothing was applied before"
-    );
+    assert_eq!(blocked.current("l7").unwrap(), None, "nothing was applied before");
+    blocked.acquire("l7", "laptop", 1_000).unwrap();
 
     // Storage that fails on every call: the table is gone.
     coordinator
@@ -525,7 +522,7 @@ fn sqlite_child_process() {
         }
         "crash" => {
             // Acquire and release as fast as possible, reporting each epoch, until killed.
-            let coordinator = SqliteLeaseCoordinator::open(&database, system_clock()).unwrap();
+            let coordinator = counting(&database, system_clock());
             let mut stdout = std::io::stdout();
             loop {
                 let lease = coordinator.acquire("crash", "child", 200).unwrap();
@@ -605,11 +602,21 @@ fn l6_sqlite_histories_from_four_processes_are_linearizable() {
     }
 }
 
+/// A SQLite coordinator whose epochs count 1, 2, 3, … (no epoch clock), for the tests of the
+/// floor's arithmetic and of what survives a crash.
+fn counting(path: &Path, clock: WallClock) -> SqliteLeaseCoordinator {
+    let config = fencepost::backend::sqlite::SqliteConfig {
+        epoch_clock: None,
+        ..Default::default()
+    };
+    SqliteLeaseCoordinator::open_with(path, clock, config).unwrap()
+}
+
 #[test]
 fn l5_sqlite_epochs_survive_a_sigkill_and_never_repeat() {
     let folder = tempfile::tempdir().unwrap();
     let database = folder.path().join("leases.db");
-    drop(SqliteLeaseCoordinator::open(&database, system_clock()).unwrap());
+    drop(counting(&database, system_clock()));
     let mut child = spawn_child("crash", &[(CHILD_DB, database.display().to_string())]);
     let epoch_of = |line: String| {
         line.strip_prefix("epoch ")
@@ -631,7 +638,7 @@ fn l5_sqlite_epochs_survive_a_sigkill_and_never_repeat() {
         "the child saw dense epochs"
     );
     std::thread::sleep(Duration::from_millis(250)); // past the child's TTL, if it died holding the lease
-    let coordinator = SqliteLeaseCoordinator::open(&database, system_clock()).unwrap();
+    let coordinator = counting(&database, system_clock());
     let next = coordinator.acquire("crash", "parent", 1_000).unwrap();
     let last = *epochs.last().unwrap();
     assert!(
@@ -645,19 +652,57 @@ fn l5_sqlite_epochs_survive_a_sigkill_and_never_repeat() {
     );
 }
 
+/// Rule L5 when the database goes back in time: a copy of the file taken earlier (an operator's
+/// backup, restored) has forgotten the grants made since, and still mints none of their epochs,
+/// since every epoch is at least the wall clock in milliseconds (`SqliteConfig::epoch_clock`).
+/// Without an epoch clock the restored copy grants again the epoch granted after the copy.
+#[test]
+fn l5_sqlite_a_file_restored_from_an_earlier_copy_mints_no_epoch_twice() {
+    let folder = tempfile::tempdir().unwrap();
+    let database = folder.path().join("leases.db");
+    let backup = folder.path().join("backup.db");
+    let clock = ManualClock::new(1_000);
+    let grant_after_restore = |config: fencepost::backend::sqlite::SqliteConfig| {
+        let _ = std::fs::remove_file(&database);
+        let open =
+            || SqliteLeaseCoordinator::open_with(&database, clock.wall_clock(), config.clone()).unwrap();
+        let mut granted = vec![open().acquire("milo", "laptop", 1_000).unwrap().epoch];
+        std::fs::copy(&database, &backup).unwrap(); // closed: the file holds every grant
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(3));
+            clock.advance(1_000);
+            granted.push(open().acquire("milo", "phone", 1_000).unwrap().epoch);
+        }
+        std::fs::copy(&backup, &database).unwrap(); // the restore
+        clock.advance(1_000);
+        let after = open().acquire("milo", "laptop", 1_000).unwrap().epoch;
+        (granted, after)
+    };
+    let (granted, after) = grant_after_restore(fencepost::backend::sqlite::SqliteConfig::default());
+    assert!(
+        granted.iter().all(|epoch| after > *epoch),
+        "epoch {after} after the restore; granted before it: {granted:?}"
+    );
+    let counting = fencepost::backend::sqlite::SqliteConfig {
+        epoch_clock: None,
+        ..Default::default()
+    };
+    let (granted, after) = grant_after_restore(counting);
+    assert_eq!((granted, after), (vec![1, 2, 3, 4], 2), "without an epoch clock");
+}
+
 #[test]
 fn l5_sqlite_epoch_floor_gives_42_after_41_and_survives_a_restart() {
     let folder = tempfile::tempdir().unwrap();
     let database = folder.path().join("leases.db");
     let clock = ManualClock::new(1_000);
-    SqliteLeaseCoordinator::open(&database, clock.wall_clock())
-        .unwrap()
+    counting(&database, clock.wall_clock())
         .raise_epoch_floor("milo", 41)
         .unwrap();
-    let reopened = SqliteLeaseCoordinator::open(&database, clock.wall_clock()).unwrap();
+    let reopened = counting(&database, clock.wall_clock());
     assert_eq!(reopened.acquire("milo", "laptop", 10_000).unwrap().epoch, 42);
     drop(reopened);
-    let again = SqliteLeaseCoordinator::open(&database, clock.wall_clock()).unwrap();
+    let again = counting(&database, clock.wall_clock());
     assert_eq!(again.current("milo").unwrap().map(|lease| lease.epoch), Some(42));
     clock.advance(10_000);
     assert_eq!(again.acquire("milo", "phone", 10_000).unwrap().epoch, 43);
@@ -674,7 +719,7 @@ fn l5_sqlite_a_floor_it_has_writes_nothing_and_a_closed_file_holds_every_grant()
     let database = folder.path().join("leases.db");
     let log = folder.path().join("leases.db-wal");
     let clock = ManualClock::new(1_000);
-    let coordinator = SqliteLeaseCoordinator::open(&database, clock.wall_clock()).unwrap();
+    let coordinator = counting(&database, clock.wall_clock());
     coordinator.raise_epoch_floor("milo", 41).unwrap();
     assert_eq!(coordinator.acquire("milo", "laptop", 1_000).unwrap().epoch, 42);
     let length = || std::fs::metadata(&log).unwrap().len();
@@ -694,7 +739,7 @@ fn l5_sqlite_a_floor_it_has_writes_nothing_and_a_closed_file_holds_every_grant()
     drop(coordinator);
     let copy = folder.path().join("copy.db");
     std::fs::copy(&database, &copy).unwrap();
-    let restored = SqliteLeaseCoordinator::open(&copy, clock.wall_clock()).unwrap();
+    let restored = counting(&copy, clock.wall_clock());
     assert_eq!(
         restored.current("milo").unwrap().map(|lease| lease.epoch),
         Some(51),
@@ -798,6 +843,7 @@ fn l1_sqlite_a_new_clock_timeline_expires_every_lease_and_keeps_epochs() {
     let on = |timeline: Option<&str>, now_ms: u64| {
         let config = SqliteConfig {
             clock_timeline: timeline.map(str::to_owned),
+            epoch_clock: None,
             ..SqliteConfig::default()
         };
         SqliteLeaseCoordinator::open_with(&path, ManualClock::new(now_ms).wall_clock(), config).unwrap()

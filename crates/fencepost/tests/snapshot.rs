@@ -9,7 +9,7 @@ use fencepost::clock::ManualClock;
 use fencepost::dispatch::Ledger;
 use fencepost::lease::{Intent, IntentStatus};
 use fencepost::ledger::LedgerOptions;
-use fencepost::relay::{FsRelay, Relay, SqliteRelay};
+use fencepost::relay::{FsRelay, ProblemKind, Relay, SqliteRelay};
 use proptest::prelude::*;
 
 const AGENTS: [&str; 2] = ["milo", "otto"];
@@ -325,6 +325,38 @@ fn r1_snapshot_records_deleted_from_a_sqlite_ledger_after_the_snapshot_are_damag
         damage.iter().any(|problem| problem.contains("phone")),
         "{damage:?}"
     );
+}
+
+/// R1 (issue 37, item 5): a database ledger put back to an earlier copy (a restore) lacks
+/// records both readers saw, through the snapshot and through the seen file: each says the
+/// database went back ([`ProblemKind::WentBack`]), which is damage, not a sync that lags.
+#[test]
+fn r1_a_sqlite_ledger_put_back_to_an_earlier_copy_is_a_database_that_went_back() {
+    let site = committed_site_in("ledger.db");
+    drop(site.reader(false));
+    let copy = site.folder.with_extension("copy");
+    std::fs::copy(&site.folder, &copy).unwrap();
+    site.clock.advance(1);
+    site.write("phone", &Intent::new("milo", "run-9", 2, IntentStatus::Committed));
+    drop(site.reader(true));
+    drop(site.reader(false));
+    std::fs::copy(&copy, &site.folder).unwrap();
+    for snapshot in [true, false] {
+        let ledger = site.reader(snapshot);
+        let went_back: Vec<String> = ledger
+            .damage()
+            .iter()
+            .filter(|problem| problem.kind == ProblemKind::WentBack)
+            .map(ToString::to_string)
+            .collect();
+        assert!(
+            went_back
+                .iter()
+                .any(|problem| problem.contains("phone") && problem.contains("this database went back")),
+            "snapshot {snapshot}: {:?}",
+            ledger.damage()
+        );
+    }
 }
 
 /// F6: a snapshot that grows from a few runs to thousands (its runs laid out again in more

@@ -87,6 +87,10 @@ impl std::fmt::Display for MissingRecords {
     }
 }
 
+/// What a database ledger that holds fewer records than a site read before did
+/// ([`ProblemKind::WentBack`](crate::relay::ProblemKind::WentBack)).
+const WENT_BACK: &str = "this database went back (restored from a dump or an older copy, or failed over to a standby that lagged) and forgot records this site read, commits among them";
+
 /// What a [`Ledger::sync`] moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SyncReport {
@@ -1109,7 +1113,14 @@ impl Ledger {
             }
             let has = self.view.frontier.next_seq(device);
             let here = self.view.last_id_known(device, mark.next_seq);
-            let detail = if has < mark.next_seq {
+            let mut kind = crate::relay::ProblemKind::Damage;
+            let detail = if has < mark.next_seq && self.relay.is_database() {
+                kind = crate::relay::ProblemKind::WentBack;
+                format!(
+                    "{whose} {verb} {} records of this device, the database has {has}: {WENT_BACK}",
+                    mark.next_seq
+                )
+            } else if has < mark.next_seq {
                 format!(
                     "{whose} {verb} {} records of this device, the ledger here has {has}: a synced folder that has not brought them yet (run again once it has), or a file that shrank, was replaced or lost records (restore it from a copy)",
                     mark.next_seq
@@ -1126,7 +1137,7 @@ impl Ledger {
                 continue;
             };
             found.push(RelayProblem {
-                kind: crate::relay::ProblemKind::Damage,
+                kind,
                 device_id: Some(device.clone()),
                 file: None,
                 line_number: None,
@@ -1149,7 +1160,14 @@ impl Ledger {
                 if gap && has < mark.next_seq {
                     continue;
                 }
-                let detail = if has < mark.next_seq {
+                let mut kind = crate::relay::ProblemKind::Damage;
+                let detail = if has < mark.next_seq && self.relay.is_database() {
+                    kind = crate::relay::ProblemKind::WentBack;
+                    format!(
+                        "this site has seen {} records of this device, the database has {has}: {WENT_BACK}",
+                        mark.next_seq
+                    )
+                } else if has < mark.next_seq {
                     format!(
                         "this site has seen {} records of this device, the ledger now has {has}: its file shrank, was replaced or lost records (restore it from a copy)",
                         mark.next_seq
@@ -1174,7 +1192,7 @@ impl Ledger {
                     }
                 };
                 self.problems.push(RelayProblem {
-                    kind: crate::relay::ProblemKind::Damage,
+                    kind,
                     device_id: Some(device.clone()),
                     file: None,
                     line_number: None,

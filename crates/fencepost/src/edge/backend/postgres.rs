@@ -42,11 +42,13 @@
 //!   second time to another site. Run a synchronous standby (`synchronous_standby_names` set and
 //!   `synchronous_commit = on` or `remote_apply`) and fail over only to a synchronous standby. With
 //!   asynchronous replication a fail-over can lose the last grants.
-//! * **The epoch floor is the second line of defence.** After a fail-over to a standby that may lag,
-//!   or a restore from a backup, raise every agent's floor
-//!   ([`raise_epoch_floor`](LeaseCoordinator::raise_epoch_floor)) to the highest epoch its ledger has
-//!   seen ([`SyncState::fencing_epoch`](crate::fold::SyncState::fencing_epoch)): the next grant is
-//!   then above every epoch that was ever in use.
+//! * **Epochs are at least the server clock in milliseconds** ([`PostgresConfig::epoch_clock_sql`]),
+//!   so that a database restored from a dump, or failed over to a standby that lagged, mints
+//!   none of the epochs it forgot. The epoch floor
+//!   ([`raise_epoch_floor`](LeaseCoordinator::raise_epoch_floor)), which every caller raises to the
+//!   highest epoch its ledger has seen ([`SyncState::fencing_epoch`](crate::fold::SyncState::fencing_epoch)),
+//!   covers a server clock set back behind them. A ledger in the same database goes back with the
+//!   leases: only a synchronous standby loses no commit.
 //! * **Time** is the database server's clock. Keep it synchronized (NTP) like any server's; the
 //!   clients' clocks play no part. A step of the server clock shortens or lengthens leases by the
 //!   step; it never makes an epoch repeat.
@@ -125,6 +127,15 @@ pub struct PostgresConfig {
     /// replace it with a clock they can move, still read by the server; it must be volatile (read
     /// afresh each time it is evaluated), as `clock_timestamp()` is.
     pub clock_sql: String,
+    /// The SQL expression, in milliseconds since the Unix epoch, that every grant's epoch is at
+    /// least (rule L5): a grant mints `greatest(last epoch + 1, floor + 1, this)`. So a database
+    /// restored from a dump, or failed over to a standby that lagged, which forgot the grants
+    /// made since, still mints none of their epochs: the server clock has passed them (unless the
+    /// agent was granted more than once per millisecond up to then, or the new server's clock is
+    /// behind). Default: [`SERVER_CLOCK_SQL`] (kept when a test replaces `clock_sql`). `None`:
+    /// epochs count 1, 2, 3, … and a restored database grants again the epochs granted after
+    /// its dump.
+    pub epoch_clock_sql: Option<String>,
 }
 
 impl PostgresConfig {
@@ -145,6 +156,7 @@ impl PostgresConfig {
             connect_attempts: 3,
             operation_timeout_ms,
             clock_sql: SERVER_CLOCK_SQL.to_owned(),
+            epoch_clock_sql: Some(SERVER_CLOCK_SQL.to_owned()),
         }
     }
 }
@@ -327,7 +339,7 @@ struct Statements {
 }
 
 impl Statements {
-    fn new(schema_name: &str, clock: &str) -> Self {
+    fn new(schema_name: &str, clock: &str, epoch_clock: Option<&str>) -> Self {
         let schema = quote_identifier(schema_name);
         let table = format!("{schema}.leases");
         let versions = format!("{schema}.schema_version");
@@ -411,13 +423,14 @@ impl Statements {
                  VALUES ($1, NULL, 0, 0, 0)
                  ON CONFLICT (agent_id) DO UPDATE
                      SET holder = $2,
-                         epoch = greatest(lease.epoch, lease.floor) + 1,
+                         epoch = greatest(lease.epoch + 1, lease.floor + 1{at_least}),
                          expires_at_ms = {expires}
                      WHERE (lease.holder IS NULL OR lease.expires_at_ms <= ({clock}))
                        AND greatest(lease.epoch, lease.floor) < {max_epoch}
                  RETURNING agent_id, holder, epoch, expires_at_ms",
                 expires = expiry("$3::bigint"),
-                max_epoch = i64::MAX
+                max_epoch = i64::MAX,
+                at_least = epoch_clock.map(|sql| format!(", ({sql})")).unwrap_or_default()
             ),
             // Not a plain UPDATE: an UPDATE computes its new values while it scans, before it
             // waits for the row's lock, so a renewal that waited would carry an expiry from
@@ -1018,7 +1031,11 @@ impl PostgresLeaseCoordinator {
                 None,
             ));
         }
-        let statements = Statements::new(&config.schema, &config.clock_sql);
+        let statements = Statements::new(
+            &config.schema,
+            &config.clock_sql,
+            config.epoch_clock_sql.as_deref(),
+        );
         let coordinator = Self {
             config,
             statements,

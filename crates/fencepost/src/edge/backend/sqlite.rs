@@ -55,7 +55,7 @@ const RELEASE: &str = concat!("UPDATE ", table!(), " SET holder = NULL WHERE age
 const RAISE_FLOOR: &str = concat!("INSERT INTO ", table!(), " (agent_id, holder, epoch, expires_at_ms, floor) VALUES (?1, NULL, 0, 0, ?2) ON CONFLICT (agent_id) DO UPDATE SET floor = excluded.floor WHERE excluded.floor > max(floor, epoch)");
 
 /// Settings of a [`SqliteLeaseCoordinator`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct SqliteConfig {
     /// How long an operation waits for another process's write transaction before failing with a
     /// (not applied) backend error.
@@ -67,6 +67,15 @@ pub struct SqliteConfig {
     /// old time line mean nothing on the new one. `None` (the default): the clock never
     /// restarts (a wall clock), nothing is recorded.
     pub clock_timeline: Option<String>,
+    /// The wall clock (milliseconds since the Unix epoch) that every grant's epoch is at least
+    /// (rule L5): a grant mints `max(last epoch + 1, floor + 1, this clock)`. So a file restored
+    /// from a copy taken earlier, which forgot the grants made since, still mints no epoch
+    /// that was granted before: the clock has passed them (unless the agent was granted more
+    /// than once per millisecond up to the restore, or the clock was set back). Default: the
+    /// system's clock ([`system_clock`](crate::clock::system_clock)), whatever clock decides
+    /// expiry. `None`: epochs count 1, 2, 3, … and a restored copy grants again the epochs
+    /// granted after it was taken.
+    pub epoch_clock: Option<WallClock>,
 }
 
 impl Default for SqliteConfig {
@@ -74,7 +83,19 @@ impl Default for SqliteConfig {
         Self {
             busy_timeout_ms: 5_000,
             clock_timeline: None,
+            epoch_clock: Some(crate::clock::system_clock()),
         }
+    }
+}
+
+impl std::fmt::Debug for SqliteConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("SqliteConfig")
+            .field("busy_timeout_ms", &self.busy_timeout_ms)
+            .field("clock_timeline", &self.clock_timeline)
+            .field("epoch_clock", &self.epoch_clock.as_ref().map(|clock| clock()))
+            .finish()
     }
 }
 
@@ -101,6 +122,8 @@ const PUBLISHED: &str = "SELECT device_id, next_seq, last_op_id FROM fencepost_f
 ///   so a crash (of the process or of the machine) never lets an epoch be granted twice. The
 ///   last process to close the file checkpoints the log into it, so a copy of the file taken
 ///   while no process has it open holds every grant (an operator's `cp` backup).
+/// * Epochs are at least the wall clock in milliseconds ([`SqliteConfig::epoch_clock`]), so that
+///   a file restored from an older copy, or replaced by one, repeats no epoch granted since.
 /// * Every operation is a `BEGIN IMMEDIATE` transaction that reads the coordinator clock only once
 ///   it holds the write lock (so each operation takes effect at one instant of that clock); `renew`
 ///   is one `UPDATE … RETURNING` statement in it. `current` takes the lock too, so that it never
@@ -128,12 +151,14 @@ const PUBLISHED: &str = "SELECT device_id, next_seq, last_op_id FROM fencepost_f
 /// let folder = tempfile::tempdir()?;
 /// let coordinator = SqliteLeaseCoordinator::open(folder.path().join("leases.db"), system_clock())?;
 /// let lease = coordinator.acquire("milo", "laptop", 30_000)?;
-/// assert_eq!(lease.epoch, 1);
+/// // At least the wall clock in milliseconds (SqliteConfig::epoch_clock).
+/// assert!(lease.epoch > 1_700_000_000_000);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct SqliteLeaseCoordinator {
     path: PathBuf,
     clock: WallClock,
+    epoch_clock: Option<WallClock>,
     connection: Mutex<Connection>,
 }
 
@@ -341,6 +366,7 @@ impl SqliteLeaseCoordinator {
         Ok(Self {
             path,
             clock,
+            epoch_clock: config.epoch_clock,
             connection: Mutex::new(connection),
         })
     }
@@ -478,8 +504,10 @@ impl SqliteLeaseCoordinator {
             .optional()
     }
 
-    /// Grants the lease in `transaction` at `now_ms` (rule L1), or says why not.
+    /// Grants the lease in `transaction` at `now_ms` (rule L1), at an epoch not below the epoch
+    /// clock (rule L5), or says why not.
     fn grant(
+        &self,
         transaction: &Transaction<'_>,
         now_ms: u64,
         agent_id: &str,
@@ -512,7 +540,9 @@ impl SqliteLeaseCoordinator {
                 last_epoch,
             });
         }
-        let epoch = last_epoch + 1;
+        // Read with the write lock held, like the coordinator clock: no grant comes between.
+        let clock_ms = self.epoch_clock.as_ref().map_or(0, |clock| clock());
+        let epoch = (last_epoch + 1).max(clock_ms.min(MAX_EPOCH));
         let expires_at_ms = expiry_after(now_ms, ttl_ms);
         let (stored_epoch, stored_expiry) = (
             COLUMNS.storable(epoch, "epoch")?,
@@ -690,7 +720,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         validate_ttl(ttl_ms)?;
         let mut connection = self.lock();
         let (transaction, now_ms) = self.begin_write(&mut connection, "acquire")?;
-        let lease = Self::grant(&transaction, now_ms, agent_id, device_id, ttl_ms)?;
+        let lease = self.grant(&transaction, now_ms, agent_id, device_id, ttl_ms)?;
         transaction
             .commit()
             .map_err(|error| sqlite_failure("acquire: commit failed", error, true))?;
@@ -708,7 +738,7 @@ impl LeaseCoordinator for SqliteLeaseCoordinator {
         validate_ttl(ttl_ms)?;
         let mut connection = self.lock();
         let (transaction, now_ms) = self.begin_write(&mut connection, "acquire")?;
-        let lease = Self::grant(&transaction, now_ms, agent_id, device_id, ttl_ms)?;
+        let lease = self.grant(&transaction, now_ms, agent_id, device_id, ttl_ms)?;
         // In the grant's transaction: what every earlier holder published (rule H3).
         let published = Self::read_frontier(&transaction, agent_id).ok();
         transaction

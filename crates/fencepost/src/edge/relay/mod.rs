@@ -86,6 +86,15 @@ pub trait Relay: Send + Sync {
         false
     }
 
+    /// Whether this relay is one database that every site reads (a SQLite file, PostgreSQL):
+    /// records it lacks that a site read before are gone for every site at once (it went back:
+    /// [`ProblemKind::WentBack`]), not late in a copy that a sync has not brought up to date.
+    ///
+    /// The default: `false`.
+    fn is_database(&self) -> bool {
+        false
+    }
+
     /// Where this relay's reading stands, as a value to keep beside a snapshot of what it handed
     /// over ([`Ledger`](crate::ledger::Ledger)'s snapshot), so that a later process of the same
     /// site [resumes](Self::resume) there instead of reading everything again: when it stands
@@ -274,6 +283,11 @@ pub enum ProblemKind {
     /// [`Damage`](Self::Damage); a reading started again, from the newest checkpoint, may not
     /// find it (another site pruned while this one read).
     Pruned,
+    /// A database ([`Relay::is_database`]) holds fewer records of a device than this site read
+    /// before: it went back in time (restored from a dump or an older copy, or failed over to a
+    /// standby that lagged), and forgot records this site saw, commits among them. Damage like
+    /// [`Damage`](Self::Damage): nothing is dispatched on what is left.
+    WentBack,
 }
 
 /// A problem with part of a relay's store, reported by a pull without stopping it.
@@ -292,10 +306,13 @@ pub struct RelayProblem {
 }
 
 impl RelayProblem {
-    /// Whether the problem makes the ledger incomplete ([`ProblemKind::Damage`] or
-    /// [`ProblemKind::Pruned`]).
+    /// Whether the problem makes the ledger incomplete ([`ProblemKind::Damage`],
+    /// [`ProblemKind::Pruned`] or [`ProblemKind::WentBack`]).
     pub fn is_damage(&self) -> bool {
-        matches!(self.kind, ProblemKind::Damage | ProblemKind::Pruned)
+        matches!(
+            self.kind,
+            ProblemKind::Damage | ProblemKind::Pruned | ProblemKind::WentBack
+        )
     }
 }
 

@@ -304,6 +304,10 @@ impl Relay for SqliteRelay {
         true
     }
 
+    fn is_database(&self) -> bool {
+        true
+    }
+
     /// The caller's frontier: this relay reads by it.
     fn cursor(&self, frontier: &Frontier) -> Option<serde_json::Value> {
         super::frontier_cursor(frontier)

@@ -163,8 +163,14 @@ impl Specification for LeaseSpec {
                     outcome,
                 ),
                 _ => {
+                    // Rule L1: a grant mints an epoch above the last one; a durable backend's
+                    // may skip ahead to its epoch clock (rule L5), so a recorded grant above
+                    // the last epoch is the one minted.
                     next.holder = Some(*device);
-                    next.epoch = state.epoch + 1;
+                    next.epoch = match outcome {
+                        Outcome::Lease { epoch, .. } if *epoch > state.epoch => *epoch,
+                        _ => state.epoch + 1,
+                    };
                     next.expires_at_ms = expiry_after(state.now_ms, *ttl_ms);
                     (
                         Outcome::Lease {

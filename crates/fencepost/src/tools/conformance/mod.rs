@@ -112,9 +112,9 @@ fn expect_lost(result: Result<impl std::fmt::Debug, LeaseError>, rule: &str) -> 
     }
 }
 
-/// L1: a free agent is granted with epoch 1 and expiry `now + ttl`; a still-valid lease (the
-/// caller's own included) is `Held` with the holder's details; an expired one is granted again with
-/// the next epoch; expiry saturates.
+/// L1: a free agent is granted (epoch 1 from the reference, at least 1 from any backend) with
+/// expiry `now + ttl`; a still-valid lease (the caller's own included) is `Held` with the holder's
+/// details; an expired one is granted again with a higher epoch; expiry saturates.
 pub fn l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease(harness: &dyn Harness) {
     let coordinator = open_one(harness);
     let ttl = harness.ttl_ms();
@@ -122,10 +122,11 @@ pub fn l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease(harne
         .acquire("l1", "laptop", ttl)
         .expect("L1: a free agent is granted");
     assert_eq!(
-        (lease.agent_id.as_str(), lease.holder.as_str(), lease.epoch),
-        ("l1", "laptop", 1),
+        (lease.agent_id.as_str(), lease.holder.as_str()),
+        ("l1", "laptop"),
         "L1"
     );
+    assert!(lease.epoch >= 1, "L1: epoch {}", lease.epoch);
     if let Some(now) = harness.now_ms() {
         assert_eq!(lease.expires_at_ms, now + ttl, "L1: expires_at_ms = now + ttl_ms");
     }
@@ -133,7 +134,7 @@ pub fn l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease(harne
         let (holder, epoch, expires_at_ms) = expect_held(coordinator.acquire("l1", device, ttl), "L1");
         assert_eq!(
             (holder.as_str(), epoch, expires_at_ms),
-            ("laptop", 1, lease.expires_at_ms),
+            ("laptop", lease.epoch, lease.expires_at_ms),
             "L1"
         );
     }
@@ -146,11 +147,8 @@ pub fn l1_acquire_grants_a_free_or_expired_agent_and_refuses_a_valid_lease(harne
     let stolen = coordinator
         .acquire("l1", "phone", ttl)
         .expect("L1: an expired lease is granted again");
-    assert_eq!(
-        (stolen.holder.as_str(), stolen.epoch),
-        ("phone", 2),
-        "L1: the next epoch"
-    );
+    assert_eq!(stolen.holder.as_str(), "phone", "L1");
+    assert!(stolen.epoch > lease.epoch, "L1: a higher epoch");
     let long = coordinator
         .acquire("l1-long", "laptop", MAX_TTL_MS)
         .expect("L1: the longest TTL");
@@ -427,7 +425,7 @@ pub fn h2_h3_the_combined_calls_act_as_their_parts(harness: &dyn Harness) {
     let (second, handed_over) = coordinator
         .acquire_handing_over("h23", "phone", ttl)
         .expect("H3: released, so granted at once");
-    assert_eq!(second.epoch, first.epoch + 1, "H3: the next epoch");
+    assert!(second.epoch > first.epoch, "H3: a new epoch");
     assert_eq!(
         handed_over,
         Some(frontier_of(&[("laptop", 4)])),
@@ -515,10 +513,9 @@ pub fn l3_release_clears_the_holder_and_keeps_the_epoch(harness: &dyn Harness) {
     let next = coordinator
         .acquire("l3", "phone", ttl)
         .expect("L3: acquire right after release");
-    assert_eq!(
-        next.epoch,
-        lease.epoch + 1,
-        "L3: the next epoch, without waiting out the TTL"
+    assert!(
+        next.epoch > lease.epoch,
+        "L3: a new epoch, without waiting out the TTL"
     );
 }
 
@@ -585,9 +582,10 @@ pub fn l5_the_last_epoch_is_minted_once_and_never_clamped(harness: &dyn Harness)
     }
 }
 
-/// L5: epochs are dense and never repeat across steals and releases; agents are independent; the
-/// epoch floor is monotone and idempotent and makes the next grant `floor + 1`; for durable
-/// backends, epochs and floors survive reopening the store.
+/// L5: epochs increase and never repeat across steals and releases (the reference counts 1, 2,
+/// 3, …; a durable backend may mint at its epoch clock, above the last); agents are independent;
+/// the epoch floor is monotone and idempotent and makes the next grant `floor + 1` (a floor above
+/// any clock); for durable backends, epochs and floors survive reopening the store.
 pub fn l5_epochs_never_repeat_or_regress(harness: &dyn Harness) {
     let open = harness.fresh_store();
     let ttl = harness.ttl_ms();
@@ -603,33 +601,39 @@ pub fn l5_epochs_never_repeat_or_regress(harness: &dyn Harness) {
             harness.advance(ttl + 1);
         }
     }
-    assert_eq!(epochs, (1..=8).collect::<Vec<_>>(), "L5: dense, never repeated");
-    assert_eq!(
-        coordinator.acquire("l5-other", "laptop", ttl).expect("L5").epoch,
-        1,
-        "L5: agents are independent"
+    assert!(
+        epochs.windows(2).all(|pair| pair[0] < pair[1]) && epochs[0] >= 1,
+        "L5: increasing, never repeated: {epochs:?}"
     );
-
-    coordinator.raise_epoch_floor("l5-floor", 41).expect("L5");
+    // Far above any clock in milliseconds (about 300 years from 1970), so the floor decides.
+    let floor = 10_000_000_000_000 + epochs[7];
+    coordinator.raise_epoch_floor("l5-floor", floor).expect("L5");
     coordinator
-        .raise_epoch_floor("l5-floor", 41)
+        .raise_epoch_floor("l5-floor", floor)
         .expect("L5: idempotent");
     coordinator
         .raise_epoch_floor("l5-floor", 3)
         .expect("L5: a lower floor is accepted");
+    let other = coordinator.acquire("l5-other", "laptop", ttl).expect("L5").epoch;
+    assert!(
+        other < floor,
+        "L5: agents are independent (another agent's floor is not this one's)"
+    );
     let first = coordinator.acquire("l5-floor", "laptop", ttl).expect("L5");
-    assert_eq!(first.epoch, 42, "L5: the next grant is floor + 1");
+    assert_eq!(first.epoch, floor + 1, "L5: the next grant is floor + 1");
     coordinator.raise_epoch_floor("l5-floor", 10).expect("L5");
     harness.advance(ttl + 1);
     assert_eq!(
         coordinator.acquire("l5-floor", "phone", ttl).expect("L5").epoch,
-        43,
+        floor + 2,
         "L5: never lowered"
     );
-    coordinator.raise_epoch_floor("l5-floor", 100).expect("L5");
+    coordinator
+        .raise_epoch_floor("l5-floor", floor + 100)
+        .expect("L5");
     assert_eq!(
         coordinator.current("l5-floor").expect("L5").map(|l| l.epoch),
-        Some(43),
+        Some(floor + 2),
         "L5: the holder keeps its lease"
     );
     assert!(
@@ -644,21 +648,22 @@ pub fn l5_epochs_never_repeat_or_regress(harness: &dyn Harness) {
         drop(coordinator);
         let reopened = open();
         harness.advance(ttl + 1);
-        assert_eq!(
-            reopened.acquire("l5", "laptop", ttl).expect("L5").epoch,
-            9,
-            "L5: durable epochs"
+        let again = reopened.acquire("l5", "laptop", ttl).expect("L5").epoch;
+        assert!(
+            again > epochs[7],
+            "L5: durable epochs ({again} after {})",
+            epochs[7]
         );
         assert_eq!(
             reopened.acquire("l5-floor", "laptop", ttl).expect("L5").epoch,
-            101,
+            floor + 101,
             "L5: durable floor"
         );
     }
 }
 
 /// L6: of concurrent acquires on a free agent (each thread with its own handle), exactly one wins;
-/// and sixteen threads contending in rounds never see two holders and get dense, unique epochs.
+/// and sixteen threads contending in rounds never see two holders and get unique epochs.
 pub fn l6_concurrent_acquires_have_exactly_one_winner(harness: &dyn Harness) {
     let open = harness.fresh_store();
     let ttl = harness.ttl_ms();
@@ -738,11 +743,6 @@ pub fn l6_concurrent_acquires_have_exactly_one_winner(harness: &dyn Harness) {
     let granted = granted.into_inner().unwrap_or_else(PoisonError::into_inner);
     let unique: BTreeSet<u64> = granted.iter().copied().collect();
     assert_eq!(unique.len(), granted.len(), "L6: an epoch was granted twice");
-    assert_eq!(
-        unique,
-        (1..=granted.len() as u64).collect(),
-        "L6: epochs are dense"
-    );
     assert!(granted.len() >= ROUNDS, "L6: at least one grant per round");
 }
 

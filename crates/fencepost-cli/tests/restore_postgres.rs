@@ -1,0 +1,125 @@
+//! Issue 37, item 5 and acceptance: a one-URL PostgreSQL deployment (leases and ledger in one
+//! database) restored from a `pg_dump` taken while hosts fire, through the built binary. The
+//! restore takes the leases and the ledger back together. Rule L5: no epoch is minted twice, the
+//! forgotten ones included (every grant is at least the server clock in ms). A host that had read
+//! records the restore lost runs nothing on the database and says it went back (`run` exits
+//! 10, `ledger verify` and `status` exit 1). A host that read none of them cannot know (the
+//! README says so): it runs such an occurrence again, at an epoch of its own.
+//!
+//! Needs the server and the client tools (`pg_dump`, `pg_restore`) that `scripts/test` installs;
+//! ignored, with that reason, under a plain `cargo test`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::postgres::{admin, fresh_database, in_database, server_url};
+use common::{text, Shared};
+
+/// `pg_dump` or `pg_restore` of the server `scripts/test` started (beside its `pg_ctl`).
+fn client_tool(name: &str) -> Command {
+    let pg_ctl = std::env::var("FENCEPOST_POSTGRES_PG_CTL")
+        .expect("FENCEPOST_POSTGRES_PG_CTL is not set: scripts/test sets it for the server it starts");
+    let tool: PathBuf = PathBuf::from(pg_ctl).with_file_name(name);
+    Command::new(tool)
+}
+
+fn dump(url: &str, to: &std::path::Path) {
+    let output = client_tool("pg_dump")
+        .args(["--format=custom", "--file"])
+        .arg(to)
+        .arg(format!("--dbname={url}"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "pg_dump: {}", text(&output.stderr));
+}
+
+/// The database made again from the dump, as an operator restores one.
+fn restore(database: &str, url: &str, from: &std::path::Path) {
+    let mut admin = admin();
+    admin
+        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .unwrap();
+    let output = client_tool("pg_restore")
+        .arg(format!("--dbname={url}"))
+        .arg(from)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "pg_restore: {}", text(&output.stderr));
+}
+
+/// The epochs of the effects (`DEVICE EPOCH` lines).
+fn epochs(effects: &[String]) -> Vec<u64> {
+    effects
+        .iter()
+        .filter_map(|line| line.split(' ').nth(1)?.parse().ok())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and _PG_CTL and pass --include-ignored)"]
+fn l5_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice() {
+    let database = fresh_database("restore");
+    let url = in_database(&server_url(), &database);
+    let hosts = Shared::database_only(tempfile::tempdir().unwrap(), url.clone(), "reports");
+    let fire = |device: &str, slot: u32| {
+        let args = hosts.report_args(&format!("slot-{slot}"), &["--wait", "10s"], "0");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = hosts.run(device, &args);
+        (output.status.code(), text(&output.stderr))
+    };
+    // Two hosts fire slots 0-3: each runs once, the other host refuses it.
+    for slot in 0..4 {
+        let ran: Vec<_> = ["host-1", "host-2"].map(|host| fire(host, slot).0).to_vec();
+        assert!(
+            ran.contains(&Some(0)) && ran.contains(&Some(3)),
+            "slot {slot}: {ran:?}"
+        );
+    }
+    let copy = hosts.path("mid-run.dump");
+    dump(&url, &copy);
+    // After the dump, host-1 alone fires slots 4-7; host-2 is idle.
+    for slot in 4..8 {
+        assert_eq!(fire("host-1", slot).0, Some(0), "slot {slot}");
+    }
+    let before = epochs(&hosts.effects());
+    assert_eq!(before.len(), 8, "{:?}", hosts.effects());
+    restore(&database, &url, &copy);
+
+    // A new host fires a new slot: its epoch is above every epoch used before the restore.
+    let (code, stderr) = fire("host-3", 8);
+    assert_eq!(code, Some(0), "{stderr}");
+    // host-1 read slots 4-7 committed: it runs nothing on what is left, and says why.
+    let (code, stderr) = fire("host-1", 6);
+    assert_eq!(code, Some(10), "the host that saw slot 6 committed: {stderr}");
+    assert!(stderr.contains("this database went back"), "{stderr}");
+    for (args, what) in [(&["ledger", "verify"][..], "verify"), (&["status"][..], "status")] {
+        let output = hosts.run("host-1", args);
+        let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert_eq!(output.status.code(), Some(1), "{what}: {said}");
+        assert!(said.contains("this database went back"), "{what}: {said}");
+    }
+    // host-2 read none of slots 4-7: it cannot know, and runs slot 5 again (README), under an
+    // epoch of its own.
+    let (code, stderr) = fire("host-2", 5);
+    assert_eq!(code, Some(0), "{stderr}");
+    let effects = hosts.effects();
+    let all = epochs(&effects);
+    assert_eq!(all.len(), 10, "{effects:?}");
+    let highest_before = *before.iter().max().unwrap();
+    assert!(
+        all[8..].iter().all(|epoch| *epoch > highest_before),
+        "an epoch after the restore is not above those before it: {effects:?}"
+    );
+    let mut distinct = all.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), all.len(), "an epoch used twice: {effects:?}");
+    admin()
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .unwrap();
+}
