@@ -251,6 +251,25 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
     ))
 }
 
+/// Writes back into a database that went back what this host had read of it
+/// (`Ledger::repair_went_back`), and says so: the devices repaired (none when there was
+/// nothing to repair, or it could not be: the damage then stays and is refused).
+fn repair_went_back(ledger: &mut Ledger, settings: &Settings) -> Result<BTreeSet<String>> {
+    let Some(repair) = ledger
+        .repair_went_back()
+        .context("this database went back, and what this host had read of it cannot be written back")?
+    else {
+        return Ok(BTreeSet::new());
+    };
+    err!(
+        "fencepost: this database went back (restored, or failed over to a copy that lagged): it forgot records of {} that this host had read; wrote the {} it had seen back into {} (`fencepost ledger runs` lists them) and runs on",
+        repair.devices.join(", "),
+        plural(repair.commits.len() as u64, "commit"),
+        settings.ledger_label()
+    );
+    Ok(repair.devices.into_iter().collect())
+}
+
 /// Whether the damage is a database that went back (`ProblemKind::WentBack`).
 fn went_back(damage: &[&fencepost::relay::RelayProblem]) -> bool {
     damage.iter().any(|problem| problem.kind == ProblemKind::WentBack)
@@ -359,6 +378,7 @@ fn run_attempt(
     );
     let _in_span = span.enter();
     let mut ledger = open_ledger_with(settings, Access::Write, true, false)?;
+    let repaired = repair_went_back(&mut ledger, settings)?;
     // What earlier holders published, read once: accepting a device's lost records waives only
     // those published by now (rule H3); any published later are waited for.
     let mut published = None;
@@ -396,7 +416,7 @@ fn run_attempt(
                 if missing == 1 { "is" } else { "are" }
             );
         }
-        if covered == 0 && missing == 0 {
+        if covered == 0 && missing == 0 && !repaired.contains(device) {
             crate::usage!(
                 "--accept-damaged {device:?}: no damage of that device (or file) in {}, and no record of it missing; `fencepost ledger verify` lists what is damaged",
                 settings.ledger_label()
@@ -1277,6 +1297,12 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write back into a database that went back (restored from a dump, failed over to a copy
+    /// that lagged) the commits this host had read that it forgot: as `committed` records of
+    /// this host, so that every host refuses those runs again. Every `fencepost run` of this
+    /// host does it first. Exit 0 when the ledger is not damaged then, 1 when it still is (it
+    /// says what is).
+    Repair,
     /// Record the outcome of an in-doubt run after checking what really happened.
     Resolve {
         /// The agent whose run it is.
@@ -1476,6 +1502,13 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 );
             }
             return Ok(EXIT_RAN_OK);
+        }
+        LedgerCommand::Repair => {
+            let mut ledger = open_ledger_with(settings, Access::Write, true, false)?;
+            if repair_went_back(&mut ledger, settings)?.is_empty() && ledger.damage().is_empty() {
+                out!("nothing to repair in {}", settings.ledger_label());
+            }
+            return Ok(report_damage(&ledger, settings));
         }
         LedgerCommand::Import { from } => return import(settings, &from),
         LedgerCommand::Compact {

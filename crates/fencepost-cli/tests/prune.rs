@@ -336,8 +336,9 @@ fn k5_r1_runs_of_the_device_during_its_prunes_lose_no_record_in(shared: Shared) 
 }
 
 /// K5 (a device that shrank is damage), in a SQLite ledger: rows appended after a prune and
-/// then deleted (the length edited to match) are damage for a host that read them (exit 10);
-/// rows deleted from the start of a log without a checkpoint that covers them are damage for a
+/// then deleted (the length edited to match) are, for a host that read them, a database that
+/// went back (rule R1): it writes the commit it read back and refuses that run (exit 3); rows
+/// deleted from the start of a log without a checkpoint that covers them are damage for a
 /// new host; neither runs a committed occurrence again.
 #[test]
 fn k5_sqlite_a_pruned_log_that_lost_records_since_is_still_damage() {
@@ -365,7 +366,13 @@ fn k5_sqlite_a_pruned_log_that_lost_records_since_is_still_damage() {
         next = top - 1
     ));
     let output = job(&shared, "server", "day-after");
-    assert_eq!(code(&output), 10, "{}", text(&output.stderr));
+    assert_eq!(code(&output), 3, "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("this database went back")
+            && text(&output.stderr).contains("wrote the 1 commit it had seen back"),
+        "{}",
+        text(&output.stderr)
+    );
     // The checkpoint removed instead, the log as pruned: a new host lacks what it covered.
     std::fs::remove_dir_all(checkpoints_dir(&shared)).unwrap();
     let output = job(&shared, "new-host", "day-0");

@@ -2,9 +2,11 @@
 //! database) restored from a `pg_dump` taken while hosts fire, through the built binary. The
 //! restore takes the leases and the ledger back together. Rule L5: no epoch is minted twice, the
 //! forgotten ones included (every grant is at least the server clock in ms). A host that had read
-//! records the restore lost runs nothing on the database and says it went back (`run` exits
-//! 10, `ledger verify` and `status` exit 1). A host that read none of them cannot know (the
-//! README says so): it runs such an occurrence again, at an epoch of its own.
+//! records the restore lost is told it went back (`ledger verify` and `status` exit 1), and its
+//! next run writes the commits it read back into it (rule R1, `Ledger::repair_went_back`):
+//! from then on every host, an idle or a new one too, refuses them. A host that read none of
+//! them cannot know before that (the README says so): it runs such an occurrence again, at an
+//! epoch of its own.
 //!
 //! Needs the server and the client tools (`pg_dump`, `pg_restore`) that `scripts/test` installs;
 //! ignored, with that reason, under a plain `cargo test`.
@@ -62,7 +64,7 @@ fn epochs(effects: &[String]) -> Vec<u64> {
 
 #[test]
 #[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and _PG_CTL and pass --include-ignored)"]
-fn l5_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice() {
+fn l5_r1_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice_and_a_host_that_saw_more_repairs_it() {
     let database = fresh_database("restore");
     let url = in_database(&server_url(), &database);
     let hosts = Shared::database_only(tempfile::tempdir().unwrap(), url.clone(), "reports");
@@ -93,23 +95,42 @@ fn l5_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice() {
     // A new host fires a new slot: its epoch is above every epoch used before the restore.
     let (code, stderr) = fire("host-3", 8);
     assert_eq!(code, Some(0), "{stderr}");
-    // host-1 read slots 4-7 committed: it runs nothing on what is left, and says why.
-    let (code, stderr) = fire("host-1", 6);
-    assert_eq!(code, Some(10), "the host that saw slot 6 committed: {stderr}");
-    assert!(stderr.contains("this database went back"), "{stderr}");
+    // host-2 read none of slots 4-7: it cannot know, and runs slot 5 again (README), under an
+    // epoch of its own.
+    let (code, stderr) = fire("host-2", 5);
+    assert_eq!(code, Some(0), "{stderr}");
+    // host-1 read slots 4-7 committed: the database went back, and its checks say so.
     for (args, what) in [(&["ledger", "verify"][..], "verify"), (&["status"][..], "status")] {
         let output = hosts.run("host-1", args);
         let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
         assert_eq!(output.status.code(), Some(1), "{what}: {said}");
         assert!(said.contains("this database went back"), "{what}: {said}");
     }
-    // host-2 read none of slots 4-7: it cannot know, and runs slot 5 again (README), under an
-    // epoch of its own.
-    let (code, stderr) = fire("host-2", 5);
+    // Its next run writes the commits it read back (4, 6 and 7: 5 is committed again) and
+    // refuses slot 6, committed.
+    let (code, stderr) = fire("host-1", 6);
+    assert_eq!(code, Some(3), "the host that saw slot 6 committed: {stderr}");
+    assert!(
+        stderr.contains("this database went back") && stderr.contains("wrote the 3 commits"),
+        "{stderr}"
+    );
+    for (args, what) in [(&["ledger", "verify"][..], "verify"), (&["status"][..], "status")] {
+        let output = hosts.run("host-1", args);
+        let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        assert_eq!(output.status.code(), Some(0), "{what} after the repair: {said}");
+    }
+    // From then on every host sees them committed, the idle one and a new one too, and new
+    // slots run once.
+    for (host, slot) in [("host-2", 7), ("host-4", 4), ("host-3", 6)] {
+        let (code, stderr) = fire(host, slot);
+        assert_eq!(code, Some(3), "{host}, slot {slot}: {stderr}");
+    }
+    let (code, stderr) = fire("host-2", 9);
     assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(fire("host-1", 9).0, Some(3));
     let effects = hosts.effects();
     let all = epochs(&effects);
-    assert_eq!(all.len(), 10, "{effects:?}");
+    assert_eq!(all.len(), 11, "{effects:?}");
     let highest_before = *before.iter().max().unwrap();
     assert!(
         all[8..].iter().all(|epoch| *epoch > highest_before),
@@ -119,6 +140,58 @@ fn l5_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice() {
     distinct.sort_unstable();
     distinct.dedup();
     assert_eq!(distinct.len(), all.len(), "an epoch used twice: {effects:?}");
+    admin()
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .unwrap();
+}
+
+/// `fencepost ledger repair` (the README's procedure after a restore, rule R1): on the host that
+/// read what the restore lost it writes those commits back and exits 0; then, and on a host that
+/// read nothing lost, there is nothing to repair (exit 0); every host refuses those runs.
+#[test]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and _PG_CTL and pass --include-ignored)"]
+fn r1_ledger_repair_on_the_host_that_read_more_makes_a_restored_database_whole() {
+    let database = fresh_database("repair");
+    let url = in_database(&server_url(), &database);
+    let hosts = Shared::database_only(tempfile::tempdir().unwrap(), url.clone(), "reports");
+    let fire = |device: &str, slot: u32| {
+        let args = hosts.report_args(&format!("slot-{slot}"), &["--wait", "10s"], "0");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        hosts.run(device, &args).status.code()
+    };
+    let repair = |device: &str| {
+        let output = hosts.run(device, &["ledger", "repair"]);
+        let said = format!("{}{}", text(&output.stdout), text(&output.stderr));
+        (output.status.code(), said)
+    };
+    assert_eq!(fire("host-1", 0), Some(0));
+    assert_eq!(fire("host-2", 0), Some(3));
+    let copy = hosts.path("early.dump");
+    dump(&url, &copy);
+    for slot in 1..3 {
+        assert_eq!(fire("host-1", slot), Some(0), "slot {slot}");
+    }
+    restore(&database, &url, &copy);
+
+    let (code, said) = repair("host-2");
+    assert_eq!(code, Some(0), "a host that read nothing lost: {said}");
+    assert!(said.contains("nothing to repair"), "{said}");
+    let (code, said) = repair("host-1");
+    assert_eq!(code, Some(0), "the host that read slots 1 and 2: {said}");
+    assert!(
+        said.contains("this database went back") && said.contains("wrote the 2 commits"),
+        "{said}"
+    );
+    let (code, said) = repair("host-1");
+    assert_eq!(code, Some(0), "repaired already: {said}");
+    assert!(said.contains("nothing to repair"), "{said}");
+    let verify = hosts.run("host-1", &["ledger", "verify"]);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stdout));
+    for (host, slot) in [("host-2", 1), ("host-3", 2), ("host-1", 1)] {
+        assert_eq!(fire(host, slot), Some(3), "{host}, slot {slot}");
+    }
+    assert_eq!(fire("host-3", 3), Some(0));
+    assert_eq!(hosts.effects().len(), 4, "{:?}", hosts.effects());
     admin()
         .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
         .unwrap();

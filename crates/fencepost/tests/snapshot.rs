@@ -327,11 +327,9 @@ fn r1_snapshot_records_deleted_from_a_sqlite_ledger_after_the_snapshot_are_damag
     );
 }
 
-/// R1 (issue 37, item 5): a database ledger put back to an earlier copy (a restore) lacks
-/// records both readers saw, through the snapshot and through the seen file: each says the
-/// database went back ([`ProblemKind::WentBack`]), which is damage, not a sync that lags.
-#[test]
-fn r1_a_sqlite_ledger_put_back_to_an_earlier_copy_is_a_database_that_went_back() {
+/// A site whose SQLite ledger was copied, then `phone` committed `run-9` and both readers (with
+/// and without a snapshot) read it, then the copy was put back: a database that went back.
+fn went_back_site() -> Site {
     let site = committed_site_in("ledger.db");
     drop(site.reader(false));
     let copy = site.folder.with_extension("copy");
@@ -341,6 +339,15 @@ fn r1_a_sqlite_ledger_put_back_to_an_earlier_copy_is_a_database_that_went_back()
     drop(site.reader(true));
     drop(site.reader(false));
     std::fs::copy(&copy, &site.folder).unwrap();
+    site
+}
+
+/// R1 (issue 37, item 5): a database ledger put back to an earlier copy (a restore) lacks
+/// records both readers saw, through the snapshot and through the seen file: each says the
+/// database went back ([`ProblemKind::WentBack`]), which is damage, not a sync that lags.
+#[test]
+fn r1_a_sqlite_ledger_put_back_to_an_earlier_copy_is_a_database_that_went_back() {
+    let site = went_back_site();
     for snapshot in [true, false] {
         let ledger = site.reader(snapshot);
         let went_back: Vec<String> = ledger
@@ -357,6 +364,54 @@ fn r1_a_sqlite_ledger_put_back_to_an_earlier_copy_is_a_database_that_went_back()
             ledger.damage()
         );
     }
+}
+
+/// R1 (issue 37, item 5): a site whose snapshot read more than a database that went back
+/// holds (and that was written since) writes the commits it read back into it
+/// ([`Ledger::repair_went_back`]): its damage is gone, every other site sees those runs
+/// committed, and its next open resumes clean. A site with only a seen file has nothing to
+/// write back: its damage stays.
+#[test]
+fn r1_a_database_that_went_back_is_repaired_by_the_site_that_read_more() {
+    let site = went_back_site();
+    // Written since: the phone's record at that place is another one now.
+    site.clock.advance(1);
+    site.write(
+        "phone",
+        &Intent::new("milo", "run-10", 3, IntentStatus::Committed),
+    );
+
+    let mut ledger = site.reader(true);
+    assert!(!ledger.damage().is_empty());
+    assert!(
+        ledger
+            .damage()
+            .iter()
+            .all(|problem| problem.kind == ProblemKind::WentBack
+                && problem.to_string().contains("was written since")),
+        "{:?}",
+        ledger.damage()
+    );
+    assert!(ledger.committed_run("milo", "run-9").is_none());
+    let repair = ledger.repair_went_back().unwrap().expect("repaired");
+    assert_eq!(repair.devices, ["phone"]);
+    assert_eq!(repair.commits, [("milo".to_owned(), "run-9".to_owned(), 2)]);
+    assert!(ledger.damage().is_empty(), "{:?}", ledger.damage());
+    assert!(ledger.committed_run("milo", "run-9").is_some());
+    drop(ledger);
+    let mut again = site.reader(true);
+    assert!(again.damage().is_empty(), "{:?}", again.damage());
+    assert!(again.committed_run("milo", "run-9").is_some());
+    assert_eq!(again.repair_went_back().unwrap(), None, "nothing left to repair");
+    // Another site, new to the ledger, sees the run committed.
+    let seen = site.seen.with_file_name("seen-newcomer.json");
+    let mut newcomer = open(&site.folder, "newcomer", &site.clock, None, &seen);
+    assert!(newcomer.committed_run("milo", "run-9").is_some());
+    // The reader with no snapshot remembers more than the database holds, and nothing of it.
+    let mut full = site.reader(false);
+    assert!(!full.damage().is_empty());
+    assert_eq!(full.repair_went_back().unwrap(), None);
+    assert!(!full.damage().is_empty(), "its damage stays");
 }
 
 /// F6: a snapshot that grows from a few runs to thousands (its runs laid out again in more

@@ -26,8 +26,11 @@ mod compose;
 mod outbox;
 #[path = "ledger/snapshot_lock.rs"]
 mod snapshot_lock;
+#[path = "ledger/went_back.rs"]
+mod went_back;
 
 pub use outbox::{read_outbox, QueuedRecord};
+pub use went_back::WentBackRepair;
 
 use snapshot_lock::SnapshotLock;
 
@@ -90,6 +93,9 @@ impl std::fmt::Display for MissingRecords {
 /// What a database ledger that holds fewer records than a site read before did
 /// ([`ProblemKind::WentBack`](crate::relay::ProblemKind::WentBack)).
 const WENT_BACK: &str = "this database went back (restored from a dump or an older copy, or failed over to a standby that lagged) and forgot records this site read, commits among them";
+
+/// What a database ledger that holds other records than a site read before did.
+const WENT_BACK_WRITTEN: &str = "this database went back (restored from a dump or an older copy, or failed over to a standby that lagged), forgot records this site read, commits among them, and was written since";
 
 /// What a [`Ledger::sync`] moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -241,6 +247,9 @@ pub struct Ledger {
     /// What a snapshot that the ledger no longer matches had read, per device: checked like the
     /// seen file's marks.
     snapshot_marks: Vec<HeadMark>,
+    /// The snapshot of those marks, kept unused, when the relay is a database: what this site
+    /// writes back into it if it went back ([`Ledger::repair_went_back`]).
+    went_back_snapshot: Option<std::path::PathBuf>,
     /// The shared checkpoint that could not be used: damage, for good (see [`crate::checkpoint`]).
     checkpoint_damage: Option<RelayProblem>,
     /// The shared checkpoint that this ledger does not reach or match (its file, its heads):
@@ -393,6 +402,7 @@ impl Ledger {
             snapshot: None,
             snapshot_damage: None,
             snapshot_marks: Vec::new(),
+            went_back_snapshot: None,
             checkpoint_damage: None,
             checkpoint_marks: None,
             started_from: None,
@@ -554,6 +564,9 @@ impl Ledger {
             tracing::warn!(snapshot = %path.display(), %reason, "the ledger no longer holds what this site's snapshot read; reading the whole ledger");
             self.snapshot_marks = base.heads;
             self.snapshot = None;
+            if self.relay.is_database() {
+                self.went_back_snapshot = Some(path);
+            }
             return Ok(());
         }
         let Some(snapshot) = &mut self.snapshot else {
@@ -1130,8 +1143,9 @@ impl Ledger {
                     continue;
                 }
                 format!(
-                    "record {} is {here}, but {whose} {verb} {last_op_id} there: the file was replaced (restore it from a copy)",
-                    mark.next_seq - 1
+                    "record {} is {here}, but {whose} {verb} {last_op_id} there: {}",
+                    mark.next_seq - 1,
+                    self.replaced_cause(&mut kind)
                 )
             } else {
                 continue;
@@ -1184,9 +1198,10 @@ impl Ledger {
                         .any(|problem| problem.device_id.as_ref() == Some(device));
                     match here {
                         Some(here) if here != mark.last_op_id && !said => format!(
-                            "record {} is {here}, but this site saw {} there: the file was replaced (restore it from a copy)",
+                            "record {} is {here}, but this site saw {} there: {}",
                             mark.next_seq - 1,
-                            mark.last_op_id
+                            mark.last_op_id,
+                            self.replaced_cause(&mut kind)
                         ),
                         _ => continue,
                     }
@@ -1199,6 +1214,17 @@ impl Ledger {
                     detail,
                 });
             }
+        }
+    }
+
+    /// Why a device holds another record where this site saw one: in a database, it went back
+    /// and was written since (`kind` becomes [`ProblemKind::WentBack`](crate::relay::ProblemKind::WentBack)); else its file was replaced.
+    fn replaced_cause(&self, kind: &mut crate::relay::ProblemKind) -> &'static str {
+        if self.relay.is_database() {
+            *kind = crate::relay::ProblemKind::WentBack;
+            WENT_BACK_WRITTEN
+        } else {
+            "the file was replaced (restore it from a copy)"
         }
     }
 
@@ -1265,13 +1291,15 @@ impl Ledger {
                 .and_then(|seen| seen.devices.get(&*op.device_id))
             {
                 if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
+                    let mut kind = crate::relay::ProblemKind::Damage;
+                    let cause = self.replaced_cause(&mut kind);
                     self.replaced.push(RelayProblem {
-                        kind: crate::relay::ProblemKind::Damage,
+                        kind,
                         device_id: Some(op.device_id.to_string()),
                         file: None,
                         line_number: Some(op.seq + 1),
                         detail: format!(
-                            "record {} is {}, but this site saw {} there: the file was replaced (restore it from a copy)",
+                            "record {} is {}, but this site saw {} there: {cause}",
                             op.seq, op.op_id, mark.last_op_id
                         ),
                     });
@@ -1967,10 +1995,6 @@ impl SeenFile {
 
     /// Merges `marks` into the file (the greater seq wins), under the file's lock.
     fn store(&mut self, marks: BTreeMap<String, Seen>) -> Result<(), DispatchError> {
-        let failed = |source| DispatchError::Seen {
-            path: self.path.clone(),
-            source,
-        };
         let changed = marks.iter().any(|(device, mark)| {
             self.devices
                 .get(device)
@@ -1979,6 +2003,46 @@ impl SeenFile {
         if !changed {
             return Ok(());
         }
+        let Some(_lock) = self.lock()? else {
+            return Ok(());
+        };
+        let mut devices = Self::read(&self.path)?;
+        for (device, mark) in marks {
+            let slot = devices.entry(device).or_insert(mark);
+            if mark.next_seq > slot.next_seq {
+                *slot = mark;
+            }
+        }
+        self.write(devices)
+    }
+
+    /// Puts `marks` in place of what the file remembers of those devices (none: forgets the
+    /// device), under the file's lock: after a database that went back was repaired
+    /// ([`Ledger::repair_went_back`]), what it holds now is what this site has seen.
+    fn reset(&mut self, marks: BTreeMap<String, Option<Seen>>) -> Result<(), DispatchError> {
+        let Some(_lock) = self.lock()? else {
+            return Err(DispatchError::Seen {
+                path: self.path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::WouldBlock, "another process holds its lock"),
+            });
+        };
+        let mut devices = Self::read(&self.path)?;
+        for (device, mark) in marks {
+            match mark {
+                Some(mark) => drop(devices.insert(device, mark)),
+                None => drop(devices.remove(&device)),
+            }
+        }
+        self.write(devices)
+    }
+
+    /// The file's lock, held only to merge and rename; `None` when a holder does not let go
+    /// within `SEEN_LOCK_WAIT`.
+    fn lock(&self) -> Result<Option<std::fs::File>, DispatchError> {
+        let failed = |source| DispatchError::Seen {
+            path: self.path.clone(),
+            source,
+        };
         let mut lock_path = self.path.clone().into_os_string();
         lock_path.push(".lock");
         let lock = std::fs::OpenOptions::new()
@@ -1999,18 +2063,20 @@ impl SeenFile {
                 }
                 Err(std::fs::TryLockError::WouldBlock) => {
                     tracing::warn!(file = %self.path.display(), "another process holds the seen file's lock; not updating it this time");
-                    return Ok(());
+                    return Ok(None);
                 }
                 Err(std::fs::TryLockError::Error(error)) => return Err(failed(error)),
             }
         }
-        let mut devices = Self::read(&self.path)?;
-        for (device, mark) in marks {
-            let slot = devices.entry(device).or_insert(mark);
-            if mark.next_seq > slot.next_seq {
-                *slot = mark;
-            }
-        }
+        Ok(Some(lock))
+    }
+
+    /// Replaces the file with `devices` (by a rename), under the lock.
+    fn write(&mut self, devices: BTreeMap<String, Seen>) -> Result<(), DispatchError> {
+        let failed = |source| DispatchError::Seen {
+            path: self.path.clone(),
+            source,
+        };
         let mut temporary = self.path.clone().into_os_string();
         temporary.push(format!(".{}.tmp", std::process::id()));
         let bytes = serde_json::to_vec(&devices).map_err(|error| failed(error.into()))?;

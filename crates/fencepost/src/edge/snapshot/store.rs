@@ -261,6 +261,26 @@ impl Snapshot {
             .map(|entry| entry.summary))
     }
 
+    /// Calls `each` with every stored run, in one read transaction, each bucket checked against
+    /// the saved state (what a site that saw more writes back into a database that went back:
+    /// [`Ledger::repair_went_back`](crate::ledger::Ledger::repair_went_back)).
+    pub(crate) fn for_each_run(
+        &self,
+        mut each: impl FnMut(&str, &str, &RunSummary),
+    ) -> Result<(), SnapshotError> {
+        let transaction = self.connection.unchecked_transaction()?;
+        let Some((_, mut layout)) = read_stored(&transaction)? else {
+            return Ok(());
+        };
+        for bucket in 0..layout.buckets {
+            for entry in read_bucket(&transaction, &mut layout, bucket)? {
+                each(&entry.agent, &entry.run, &entry.summary);
+            }
+        }
+        transaction.commit()?;
+        Ok(())
+    }
+
     /// Moves what the write-ahead log holds into the file and empties the log (after a save of
     /// a whole ledger, so that the log does not keep that size).
     pub(crate) fn checkpoint(&self) -> Result<(), SnapshotError> {

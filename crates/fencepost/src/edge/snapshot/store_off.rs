@@ -36,6 +36,13 @@ impl Snapshot {
         match *self {}
     }
 
+    pub(crate) fn for_each_run(
+        &self,
+        _each: impl FnMut(&str, &str, &RunSummary),
+    ) -> Result<(), SnapshotError> {
+        match *self {}
+    }
+
     pub(crate) fn checkpoint(&self) -> Result<(), SnapshotError> {
         match *self {}
     }
