@@ -22,7 +22,9 @@ use serde_json::json;
 
 use crate::child::{self, Ending, Signals, Supervision, Watchdog};
 use crate::report::RunReport;
-use crate::settings::{parse_duration_ms, parse_nonzero_duration_ms, parse_retention_ms, Access, Settings};
+use crate::settings::{
+    parse_duration_ms, parse_nonzero_duration_ms, parse_retention_ms, Access, LedgerKind, Settings,
+};
 use crate::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
     EXIT_RAN_FAILED, EXIT_RAN_OK,
@@ -120,7 +122,7 @@ fn open_ledger_to(settings: &Settings, access: Access) -> Result<Ledger> {
 /// Opens the ledger; with `snapshot`, from this site's snapshot of a ledger folder (what `run`
 /// does: it asks about one run). The commands that list or check everything read it all. With
 /// `reopen_if_pruned`, a ledger whose only damage is a device file pruned while it was read
-/// ([`only_pruned`]) is opened again, a few times (`run` starts its whole attempt over instead:
+/// ([`only_lagging`]) is opened again, a few times (`run` starts its whole attempt over instead:
 /// it may have read the ledger before).
 fn open_ledger_with(
     settings: &Settings,
@@ -157,7 +159,7 @@ fn open_ledger_with(
         // Opening pulls everything once; a sync right after it would pull again for nothing.
         let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options.clone())
             .with_context(|| format!("cannot open the ledger in {}", settings.ledger_label()))?;
-        if !reopen_if_pruned || !only_pruned(&ledger) || attempt == PRUNED_READINGS - 1 {
+        if !reopen_if_pruned || !only_lagging(&ledger) || attempt == PRUNED_READINGS - 1 {
             return Ok(ledger);
         }
         attempt += 1;
@@ -188,20 +190,25 @@ fn refuse_queued_elsewhere(settings: &Settings, agent: &str, run: &str) -> Resul
 /// hosts pruned one folder in a loop (1 compaction of 1 452 refused in CI).
 const PRUNED_READINGS: u32 = 8;
 
-/// Whether the ledger's only damage is a device file that begins after what the reading lacks
-/// ([`ProblemKind::Pruned`]): another host's prune may have come while it read.
-fn only_pruned(ledger: &Ledger) -> bool {
+/// Whether the ledger's only damage is what another host's prune while it read, or a sync that
+/// has not brought everything yet, explains: a device file that begins after what the reading
+/// lacks ([`ProblemKind::Pruned`]), or that holds less than a checkpoint or the snapshot read
+/// ([`ProblemKind::Behind`]).
+fn only_lagging(ledger: &Ledger) -> bool {
     let damage = ledger.damage();
-    !damage.is_empty() && damage.iter().all(|problem| problem.kind == ProblemKind::Pruned)
+    !damage.is_empty()
+        && damage
+            .iter()
+            .all(|problem| matches!(problem.kind, ProblemKind::Pruned | ProblemKind::Behind))
 }
 
 /// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to
-/// do; a [`PrunedMeanwhile`] error when the only damage is a device file pruned while it was read
-/// ([`only_pruned`]).
+/// do; a [`Lagging`] error when the only damage is a device file pruned while it was read
+/// ([`only_lagging`]).
 fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
     match damage_refusal(ledger, settings) {
         None => Ok(()),
-        Some(refusal) if only_pruned(ledger) => Err(anyhow::Error::new(PrunedMeanwhile(refusal))),
+        Some(refusal) if only_lagging(ledger) => Err(anyhow::Error::new(Lagging(refusal))),
         Some(refusal) => Err(anyhow::anyhow!(refusal)),
     }
 }
@@ -220,7 +227,13 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
     }
     let damage = ledger.damage();
     let first = damage.first()?;
-    if only_pruned(ledger) {
+    if only_lagging(ledger) && damage.iter().any(|problem| problem.kind == ProblemKind::Behind) {
+        return Some(format!(
+            "not running anything: {first}. This host's copy of the ledger ({}) lacks records that a checkpoint here or this host's snapshot read: let the sync bring them, then run again (if the file lost them, restore it from another host's copy)",
+            settings.ledger_label()
+        ));
+    }
+    if only_lagging(ledger) {
         // Records pruned after a checkpoint this host cannot read yet: they are not lost, and
         // accepting the gap would run what they committed again (issue 37).
         return Some(format!(
@@ -275,19 +288,20 @@ fn went_back(damage: &[&fencepost::relay::RelayProblem]) -> bool {
     damage.iter().any(|problem| problem.kind == ProblemKind::WentBack)
 }
 
-/// A refusal ([`refuse_damage`]) whose only damage is a device file pruned while the ledger
-/// read it (another host compacted with --prune): `run` starts its attempt over, reading from
-/// the newest checkpoint, and its last attempt reports it. It says what the refusal says.
+/// A refusal ([`refuse_damage`]) whose only damage a prune or a sync explains ([`only_lagging`]):
+/// `run` starts its attempt over (a file pruned while the ledger read it is read again from the
+/// newest checkpoint), then, in a ledger folder, waits for the sync within --wait; its last
+/// attempt reports it (exit 7). It says what the refusal says.
 #[derive(Debug)]
-struct PrunedMeanwhile(String);
+struct Lagging(String);
 
-impl std::fmt::Display for PrunedMeanwhile {
+impl std::fmt::Display for Lagging {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter.write_str(&self.0)
     }
 }
 
-impl std::error::Error for PrunedMeanwhile {}
+impl std::error::Error for Lagging {}
 
 /// `fencepost run`: an attempt, started over before its command ran when a device file was
 /// pruned while it read the ledger (up to 7 times; found by an adversarial test: hosts pruning
@@ -302,8 +316,7 @@ pub fn run(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Resul
     loop {
         match run_attempt(settings, args, report, deadline) {
             Err(error)
-                if pruned + 1 < PRUNED_READINGS
-                    && error.chain().any(|cause| cause.is::<PrunedMeanwhile>()) =>
+                if pruned + 1 < PRUNED_READINGS && error.chain().any(|cause| cause.is::<Lagging>()) =>
             {
                 pruned += 1;
                 tracing::debug!(
@@ -311,6 +324,30 @@ pub fn run(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Resul
                     "a device file was pruned while the ledger read it; starting over"
                 );
                 std::thread::sleep(Duration::from_millis(50 * u64::from(pruned)));
+            }
+            // Still lagging: a device file came before the checkpoint that covers what was
+            // removed from it, or a checkpoint before the records of a file (a synced folder
+            // carries files in any order; issue 37, item 2). The sync brings them as it brings
+            // any record: waited for within --wait, as exit 7 waits for records the previous
+            // holder published, and then exit 7, not damage.
+            // (A database has no sync to wait for: there it stays damage.)
+            Err(error)
+                if settings.ledger_kind == LedgerKind::Folder
+                    && error.chain().any(|cause| cause.is::<Lagging>()) =>
+            {
+                if Instant::now() + pause >= deadline {
+                    err!("fencepost: {}", crate::one_line(&error));
+                    return Ok(EXIT_LEDGER_BEHIND);
+                }
+                if !told {
+                    told = true;
+                    err!(
+                        "fencepost: {}; waiting for it while --wait lasts",
+                        crate::one_line(&error)
+                    );
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
             }
             Err(error) if transient(&error) && Instant::now() + pause < deadline => {
                 if !told {
@@ -1709,7 +1746,7 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
     }
     // A folder to import from must hold a ledger: an empty or wrong folder would import nothing
     // and say so quietly, and the operator would then move the real one away.
-    if source.ledger_kind == crate::settings::LedgerKind::Folder && !source.ledger.join("devices").is_dir() {
+    if source.ledger_kind == LedgerKind::Folder && !source.ledger.join("devices").is_dir() {
         crate::usage!(
             "ledger import {}: no ledger there (a ledger folder has a devices/ folder; the old default is <data dir>/fencepost/ledger)",
             source.ledger_label()
@@ -1818,7 +1855,7 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bo
             })
         );
     } else {
-        let stored = if settings.ledger_kind == crate::settings::LedgerKind::Postgres {
+        let stored = if settings.ledger_kind == LedgerKind::Postgres {
             format!(
                 " into {} (this host's copy: {})",
                 settings.ledger_label(),
@@ -1838,7 +1875,7 @@ fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bo
                 "removed {} of device {} from its {} (the checkpoint covers them)",
                 plural(written.pruned, "record"),
                 settings.device,
-                if settings.ledger_kind == crate::settings::LedgerKind::Folder {
+                if settings.ledger_kind == LedgerKind::Folder {
                     "file"
                 } else {
                     "log"
@@ -1912,7 +1949,9 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
     }
     for problem in ledger.problems() {
         let kind = match problem.kind {
-            ProblemKind::Damage | ProblemKind::Pruned | ProblemKind::WentBack => "damaged",
+            ProblemKind::Damage | ProblemKind::Pruned | ProblemKind::WentBack | ProblemKind::Behind => {
+                "damaged"
+            }
             ProblemKind::IncompleteLine => "incomplete",
             _ => "ignored",
         };

@@ -229,8 +229,9 @@ fn k6_hosts_that_pruned_before_a_sync_carried_each_others_records_all_go_on() {
 
 /// Issue 37, item 4: a host whose copy holds a pruned file but not yet the checkpoint that
 /// covers its first records is refused without advice to accept the damage (the records are
-/// not lost); accepting it anyway runs nothing that a checkpoint it can read holds committed;
-/// once the checkpoint arrives, it runs on.
+/// not lost) and, as for a record the sync has not brought yet, waits for it within --wait
+/// (item 2: exit 7 when it does not come); accepting it anyway runs nothing that a checkpoint
+/// it can read holds committed; once the checkpoint arrives, a waiting run goes on.
 #[test]
 fn k6_a_pruned_file_ahead_of_its_checkpoint_is_refused_without_advice_to_accept_it_and_accepting_it_runs_no_commit_again(
 ) {
@@ -259,9 +260,29 @@ fn k6_a_pruned_file_ahead_of_its_checkpoint_is_refused_without_advice_to_accept_
     )
     .unwrap();
     copy_checkpoints(&beta.ledger, &gamma.ledger);
-    let output = gamma.job(&shared, "agent-a", "agent-a-day-4");
+    // Item 2: the sync lags, no damage: waited for within --wait, then exit 7 (not 10).
+    let output = gamma.run(
+        &shared,
+        &[
+            "run",
+            "--agent",
+            "agent-a",
+            "--intent",
+            "backup",
+            "--salt",
+            "agent-a-day-4",
+            "--wait",
+            "3s",
+            "--",
+            "true",
+        ],
+    );
     let message = text(&output.stderr);
-    assert_eq!(code(&output), 10, "{message}");
+    assert_eq!(code(&output), 7, "{message}");
+    assert!(
+        message.contains("waiting for it while --wait lasts") && message.contains("not synced here yet"),
+        "{message}"
+    );
     assert!(
         !message.contains("--accept-damaged"),
         "advises what may run commits again: {message}"
@@ -278,12 +299,73 @@ fn k6_a_pruned_file_ahead_of_its_checkpoint_is_refused_without_advice_to_accept_
         );
     }
     assert!(!again.exists(), "a committed run ran again");
-    // The checkpoint arrives: every committed run is refused, a new one runs.
-    copy_checkpoints(&alpha.ledger, &gamma.ledger);
+    // The checkpoint arrives while a run waits for it: that run goes on (refused, committed),
+    // and so does every later one; a new one runs.
+    let arrives = std::thread::spawn({
+        let (from, to) = (alpha.ledger.clone(), gamma.ledger.clone());
+        move || {
+            std::thread::sleep(std::time::Duration::from_millis(1_500));
+            copy_checkpoints(&from, &to);
+        }
+    });
+    let output = gamma.job(&shared, "agent-a", &early[0]);
+    arrives.join().unwrap();
+    assert_eq!(code(&output), 3, "{}", text(&output.stderr));
     for salt in early.iter().map(String::as_str).chain(["agent-a-day-3"]) {
         let output = gamma.job(&shared, "agent-a", salt);
         assert_eq!(code(&output), 3, "{salt}: {}", text(&output.stderr));
     }
     gamma.commit(&shared, "agent-a", "agent-a-day-4");
+    assert_once(&shared);
+}
+
+/// K6, issue 37 item 2 (found by the torture test's lagging copy): a checkpoint that reaches a
+/// host before the records of a file it covers (the file here holds fewer than the checkpoint
+/// read, `ProblemKind::Behind`) is a sync that lags: a run waits for the file within --wait and
+/// goes on when it comes; one whose --wait runs out first exits 7, not 10; nothing runs twice.
+#[test]
+fn k6_a_checkpoint_ahead_of_a_files_records_is_waited_for_not_damage() {
+    let shared = Shared::sqlite();
+    let alpha = Host::new(&shared, "alpha");
+    let beta = Host::new(&shared, "beta");
+    let gamma = Host::new(&shared, "gamma");
+    alpha.commit(&shared, "agent-a", "a-0");
+    beta.commit(&shared, "agent-b", "b-0");
+    // gamma's copy gets beta's file as it is now; beta commits again, alpha reads it all,
+    // writes a checkpoint and prunes its own file.
+    sync(&beta, &gamma);
+    beta.commit(&shared, "agent-b", "b-1");
+    sync(&beta, &alpha);
+    let output = alpha.run(&shared, &["ledger", "compact", "--prune"]);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    // gamma gets alpha's pruned file and the checkpoint, not beta's newer records.
+    sync(&alpha, &gamma);
+    let output = gamma.run(
+        &shared,
+        &[
+            "run", "--agent", "agent-b", "--intent", "backup", "--salt", "b-2", "--wait", "3s", "--", "true",
+        ],
+    );
+    let message = text(&output.stderr);
+    assert_eq!(code(&output), 7, "{message}");
+    assert!(
+        message.contains("waiting for it while --wait lasts") && message.contains("let the sync bring them"),
+        "{message}"
+    );
+    // beta's records arrive while a run waits: it goes on.
+    let arrives = std::thread::spawn({
+        let (from, to) = (
+            beta.ledger.join("devices/beta.jsonl"),
+            gamma.ledger.join("devices/beta.jsonl"),
+        );
+        move || {
+            std::thread::sleep(std::time::Duration::from_millis(1_500));
+            std::fs::copy(from, to).unwrap();
+        }
+    });
+    let output = gamma.job(&shared, "agent-b", "b-1");
+    arrives.join().unwrap();
+    assert_eq!(code(&output), 3, "{}", text(&output.stderr));
+    gamma.commit(&shared, "agent-b", "b-2");
     assert_once(&shared);
 }

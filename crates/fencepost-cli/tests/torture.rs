@@ -9,6 +9,12 @@
 //! committed run's effect was applied, every run in the ledger ended committed, failed or in doubt,
 //! and `ledger verify` passes. The counts are printed.
 //!
+//! One host, `host-lag`, has a copy of the folder of its own, synced both ways at random delays
+//! (files and checkpoints one at a time, in random order, as a sync tool does: [`LaggingSync`]),
+//! and prunes its file in a loop while `host-e` prunes its own in the shared folder (issue 37,
+//! acceptance): once the copies have caught up, every host runs a new occurrence (none stuck on
+//! exit 10) and both copies verify.
+//!
 //! `FENCEPOST_TORTURE_SECS` sets how long the nemesis runs (default 60).
 
 mod common;
@@ -16,7 +22,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,9 +32,13 @@ use common::{text, Shared};
 
 const AGENTS: [&str; 3] = ["torture-0", "torture-1", "torture-2"];
 /// One device id per worker process slot; host-a and host-b are shared by several at once.
-const DEVICES: [&str; 8] = [
-    "host-a", "host-a", "host-a", "host-b", "host-b", "host-c", "host-d", "host-e",
+const DEVICES: [&str; 9] = [
+    "host-a", "host-a", "host-a", "host-b", "host-b", "host-c", "host-d", "host-e", LAGGING,
 ];
+/// The device whose ledger is its own copy of the folder ([`LaggingSync`]); it prunes its file.
+const LAGGING: &str = "host-lag";
+/// A device of the shared folder that prunes its file.
+const PRUNING: &str = "host-e";
 /// Each slot of this many milliseconds is one occurrence per agent.
 const SLOT_MS: u128 = 1_500;
 const EFFECT_DIR: &str = "FENCEPOST_TORTURE_DIR";
@@ -50,6 +60,115 @@ impl Rng {
     fn below(&mut self, bound: u64) -> u64 {
         self.next() % bound
     }
+}
+
+/// A two-way sync between the shared ledger folder and [`LAGGING`]'s copy, as a sync tool does
+/// it: a device file goes from the copy its device writes to the other; a checkpoint written on
+/// one side goes to the other, and one removed on a side where both had it is removed on the
+/// other. Each file is copied whole (a temporary file, then a rename), one at a time, in random
+/// order, at random pauses: a file may arrive before the checkpoint that covers what was pruned
+/// from it, or after.
+struct LaggingSync {
+    shared: PathBuf,
+    copy: PathBuf,
+    /// The checkpoints both sides held after the last pass.
+    both: BTreeSet<String>,
+}
+
+/// One step of a pass of [`LaggingSync`].
+enum Step {
+    Copy(PathBuf, PathBuf),
+    Remove(PathBuf),
+}
+
+/// The names of the files in `dir` that `keep` keeps.
+fn names(dir: &Path, keep: impl Fn(&str) -> bool) -> BTreeSet<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeSet::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| keep(name))
+        .collect()
+}
+
+impl LaggingSync {
+    fn new(shared: &Path, copy: &Path) -> Self {
+        for sub in ["devices", "checkpoints"] {
+            std::fs::create_dir_all(shared.join(sub)).unwrap();
+            std::fs::create_dir_all(copy.join(sub)).unwrap();
+        }
+        Self {
+            shared: shared.to_path_buf(),
+            copy: copy.to_path_buf(),
+            both: BTreeSet::new(),
+        }
+    }
+
+    /// One pass over every file, in random order, with pauses of up to `pause_ms` between files.
+    fn pass(&mut self, rng: &mut Rng, pause_ms: u64) {
+        let mut steps = Vec::new();
+        let lagging = format!("{LAGGING}.jsonl");
+        for (from, to, ours) in [
+            (&self.shared, &self.copy, false),
+            (&self.copy, &self.shared, true),
+        ] {
+            for name in names(&from.join("devices"), |name| name.ends_with(".jsonl")) {
+                if (name == lagging) == ours {
+                    steps.push(Step::Copy(
+                        from.join("devices").join(&name),
+                        to.join("devices").join(&name),
+                    ));
+                }
+            }
+        }
+        let checkpoint = |name: &str| name.starts_with("checkpoint-") && name.ends_with(".sqlite");
+        let (here, there) = (self.shared.join("checkpoints"), self.copy.join("checkpoints"));
+        let (in_here, in_there) = (names(&here, checkpoint), names(&there, checkpoint));
+        for name in in_here.symmetric_difference(&in_there) {
+            let (has, lacks) = if in_here.contains(name) {
+                (&here, &there)
+            } else {
+                (&there, &here)
+            };
+            steps.push(if self.both.contains(name) {
+                Step::Remove(has.join(name))
+            } else {
+                Step::Copy(has.join(name), lacks.join(name))
+            });
+        }
+        for index in (1..steps.len()).rev() {
+            steps.swap(index, rng.below(index as u64 + 1) as usize);
+        }
+        for step in steps {
+            std::thread::sleep(Duration::from_millis(rng.below(pause_ms + 1)));
+            match step {
+                Step::Copy(from, to) => copy_whole(&from, &to),
+                Step::Remove(path) => {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+        self.both = names(&here, checkpoint)
+            .intersection(&names(&there, checkpoint))
+            .cloned()
+            .collect();
+    }
+}
+
+/// Copies `from` over `to` whole, unless they hold the same bytes (a file removed meanwhile is
+/// left for the next pass).
+fn copy_whole(from: &Path, to: &Path) {
+    let Ok(bytes) = std::fs::read(from) else {
+        return;
+    };
+    if std::fs::read(to).is_ok_and(|old| old == bytes) {
+        return;
+    }
+    let temporary = to.with_file_name(format!(".sync-{}", to.file_name().unwrap().to_string_lossy()));
+    std::fs::write(&temporary, &bytes).unwrap();
+    std::fs::rename(&temporary, to).unwrap();
 }
 
 /// Writes a line to the test's standard error directly, past the harness's capture, so that the
@@ -114,6 +233,93 @@ fn torture_effect_child() {
     std::process::exit(code);
 }
 
+/// Where a firing finds its effect and its ledger.
+struct Places<'a> {
+    effect_exe: &'a Path,
+    dir: &'a Path,
+    /// [`LAGGING`]'s copy of the ledger folder.
+    copy: &'a Path,
+}
+
+impl Places<'_> {
+    /// `fencepost run` of `agent`'s occurrence `salt` on `device`, the effect through the fenced
+    /// resource, standard error piped.
+    fn firing(
+        &self,
+        shared: &Shared,
+        device: &str,
+        agent: &str,
+        salt: &str,
+        wait: &str,
+    ) -> std::process::Command {
+        let mut command = shared.command(
+            device,
+            &[
+                "run",
+                "--agent",
+                agent,
+                "--intent",
+                "torture",
+                "--salt",
+                salt,
+                "--ttl",
+                "1s",
+                "--wait",
+                wait,
+                "--kill-after",
+                "500ms",
+                "--",
+            ],
+        );
+        command
+            .arg(self.effect_exe)
+            .args(["torture_effect_child", "--exact", "--ignored", "--nocapture"])
+            .env(EFFECT_DIR, self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if device == LAGGING {
+            command.env("FENCEPOST_LEDGER", self.copy);
+        }
+        command
+    }
+}
+
+/// Once the storm is over and while the copies catch up: every host runs a new occurrence
+/// (none is stuck on exit 10, or 7), and the lagging host and a host of the shared folder each
+/// refuse the other's (exit 3).
+fn caught_up(shared: &Shared, places: &Places, fired: &Mutex<BTreeSet<(String, String)>>) {
+    let mut hosts: Vec<&str> = DEVICES.to_vec();
+    hosts.dedup();
+    let fire = |device: &str, salt: &str| {
+        fired
+            .lock()
+            .unwrap()
+            .insert((AGENTS[0].to_owned(), salt.to_owned()));
+        let output = places
+            .firing(shared, device, AGENTS[0], salt, "20s")
+            .output()
+            .unwrap();
+        (output.status.code(), text(&output.stderr))
+    };
+    for device in &hosts {
+        let (code, stderr) = fire(device, &format!("final-{device}"));
+        assert_eq!(code, Some(0), "{device}, once the copies caught up: {stderr}");
+    }
+    for (device, salt) in [(LAGGING, "final-host-a"), ("host-a", "final-host-lag")] {
+        let (code, stderr) = fire(device, salt);
+        assert_eq!(code, Some(3), "{device}, {salt}: {stderr}");
+    }
+}
+
+/// Clears its flag when dropped, on a panic too.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// The fencepost processes running now, by a test-wide id.
 type Running = Arc<Mutex<BTreeMap<u64, Child>>>;
 
@@ -124,6 +330,13 @@ struct Counts {
     paused: u64,
     killed: u64,
     terminated: u64,
+    /// The exits of the prunes (`ledger compact --prune`), and what the first refusals said.
+    prunes: BTreeMap<i32, u64>,
+    refusals: Vec<String>,
+    /// Firings that waited for a checkpoint the sync had not brought, and the lagging host's
+    /// firings and effects.
+    waited_for_checkpoint: u64,
+    lagging: (u64, u64),
 }
 
 fn torture(shared: &Shared) {
@@ -138,6 +351,9 @@ fn torture(shared: &Shared) {
     ));
     let effect_exe = std::env::current_exe().unwrap();
     let dir = shared.folder.path().to_path_buf();
+    let copy = shared.path("ledger-lag");
+    let sync = Mutex::new(LaggingSync::new(&shared.path("ledger"), &copy));
+    let syncing = AtomicBool::new(true);
     let running: Running = Arc::new(Mutex::new(BTreeMap::new()));
     let counts = Arc::new(Mutex::new(Counts::default()));
     let fired = Arc::new(Mutex::new(BTreeSet::<(String, String)>::new()));
@@ -147,10 +363,11 @@ fn torture(shared: &Shared) {
     let deadline = started + Duration::from_secs(seconds);
 
     std::thread::scope(|scope| {
+        let mut storm = Vec::new();
         for (worker, device) in DEVICES.iter().enumerate() {
             let (running, counts, fired, next_id) = (&running, &counts, &fired, &next_id);
-            let (effect_exe, dir) = (&effect_exe, &dir);
-            scope.spawn(move || {
+            let (effect_exe, dir, copy) = (&effect_exe, &dir, &copy);
+            storm.push(scope.spawn(move || {
                 let mut rng = Rng::new(seed ^ (worker as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407));
                 // Like a cron line per agent: each worker fires each occurrence once.
                 let mut mine = BTreeSet::new();
@@ -162,31 +379,12 @@ fn torture(shared: &Shared) {
                         std::thread::sleep(Duration::from_millis(20));
                         continue;
                     }
-                    let mut command = shared.command(
-                        device,
-                        &[
-                            "run",
-                            "--agent",
-                            agent,
-                            "--intent",
-                            "torture",
-                            "--salt",
-                            &salt,
-                            "--ttl",
-                            "1s",
-                            "--wait",
-                            "2s",
-                            "--kill-after",
-                            "500ms",
-                            "--",
-                        ],
-                    );
-                    command
-                        .arg(effect_exe)
-                        .args(["torture_effect_child", "--exact", "--ignored", "--nocapture"])
-                        .env(EFFECT_DIR, dir)
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::piped());
+                    let places = Places {
+                        effect_exe,
+                        dir,
+                        copy,
+                    };
+                    let mut command = places.firing(shared, device, agent, &salt, "2s");
                     let child = command.spawn().unwrap();
                     fired.lock().unwrap().insert((agent.to_owned(), salt));
                     let id = next_id.fetch_add(1, Ordering::SeqCst);
@@ -205,10 +403,18 @@ fn torture(shared: &Shared) {
                             let code = status.code().unwrap_or(-1);
                             // 143: a SIGTERM of the nemesis that came while fencepost waited, or
                             // between the fence and the command's start (it then records `failed`).
+                            // 7: the copies had not caught up within --wait.
                             assert!(
-                                [-1, 0, 1, 3, 4, 5, 6, 143].contains(&code),
+                                [-1, 0, 1, 3, 4, 5, 6, 7, 143].contains(&code),
                                 "fencepost exited {code}: {stderr}"
                             );
+                            let mut counts = counts.lock().unwrap();
+                            counts.waited_for_checkpoint +=
+                                u64::from(stderr.contains("waiting for it while --wait lasts"));
+                            if *device == LAGGING {
+                                counts.lagging.0 += 1;
+                                counts.lagging.1 += u64::from(code == 0 || code == 1);
+                            }
                             break status;
                         }
                     };
@@ -216,11 +422,45 @@ fn torture(shared: &Shared) {
                     counts.fired += 1;
                     *counts.exits.entry(status.code().unwrap_or(-1)).or_default() += 1;
                 }
-            });
+            }));
         }
-        // The nemesis.
-        let (running, counts, done) = (&running, &counts, &done);
+        // The sync, until the end of the last runs (or a panic of this thread: the scope would
+        // wait for the sync for ever).
+        let (sync, syncing) = (&sync, &syncing);
+        let _stop_syncing = StopOnDrop(syncing);
         scope.spawn(move || {
+            let mut rng = Rng::new(seed ^ 0x5EED_5EED);
+            while syncing.load(Ordering::SeqCst) {
+                sync.lock().unwrap().pass(&mut rng, 200);
+                std::thread::sleep(Duration::from_millis(rng.below(600)));
+            }
+        });
+        // The prunes: the lagging host's in its copy, another host's in the shared folder.
+        let (copy, counts) = (&copy, &counts);
+        storm.push(scope.spawn(move || {
+            let mut rng = Rng::new(seed ^ 0x0091_217E);
+            while Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(600 + rng.below(900)));
+                for (device, ledger) in [(LAGGING, copy.clone()), (PRUNING, shared.path("ledger"))] {
+                    let output = shared
+                        .command(device, &["ledger", "compact", "--prune"])
+                        .env("FENCEPOST_LEDGER", ledger)
+                        .output()
+                        .unwrap();
+                    let code = output.status.code().unwrap_or(-1);
+                    let mut counts = counts.lock().unwrap();
+                    *counts.prunes.entry(code).or_default() += 1;
+                    if code != 0 && counts.refusals.len() < 3 {
+                        counts
+                            .refusals
+                            .push(format!("{device}: {}", text(&output.stderr)));
+                    }
+                }
+            }
+        }));
+        // The nemesis.
+        let (running, done) = (&running, &done);
+        storm.push(scope.spawn(move || {
             let mut rng = Rng::new(seed);
             while Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(150 + rng.below(350)));
@@ -265,10 +505,24 @@ fn torture(shared: &Shared) {
                 }
             }
             done.store(true, Ordering::SeqCst);
-        });
+        }));
+        for thread in storm {
+            thread.join().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1_200)); // every dead holder's lease runs out
+        let places = Places {
+            effect_exe: &effect_exe,
+            dir: &dir,
+            copy,
+        };
+        caught_up(shared, &places, &fired);
     });
     assert!(done.load(Ordering::SeqCst));
-    std::thread::sleep(Duration::from_millis(1_200)); // every dead holder's lease runs out
+    // The last files and checkpoints, and the removals seen meanwhile.
+    let mut rng = Rng::new(seed);
+    for _ in 0..2 {
+        sync.lock().unwrap().pass(&mut rng, 0);
+    }
 
     // What the resource applied.
     let effects = std::fs::read_to_string(dir.join("effects")).unwrap_or_default();
@@ -330,13 +584,20 @@ fn torture(shared: &Shared) {
             "{run} in the ledger was never fired (seed {seed})"
         );
     }
-    let verify = shared.run("checker", &["ledger", "verify"]);
-    assert!(
-        verify.status.success(),
-        "{}{}",
-        text(&verify.stdout),
-        text(&verify.stderr)
-    );
+    for ledger in [shared.path("ledger"), copy.clone()] {
+        let verify = shared
+            .command("checker", &["ledger", "verify"])
+            .env("FENCEPOST_LEDGER", &ledger)
+            .output()
+            .unwrap();
+        assert!(
+            verify.status.success(),
+            "{}: {}{}",
+            ledger.display(),
+            text(&verify.stdout),
+            text(&verify.stderr)
+        );
+    }
 
     let counts = counts.lock().unwrap();
     let count = |wanted: &str| status.values().filter(|state| *state == wanted).count();
@@ -348,6 +609,10 @@ fn torture(shared: &Shared) {
         counts.paused,
         counts.killed,
         counts.terminated
+    ));
+    report(format!(
+        "torture: prunes exited {:?}; the first refusals: {:?}; {} firings waited for a checkpoint the sync had not brought; {LAGGING} fired {} times, ran {}",
+        counts.prunes, counts.refusals, counts.waited_for_checkpoint, counts.lagging.0, counts.lagging.1
     ));
     report(format!(
         "torture: {} effects applied (none twice), {} refused by the resource (stale epoch); ledger: {} runs, {} committed, {} failed, {} in doubt",

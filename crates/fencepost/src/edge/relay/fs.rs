@@ -799,7 +799,7 @@ impl Relay for FsRelay {
         for (device, next_seq) in since.iter() {
             if next_seq > 0 && names.binary_search(&device_file_name(device)).is_err() {
                 batch.problems.push(RelayProblem {
-                    kind: ProblemKind::Damage,
+                    kind: ProblemKind::Behind,
                     device_id: Some(device.to_owned()),
                     file: Some(self.device_path(device)),
                     line_number: None,

@@ -288,6 +288,12 @@ pub enum ProblemKind {
     /// standby that lagged), and forgot records this site saw, commits among them. Damage like
     /// [`Damage`](Self::Damage): nothing is dispatched on what is left.
     WentBack,
+    /// A ledger folder's file of a device holds fewer records than the reading already has of
+    /// it (from a checkpoint, or this site's snapshot), or is not there: a sync that has not
+    /// brought them yet (a checkpoint may arrive before the files it covers), or a file that
+    /// lost records. Damage like [`Damage`](Self::Damage) (nothing is dispatched), which a
+    /// caller may wait out, as for [`Pruned`](Self::Pruned).
+    Behind,
 }
 
 /// A problem with part of a relay's store, reported by a pull without stopping it.
@@ -307,11 +313,11 @@ pub struct RelayProblem {
 
 impl RelayProblem {
     /// Whether the problem makes the ledger incomplete ([`ProblemKind::Damage`],
-    /// [`ProblemKind::Pruned`] or [`ProblemKind::WentBack`]).
+    /// [`ProblemKind::Pruned`], [`ProblemKind::WentBack`] or [`ProblemKind::Behind`]).
     pub fn is_damage(&self) -> bool {
         matches!(
             self.kind,
-            ProblemKind::Damage | ProblemKind::Pruned | ProblemKind::WentBack
+            ProblemKind::Damage | ProblemKind::Pruned | ProblemKind::WentBack | ProblemKind::Behind
         )
     }
 }

@@ -272,14 +272,16 @@ impl FsRelay {
         let head = entry.head.as_ref()?;
         let has = since.next_seq(head.device_id());
         (has > head.next_seq() && entry.damage.is_none()).then(|| {
-            self.problem(
+            let mut problem = self.problem(
                 entry,
                 None,
                 format!(
                     "the file holds {} records, and this reading starts after {has} of them (a checkpoint or this site's snapshot read them): not synced here yet (run again once it is), or it lost records (restore it from a copy)",
                     head.next_seq()
                 ),
-            )
+            );
+            problem.kind = ProblemKind::Behind;
+            problem
         })
     }
 
