@@ -299,6 +299,15 @@ fn k6_a_pruned_file_ahead_of_its_checkpoint_is_refused_without_advice_to_accept_
         );
     }
     assert!(!again.exists(), "a committed run ran again");
+    // Each accepting run recorded its acceptance once (found by an adversarial test: every
+    // attempt of a run waiting for the checkpoint recorded it again).
+    let log = std::fs::read_to_string(gamma.ledger.join("devices/gamma.jsonl")).unwrap_or_default();
+    let accepted = log.matches("fencepost.accept-damaged").count();
+    assert!(
+        (1..=early.len()).contains(&accepted),
+        "{accepted} acceptances recorded by {} runs",
+        early.len()
+    );
     // The checkpoint arrives while a run waits for it: that run goes on (refused, committed),
     // and so does every later one; a new one runs.
     let arrives = std::thread::spawn({

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::postgres::{admin, fresh_database, in_database, server_url};
-use common::{text, Shared};
+use common::{kill_mid_command, text, Shared};
 
 /// `pg_dump` or `pg_restore` of the server `scripts/test` started (beside its `pg_ctl`).
 fn client_tool(name: &str) -> Command {
@@ -145,9 +145,11 @@ fn l5_r1_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice_and_a_host
         .unwrap();
 }
 
-/// `fencepost ledger repair` (the README's procedure after a restore, rule R1): on the host that
-/// read what the restore lost it writes those commits back and exits 0; then, and on a host that
-/// read nothing lost, there is nothing to repair (exit 0); every host refuses those runs.
+/// `fencepost ledger repair` (the README's procedure after a restore, rule R1): on a host that
+/// read what the restore lost it writes those commits back, and the run it had read in doubt
+/// (found by an adversarial test: such a run ran again), and exits 0; then, and on a host that
+/// read nothing lost, there is nothing to repair (exit 0); every host refuses those runs, and
+/// the one in doubt stays in doubt (exit 5).
 #[test]
 #[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and _PG_CTL and pass --include-ignored)"]
 fn r1_ledger_repair_on_the_host_that_read_more_makes_a_restored_database_whole() {
@@ -171,27 +173,52 @@ fn r1_ledger_repair_on_the_host_that_read_more_makes_a_restored_database_whole()
     for slot in 1..3 {
         assert_eq!(fire("host-1", slot), Some(0), "slot {slot}");
     }
+    // host-1 dies in slot 3's command; host-3 reads it in doubt (and slots 1 and 2 committed).
+    let effect = format!(
+        "echo \"$FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'",
+        hosts.path("effects").display()
+    );
+    let args = [
+        "run",
+        "--agent",
+        "reports",
+        "--intent",
+        "daily report",
+        "--salt",
+        "slot-3",
+        "--ttl",
+        "1s",
+    ];
+    kill_mid_command(&hosts, "host-1", &args, &effect);
+    std::thread::sleep(std::time::Duration::from_millis(1_200));
+    assert_eq!(fire("host-3", 3), Some(5), "slot 3 in doubt");
     restore(&database, &url, &copy);
 
     let (code, said) = repair("host-2");
     assert_eq!(code, Some(0), "a host that read nothing lost: {said}");
     assert!(said.contains("nothing to repair"), "{said}");
-    let (code, said) = repair("host-1");
-    assert_eq!(code, Some(0), "the host that read slots 1 and 2: {said}");
+    let (code, said) = repair("host-3");
+    assert_eq!(code, Some(0), "the host that read slots 1 to 3: {said}");
     assert!(
-        said.contains("this database went back") && said.contains("wrote the 2 commits"),
+        said.contains("this database went back")
+            && said.contains("wrote the 2 commits")
+            && said.contains("the 1 run it had seen in doubt"),
         "{said}"
     );
-    let (code, said) = repair("host-1");
+    let (code, said) = repair("host-3");
     assert_eq!(code, Some(0), "repaired already: {said}");
     assert!(said.contains("nothing to repair"), "{said}");
+    let (code, said) = repair("host-1");
+    assert_eq!(code, Some(0), "another host wrote back what host-1 read: {said}");
+    assert!(said.contains("another host wrote them back"), "{said}");
     let verify = hosts.run("host-1", &["ledger", "verify"]);
     assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stdout));
     for (host, slot) in [("host-2", 1), ("host-3", 2), ("host-1", 1)] {
         assert_eq!(fire(host, slot), Some(3), "{host}, slot {slot}");
     }
-    assert_eq!(fire("host-3", 3), Some(0));
-    assert_eq!(hosts.effects().len(), 4, "{:?}", hosts.effects());
+    assert_eq!(fire("host-2", 3), Some(5), "slot 3 stays in doubt");
+    assert_eq!(fire("host-4", 4), Some(0));
+    assert_eq!(hosts.effects().len(), 5, "{:?}", hosts.effects());
     admin()
         .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
         .unwrap();

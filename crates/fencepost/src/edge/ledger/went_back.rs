@@ -5,8 +5,10 @@
 //! log, so that every site, an idle or a new one included, sees those runs committed again;
 //! then what it remembers of those devices is what the database holds now, and it runs on.
 //!
-//! Only commits are written back: a run the database lost in doubt (a `pending` with no
-//! outcome) is not, and may run again.
+//! Commits are written back, and runs this site read in doubt (a `pending` with no outcome) of
+//! which the database holds no record, as `pending` records at their epoch: they stay in doubt
+//! (found by an adversarial test: a run two hosts had read in doubt ran again after the
+//! restore). A run the database lost that no site with a snapshot read may run again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,6 +19,9 @@ use crate::oplog::Surface;
 use crate::relay::ProblemKind;
 use crate::snapshot::Snapshot;
 
+/// A run: its agent, its id and an epoch.
+type Run = (String, String, u64);
+
 /// What [`Ledger::repair_went_back`] wrote back into a database that went back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -26,6 +31,9 @@ pub struct WentBackRepair {
     /// The runs this site had seen committed that the database no longer held: each recorded
     /// again as `committed`, at the epoch of its commit.
     pub commits: Vec<(String, String, u64)>,
+    /// The runs this site had seen in doubt of which the database held no record: each
+    /// recorded again as `pending`, at its epoch, so that it stays in doubt.
+    pub in_doubt: Vec<(String, String, u64)>,
 }
 
 impl Ledger {
@@ -34,6 +42,8 @@ impl Ledger {
     /// that still holds what this site had read: records in this device's log, as
     /// `committed`, every run the snapshot holds committed that the database does not (and a
     /// log record `log/fencepost.went-back` naming the devices and the problems, for audit),
+    /// and as `pending` every run the snapshot holds in doubt of which the database has no
+    /// record,
     /// then makes the seen file remember of those devices what the database holds now and
     /// removes the snapshot (the next open makes it again). The damage is then gone.
     ///
@@ -58,16 +68,28 @@ impl Ledger {
             .filter_map(|problem| problem.device_id.clone())
             .collect();
         let problems: Vec<String> = damage.iter().map(ToString::to_string).collect();
-        let Some(mut commits) = self.commits_read(&path) else {
+        let Some((mut commits, mut in_doubt)) = self.runs_read(&path) else {
             return Ok(None);
         };
         commits.retain(|(agent, run, _)| self.committed_run(agent, run).is_none());
+        in_doubt.retain(|(agent, run, _)| {
+            self.committed_run(agent, run).is_none()
+                && self.in_doubt_run(agent, run, u64::MAX).is_none()
+                && self
+                    .state()
+                    .agent(agent)
+                    .and_then(|known| known.run(run))
+                    .is_none()
+        });
         self.append_now(
             Surface::log("fencepost.went-back"),
-            serde_json::json!({"devices": devices, "problems": problems, "commits": commits.len()}),
+            serde_json::json!({"devices": devices, "problems": problems, "commits": commits.len(), "in_doubt": in_doubt.len()}),
         )?;
         for (agent, run, epoch) in &commits {
             self.record(&Intent::new(agent, run, *epoch, IntentStatus::Committed))?;
+        }
+        for (agent, run, epoch) in &in_doubt {
+            self.record(&Intent::new(agent, run, *epoch, IntentStatus::Pending))?;
         }
         let marks: BTreeMap<String, Option<Seen>> = devices
             .iter()
@@ -86,26 +108,31 @@ impl Ledger {
         self.went_back_snapshot = None;
         Snapshot::remove(&path);
         self.recompute_problems();
-        tracing::warn!(devices = ?devices, commits = commits.len(), "this database went back: wrote the commits this site had read back into it");
+        tracing::warn!(devices = ?devices, commits = commits.len(), in_doubt = in_doubt.len(), "this database went back: wrote the commits and the runs in doubt this site had read back into it");
         Ok(Some(WentBackRepair {
             devices: devices.into_iter().collect(),
             commits,
+            in_doubt,
         }))
     }
 
-    /// Every run the snapshot at `path` holds committed (agent, run, epoch of the commit), or
-    /// `None` when it cannot be read.
-    fn commits_read(&self, path: &std::path::Path) -> Option<Vec<(String, String, u64)>> {
-        let mut commits = Vec::new();
+    /// Every run the snapshot at `path` holds committed (agent, run, epoch of the commit), and
+    /// every one whose greatest record is a `pending` (agent, run, its epoch), or `None` when it
+    /// cannot be read.
+    fn runs_read(&self, path: &std::path::Path) -> Option<(Vec<Run>, Vec<Run>)> {
+        let (mut commits, mut pending) = (Vec::new(), Vec::new());
         let read = Snapshot::open(path, self.device_id()).and_then(|snapshot| {
             snapshot.for_each_run(|agent, run, summary| {
+                let named = |epoch| (agent.to_owned(), run.to_owned(), epoch);
                 if let Some(commit) = summary.committed() {
-                    commits.push((agent.to_owned(), run.to_owned(), commit.epoch));
+                    commits.push(named(commit.epoch));
+                } else if summary.best.status == IntentStatus::Pending {
+                    pending.push(named(summary.best.epoch));
                 }
             })
         });
         match read {
-            Ok(()) => Some(commits),
+            Ok(()) => Some((commits, pending)),
             Err(error) => {
                 tracing::warn!(snapshot = %path.display(), %error, "this database went back, and the snapshot of what this site read cannot be read: not repairing it");
                 None
