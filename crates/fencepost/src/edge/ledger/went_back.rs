@@ -43,9 +43,12 @@ impl Ledger {
     /// `committed`, every run the snapshot holds committed that the database does not (and a
     /// log record `log/fencepost.went-back` naming the devices and the problems, for audit),
     /// and as `pending` every run the snapshot holds in doubt of which the database has no
-    /// record,
-    /// then makes the seen file remember of those devices what the database holds now and
+    /// record, then makes the seen file remember of those devices what the database holds now and
     /// removes the snapshot (the next open makes it again). The damage is then gone.
+    ///
+    /// What this site read counts as far as its snapshot holds it: a process that keeps a
+    /// ledger open for long, and finds it damaged on a [`sync`](Self::sync) after the database
+    /// went back, opens it again with the same snapshot and repairs it then.
     ///
     /// Returns `None`, changing nothing, when there is nothing to repair or it cannot be: other
     /// damage too, no snapshot of what was read, or one that cannot be read (the damage stays:
