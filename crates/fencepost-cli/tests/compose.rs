@@ -378,3 +378,32 @@ fn k6_a_checkpoint_ahead_of_a_files_records_is_waited_for_not_damage() {
     gamma.commit(&shared, "agent-b", "b-2");
     assert_once(&shared);
 }
+
+/// Issue 37, item 4 (found by an adversarial test): a new host whose copy holds a checkpoint
+/// ahead of a file's records (no file pruned) is refused; accepting that damage runs nothing
+/// the checkpoint holds committed (its commits count, as its fencing epochs do, rule K2).
+#[test]
+fn k6_accepting_a_file_behind_its_checkpoint_runs_none_of_the_checkpoints_commits_again() {
+    let shared = Shared::sqlite();
+    let alpha = Host::new(&shared, "alpha");
+    let beta = Host::new(&shared, "beta");
+    let file = |host: &Host| host.ledger.join("devices/alpha.jsonl");
+    alpha.commit(&shared, "agent-a", "q-0");
+    let early = std::fs::read(file(&alpha)).unwrap();
+    for salt in ["q-1", "q-2"] {
+        alpha.commit(&shared, "agent-a", salt);
+    }
+    let output = alpha.run(&shared, &["ledger", "compact"]);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    copy_checkpoints(&alpha.ledger, &beta.ledger);
+    std::fs::create_dir_all(beta.ledger.join("devices")).unwrap();
+    std::fs::write(file(&beta), early).unwrap();
+    let again = shared.path("effects-again");
+    let effect = format!("echo again >> '{}'", again.display());
+    for salt in ["q-1", "q-2"] {
+        let output = beta.accepting(&shared, salt, &["alpha"], &effect);
+        assert_eq!(code(&output), 3, "{salt}: {}", text(&output.stderr));
+    }
+    assert!(!again.exists(), "a run the checkpoint holds committed ran again");
+    assert_once(&shared);
+}

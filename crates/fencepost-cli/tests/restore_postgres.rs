@@ -168,6 +168,27 @@ fn r1_ledger_repair_on_the_host_that_read_more_makes_a_restored_database_whole()
     };
     assert_eq!(fire("host-1", 0), Some(0));
     assert_eq!(fire("host-2", 0), Some(3));
+    // Slot 5 fails before the dump; its retry after it dies in doubt (below).
+    let run = |salt: &str| {
+        [
+            "run",
+            "--agent",
+            "reports",
+            "--intent",
+            "daily report",
+            "--salt",
+            salt,
+            "--ttl",
+            "1s",
+            "--wait",
+            "5s",
+        ]
+        .map(str::to_owned)
+    };
+    let mut failing = run("slot-5").to_vec();
+    failing.extend(["--", "false"].map(str::to_owned));
+    let failing: Vec<&str> = failing.iter().map(String::as_str).collect();
+    assert_eq!(hosts.run("host-1", &failing).status.code(), Some(1));
     let copy = hosts.path("early.dump");
     dump(&url, &copy);
     for slot in 1..3 {
@@ -178,20 +199,14 @@ fn r1_ledger_repair_on_the_host_that_read_more_makes_a_restored_database_whole()
         "echo \"$FENCEPOST_DEVICE $FENCEPOST_EPOCH\" >> '{}'",
         hosts.path("effects").display()
     );
-    let args = [
-        "run",
-        "--agent",
-        "reports",
-        "--intent",
-        "daily report",
-        "--salt",
-        "slot-3",
-        "--ttl",
-        "1s",
-    ];
-    kill_mid_command(&hosts, "host-1", &args, &effect);
+    for slot in ["slot-3", "slot-5"] {
+        let args = run(slot);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        kill_mid_command(&hosts, "host-1", &args, &effect);
+    }
     std::thread::sleep(std::time::Duration::from_millis(1_200));
     assert_eq!(fire("host-3", 3), Some(5), "slot 3 in doubt");
+    assert_eq!(fire("host-3", 5), Some(5), "slot 5's retry in doubt");
     restore(&database, &url, &copy);
 
     let (code, said) = repair("host-2");
@@ -202,7 +217,7 @@ fn r1_ledger_repair_on_the_host_that_read_more_makes_a_restored_database_whole()
     assert!(
         said.contains("this database went back")
             && said.contains("wrote the 2 commits")
-            && said.contains("the 1 run it had seen in doubt"),
+            && said.contains("the 2 runs it had seen in doubt"),
         "{said}"
     );
     let (code, said) = repair("host-3");
@@ -217,8 +232,13 @@ fn r1_ledger_repair_on_the_host_that_read_more_makes_a_restored_database_whole()
         assert_eq!(fire(host, slot), Some(3), "{host}, slot {slot}");
     }
     assert_eq!(fire("host-2", 3), Some(5), "slot 3 stays in doubt");
+    assert_eq!(
+        fire("host-2", 5),
+        Some(5),
+        "slot 5's retry stays in doubt (the dump holds its failed)"
+    );
     assert_eq!(fire("host-4", 4), Some(0));
-    assert_eq!(hosts.effects().len(), 5, "{:?}", hosts.effects());
+    assert_eq!(hosts.effects().len(), 6, "{:?}", hosts.effects());
     admin()
         .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
         .unwrap();

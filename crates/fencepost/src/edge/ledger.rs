@@ -554,6 +554,9 @@ impl Ledger {
                 for (agent, epoch) in &base.fencing {
                     self.view.state.raise_fencing_epoch(agent, *epoch);
                 }
+                // And so do its commits (issue 37, item 4; found by an adversarial test: a host
+                // that accepted this damage ran again a run the checkpoint holds committed).
+                self.keep_commits_of_snapshot();
                 self.checkpoint_marks = Some((checkpoint, base.heads));
                 self.start_snapshot_over(
                     path,
@@ -851,6 +854,28 @@ impl Ledger {
         self.snapshot_damage.as_ref() != Some(problem)
             && self.checkpoint_damage.as_ref() != Some(problem)
             && self.accepted.iter().any(|device| names(problem, device))
+    }
+
+    /// Folds into the view every run the snapshot holds committed, as its commit alone (the
+    /// records that show it may not be here): a caller that accepts the damage runs none of
+    /// them again.
+    fn keep_commits_of_snapshot(&mut self) {
+        let Some(snapshot) = &self.snapshot else {
+            return;
+        };
+        let state = &mut self.view.state;
+        let kept = snapshot.store.for_each_run(|agent, run, summary| {
+            if let Some(commit) = summary.committed() {
+                let commit = crate::fold::RunSummary {
+                    best: commit.clone(),
+                    committed_below_failed: None,
+                };
+                state.merge_summary(agent, run, &commit);
+            }
+        });
+        if let Err(error) = kept {
+            tracing::warn!(%error, "cannot read the commits of the checkpoint this ledger does not match; they count only once its files reach it");
+        }
     }
 
     /// Why this ledger's [snapshot](LedgerOptions::snapshot) could not be read, if it could not

@@ -75,14 +75,17 @@ impl Ledger {
             return Ok(None);
         };
         commits.retain(|(agent, run, _)| self.committed_run(agent, run).is_none());
-        in_doubt.retain(|(agent, run, _)| {
+        // A pending the database holds nothing as recent as (an older `failed`, say: found by
+        // an adversarial test, a retry of a failed run read in doubt ran again).
+        in_doubt.retain(|(agent, run, epoch)| {
+            let known = self
+                .state()
+                .agent(agent)
+                .and_then(|known| known.run(run))
+                .map(|record| record.epoch);
+            let unsettled = self.in_doubt_run(agent, run, u64::MAX).map(|doubt| doubt.epoch);
             self.committed_run(agent, run).is_none()
-                && self.in_doubt_run(agent, run, u64::MAX).is_none()
-                && self
-                    .state()
-                    .agent(agent)
-                    .and_then(|known| known.run(run))
-                    .is_none()
+                && known.max(unsettled).is_none_or(|known| known < *epoch)
         });
         self.append_now(
             Surface::log("fencepost.went-back"),
@@ -120,22 +123,25 @@ impl Ledger {
     }
 
     /// Every run the snapshot at `path` holds committed (agent, run, epoch of the commit), and
-    /// every one whose greatest record is a `pending` (agent, run, its epoch), or `None` when it
-    /// cannot be read.
+    /// every one it holds in doubt (agent, run, the epoch of its greatest unsettled `pending`),
+    /// or `None` when it cannot be read.
     fn runs_read(&self, path: &std::path::Path) -> Option<(Vec<Run>, Vec<Run>)> {
-        let (mut commits, mut pending) = (Vec::new(), Vec::new());
+        let (mut commits, mut in_doubt) = (Vec::new(), Vec::new());
         let read = Snapshot::open(path, self.device_id()).and_then(|snapshot| {
             snapshot.for_each_run(|agent, run, summary| {
-                let named = |epoch| (agent.to_owned(), run.to_owned(), epoch);
                 if let Some(commit) = summary.committed() {
-                    commits.push(named(commit.epoch));
-                } else if summary.best.status == IntentStatus::Pending {
-                    pending.push(named(summary.best.epoch));
+                    commits.push((agent.to_owned(), run.to_owned(), commit.epoch));
                 }
-            })
+            })?;
+            for mark in snapshot.base()?.map(|base| base.attempts).unwrap_or_default() {
+                if let Some(epoch) = mark.unsettled.iter().map(|doubt| doubt.epoch).max() {
+                    in_doubt.push((mark.agent, mark.run, epoch));
+                }
+            }
+            Ok(())
         });
         match read {
-            Ok(()) => Some((commits, pending)),
+            Ok(()) => Some((commits, in_doubt)),
             Err(error) => {
                 tracing::warn!(snapshot = %path.display(), %error, "this database went back, and the snapshot of what this site read cannot be read: not repairing it");
                 None
