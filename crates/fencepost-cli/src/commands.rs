@@ -203,8 +203,7 @@ fn only_lagging(ledger: &Ledger) -> bool {
 }
 
 /// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to
-/// do; a [`Lagging`] error when the only damage is a device file pruned while it was read
-/// ([`only_lagging`]).
+/// do; a [`Lagging`] error when a prune or a sync explains all of it ([`only_lagging`]).
 fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
     match damage_refusal(ledger, settings) {
         None => Ok(()),
@@ -227,13 +226,14 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
     }
     let damage = ledger.damage();
     let first = damage.first()?;
-    if only_lagging(ledger) && damage.iter().any(|problem| problem.kind == ProblemKind::Behind) {
+    let lagging = only_lagging(ledger);
+    if lagging && damage.iter().any(|problem| problem.kind == ProblemKind::Behind) {
         return Some(format!(
             "not running anything: {first}. This host's copy of the ledger ({}) lacks records that a checkpoint here or this host's snapshot read: let the sync bring them, then run again (if the file lost them, restore it from another host's copy)",
             settings.ledger_label()
         ));
     }
-    if only_lagging(ledger) {
+    if lagging {
         // Records pruned after a checkpoint this host cannot read yet: they are not lost, and
         // accepting the gap would run what they committed again (issue 37).
         return Some(format!(
@@ -288,18 +288,18 @@ fn repair_went_back(ledger: &mut Ledger, settings: &Settings, then: &str) -> Res
             runs.join(", ")
         )
     };
-    if repair.commits.is_empty() && repair.in_doubt.is_empty() {
-        err!(
-            "fencepost: this database went back (restored, or failed over to a copy that lagged): it forgot records of {} that this host had read, and holds again every run among them that this host had seen committed or in doubt (another host wrote them back){then}",
-            repair.devices.join(", ")
-        );
-        return Ok(repair.devices.into_iter().collect());
-    }
+    let what = if repair.commits.is_empty() && repair.in_doubt.is_empty() {
+        ", and holds again every run among them that this host had seen committed or in doubt (another host wrote them back)".to_owned()
+    } else {
+        format!(
+            "; wrote the {} it had seen back into {}{in_doubt} (`fencepost ledger runs` lists them)",
+            plural(repair.commits.len() as u64, "commit"),
+            settings.ledger_label()
+        )
+    };
     err!(
-        "fencepost: this database went back (restored, or failed over to a copy that lagged): it forgot records of {} that this host had read; wrote the {} it had seen back into {}{in_doubt} (`fencepost ledger runs` lists them){then}",
-        repair.devices.join(", "),
-        plural(repair.commits.len() as u64, "commit"),
-        settings.ledger_label()
+        "fencepost: this database went back (restored, or failed over to a copy that lagged): it forgot records of {} that this host had read{what}{then}",
+        repair.devices.join(", ")
     );
     Ok(repair.devices.into_iter().collect())
 }
@@ -1361,8 +1361,9 @@ pub enum LedgerCommand {
         json: bool,
     },
     /// Write back into a database that went back (restored from a dump, failed over to a copy
-    /// that lagged) the commits this host had read that it forgot: as `committed` records of
-    /// this host, so that every host refuses those runs again. Every `fencepost run` of this
+    /// that lagged) the commits this host had read that it forgot, and the runs it had read in
+    /// doubt: as `committed` and `pending` records of this host, so that every host refuses
+    /// those runs again (or finds them in doubt). Every `fencepost run` of this
     /// host does it first. Exit 0 when the ledger is not damaged then, 1 when it still is (it
     /// says what is).
     Repair,

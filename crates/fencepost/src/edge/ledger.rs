@@ -1167,10 +1167,11 @@ impl Ledger {
                 if here == last_op_id {
                     continue;
                 }
+                let cause;
+                (kind, cause) = self.replaced_cause();
                 format!(
-                    "record {} is {here}, but {whose} {verb} {last_op_id} there: {}",
-                    mark.next_seq - 1,
-                    self.replaced_cause(&mut kind)
+                    "record {} is {here}, but {whose} {verb} {last_op_id} there: {cause}",
+                    mark.next_seq - 1
                 )
             } else {
                 continue;
@@ -1222,12 +1223,15 @@ impl Ledger {
                         .iter()
                         .any(|problem| problem.device_id.as_ref() == Some(device));
                     match here {
-                        Some(here) if here != mark.last_op_id && !said => format!(
-                            "record {} is {here}, but this site saw {} there: {}",
-                            mark.next_seq - 1,
-                            mark.last_op_id,
-                            self.replaced_cause(&mut kind)
-                        ),
+                        Some(here) if here != mark.last_op_id && !said => {
+                            let cause;
+                            (kind, cause) = self.replaced_cause();
+                            format!(
+                                "record {} is {here}, but this site saw {} there: {cause}",
+                                mark.next_seq - 1,
+                                mark.last_op_id
+                            )
+                        }
                         _ => continue,
                     }
                 };
@@ -1242,14 +1246,18 @@ impl Ledger {
         }
     }
 
-    /// Why a device holds another record where this site saw one: in a database, it went back
-    /// and was written since (`kind` becomes [`ProblemKind::WentBack`](crate::relay::ProblemKind::WentBack)); else its file was replaced.
-    fn replaced_cause(&self, kind: &mut crate::relay::ProblemKind) -> &'static str {
+    /// Why a device holds another record where this site saw one, and how serious it is: in a
+    /// database, it went back and was written since
+    /// ([`ProblemKind::WentBack`](crate::relay::ProblemKind::WentBack)); else its file was
+    /// replaced (damage).
+    fn replaced_cause(&self) -> (crate::relay::ProblemKind, &'static str) {
         if self.relay.is_database() {
-            *kind = crate::relay::ProblemKind::WentBack;
-            WENT_BACK_WRITTEN
+            (crate::relay::ProblemKind::WentBack, WENT_BACK_WRITTEN)
         } else {
-            "the file was replaced (restore it from a copy)"
+            (
+                crate::relay::ProblemKind::Damage,
+                "the file was replaced (restore it from a copy)",
+            )
         }
     }
 
@@ -1316,8 +1324,7 @@ impl Ledger {
                 .and_then(|seen| seen.devices.get(&*op.device_id))
             {
                 if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
-                    let mut kind = crate::relay::ProblemKind::Damage;
-                    let cause = self.replaced_cause(&mut kind);
+                    let (kind, cause) = self.replaced_cause();
                     self.replaced.push(RelayProblem {
                         kind,
                         device_id: Some(op.device_id.to_string()),
