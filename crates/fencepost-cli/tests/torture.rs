@@ -71,7 +71,9 @@ impl Rng {
 struct LaggingSync {
     shared: PathBuf,
     copy: PathBuf,
-    /// The checkpoints both sides held after the last pass.
+    /// The checkpoints both sides have held (a checkpoint's name is its content): one of them
+    /// missing on a side was removed there, and is removed on the other, never copied back
+    /// (CI saw a copy racing a removal bring an old checkpoint back for good).
     both: BTreeSet<String>,
 }
 
@@ -144,16 +146,25 @@ impl LaggingSync {
         for step in steps {
             std::thread::sleep(Duration::from_millis(rng.below(pause_ms + 1)));
             match step {
-                Step::Copy(from, to) => copy_whole(&from, &to),
+                Step::Copy(from, to) => {
+                    if to.parent() != Some(self.copy.join("devices").as_path())
+                        && to.parent() != Some(self.shared.join("devices").as_path())
+                    {
+                        self.both
+                            .insert(to.file_name().unwrap().to_string_lossy().into_owned());
+                    }
+                    copy_whole(&from, &to);
+                }
                 Step::Remove(path) => {
                     let _ = std::fs::remove_file(path);
                 }
             }
         }
-        self.both = names(&here, checkpoint)
-            .intersection(&names(&there, checkpoint))
-            .cloned()
-            .collect();
+        self.both.extend(
+            names(&here, checkpoint)
+                .intersection(&names(&there, checkpoint))
+                .cloned(),
+        );
     }
 }
 
