@@ -407,3 +407,70 @@ fn k6_accepting_a_file_behind_its_checkpoint_runs_none_of_the_checkpoints_commit
     assert!(!again.exists(), "a run the checkpoint holds committed ran again");
     assert_once(&shared);
 }
+
+/// K6, K3 (found by the torture test's lagging copy, CI): a checkpoint that a sync brings after
+/// a newer one covered its records, and after those records were pruned, cannot be checked any
+/// more, and no reading uses it: it is not damage (`ledger verify` exits 0, it said "cannot be
+/// checked" for good, since no compaction removed it) and the next compaction removes it.
+#[test]
+fn k6_k3_a_checkpoint_that_arrives_after_a_newer_one_pruned_its_records_is_no_damage_and_goes() {
+    let shared = Shared::sqlite();
+    let alpha = Host::new(&shared, "alpha");
+    let beta = Host::new(&shared, "beta");
+    alpha.commit(&shared, "agent-a", "s-0");
+    sync(&alpha, &beta);
+    beta.commit(&shared, "agent-b", "s-1");
+    // beta's checkpoint covers both files as they are now; it stays on beta for a while.
+    let output = beta.run(&shared, &["ledger", "compact"]);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    let late: Vec<PathBuf> = std::fs::read_dir(beta.ledger.join("checkpoints"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("checkpoint-")
+        })
+        .collect();
+    assert_eq!(late.len(), 1, "{late:?}");
+    // alpha reads beta's records (not its checkpoint yet), runs more, compacts and prunes.
+    let file = |host: &Host| host.ledger.join("devices/beta.jsonl");
+    std::fs::create_dir_all(alpha.ledger.join("devices")).unwrap();
+    std::fs::copy(file(&beta), file(&alpha)).unwrap();
+    alpha.commit(&shared, "agent-a", "s-2");
+    let output = alpha.run(&shared, &["ledger", "compact", "--prune"]);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    // beta's checkpoint arrives now.
+    copy_checkpoints(&beta.ledger, &alpha.ledger);
+    let arrived = alpha
+        .ledger
+        .join("checkpoints")
+        .join(late[0].file_name().unwrap());
+    assert!(arrived.exists());
+    let output = alpha.run(&shared, &["ledger", "verify"]);
+    assert_eq!(
+        code(&output),
+        0,
+        "{}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    let output = alpha.run(&shared, &["ledger", "compact"]);
+    assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    assert!(!arrived.exists(), "the compaction left the superseded checkpoint");
+    let output = alpha.run(&shared, &["ledger", "verify"]);
+    assert_eq!(
+        code(&output),
+        0,
+        "{}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    for salt in ["s-0", "s-2"] {
+        let output = alpha.job(&shared, "agent-a", salt);
+        assert_eq!(code(&output), 3, "{salt}: {}", text(&output.stderr));
+    }
+    alpha.commit(&shared, "agent-a", "s-3");
+    assert_once(&shared);
+}
