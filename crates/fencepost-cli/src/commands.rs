@@ -21,13 +21,13 @@ use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
 use crate::child::{self, Ending, Signals, Supervision, Watchdog};
-use crate::report::RunReport;
-use crate::settings::{
-    parse_duration_ms, parse_nonzero_duration_ms, parse_retention_ms, Access, LedgerKind, Settings,
-};
-use crate::{
+use crate::exit::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
     EXIT_RAN_FAILED, EXIT_RAN_OK,
+};
+use crate::report::{self, RunReport};
+use crate::settings::{
+    parse_duration_ms, parse_nonzero_duration_ms, parse_retention_ms, Access, LedgerKind, Settings,
 };
 
 /// The shortest `--ttl` accepted: the keeper renews every third of the TTL and gives the lease up
@@ -131,7 +131,7 @@ fn open_ledger_with(
     reopen_if_pruned: bool,
 ) -> Result<Ledger> {
     if let Some(folder) = settings.folder_left_behind() {
-        crate::usage!(
+        crate::exit::usage!(
             "the ledger is in PostgreSQL, but {} holds this host's embedded ledger folder (the ledger fencepost keeps in the data directory when no ledger is in a database: this host ran with the embedded default, or an earlier version, before), whose commits the database may not have (or cannot be read: a link to a share that is not mounted?). Copy it in once with `fencepost ledger import {}` and then move the folder away, or keep using it with --ledger {}",
             folder.display(),
             folder.display(),
@@ -324,6 +324,42 @@ impl std::fmt::Display for Lagging {
 
 impl std::error::Error for Lagging {}
 
+/// `fencepost run` with its report: the run, then `--metrics-file` and `--json`.
+pub fn run_reporting(args: RunArgs) -> Result<i32> {
+    let prometheus = match &args.metrics_file {
+        Some(_) => Some(report::install_recorder()?),
+        None => None,
+    };
+    if prometheus.is_some() {
+        report::register_zeros(&args.agent);
+    }
+    let mut report = RunReport::new(&args.agent);
+    let outcome = Settings::resolve(&args.global).and_then(|settings| {
+        report.device = Some(settings.device.clone());
+        run(&settings, &args, &mut report)
+    });
+    let (exit_status, error) = match &outcome {
+        Ok(code) => (*code, None),
+        Err(error) => (
+            crate::exit::exit_status_of_error(error),
+            Some(crate::exit::one_line(error)),
+        ),
+    };
+    report.finish(exit_status, error);
+    if let (Some(path), Some(handle)) = (&args.metrics_file, &prometheus) {
+        if let Err(error) = report::write_metrics(handle, &report, path) {
+            err!("fencepost: warning: {}", crate::exit::one_line(&error));
+        }
+    }
+    if args.json {
+        match serde_json::to_string(&report) {
+            Ok(line) => out!("{line}"),
+            Err(error) => err!("fencepost: warning: cannot write the report as JSON: {error}"),
+        }
+    }
+    outcome
+}
+
 /// `fencepost run`: an attempt, started over before its command ran when a device file was
 /// pruned while it read the ledger (up to 7 times; found by an adversarial test: hosts pruning
 /// while others ran stopped healthy runs with exit 10, as damage), and when the database failed
@@ -362,14 +398,14 @@ pub fn run(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Resul
                     && error.chain().any(|cause| cause.is::<Lagging>()) =>
             {
                 if !args.accept_damaged.is_empty() || Instant::now() + pause >= deadline {
-                    err!("fencepost: {}", crate::one_line(&error));
+                    err!("fencepost: {}", crate::exit::one_line(&error));
                     return Ok(EXIT_LEDGER_BEHIND);
                 }
                 if !told {
                     told = true;
                     err!(
                         "fencepost: {}; waiting for it while --wait lasts",
-                        crate::one_line(&error)
+                        crate::exit::one_line(&error)
                     );
                 }
                 std::thread::sleep(pause);
@@ -380,10 +416,10 @@ pub fn run(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Resul
                     told = true;
                     err!(
                         "fencepost: {}; trying again while --wait lasts",
-                        crate::one_line(&error)
+                        crate::exit::one_line(&error)
                     );
                 }
-                tracing::debug!(error = %crate::one_line(&error), "a failure that may pass; starting over");
+                tracing::debug!(error = %crate::exit::one_line(&error), "a failure that may pass; starting over");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
@@ -416,18 +452,18 @@ fn run_attempt(
     deadline: Instant,
 ) -> Result<i32> {
     if args.ttl < MIN_TTL_MS {
-        crate::usage!(
+        crate::exit::usage!(
             "--ttl {} ms is too short: at least {} ms, so that the lease can be renewed while the command runs",
             args.ttl,
             MIN_TTL_MS
         );
     }
     if let Err(error) = validate_id(IdKind::Agent, &args.agent) {
-        crate::usage!("--agent {:?}: {error}", args.agent);
+        crate::exit::usage!("--agent {:?}: {error}", args.agent);
     }
     let run_id = match deterministic_run_id(&args.agent, &args.intent, &args.salt) {
         Ok(run_id) => run_id,
-        Err(error) => crate::usage!("cannot name the run: {error}"),
+        Err(error) => crate::exit::usage!("cannot name the run: {error}"),
     };
     let agent = args.agent.as_str();
     report.run_id = Some(run_id.clone());
@@ -480,7 +516,7 @@ fn run_attempt(
             );
         }
         if covered == 0 && missing == 0 && !repaired.contains(device) {
-            crate::usage!(
+            crate::exit::usage!(
                 "--accept-damaged {device:?}: no damage of that device (or file) in {}, and no record of it missing; `fencepost ledger verify` lists what is damaged",
                 settings.ledger_label()
             );
@@ -501,7 +537,7 @@ fn run_attempt(
         ..KeeperConfig::new(args.ttl)
     };
     if let Err(error) = config.validate() {
-        crate::usage!("--ttl {} ms: {error}", args.ttl);
+        crate::exit::usage!("--ttl {} ms: {error}", args.ttl);
     }
     // From before the first request for the lease to its release, SIGTERM, SIGINT and SIGHUP
     // are caught: one that comes while the lease is being granted ends fencepost only after it
@@ -757,7 +793,7 @@ fn run_attempt(
         }
         Err(error) => {
             if let Err(unstored) = stored {
-                tracing::warn!(error = %crate::one_line(&unstored), "could not write nor queue the record of an attempt that did not run");
+                tracing::warn!(error = %crate::exit::one_line(&unstored), "could not write nor queue the record of an attempt that did not run");
             }
             return Err(error).context(format!("{run_id} of {agent} could not be dispatched"));
         }
@@ -809,7 +845,7 @@ fn run_attempt(
         Err(error) => bail!(
             "{run_id} of {agent} {ran} could not be written to {}, nor queued on this host ({}); the run stays in doubt until `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` records it",
             settings.ledger_label(),
-            crate::one_line(&error)
+            crate::exit::one_line(&error)
         ),
     }
     Ok(match outcome {
@@ -952,13 +988,13 @@ fn store_outcome(
                 };
             }
             Err(error) if transient(&error) && no_signal() && Instant::now() + pause < deadline => {
-                (cause, passes) = (crate::one_line(&error), true);
+                (cause, passes) = (crate::exit::one_line(&error), true);
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
             Err(error) => {
                 if transient(&error) {
-                    (cause, passes) = (crate::one_line(&error), true);
+                    (cause, passes) = (crate::exit::one_line(&error), true);
                 }
                 return queue(ledger, cause, passes, signals.pending());
             }
@@ -1405,7 +1441,7 @@ fn live_leases(settings: &Settings) -> std::collections::BTreeMap<String, Lease>
     listed_live_leases(settings).unwrap_or_else(|error| {
         err!(
             "fencepost: warning: {}; runs whose lease is live show as in doubt",
-            crate::one_line(&error)
+            crate::exit::one_line(&error)
         );
         Default::default()
     })
@@ -1553,7 +1589,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
         LedgerCommand::Flush { json } => {
             let ledger = open_ledger_to_write(settings)?;
             let stored = ledger.stored_from_outbox();
-            crate::status::warn_other_outboxes(&settings.other_outboxes());
+            warn_other_outboxes(&settings.other_outboxes());
             if json {
                 out!("{}", json!({"stored": stored, "ledger": settings.ledger_label()}));
             } else if stored == 0 {
@@ -1594,10 +1630,10 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             force,
         } => {
             if let Err(error) = validate_id(IdKind::Agent, &agent) {
-                crate::usage!("--agent: {error}");
+                crate::exit::usage!("--agent: {error}");
             }
             if let Err(error) = validate_id(IdKind::Run, &run) {
-                crate::usage!("--run: {error}");
+                crate::exit::usage!("--run: {error}");
             }
             // Opened to write: what this host queued (the run's own outcome, maybe) is written
             // first (found by an adversarial test: a run resolved `failed` while its `committed`
@@ -1608,7 +1644,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 .into_iter()
                 .find(|doubt| doubt.run_id == run)
             else {
-                crate::usage!(
+                crate::exit::usage!(
                     "{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)"
                 );
             };
@@ -1625,7 +1661,7 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 if let Some(keeper) = &keeper {
                     release_quietly(keeper);
                 }
-                crate::usage!(
+                crate::exit::usage!(
                     "{run} of {agent} is no longer in doubt: an outcome was recorded meanwhile (another operator?); see `fencepost ledger runs --agent {agent}`"
                 );
             }
@@ -1766,7 +1802,7 @@ fn report_damage(ledger: &Ledger, settings: &Settings) -> i32 {
 fn import(settings: &Settings, from: &Path) -> Result<i32> {
     let source = settings.with_ledger(from)?;
     if source.ledger_label() == settings.ledger_label() {
-        crate::usage!(
+        crate::exit::usage!(
             "ledger import {}: that is this host's ledger already",
             source.ledger_label()
         );
@@ -1774,7 +1810,7 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
     // A folder to import from must hold a ledger: an empty or wrong folder would import nothing
     // and say so quietly, and the operator would then move the real one away.
     if source.ledger_kind == LedgerKind::Folder && !source.ledger.join("devices").is_dir() {
-        crate::usage!(
+        crate::exit::usage!(
             "ledger import {}: no ledger there (a ledger folder has a devices/ folder; the old default is <data dir>/fencepost/ledger)",
             source.ledger_label()
         );
@@ -1837,7 +1873,7 @@ fn import(settings: &Settings, from: &Path) -> Result<i32> {
 fn compact(settings: &Settings, json: bool, forget: Option<Retention>, prune: bool) -> Result<i32> {
     for agent in forget.iter().flat_map(|retention| &retention.agents) {
         if let Err(error) = validate_id(IdKind::Agent, agent) {
-            crate::usage!("--forget-agent: {error}");
+            crate::exit::usage!("--forget-agent: {error}");
         }
     }
     // Every record read and checked (no snapshot): damage anywhere refuses the checkpoint.
@@ -2051,6 +2087,25 @@ fn verify(settings: &Settings, json: bool) -> Result<i32> {
         );
     }
     Ok(EXIT_RAN_FAILED)
+}
+
+/// Says what this device's queues for other ledger keys hold (`status`, `ledger flush`).
+pub(crate) fn warn_other_outboxes(
+    elsewhere: &[(
+        std::path::PathBuf,
+        Result<Vec<fencepost::ledger::QueuedRecord>, String>,
+    )],
+) {
+    for (other, records) in elsewhere {
+        match records {
+            Ok(records) => err!(
+                "fencepost: warning: {} of this device wait in {} for another ledger, or this one named otherwise (another host name for the server): run `fencepost ledger flush` with the --ledger or --coordinator they were queued for",
+                plural(records.len() as u64, "queued record"),
+                other.display()
+            ),
+            Err(error) => err!("fencepost: warning: {error}"),
+        }
+    }
 }
 
 /// `fencepost simulate`.

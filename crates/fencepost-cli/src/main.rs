@@ -1,33 +1,12 @@
 //! The `fencepost` command: run a command once across hosts, manage leases, inspect the ledger.
 
-/// `println!` that never panics: a closed standard output (`fencepost ledger runs | head`) must not
-/// turn a recorded outcome into a panic and exit 101.
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
-
-/// `eprintln!` that never panics (a closed standard error) and never blocks for long (a pipe
-/// that nobody reads): see [`write_stderr`].
-macro_rules! err {
-    ($($arg:tt)*) => {{
-        $crate::write_stderr(format!($($arg)*));
-    }};
-}
-
-/// `print!` that never panics.
-macro_rules! out_raw {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = write!(std::io::stdout(), $($arg)*);
-    }};
-}
+#[macro_use]
+mod output;
 
 mod child;
 mod commands;
 mod config;
+mod exit;
 mod holder;
 mod report;
 mod settings;
@@ -35,28 +14,9 @@ mod status;
 
 use clap::{Parser, Subcommand};
 
+use crate::exit::{exit_status_of_error, one_line, UsageError};
+use crate::output::{JSON_MESSAGES, MESSAGE_TARGET};
 use crate::settings::{Global, Settings};
-
-/// Ran the command, and it succeeded.
-pub const EXIT_RAN_OK: i32 = 0;
-/// Ran the command, and it failed (or `ledger verify` found damage).
-pub const EXIT_RAN_FAILED: i32 = 1;
-/// A malformed command line.
-pub const EXIT_USAGE: i32 = 2;
-/// Did not run: this occurrence already committed (here or on another host).
-pub const EXIT_ALREADY_COMMITTED: i32 = 3;
-/// Did not run: another host (or another process of this host) holds the agent's lease.
-pub const EXIT_HELD_ELSEWHERE: i32 = 4;
-/// Did not run: an earlier attempt of this occurrence started and never recorded an outcome.
-pub const EXIT_IN_DOUBT: i32 = 5;
-/// The lease was lost (taken, or the coordinator was unreachable too long): before the command
-/// started (not run), or while it ran (it was stopped and recorded failed).
-pub const EXIT_LEASE_LOST: i32 = 6;
-/// Did not run: this host's ledger has not received (within `--wait`) every record that the
-/// agent's earlier holders published (rule H3).
-pub const EXIT_LEDGER_BEHIND: i32 = 7;
-/// An error: unreachable coordinator, unusable or damaged ledger, bad settings.
-pub const EXIT_ERROR: i32 = 10;
 
 /// Run each side effect once across hosts: execution leases with fencing tokens, a convergent
 /// intent ledger and a dispatch fence.
@@ -253,12 +213,6 @@ fn init_tracing(verbose: u8, format: LogFormat) -> tracing_appender::non_blockin
 /// How many log lines wait for a slow stderr before lines are dropped.
 const LOG_QUEUE_LINES: usize = 1_024;
 
-/// The target of the messages of [`err!`] as log events (`--log-format json`).
-pub const MESSAGE_TARGET: &str = "fencepost::message";
-
-/// Whether messages are written as JSON log events.
-static JSON_MESSAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 fn main() {
     // Arguments need not be UTF-8 (a command's, after `--`): `std::env::args` would panic.
     let arguments: Vec<String> = std::env::args_os()
@@ -321,7 +275,7 @@ fn main() {
         }
         Command::Run(mut args) => {
             args.global = std::mem::take(&mut args.global).or(before);
-            report::run_reporting(args)
+            commands::run_reporting(args)
         }
         Command::Status(mut args) => {
             args.global = std::mem::take(&mut args.global).or(before);
@@ -353,94 +307,6 @@ fn in_span(
     let span = tracing::error_span!("command", command = name, device = %settings.device);
     let _entered = span.enter();
     command(&settings)
-}
-
-/// Whether a line to stderr did not get through in time: later ones are not tried.
-static STDERR_STUCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Writes one line to stderr from a helper thread, waiting at most two seconds for it: a full
-/// pipe that nobody reads must not keep fencepost from exiting with its status (the outcome is
-/// recorded and the lease released before the last lines are written). After a line that did not
-/// get through, later ones are dropped.
-pub fn write_stderr(line: String) {
-    use std::sync::atomic::Ordering;
-    if JSON_MESSAGES.load(Ordering::SeqCst) {
-        // A log event: the subscriber's writer never blocks (it drops what does not fit).
-        // Messages say what did not go as asked (not run, failed, damaged): WARN, unless they
-        // are the ordinary outcomes of a job on several hosts (INFO), or the command's error.
-        let text = line.strip_prefix("fencepost: ").unwrap_or(&line);
-        const ORDINARY: [&str; 2] = [
-            "already committed; not running it again",
-            "waiting for this host's ledger",
-        ];
-        if let Some(error) = text.strip_prefix("error: ") {
-            tracing::error!(target: MESSAGE_TARGET, "{error}");
-        } else if ORDINARY.iter().any(|ordinary| text.contains(ordinary)) {
-            tracing::info!(target: MESSAGE_TARGET, "{text}");
-        } else {
-            let text = text.strip_prefix("warning: ").unwrap_or(text);
-            tracing::warn!(target: MESSAGE_TARGET, "{text}");
-        }
-        return;
-    }
-    if STDERR_STUCK.load(Ordering::SeqCst) {
-        return;
-    }
-    let (done, wait) = std::sync::mpsc::channel();
-    let writer = std::thread::Builder::new().spawn(move || {
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), "{line}");
-        let _ = done.send(());
-    });
-    if writer.is_err() || wait.recv_timeout(std::time::Duration::from_secs(2)).is_err() {
-        STDERR_STUCK.store(true, Ordering::SeqCst);
-    }
-}
-
-/// A command line that asks for something fencepost refuses (exit 2), found after parsing.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// Returns a usage error (exit 2) from a command.
-#[macro_export]
-macro_rules! usage {
-    ($($arg:tt)*) => {
-        return Err(anyhow::Error::new($crate::UsageError(format!($($arg)*))))
-    };
-}
-
-/// An error and its causes in one line, as `{:#}` writes them, without a cause whose words the
-/// line already holds (an error whose message includes its source would say it twice).
-pub fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
-}
-
-/// The exit status of a command that failed: 2 for a usage error, else 10.
-pub fn exit_status_of_error(error: &anyhow::Error) -> i32 {
-    if error.downcast_ref::<UsageError>().is_some() {
-        EXIT_USAGE
-    } else {
-        EXIT_ERROR
-    }
 }
 
 /// The exit status of `outcome`, its error said on stderr (before the log writer is flushed and

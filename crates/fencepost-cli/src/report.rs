@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::commands::{self, RunArgs};
-use crate::settings::Settings;
-use crate::{
+use crate::exit::{
     EXIT_ALREADY_COMMITTED, EXIT_HELD_ELSEWHERE, EXIT_IN_DOUBT, EXIT_LEASE_LOST, EXIT_LEDGER_BEHIND,
     EXIT_RAN_FAILED, EXIT_RAN_OK, EXIT_USAGE,
 };
@@ -91,7 +89,7 @@ fn millis(duration: Duration) -> u64 {
 }
 
 impl RunReport {
-    fn new(agent: &str) -> Self {
+    pub(crate) fn new(agent: &str) -> Self {
         Self {
             agent: agent.to_owned(),
             outcome: "error",
@@ -128,7 +126,7 @@ impl RunReport {
         self.durations_ms.command = self.phase_started.map(|started| millis(started.elapsed()));
     }
 
-    fn finish(&mut self, exit_status: i32, error: Option<String>) {
+    pub(crate) fn finish(&mut self, exit_status: i32, error: Option<String>) {
         self.exit_status = exit_status;
         self.error = error;
         self.outcome = match exit_status {
@@ -151,39 +149,6 @@ impl RunReport {
     }
 }
 
-/// `fencepost run` with its report: the run, then `--metrics-file` and `--json`.
-pub fn run_reporting(args: RunArgs) -> Result<i32> {
-    let prometheus = match &args.metrics_file {
-        Some(_) => Some(install_recorder()?),
-        None => None,
-    };
-    if prometheus.is_some() {
-        register_zeros(&args.agent);
-    }
-    let mut report = RunReport::new(&args.agent);
-    let outcome = Settings::resolve(&args.global).and_then(|settings| {
-        report.device = Some(settings.device.clone());
-        commands::run(&settings, &args, &mut report)
-    });
-    let (exit_status, error) = match &outcome {
-        Ok(code) => (*code, None),
-        Err(error) => (crate::exit_status_of_error(error), Some(crate::one_line(error))),
-    };
-    report.finish(exit_status, error);
-    if let (Some(path), Some(handle)) = (&args.metrics_file, &prometheus) {
-        if let Err(error) = write_metrics(handle, &report, path) {
-            err!("fencepost: warning: {}", crate::one_line(&error));
-        }
-    }
-    if args.json {
-        match serde_json::to_string(&report) {
-            Ok(line) => out!("{line}"),
-            Err(error) => err!("fencepost: warning: cannot write the report as JSON: {error}"),
-        }
-    }
-    outcome
-}
-
 /// A `fencepost run` whose arguments could not be parsed (clap's usage error, `error`): its
 /// report all the same when the arguments ask for one (`--json`, `--metrics-file PATH`), as
 /// for every other usage error, so that a stale metrics file never looks current. Looks at the
@@ -200,7 +165,7 @@ pub fn report_unparsed_run(arguments: &[String], error: &str) {
             write_metrics(&handle, &report, Path::new(path))
         });
         if let Err(error) = written {
-            err!("fencepost: warning: {}", crate::one_line(&error));
+            err!("fencepost: warning: {}", crate::exit::one_line(&error));
         }
     }
     if run.json {
@@ -213,7 +178,7 @@ pub fn report_unparsed_run(arguments: &[String], error: &str) {
 
 /// The library's counters of `agent` that stayed 0, and this binary's, written as 0
 /// ([`fencepost::metrics::register_zeros`]).
-fn register_zeros(agent: &str) {
+pub(crate) fn register_zeros(agent: &str) {
     fencepost::metrics::register_zeros(agent);
     metrics::counter!(LEDGER_WAITS, "agent" => agent.to_owned()).increment(0);
 }
@@ -267,7 +232,7 @@ fn unparsed_run(arguments: &[String]) -> Option<UnparsedRun> {
 
 /// Installs the Prometheus recorder that `--metrics-file` renders (duration histograms with
 /// buckets from 1 ms to 60 s).
-fn install_recorder() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
+pub(crate) fn install_recorder() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets(&[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0])
         .context("cannot set up the metrics")?
@@ -319,7 +284,7 @@ const OUTCOMES: [&str; 10] = [
 
 /// Sets the run's gauges, renders every metric and replaces `path` with them atomically (a
 /// temporary file beside it, renamed over it: the textfile collector never reads half a file).
-fn write_metrics(
+pub(crate) fn write_metrics(
     handle: &metrics_exporter_prometheus::PrometheusHandle,
     report: &RunReport,
     path: &Path,

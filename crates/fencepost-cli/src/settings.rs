@@ -139,7 +139,7 @@ impl Settings {
             None => default_device()?,
         };
         if let Err(error) = validate_id(IdKind::Device, &device) {
-            crate::usage!("device id {device:?}: {error}");
+            crate::exit::usage!("device id {device:?}: {error}");
         }
         Ok(Self {
             coordinator,
@@ -455,7 +455,7 @@ fn ledger_of_spec(spec: &Path, coordinator: &str) -> Result<(PathBuf, LedgerKind
         // the relay's tables would be that.
         let folder = ledger.parent().filter(|folder| !folder.as_os_str().is_empty());
         if folder.is_some_and(|folder| std::fs::canonicalize(folder).is_err()) {
-            crate::usage!(
+            crate::exit::usage!(
                 "--ledger sqlite:{}: its folder does not exist (SQLite would resolve the path its own way); create it, or name the file by a path without `..`",
                 ledger.display()
             );
@@ -463,7 +463,7 @@ fn ledger_of_spec(spec: &Path, coordinator: &str) -> Result<(PathBuf, LedgerKind
         let coordinator_file = coordinator.strip_prefix("sqlite:").map(Path::new);
         let same = coordinator_file.is_some_and(|file| same_file(file, &ledger));
         if same {
-            crate::usage!(
+            crate::exit::usage!(
                 "--ledger sqlite:{}: that is the coordinator's file; give the ledger a file of its own (for example {})",
                 ledger.display(),
                 ledger.with_file_name("ledger.db").display()
@@ -471,7 +471,7 @@ fn ledger_of_spec(spec: &Path, coordinator: &str) -> Result<(PathBuf, LedgerKind
         }
     }
     if ledger_kind != LedgerKind::Postgres && ledger.is_relative() {
-        crate::usage!(
+        crate::exit::usage!(
             "--ledger {}: the path must be absolute; a relative one names another folder in each working directory, and processes started in different folders would each have a ledger of their own",
             ledger.display()
         );
@@ -584,13 +584,13 @@ impl Backend {
                 || path.contains("mode=memory")
                 || path.starts_with("file:");
             if private {
-                crate::usage!(
+                crate::exit::usage!(
                     "--coordinator {spec:?} gives every process a private coordinator, so several could run one occurrence; use sqlite:PATH with a file every process on this host shares"
                 );
             }
             let path = PathBuf::from(path);
             if path.is_relative() {
-                crate::usage!(
+                crate::exit::usage!(
                     "--coordinator {spec:?}: the path must be absolute; a relative one names another file in each working directory, and processes started in different folders would each have a coordinator of their own"
                 );
             }
@@ -621,7 +621,7 @@ impl Backend {
                 use fencepost::backend::postgres::{PostgresConfig, PostgresLeaseCoordinator};
                 let config = PostgresConfig::new(spec);
                 if config.url.contains("operation_timeout=") {
-                    crate::usage!(
+                    crate::exit::usage!(
                         "--coordinator: operation_timeout= must be given once, as a duration such as 5000 (milliseconds), 500ms or 5s, at most 2147483647 ms"
                     );
                 }
@@ -638,7 +638,7 @@ impl Backend {
             #[cfg(not(feature = "postgres"))]
             bail!("this fencepost was built without PostgreSQL support (feature `postgres`)");
         }
-        crate::usage!("--coordinator must be sqlite:PATH or a postgres:// URL, not {spec:?}")
+        crate::exit::usage!("--coordinator must be sqlite:PATH or a postgres:// URL, not {spec:?}")
     }
 
     /// The coordinator clock's reading, which leases' `expires_at_ms` are on (for PostgreSQL, the

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::commands::{open_ledger, plural, run_rows, RunRow};
+use crate::commands::{open_ledger, plural, run_rows, warn_other_outboxes, RunRow};
+use crate::exit::{EXIT_RAN_FAILED, EXIT_RAN_OK};
 use crate::settings::{data_dir, without_password, Global, Settings};
-use crate::{EXIT_RAN_FAILED, EXIT_RAN_OK};
 
 /// How many of an agent's most recent commits `status` lists.
 const RECENT_COMMITS: usize = 5;
@@ -90,31 +90,12 @@ impl Queued {
     }
 }
 
-/// Says what this device's queues for other ledger keys hold (`status`, `ledger flush`).
-pub(crate) fn warn_other_outboxes(
-    elsewhere: &[(
-        std::path::PathBuf,
-        Result<Vec<fencepost::ledger::QueuedRecord>, String>,
-    )],
-) {
-    for (other, records) in elsewhere {
-        match records {
-            Ok(records) => err!(
-                "fencepost: warning: {} of this device wait in {} for another ledger, or this one named otherwise (another host name for the server): run `fencepost ledger flush` with the --ledger or --coordinator they were queued for",
-                plural(records.len() as u64, "queued record"),
-                other.display()
-            ),
-            Err(error) => err!("fencepost: warning: {error}"),
-        }
-    }
-}
-
 /// `fencepost status`: what [`report`] says; when the coordinator or the ledger cannot be read,
 /// what is queued on this host is said with the error.
 pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
     if let Some(agent) = &args.agent {
         if let Err(error) = fencepost::id::validate_id(fencepost::id::IdKind::Agent, agent) {
-            crate::usage!("--agent {agent:?}: {error}");
+            crate::exit::usage!("--agent {agent:?}: {error}");
         }
     }
     let queued = queued_here(settings, args.agent.as_deref())?;

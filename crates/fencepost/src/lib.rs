@@ -16,7 +16,8 @@
 //! [`keeper`] holds a lease alive and [`dispatch`] runs one effect under the whole protocol (the
 //! call an agent runtime makes; its docs have a runnable runtime loop); [`metrics`] names what they
 //! count and time through the `metrics` facade (for the recorder a program installs);
-//! [`simulate`] runs the whole protocol through seeded chaos and counts what each layer prevents.
+//! `simulate` (the feature `simulate`) runs the whole protocol through seeded chaos and counts
+//! what each layer prevents.
 //!
 //! ## A tour
 //!
@@ -122,59 +123,41 @@
 //!   records by [`oplog::verify_log`], relay files line by line.
 #![warn(missing_docs)]
 
-// The folders say which layer a module belongs to (see ARCHITECTURE.md); the module paths stay
-// flat (`fencepost::lease`, `fencepost::dispatch`, …).
-//
-// The core: decisions over values, no I/O of its own, no thread, no OS clock.
-#[path = "core/fence.rs"]
-pub mod fence;
-#[path = "core/fold.rs"]
-pub mod fold;
-#[path = "core/hex.rs"]
-mod hex;
-#[path = "core/id.rs"]
-pub mod id;
-#[path = "core/intent.rs"]
-pub mod intent;
-#[path = "core/lease.rs"]
-pub mod lease;
-#[path = "core/oplog.rs"]
-pub mod oplog;
-#[path = "core/rng.rs"]
-pub mod rng;
-#[path = "core/run_id.rs"]
-pub mod run_id;
-#[path = "core/tenure.rs"]
-pub mod tenure;
+// The module tree is the folder tree: `core`, `edge` and `tools` are the layers (see
+// ARCHITECTURE.md; `tests/layers.rs` checks that a layer imports nothing from the layers above
+// it). The layers are private; the public paths stay flat (`fencepost::lease`,
+// `fencepost::dispatch`, …), one per module.
+mod core;
+mod edge;
+mod tools;
 
-// The edge: the OS clock, storage, threads.
-#[path = "edge/backend/mod.rs"]
-pub mod backend;
-#[path = "edge/checkpoint.rs"]
-pub mod checkpoint;
-#[path = "edge/clock.rs"]
-pub mod clock;
-#[path = "edge/dispatch.rs"]
-pub mod dispatch;
-#[path = "edge/keeper.rs"]
-pub mod keeper;
-#[path = "edge/ledger.rs"]
-pub mod ledger;
-#[path = "edge/metrics.rs"]
-pub mod metrics;
-#[path = "edge/relay/mod.rs"]
-pub mod relay;
-#[path = "edge/snapshot.rs"]
-pub mod snapshot;
-
-// The tools: built on both, deciding nothing of the protocol.
+pub(crate) use crate::core::hex;
+pub use crate::core::{fence, fold, id, intent, lease, oplog, rng, run_id, tenure};
+pub use crate::edge::{backend, checkpoint, dispatch, keeper, ledger, metrics, relay, snapshot};
 #[cfg(feature = "conformance")]
-#[path = "tools/conformance/mod.rs"]
-pub mod conformance;
-#[path = "tools/resource.rs"]
-pub mod resource;
-#[path = "tools/simulate/mod.rs"]
-pub mod simulate;
+pub use crate::tools::conformance;
+pub use crate::tools::resource;
+#[cfg(feature = "simulate")]
+pub use crate::tools::simulate;
+
+/// Time, injected: the core never reads the OS clock.
+///
+/// * [`WallClock`](clock::WallClock) is a function returning milliseconds since the Unix epoch.
+///   The core receives one and never calls the OS clock itself;
+///   [`system_clock`](clock::system_clock) is the one place that does, for callers at the edge
+///   (the CLI, a backend). Tests drive a [`ManualClock`](clock::ManualClock).
+/// * [`Hlc`](clock::Hlc) is a hybrid logical clock stamp `(wall_ms, counter, device_id)` with a
+///   total order, and [`HlcClock`](clock::HlcClock) issues strictly increasing stamps for one
+///   device (rule C1). `observe` merges a remote stamp, but refuses one further ahead of the local
+///   wall clock than a configured maximum skew, so that a single forged stamp cannot drag the
+///   clock to `u64::MAX`.
+///
+/// The values and the stamps are the core's (`core/clock.rs`); the reads of the OS clock are the
+/// edge's (`edge/clock.rs`).
+pub mod clock {
+    pub use crate::core::clock::{ClockError, Hlc, HlcClock, HlcConfig, ManualClock, WallClock};
+    pub use crate::edge::clock::{monotonic_clock, system_clock, RealTimeLimit, Stopwatch};
+}
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests, so
 /// that they stay true.

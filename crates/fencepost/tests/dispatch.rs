@@ -7,7 +7,7 @@ use std::sync::Arc;
 use fencepost::clock::ManualClock;
 use fencepost::dispatch::{
     dispatch, dispatch_effect, dispatch_with, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome,
-    FencedResource, Ledger, ResourceRefusal,
+    Ledger,
 };
 use fencepost::keeper::{KeeperClock, KeeperConfig, LeaseKeeper};
 use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
@@ -15,6 +15,7 @@ use fencepost::oplog::OpRecord;
 use fencepost::relay::{
     Appended, Frontier, InMemoryRelay, MakeRecords, PullBatch, PushReport, Relay, RelayError,
 };
+use fencepost::resource::{FencedResource, ResourceRefusal};
 
 const START_MS: u64 = 1_000_000;
 const TTL_MS: u64 = 1_000;

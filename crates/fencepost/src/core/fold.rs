@@ -50,7 +50,7 @@ use compact_str::CompactString;
 use rustc_hash::FxHashMap;
 use sha2::{Digest, Sha256};
 
-use crate::clock::Hlc;
+use crate::core::clock::Hlc;
 use crate::intent::IntentStatus;
 use crate::oplog::{CompactIntent, OpId, OpRecord, Payload, Surface};
 use crate::run_id::RunKey;

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use thiserror::Error;
 
-use crate::clock::WallClock;
+use crate::core::clock::WallClock;
 use crate::id::{validate_id, IdError, IdKind};
 use crate::oplog::Frontier;
 

@@ -71,7 +71,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::clock::{ClockError, Hlc, HlcClock, HlcConfig, WallClock};
+use crate::core::clock::{ClockError, Hlc, HlcClock, HlcConfig, WallClock};
 use crate::id::{validate_id, IdError, IdKind};
 use crate::intent::{
     Intent, IntentFields, IntentStatus, INTENT_FIELD_AGENT, INTENT_FIELD_EPOCH, INTENT_FIELD_ID,
@@ -79,7 +79,6 @@ use crate::intent::{
 };
 use crate::run_id::RunKey;
 
-#[path = "oplog/line.rs"]
 mod line;
 
 /// The deepest nesting of arrays and objects a record's payload may have (`{"a":[1]}` is 2 deep).

@@ -1,6 +1,6 @@
 //! Guarded dispatch: run one side effect under the whole protocol ([`dispatch`]), the site's
 //! [`Ledger`] it writes to, the runs a new holder finds in doubt ([`Ledger::in_doubt`]), and a
-//! [`FencedResource`] that checks fencing tokens the way a cooperating service does.
+//! [`FencedResource`](crate::resource::FencedResource) that checks fencing tokens the way a cooperating service does.
 //!
 //! [`dispatch`] for `(agent, run_id)`:
 //!
@@ -29,7 +29,7 @@
 //!
 //! Between `Proceed` and the effect landing, the holder can pause, lose its lease, and a successor
 //! can run the same run. The fence cannot close that window; a resource that rejects stale tokens
-//! **and** runs it has already applied ([`FencedResource`] shows how; one of the two checks alone
+//! **and** runs it has already applied ([`FencedResource`](crate::resource::FencedResource) shows how; one of the two checks alone
 //! is not enough) or a database effect under the PostgreSQL transactional fence can. When a site
 //! dies between `pending` and its outcome, the run is **in doubt**: the effect may or may not have
 //! happened. A new holder lists those runs with [`Ledger::in_doubt`] right after
@@ -56,7 +56,6 @@ pub use crate::fence::FencingToken;
 pub use crate::ledger::{
     InDoubtRun, Ledger, LedgerOptions, LedgerState, MissingRecords, StaleGrant, SyncReport,
 };
-pub use crate::resource::{FencedResource, ResourceRefusal};
 
 /// A [`Ledger`] or [`dispatch`] error.
 #[derive(Debug, thiserror::Error)]

@@ -18,15 +18,10 @@ use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
 use crate::run_id::RunKey;
 use crate::snapshot::{AttemptsMark, Snapshot, SnapshotBase, SnapshotError};
 
-#[path = "ledger/checkpoints.rs"]
 mod checkpoints;
-#[path = "ledger/compose.rs"]
 mod compose;
-#[path = "ledger/outbox.rs"]
 mod outbox;
-#[path = "ledger/snapshot_lock.rs"]
 mod snapshot_lock;
-#[path = "ledger/went_back.rs"]
 mod went_back;
 
 pub use outbox::{read_outbox, QueuedRecord};

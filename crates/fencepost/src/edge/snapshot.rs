@@ -44,11 +44,11 @@ use crate::ledger::InDoubtRun;
 use crate::oplog::{HeadMark, OpId};
 
 #[cfg(feature = "sqlite")]
-#[path = "snapshot/store.rs"]
 mod store;
 #[cfg(not(feature = "sqlite"))]
-#[path = "snapshot/store_off.rs"]
-mod store;
+mod store_off;
+#[cfg(not(feature = "sqlite"))]
+use store_off as store;
 
 pub(crate) use store::{CheckpointFile, Snapshot};
 

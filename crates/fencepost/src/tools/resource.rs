@@ -62,7 +62,8 @@ pub enum ResourceRefusal {
 /// checks only the run id still lets a zombie act for an agent it no longer holds.
 ///
 /// ```
-/// use fencepost::dispatch::{FencedResource, FencingToken, ResourceRefusal};
+/// use fencepost::dispatch::FencingToken;
+/// use fencepost::resource::{FencedResource, ResourceRefusal};
 ///
 /// let resource = FencedResource::new();
 /// let token = |run: &str, epoch| FencingToken { agent_id: "milo".into(), run_id: run.into(), epoch };

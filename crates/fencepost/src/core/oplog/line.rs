@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::{
     write_canonical_json, write_serde_json, CompactIntent, OpId, OpRecord, Payload, PayloadRepr, Surface,
 };
-use crate::clock::Hlc;
+use crate::core::clock::Hlc;
 use crate::intent::{IntentStatus, MAX_EPOCH};
 use crate::run_id::RunKey;
 

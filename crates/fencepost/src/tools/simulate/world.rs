@@ -7,14 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use super::{Cause, Fault, GuardMode, ModeReport, Schedule, SimConfig, Tenure};
 use crate::clock::ManualClock;
-use crate::dispatch::{
-    DispatchError, DispatchOptions, FencedResource, FencingToken, Ledger, Permit, Refusal, ResourceRefusal,
-    RunOutcome,
-};
+use crate::dispatch::{DispatchError, DispatchOptions, FencingToken, Ledger, Permit, Refusal, RunOutcome};
 use crate::fence::Holder;
 use crate::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig, Renewal, RenewalStep};
 use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator, LeaseError};
 use crate::relay::{Frontier, InMemoryRelay, Relay, RelayError};
+use crate::resource::{FencedResource, ResourceRefusal};
 use crate::rng::mix;
 use crate::run_id::deterministic_run_id;
 

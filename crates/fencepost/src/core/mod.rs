@@ -1,0 +1,16 @@
+//! The core: decisions over values, no I/O of its own, no thread, no OS clock (time enters as a
+//! [`WallClock`](crate::clock::WallClock) value, randomness as a seed).
+//!
+//! Architecture invariant: nothing here imports from `edge` or `tools` (`tests/layers.rs`).
+
+pub mod clock;
+pub mod fence;
+pub mod fold;
+pub(crate) mod hex;
+pub mod id;
+pub mod intent;
+pub mod lease;
+pub mod oplog;
+pub mod rng;
+pub mod run_id;
+pub mod tenure;

@@ -1,0 +1,14 @@
+//! The edge: the OS clock, storage (files, SQLite, PostgreSQL), threads; the drivers of the
+//! core's machines.
+//!
+//! Architecture invariant: nothing here imports from `tools` (`tests/layers.rs`).
+
+pub mod backend;
+pub mod checkpoint;
+pub mod clock;
+pub mod dispatch;
+pub mod keeper;
+pub mod ledger;
+pub mod metrics;
+pub mod relay;
+pub mod snapshot;
