@@ -9,10 +9,11 @@
 //! resource as a fencing token (and the run id as an idempotency key) where the resource can check
 //! them; where the effect lives in the coordinator's own database, use its transactional fence.
 
+use crate::core::frontier::Frontier;
 use crate::fold::SyncState;
 use crate::id::{validate_id, IdKind};
 use crate::lease::{LeaseCoordinator, LeaseError};
-use crate::oplog::{Frontier, OpId};
+use crate::oplog::OpId;
 
 /// What a site hands to the resource along with the effect: who acts, for which run, under which
 /// epoch. A resource that refuses an epoch lower than one it has seen for the agent, *and* a run id

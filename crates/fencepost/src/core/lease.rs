@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use thiserror::Error;
 
 use crate::core::clock::WallClock;
+use crate::core::frontier::Frontier;
 use crate::id::{validate_id, IdError, IdKind};
-use crate::oplog::Frontier;
 
 pub use crate::intent::{
     intent_agent, intent_epoch, intent_is_committed, intent_status_rank, Intent, IntentStatus,

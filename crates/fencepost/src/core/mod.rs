@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod fence;
 pub mod fold;
+pub mod frontier;
 pub(crate) mod hex;
 pub mod id;
 pub mod intent;

@@ -5,8 +5,8 @@
 //! a thread, a monotonic clock and a real coordinator; the simulator drives the very same machines
 //! with simulated time. Re-exported from [`crate::keeper`].
 
+use crate::core::frontier::Frontier;
 use crate::lease::{validate_ttl, LeaseError, MAX_EPOCH_FLOOR};
-use crate::oplog::Frontier;
 
 /// The timing of a [`LeaseKeeper`](crate::keeper::LeaseKeeper), in milliseconds of the keeper's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

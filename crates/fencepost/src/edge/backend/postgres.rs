@@ -86,7 +86,7 @@ use crate::lease::{
     validate_epoch_floor, validate_frontier, validate_publish, validate_ttl, BackendError, Lease,
     LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EXPIRES_AT_MS,
 };
-use crate::oplog::Frontier;
+use crate::relay::Frontier;
 use crate::relay::RelayError;
 
 /// The database server's clock in milliseconds since the Unix epoch: the coordinator clock.

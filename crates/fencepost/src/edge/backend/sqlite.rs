@@ -15,7 +15,7 @@ use crate::lease::{
     expiry_after, validate_epoch_floor, validate_frontier, validate_publish, validate_ttl, BackendError,
     Lease, LeaseCoordinator, LeaseError, MAX_EPOCH,
 };
-use crate::oplog::Frontier;
+use crate::relay::Frontier;
 
 /// The SQLite `application_id` of a fencepost database ("FPST").
 pub const SQLITE_APPLICATION_ID: i32 = 0x4650_5354;

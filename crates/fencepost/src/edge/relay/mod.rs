@@ -32,7 +32,7 @@ use thiserror::Error;
 use crate::id::IdError;
 use crate::oplog::{LogError, LogHead, OpId, OpRecord};
 
-pub use crate::oplog::Frontier;
+pub use crate::core::frontier::Frontier;
 pub use fs::{device_file_name, FsRelay, FsRelayConfig};
 pub use memory::InMemoryRelay;
 #[cfg(feature = "postgres")]

@@ -15,7 +15,7 @@ use todc_utils::specifications::Specification;
 
 use super::Harness;
 use crate::lease::{expiry_after, Lease, LeaseCoordinator, LeaseError};
-use crate::oplog::Frontier;
+use crate::relay::Frontier;
 
 /// One operation on the history's single agent, with its outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

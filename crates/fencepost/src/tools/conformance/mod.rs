@@ -40,7 +40,8 @@ use crate::lease::{
     expiry_after, Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR,
     MAX_TTL_MS,
 };
-use crate::oplog::{DeviceLog, Frontier, OpId, Surface};
+use crate::oplog::{DeviceLog, OpId, Surface};
+use crate::relay::Frontier;
 
 mod linearizability;
 pub use linearizability::*;
