@@ -1,0 +1,251 @@
+//! Checking every checkpoint against the records it covers (`Ledger::verify_checkpoints`, rule
+//! K3).
+
+use super::*;
+
+impl Ledger {
+    /// Whether a checkpoint with `heads` is superseded by the checkpoint this ledger started
+    /// from after records were pruned: that one covers each of its devices at least as far, and
+    /// every record this ledger knows at one of its heads is the one it names. Its records were
+    /// pruned (nobody can check it again) and no reading uses it (a site starts from a
+    /// checkpoint that covers more, rule K6): it is of no more use, not damage. Found by the
+    /// torture test: a checkpoint a sync brought after a newer one had covered its records and
+    /// they were pruned stayed for good, and `ledger verify` said it could not be checked.
+    pub(in crate::edge::ledger) fn superseded(&self, heads: &[HeadMark]) -> bool {
+        let Some((_, started_at)) = &self.start_checkpoint else {
+            return false;
+        };
+        heads.iter().all(|head| {
+            let known = head
+                .next_seq
+                .checked_sub(1)
+                .and_then(|last| self.view.known_id(&head.device_id, last));
+            started_at.next_seq(&head.device_id) >= head.next_seq
+                && known.is_none_or(|id| head.last.is_some_and(|(last, _, _)| last == id))
+        })
+    }
+
+    /// Checks every shared checkpoint against the records it covers (rule K3): its id, its
+    /// heads (the ledger's records there), and its content, which must be the fold of those
+    /// records (the runs, fencing epochs, attempts and other records). Returns one problem per
+    /// checkpoint that fails; one that covers records this ledger does not have (a synced folder
+    /// behind it, or a device file that shrank) fails too, as a site would not start from it.
+    /// Needs a ledger opened without a snapshot (one that read every record).
+    ///
+    /// # Errors
+    /// [`DispatchError::Checkpoint`] when the ledger resumed from a snapshot or the folder
+    /// cannot be listed, [`DispatchError::Relay`] when the records cannot be read again.
+    pub fn verify_checkpoints(&self) -> Result<Vec<RelayProblem>, DispatchError> {
+        let failed =
+            |what: String| DispatchError::Checkpoint(format!("cannot check the checkpoints: {what}"));
+        let Some(dir) = self.relay.checkpoints_dir() else {
+            return Ok(Vec::new());
+        };
+        if self.resumed_from_snapshot() {
+            return Err(failed(
+                "checking checkpoints needs a ledger that read every record".to_owned(),
+            ));
+        }
+        // Stored elsewhere (a database): what is stored is checked, copied afresh into a folder
+        // of this call's, not this site's copies (found by an adversarial test: a host whose
+        // copy was whole said "intact" of a damaged stored checkpoint that stopped every new
+        // host, and one that had copied a damaged one reported it after it was stored again).
+        let stored_elsewhere = self.relay.checkpoint_store().is_some();
+        let fresh =
+            FreshCopies(stored_elsewhere.then(|| dir.join(format!(".verifying-{}", std::process::id()))));
+        let checked = fresh.0.clone().unwrap_or_else(|| dir.clone());
+        if stored_elsewhere {
+            let _ = std::fs::remove_dir_all(&checked);
+        }
+        let mut problems: Vec<RelayProblem> = self
+            .mirror_checkpoints(&checked, |_, _| true)
+            .into_iter()
+            .map(|(name, error)| {
+                checkpoint_problem(
+                    &dir.join(name),
+                    &format!("cannot be copied from the ledger: {error}"),
+                )
+            })
+            .collect();
+        let listed = checkpoint::list(&checked)
+            .map_err(|error| failed(format!("cannot list {}: {error}", checked.display())))?;
+        for (named, path) in listed {
+            // Named where sites keep it.
+            let shown = path
+                .file_name()
+                .map_or_else(|| path.clone(), |name| dir.join(name));
+            let problem = |detail: String| checkpoint_problem(&shown, &detail);
+            let mut file = match CheckpointFile::open(&path) {
+                Ok(file) => file,
+                Err(error) => {
+                    problems.push(problem(format!("cannot be read: {error}")));
+                    continue;
+                }
+            };
+            // (Found by an adversarial test: a byte changed in a page's free space was
+            // "intact" here, while every new site refused the file.)
+            if let Err(error) = file.check_pages() {
+                problems.push(problem(format!("cannot be used: {error}")));
+                continue;
+            }
+            if let Some(detail) = named.mismatch(&file) {
+                problems.push(problem(detail));
+                continue;
+            }
+            let base = file.base();
+            let forgotten = base.forgotten.clone();
+            let mut ahead = None;
+            let mut mismatch = None;
+            let id_here = |device: &str, seq: u64| self.view.known_id(device, seq);
+            for head in &base.heads {
+                let has = self.view.frontier.next_seq(&head.device_id);
+                if has < head.next_seq {
+                    ahead = Some((head.device_id.clone(), head.next_seq, has));
+                    // The ledger's last record of the device, where the checkpoint kept its id.
+                    let theirs = base
+                        .recent_ids
+                        .iter()
+                        .find(|(device, _, _)| *device == head.device_id)
+                        .and_then(|(_, first, ids)| {
+                            ids.get(usize::try_from(has.checked_sub(1)?.checked_sub(*first)?).ok()?)
+                        });
+                    if let (Some(theirs), Some(last)) = (theirs, has.checked_sub(1)) {
+                        if id_here(&head.device_id, last) != Some(*theirs) {
+                            mismatch = Some(head.device_id.clone());
+                        }
+                    }
+                    continue;
+                }
+                let here = head
+                    .next_seq
+                    .checked_sub(1)
+                    .and_then(|last| id_here(&head.device_id, last));
+                if here != head.last.map(|(op_id, _, _)| op_id) {
+                    mismatch = Some(head.device_id.clone());
+                }
+            }
+            if let Some(device) = mismatch {
+                problems.push(problem(format!(
+                    "ends device {device:?} at a record that is not the ledger's"
+                )));
+                continue;
+            }
+            if let Some((device, covers, has)) = ahead {
+                // A site would not start from it either (see `resume_snapshot`).
+                problems.push(problem(format!(
+                    "covers {covers} records of device {device:?}, the ledger here has {has}: a synced folder that has not brought them yet (check again once it has), or a device file that shrank, was replaced or lost records (restore it from a copy)"
+                )));
+                continue;
+            }
+            // The fold of exactly the records it covers: this ledger's own view when it covers
+            // the same records (no second read), else a fold of them alone.
+            // (A checkpoint that forgot runs is compared with a fold of its own, which forgets
+            // the same runs.)
+            let exact = forgotten.is_none()
+                && base.heads.len() == self.view.heads.len()
+                && base
+                    .heads
+                    .iter()
+                    .all(|head| self.view.frontier.next_seq(&head.device_id) == head.next_seq);
+            let folded;
+            let prefix = if exact {
+                &self.view
+            } else if let Some((start, started_at)) = &self.start_checkpoint {
+                // Records before the checkpoint this ledger started from were removed: one that
+                // contains it is checked against its content and the records after it; an
+                // older one cannot be checked.
+                let contains_start = started_at.iter().all(|(device, next_seq)| {
+                    base.heads
+                        .iter()
+                        .any(|head| head.device_id == device && head.next_seq >= next_seq)
+                });
+                let from_start = contains_start
+                    .then(|| CheckpointFile::open(start).ok())
+                    .flatten()
+                    .and_then(|mut file| loaded_view(&mut file));
+                let Some(mut view) = from_start else {
+                    if self.superseded(&base.heads) {
+                        tracing::info!(checkpoint = %shown.display(), "superseded by the checkpoint this ledger starts from (its records were pruned, so it cannot be checked, and no reading uses it); the next compaction removes it");
+                        continue;
+                    }
+                    problems.push(problem(format!(
+                        "cannot be checked: it covers records removed from the relay (pruned) before {}, which this ledger starts from; remove it",
+                        start.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned())
+                    )));
+                    continue;
+                };
+                self.fold_covered(&mut view, started_at, base)?;
+                if let Some(rule) = &forgotten {
+                    view.forget_runs(rule);
+                }
+                view.forgotten.clone_from(&forgotten);
+                folded = view;
+                &folded
+            } else {
+                // The records it covers, read again and folded a batch at a time (not all held
+                // at once).
+                let mut view = LedgerState::new();
+                self.fold_covered(&mut view, &Frontier::new(), base)?;
+                if let Some(rule) = &forgotten {
+                    view.forget_runs(rule);
+                    view.forgotten = Some(rule.clone());
+                }
+                folded = view;
+                &folded
+            };
+            let mut mark = prefix.base_mark(Value::Null);
+            // The compactions of its line are when others wrote theirs: not in the records.
+            mark.compactions.clone_from(&base.compactions);
+            if comparable(&mark) != comparable(base) {
+                problems.push(problem(
+                    "does not hold the fencing epochs, attempts or heads of the records it covers (forged, or written by a faulty site)".to_owned(),
+                ));
+                continue;
+            }
+            let mut theirs = match LedgerState::restored(base) {
+                Ok(view) => view.state,
+                Err(reason) => {
+                    problems.push(problem(format!("cannot be read: {reason}")));
+                    continue;
+                }
+            };
+            if let Err(error) =
+                file.for_each_run(|agent, run, summary| theirs.merge_summary(agent, run, summary))
+            {
+                problems.push(problem(format!("cannot be read: {error}")));
+                continue;
+            }
+            if theirs != prefix.state {
+                problems.push(problem(
+                    "does not hold the runs of the records it covers (forged, or written by a faulty site)"
+                        .to_owned(),
+                ));
+            }
+        }
+        Ok(problems)
+    }
+}
+
+/// A folder of fresh copies of stored checkpoints, removed when dropped.
+pub(in crate::edge::ledger) struct FreshCopies(Option<PathBuf>);
+
+impl Drop for FreshCopies {
+    fn drop(&mut self) {
+        if let Some(folder) = &self.0 {
+            let _ = std::fs::remove_dir_all(folder);
+        }
+    }
+}
+
+/// A checkpoint's loaded part as compared with a fold: without the relay's cursor, and with the
+/// other surfaces' records in one order (a site keeps them in the order it read them).
+pub(in crate::edge::ledger) fn comparable(base: &SnapshotBase) -> Value {
+    let mut value = serde_json::to_value(base).unwrap_or(Value::Null);
+    if let Some(object) = value.as_object_mut() {
+        object.insert("cursor".to_owned(), Value::Null);
+        if let Some(Value::Array(records)) = object.get_mut("records") {
+            records.sort_by_key(ToString::to_string);
+        }
+    }
+    value
+}
