@@ -1,4 +1,4 @@
-//! Exit statuses (the README's table), usage errors, and an error's one line.
+//! Exit statuses (the table of docs/running.md), usage errors, and an error's one line.
 
 /// Ran the command, and it succeeded.
 pub const EXIT_RAN_OK: i32 = 0;

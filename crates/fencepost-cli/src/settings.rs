@@ -255,10 +255,10 @@ impl Settings {
     }
 
     /// How to repair a damaged device of this ledger; when the damage is a database that went
-    /// back (`ProblemKind::WentBack`), what the README says to do then.
+    /// back (`ProblemKind::WentBack`), what docs/deployment.md says to do then.
     pub fn repair_hint(&self, went_back: bool) -> &'static str {
         if went_back {
-            return "This host read records that the database no longer holds: see \"Restores and fail-overs\" in the README (a host that read none of them cannot know, and runs them again)";
+            return "This host read records that the database no longer holds: see \"Restores and fail-overs\" in docs/deployment.md (a host that read none of them cannot know, and runs them again)";
         }
         match self.ledger_kind {
             LedgerKind::Folder => "Restore the device's file from a backup or another host's copy",

@@ -5,7 +5,7 @@
 //! records the restore lost is told it went back (`ledger verify` and `status` exit 1), and its
 //! next run writes the commits it read back into it (rule R1, `Ledger::repair_went_back`):
 //! from then on every host, an idle or a new one too, refuses them. A host that read none of
-//! them cannot know before that (the README says so): it runs such an occurrence again, at an
+//! them cannot know before that (docs/deployment.md says so): it runs such an occurrence again, at an
 //! epoch of its own.
 //!
 //! Needs the server and the client tools (`pg_dump`, `pg_restore`) that `scripts/test` installs;
@@ -95,7 +95,7 @@ fn l5_r1_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice_and_a_host
     // A new host fires a new slot: its epoch is above every epoch used before the restore.
     let (code, stderr) = fire("host-3", 8);
     assert_eq!(code, Some(0), "{stderr}");
-    // host-2 read none of slots 4-7: it cannot know, and runs slot 5 again (README), under an
+    // host-2 read none of slots 4-7: it cannot know, and runs slot 5 again (docs/deployment.md), under an
     // epoch of its own.
     let (code, stderr) = fire("host-2", 5);
     assert_eq!(code, Some(0), "{stderr}");
@@ -145,7 +145,7 @@ fn l5_r1_a_database_restored_from_a_dump_mid_run_mints_no_epoch_twice_and_a_host
         .unwrap();
 }
 
-/// `fencepost ledger repair` (the README's procedure after a restore, rule R1): on a host that
+/// `fencepost ledger repair` (the procedure after a restore in docs/deployment.md, rule R1): on a host that
 /// read what the restore lost it writes those commits back, and the run it had read in doubt
 /// (found by an adversarial test: such a run ran again), and exits 0; then, and on a host that
 /// read nothing lost, there is nothing to repair (exit 0); every host refuses those runs, and

@@ -42,7 +42,7 @@ fn url_as(role: &str, database: &str) -> String {
     format!("postgres://{role}:secret@{host}/{database}")
 }
 
-/// A role with exactly the runtime grants the deployment docs list (README, "PostgreSQL"), and
+/// A role with exactly the runtime grants the deployment docs list (docs/deployment.md, "PostgreSQL in production"), and
 /// `settings` (`ALTER ROLE … SET …`).
 fn runtime_role(name: &str, settings: &[&str]) -> String {
     let mut statements = format!(
@@ -1003,8 +1003,8 @@ fn k5_a_ledger_in_the_database_is_pruned_and_no_host_runs_a_committed_occurrence
         "{}",
         text(&verified.stdout)
     );
-    // A role with the grants the README lists for `ledger compact` but without DELETE on
-    // relay_records compacts, and is told why the prune failed (found by this test: the README
+    // A role with the grants docs/deployment.md lists for `ledger compact` but without DELETE on
+    // relay_records compacts, and is told why the prune failed (found by this test: the deployment docs
     // listed INSERT, DELETE for compaction; storing a checkpoint also needs UPDATE).
     let role = format!("fp_noprune_{}", std::process::id());
     catalog(&format!(

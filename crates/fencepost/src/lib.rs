@@ -160,7 +160,17 @@ pub mod clock {
 }
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests, so
-/// that they stay true.
+/// that they stay true; the same for the pages of `docs/` that have some.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeExamples;
+
+/// `docs/library.md`'s examples, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryDocExamples;
+
+/// `docs/deployment.md`'s examples, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/deployment.md")]
+pub struct DeploymentDocExamples;

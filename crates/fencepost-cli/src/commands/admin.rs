@@ -7,7 +7,7 @@ use super::*;
 pub enum AdminCommand {
     /// Create the coordinator's schema, or upgrade it to this fencepost's version. For PostgreSQL,
     /// run it once per database as a role that may create the schema (or owns it); the roles that
-    /// run `fencepost run` then need only the grants in the README. Idempotent. For SQLite the
+    /// run `fencepost run` then need only the grants in docs/deployment.md. Idempotent. For SQLite the
     /// file's schema is created on first use; this creates it now.
     Migrate,
 }

@@ -413,7 +413,7 @@ pub(super) fn run_attempt(
             return Ok(EXIT_HELD_ELSEWHERE);
         }
         // Exit 4 whenever some attempt reached the coordinator and was refused; 10 only when none
-        // did (the README's exit-status table says so).
+        // did (docs/running.md's exit-status table says so).
         Err(KeeperError::HeldThenFailed { held, last_error }) => {
             err!("fencepost: {held}, and when the wait ran out the last attempt failed ({last_error}); not running {run_id}");
             return Ok(EXIT_HELD_ELSEWHERE);
