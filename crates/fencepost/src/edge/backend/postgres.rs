@@ -18,8 +18,10 @@
 //!   -- for the ledger in the same database (PostgresRelay, `--ledger postgres://…`):
 //!   GRANT SELECT, INSERT, UPDATE ON fencepost.relay_devices, fencepost.relay_records TO fencepost_agent;
 //!   GRANT SELECT ON fencepost.relay_checkpoints, fencepost.relay_checkpoint_chunks TO fencepost_agent;
-//!   -- and for the role that compacts the ledger:
-//!   -- GRANT INSERT, DELETE ON fencepost.relay_checkpoints, fencepost.relay_checkpoint_chunks TO …;
+//!   -- and for the role that compacts the ledger (`fencepost ledger compact`):
+//!   -- GRANT INSERT, UPDATE, DELETE ON fencepost.relay_checkpoints, fencepost.relay_checkpoint_chunks TO …;
+//!   -- and for the one that prunes it (`compact --prune`), besides:
+//!   -- GRANT DELETE ON fencepost.relay_records TO …;
 //!   ```
 //!
 //!   Never grant `DELETE` or `TRUNCATE` on `leases`: a deleted row forgets its epoch, and the next
