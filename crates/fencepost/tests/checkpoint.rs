@@ -463,6 +463,57 @@ fn k3_a_checkpoint_of_another_ledger_is_damage_and_verify_reports_it() {
     assert_eq!(answers(&mut started), expected);
 }
 
+/// K3, K6 (found by an adversarial test): another ledger's checkpoint whose heads lie further
+/// back than the ids a pruned ledger keeps is still reported by `verify`, and a compaction leaves
+/// it for the operator: it is not taken for a checkpoint superseded by the one the ledger starts
+/// from (compaction removed it, and `verify` then said "intact").
+#[test]
+fn k3_k6_another_ledgers_checkpoint_behind_the_ids_a_pruned_ledger_keeps_is_not_removed() {
+    let site = Site::new();
+    let mut writer = site.open("laptop", false);
+    for run in 0..1_100 {
+        site.clock.advance(1);
+        writer
+            .record(&Intent::new(
+                "milo",
+                format!("run-{run}"),
+                1,
+                IntentStatus::Pending,
+            ))
+            .unwrap();
+    }
+    writer.compact_with(&CompactOptions::default().prune()).unwrap();
+    drop(writer);
+    let other = Site::new();
+    for run in 0..3 {
+        other.write(
+            "laptop",
+            &Intent::new("milo", format!("other-{run}"), 1, IntentStatus::Pending),
+        );
+    }
+    let foreign = other.open("laptop", false).compact().unwrap();
+    let placed = site
+        .relay()
+        .checkpoints_dir()
+        .unwrap()
+        .join(foreign.path.file_name().unwrap());
+    std::fs::copy(&foreign.path, &placed).unwrap();
+    let mut reader = site.open("reader", false);
+    let reported = |reader: &Ledger| {
+        let found = reader.verify_checkpoints().unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].detail.contains("not the ledger's"), "{}", found[0]);
+    };
+    reported(&reader);
+    reader.compact().unwrap();
+    assert!(
+        placed.exists(),
+        "the compaction removed another ledger's checkpoint"
+    );
+    drop(reader);
+    reported(&site.open("reader", false));
+}
+
 /// K1, K2 (found by an adversarial test: a new host with a new coordinator ran a committed run
 /// again at a reused epoch): a checkpoint that covers records the device files do not have (a
 /// sync that lags, a file that shrank) is damage of those devices, not a reason to read the

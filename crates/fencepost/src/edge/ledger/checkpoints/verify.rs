@@ -6,7 +6,9 @@ use super::*;
 impl Ledger {
     /// Whether a checkpoint with `heads` is superseded by the checkpoint this ledger started
     /// from after records were pruned: that one covers each of its devices at least as far, and
-    /// every record this ledger knows at one of its heads is the one it names. Its records were
+    /// this ledger knows the record at each of its heads, and it is the one it names (one whose
+    /// heads it cannot tell, more than the ids it keeps behind, may be another ledger's: found by
+    /// an adversarial test, compaction removed such a checkpoint that `verify` reported). Its records were
     /// pruned (nobody can check it again) and no reading uses it (a site starts from a
     /// checkpoint that covers more, rule K6): it is of no more use, not damage. Found by the
     /// torture test: a checkpoint a sync brought after a newer one had covered its records and
@@ -21,7 +23,7 @@ impl Ledger {
                 .checked_sub(1)
                 .and_then(|last| self.view.known_id(&head.device_id, last));
             started_at.next_seq(&head.device_id) >= head.next_seq
-                && known.is_none_or(|id| head.last.is_some_and(|(last, _, _)| last == id))
+                && known.is_some_and(|id| head.last.is_some_and(|(last, _, _)| last == id))
         })
     }
 
