@@ -72,6 +72,17 @@ impl Site {
         self.open(device, false).record(intent).unwrap();
     }
 
+    /// Copies the checkpoint at `path` into this site's checkpoints; where it is now.
+    fn place_checkpoint(&self, path: &Path) -> PathBuf {
+        let placed = self
+            .relay()
+            .checkpoints_dir()
+            .unwrap()
+            .join(path.file_name().unwrap());
+        std::fs::copy(path, &placed).unwrap();
+        placed
+    }
+
     fn checkpoints(&self) -> Vec<PathBuf> {
         let dir = self.relay().checkpoints_dir().unwrap();
         let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -416,6 +427,14 @@ fn cut_records(site: &Site, device: &str, records: usize) -> Vec<u8> {
     bytes
 }
 
+/// `verify` reports one checkpoint, as one whose head is not this ledger's record (another
+/// ledger's).
+fn verify_reports_another_ledgers(reader: &Ledger) {
+    let found = reader.verify_checkpoints().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].detail.contains("not the ledger's"), "{}", found[0]);
+}
+
 #[test]
 fn k3_a_checkpoint_of_another_ledger_is_damage_and_verify_reports_it() {
     let site = compacted_site();
@@ -438,12 +457,7 @@ fn k3_a_checkpoint_of_another_ledger_is_damage_and_verify_reports_it() {
     for own in site.checkpoints() {
         std::fs::remove_file(own).unwrap();
     }
-    let placed = site
-        .relay()
-        .checkpoints_dir()
-        .unwrap()
-        .join(foreign.path.file_name().unwrap());
-    std::fs::copy(&foreign.path, &placed).unwrap();
+    let placed = site.place_checkpoint(&foreign.path);
     let mut full = site.open("reader", false);
     let expected = answers(&mut full);
     // Its heads are not this ledger's records: not used, and nothing runs until it is removed.
@@ -454,9 +468,7 @@ fn k3_a_checkpoint_of_another_ledger_is_damage_and_verify_reports_it() {
         damage.iter().any(|problem| problem.contains("the checkpoint")),
         "{damage:?}"
     );
-    let found = full.verify_checkpoints().unwrap();
-    assert_eq!(found.len(), 1, "{found:?}");
-    assert!(found[0].detail.contains("not the ledger's"), "{}", found[0]);
+    verify_reports_another_ledgers(&full);
     std::fs::remove_file(&placed).unwrap();
     drop(started);
     let mut started = site.open("newcomer", true);
@@ -492,26 +504,16 @@ fn k3_k6_another_ledgers_checkpoint_behind_the_ids_a_pruned_ledger_keeps_is_not_
         );
     }
     let foreign = other.open("laptop", false).compact().unwrap();
-    let placed = site
-        .relay()
-        .checkpoints_dir()
-        .unwrap()
-        .join(foreign.path.file_name().unwrap());
-    std::fs::copy(&foreign.path, &placed).unwrap();
+    let placed = site.place_checkpoint(&foreign.path);
     let mut reader = site.open("reader", false);
-    let reported = |reader: &Ledger| {
-        let found = reader.verify_checkpoints().unwrap();
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].detail.contains("not the ledger's"), "{}", found[0]);
-    };
-    reported(&reader);
+    verify_reports_another_ledgers(&reader);
     reader.compact().unwrap();
     assert!(
         placed.exists(),
         "the compaction removed another ledger's checkpoint"
     );
     drop(reader);
-    reported(&site.open("reader", false));
+    verify_reports_another_ledgers(&site.open("reader", false));
 }
 
 /// K1, K2 (found by an adversarial test: a new host with a new coordinator ran a committed run

@@ -16,7 +16,7 @@ use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
 use crate::dispatch::DispatchError;
 use crate::fold::Forgetting;
-use crate::oplog::{HeadMark, OpId, OpRecord};
+use crate::oplog::{OpId, OpRecord};
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
 

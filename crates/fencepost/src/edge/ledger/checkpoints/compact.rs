@@ -185,9 +185,7 @@ impl Ledger {
             }
             let contained = damaged
                 || opened.is_ok_and(|file| {
-                    let base = file.base();
-                    contains(&heads, &base.heads)
-                        && (self.view.holds(&base.compaction_heads()) || self.superseded(&base.heads))
+                    contains(&heads, &file.base().heads) && self.view.holds(&file.base().compaction_heads())
                 });
             if contained {
                 if let Some(store) = self.relay.checkpoint_store() {
