@@ -13,6 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use syn::visit::Visit;
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -47,156 +49,153 @@ fn sources(src: &Path) -> Vec<Source> {
     found
 }
 
-/// The text with comments blanked (line structure kept): doc links may point anywhere.
-fn code_of(text: &str) -> String {
-    let mut code = String::with_capacity(text.len());
-    for line in text.lines() {
-        let mut in_string = false;
-        let mut previous = ' ';
-        let mut cut = line.len();
-        for (index, character) in line.char_indices() {
-            if character == '"' && previous != '\\' {
-                in_string = !in_string;
-            }
-            if !in_string && character == '/' && previous == '/' {
-                cut = index - 1;
-                break;
-            }
-            previous = character;
-        }
-        code.push_str(&line[..cut]);
-        code.push('\n');
-    }
-    code
+/// What a file's code says, parsed with `syn` (comments and doc links are no code): the name
+/// after `crate::` of each path into the crate (`crate::{a, b}` names both; in a macro's tokens
+/// too), the modules it declares without a body, and its `#[path]` attributes, each with its
+/// line.
+#[derive(Debug, Default)]
+struct Parsed {
+    crate_references: Vec<(String, usize)>,
+    declared_modules: Vec<(String, usize)>,
+    path_attributes: Vec<usize>,
 }
 
-/// A path into the crate's root: the first segment after `crate::` (or each first segment of a
-/// `crate::{…}` group), with its line (1-based).
-fn crate_references(code: &str) -> Vec<(String, usize)> {
-    let mut found = Vec::new();
-    let line_of = |offset: usize| code[..offset].matches('\n').count() + 1;
-    let mut from = 0;
-    while let Some(at) = code[from..].find("crate::") {
-        let start = from + at;
-        from = start + "crate::".len();
-        let before = code[..start].chars().next_back();
-        if before.is_some_and(|character| character.is_alphanumeric() || character == '_') {
-            continue; // `my_crate::`, not this crate
+fn parse(path: &str, text: &str) -> Parsed {
+    let tree = syn::parse_file(text).unwrap_or_else(|error| panic!("{path}: cannot be parsed: {error}"));
+    let mut parsed = Parsed::default();
+    parsed.visit_file(&tree);
+    parsed
+}
+
+fn line_of(span: proc_macro2::Span) -> usize {
+    span.start().line
+}
+
+/// Every path a use tree names, as its segments (`use crate::core::{fence, fold}` is
+/// `crate::core::fence` and `crate::core::fold`), each segment with its line.
+fn use_paths(tree: &syn::UseTree) -> Vec<Vec<(String, usize)>> {
+    match tree {
+        syn::UseTree::Path(path) => use_paths(&path.tree)
+            .into_iter()
+            .map(|mut rest| {
+                rest.insert(0, (path.ident.to_string(), line_of(path.ident.span())));
+                rest
+            })
+            .collect(),
+        syn::UseTree::Name(name) => vec![vec![(name.ident.to_string(), line_of(name.ident.span()))]],
+        syn::UseTree::Rename(rename) => {
+            vec![vec![(rename.ident.to_string(), line_of(rename.ident.span()))]]
         }
-        let rest = &code[from..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let mut depth = 0;
-            let mut segment_start = true;
-            let mut offset = from + 1;
-            for (index, character) in group.char_indices() {
-                match character {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => segment_start = true,
-                    character if segment_start && (character.is_alphabetic() || character == '_') => {
-                        segment_start = false;
-                        let name: String = group[index..]
-                            .chars()
-                            .take_while(|character| character.is_alphanumeric() || *character == '_')
-                            .collect();
-                        found.push((name, line_of(from + 1 + index)));
-                    }
-                    _ => {}
-                }
-                offset = from + 1 + index;
+        syn::UseTree::Glob(_) => vec![Vec::new()],
+        syn::UseTree::Group(group) => group.items.iter().flat_map(use_paths).collect(),
+    }
+}
+
+impl Parsed {
+    /// `crate :: NAME` in a macro's tokens (`crate::exit::usage!`'s arguments, `$crate::…`).
+    fn scan_tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        let tokens: Vec<proc_macro2::TokenTree> = tokens.into_iter().collect();
+        for (index, token) in tokens.iter().enumerate() {
+            if let proc_macro2::TokenTree::Group(group) = token {
+                self.scan_tokens(group.stream());
             }
-            from = offset;
-        } else {
-            let name: String = rest
-                .chars()
-                .take_while(|character| character.is_alphanumeric() || *character == '_')
-                .collect();
-            if !name.is_empty() {
-                found.push((name, line_of(start)));
+            let window = tokens.get(index..index + 4);
+            if let Some(
+                [proc_macro2::TokenTree::Ident(first), proc_macro2::TokenTree::Punct(colon), proc_macro2::TokenTree::Punct(_), proc_macro2::TokenTree::Ident(name)],
+            ) = window
+            {
+                if first == "crate"
+                    && colon.as_char() == ':'
+                    && colon.spacing() == proc_macro2::Spacing::Joint
+                {
+                    self.crate_references
+                        .push((name.to_string(), line_of(name.span())));
+                }
             }
         }
     }
-    found
+}
+
+impl<'ast> Visit<'ast> for Parsed {
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let mut segments = path.segments.iter();
+        if let (Some(first), Some(second)) = (segments.next(), segments.next()) {
+            if first.ident == "crate" {
+                self.crate_references
+                    .push((second.ident.to_string(), line_of(second.ident.span())));
+            }
+        }
+        syn::visit::visit_path(self, path);
+    }
+
+    fn visit_item_use(&mut self, item: &'ast syn::ItemUse) {
+        for path in use_paths(&item.tree) {
+            if let [(first, _), (name, line), ..] = path.as_slice() {
+                if first == "crate" {
+                    self.crate_references.push((name.clone(), *line));
+                }
+            }
+        }
+    }
+
+    fn visit_item_mod(&mut self, item: &'ast syn::ItemMod) {
+        for attribute in &item.attrs {
+            if attribute.path().is_ident("path") {
+                self.path_attributes.push(line_of(attribute.pound_token.span));
+            }
+        }
+        if item.content.is_none() {
+            self.declared_modules
+                .push((item.ident.to_string(), line_of(item.ident.span())));
+        }
+        syn::visit::visit_item_mod(self, item);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.scan_tokens(mac.tokens.clone());
+        syn::visit::visit_macro(self, mac);
+    }
 }
 
 /// The layers, lowest first.
 const LAYERS: [&str; 3] = ["core", "edge", "tools"];
 
 /// The layer of each root name of the library, from `lib.rs`: the layers themselves, the modules
-/// it re-exports from one, and a facade module (`pub mod NAME { … }`) as the highest layer it
-/// re-exports from.
+/// it re-exports from one (`pub use crate::core::{fence, …}`), and a facade module
+/// (`pub mod NAME { … }`) as the highest layer it re-exports from.
 fn root_layers(lib: &str) -> BTreeMap<String, usize> {
-    let code = code_of(lib);
+    let tree = syn::parse_file(lib).expect("lib.rs parses");
+    let layer_of = |name: &str| LAYERS.iter().position(|layer| *layer == name);
     let mut layers: BTreeMap<String, usize> = LAYERS
         .iter()
         .enumerate()
         .map(|(layer, name)| ((*name).to_owned(), layer))
         .collect();
-    for statement in code.split(';') {
-        let statement = statement.trim();
-        let Some(at) = statement.find("use crate::") else {
-            continue;
-        };
-        let path = &statement[at + "use crate::".len()..];
-        let Some(layer) = LAYERS
-            .iter()
-            .position(|name| path.starts_with(&format!("{name}::")))
-        else {
-            continue;
-        };
-        let names = &path[LAYERS[layer].len() + 2..];
-        if names.contains("::") {
-            continue; // inside a facade: `crate::core::clock::{…}`
-        }
-        for name in names
-            .trim_matches(|character| character == '{' || character == '}')
-            .split(',')
-        {
-            let name = name.trim();
-            if !name.is_empty() {
-                layers.insert(name.to_owned(), layer);
-            }
-        }
-    }
-    let mut from = 0;
-    while let Some(at) = code[from..].find("pub mod ") {
-        let start = from + at + "pub mod ".len();
-        let name: String = code[start..]
-            .chars()
-            .take_while(|character| character.is_alphanumeric() || *character == '_')
-            .collect();
-        let Some(open) = code[start + name.len()..]
-            .find(|character: char| !character.is_whitespace())
-            .filter(|open| code[start + name.len() + open..].starts_with('{'))
-            .map(|open| name.len() + open)
-        else {
-            from = start;
-            continue; // `pub mod NAME;`
-        };
-        let mut depth = 0;
-        let close = code[start + open..]
-            .char_indices()
-            .find(|(_, character)| {
-                match character {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    _ => {}
+    for item in &tree.items {
+        match item {
+            syn::Item::Use(item) => {
+                for path in use_paths(&item.tree) {
+                    if let [(root, _), (layer, _), (name, _)] = path.as_slice() {
+                        if let (true, Some(layer)) = (root == "crate", layer_of(layer)) {
+                            layers.insert(name.clone(), layer);
+                        }
+                    }
                 }
-                depth == 0
-            })
-            .map_or(code.len(), |(close, _)| start + open + close);
-        let body = &code[start + open..close];
-        let highest = LAYERS
-            .iter()
-            .enumerate()
-            .filter(|(_, layer)| body.contains(&format!("crate::{layer}::")))
-            .map(|(layer, _)| layer)
-            .max();
-        if let Some(layer) = highest {
-            layers.insert(name, layer);
+            }
+            syn::Item::Mod(item) if item.content.is_some() => {
+                let mut facade = Parsed::default();
+                facade.visit_item_mod(item);
+                let highest = facade
+                    .crate_references
+                    .iter()
+                    .filter_map(|(name, _)| layer_of(name))
+                    .max();
+                if let Some(layer) = highest {
+                    layers.insert(item.ident.to_string(), layer);
+                }
+            }
+            _ => {}
         }
-        from = close;
     }
     layers
 }
@@ -212,8 +211,7 @@ fn layer_violations(lib: &str, files: &[Source]) -> Vec<String> {
         else {
             continue; // lib.rs: the root joins the layers
         };
-        let code = code_of(&file.text);
-        for (name, line) in crate_references(&code) {
+        for (name, line) in parse(&file.path, &file.text).crate_references {
             match layers.get(&name) {
                 Some(used) if *used > layer => violations.push(format!(
                     "src/{}:{line}: `{}` imports `crate::{name}`, of the layer `{}`",
@@ -234,14 +232,11 @@ fn layer_violations(lib: &str, files: &[Source]) -> Vec<String> {
 fn path_attributes(crate_name: &str, files: &[Source]) -> Vec<String> {
     let mut found = Vec::new();
     for file in files {
-        for (index, line) in code_of(&file.text).lines().enumerate() {
-            if line.trim_start().starts_with("#[path") {
-                found.push(format!(
-                    "{crate_name}/src/{}:{}: a #[path] attribute (the module tree is the folder tree)",
-                    file.path,
-                    index + 1
-                ));
-            }
+        for line in parse(&file.path, &file.text).path_attributes {
+            found.push(format!(
+                "{crate_name}/src/{}:{line}: a #[path] attribute (the module tree is the folder tree)",
+                file.path
+            ));
         }
     }
     found
@@ -259,18 +254,8 @@ fn cli_cycles(files: &[Source]) -> Vec<String> {
     // module -> (imported module -> the first line that imports it); `main` declares each.
     let mut imports: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     if let Some(main) = files.iter().find(|file| file.path == "main.rs") {
-        for (index, line) in code_of(&main.text).lines().enumerate() {
-            let declared = line.trim_start().strip_prefix("mod ").or_else(|| {
-                line.trim_start()
-                    .strip_prefix("pub mod ")
-                    .or_else(|| line.trim_start().strip_prefix("pub(crate) mod "))
-            });
-            if let Some(name) = declared.and_then(|rest| rest.strip_suffix(';')) {
-                imports
-                    .entry("main".to_owned())
-                    .or_default()
-                    .insert(name.trim().to_owned(), index + 1);
-            }
+        for (name, line) in parse(&main.path, &main.text).declared_modules {
+            imports.entry("main".to_owned()).or_default().insert(name, line);
         }
     }
     for file in files {
@@ -281,8 +266,7 @@ fn cli_cycles(files: &[Source]) -> Vec<String> {
             .unwrap()
             .trim_end_matches(".rs")
             .to_owned();
-        let code = code_of(&file.text);
-        for (name, line) in crate_references(&code) {
+        for (name, line) in parse(&file.path, &file.text).crate_references {
             let target = if modules.contains(&name) {
                 name
             } else {
@@ -387,14 +371,14 @@ fn layers_the_checker_names_planted_violations_with_their_file_and_line() {
         .iter_mut()
         .find(|file| file.path == "core/fold.rs")
         .expect("core/fold.rs");
-    fold.text = format!("use crate::edge::ledger::Ledger;\n{}", fold.text);
+    fold.text.push_str("use crate::edge::ledger::Ledger;\n");
     let keeper = library
         .iter_mut()
         .find(|file| file.path == "edge/keeper.rs")
         .expect("edge/keeper.rs");
-    keeper
-        .text
-        .push_str("\nfn planted() {\n    let _ = crate::{simulate::Config, lease::Lease};\n}\n");
+    keeper.text.push_str(
+        "\nfn planted() {\n    let _ = (crate::simulate::Config::new(), crate::lease::Lease::new());\n}\n",
+    );
     let oplog = library
         .iter_mut()
         .find(|file| file.path == "core/oplog.rs")
@@ -403,7 +387,8 @@ fn layers_the_checker_names_planted_violations_with_their_file_and_line() {
         "\n// crate::ledger in a comment is no import\nuse crate::{\n    clock::Hlc,\n    unheard_of,\n};\n",
     );
     let lines = |file: &Source| file.text.lines().count();
-    let (keeper_lines, oplog_lines) = (
+    let (fold_lines, keeper_lines, oplog_lines) = (
+        lines(library.iter().find(|file| file.path == "core/fold.rs").unwrap()),
         lines(library.iter().find(|file| file.path == "edge/keeper.rs").unwrap()),
         lines(library.iter().find(|file| file.path == "core/oplog.rs").unwrap()),
     );
@@ -411,7 +396,7 @@ fn layers_the_checker_names_planted_violations_with_their_file_and_line() {
     assert_eq!(
         violations,
         vec![
-            "src/core/fold.rs:1: `core` imports `crate::edge`, of the layer `edge`".to_owned(),
+            format!("src/core/fold.rs:{fold_lines}: `core` imports `crate::edge`, of the layer `edge`"),
             format!(
                 "src/core/oplog.rs:{}: `core` imports `crate::clock`, of the layer `edge`",
                 oplog_lines - 2
