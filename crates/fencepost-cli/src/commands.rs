@@ -25,8 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use fencepost::clock::system_clock;
 use fencepost::dispatch::{
-    dispatch_effect, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome, Ledger, LedgerOptions,
-    MissingRecords, RunOutcome, StaleGrant,
+    DispatchError, EffectOutcome, Ledger, LedgerOptions, MissingRecords, RunOutcome, StaleGrant,
 };
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};

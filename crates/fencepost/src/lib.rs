@@ -132,8 +132,9 @@ mod edge;
 mod tools;
 
 pub(crate) use crate::core::hex;
-pub use crate::core::{fence, fold, id, intent, lease, oplog, rng, run_id, tenure};
-pub use crate::edge::{backend, checkpoint, dispatch, keeper, ledger, metrics, relay, snapshot};
+pub use crate::core::{fence, fold, id, intent, lease, oplog, rng, run_id, session, tenure};
+pub use crate::edge::run::run_once;
+pub use crate::edge::{backend, checkpoint, dispatch, keeper, ledger, metrics, relay, run, snapshot};
 #[cfg(feature = "conformance")]
 pub use crate::tools::conformance;
 pub use crate::tools::resource;

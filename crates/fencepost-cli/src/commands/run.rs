@@ -3,6 +3,20 @@
 
 use super::*;
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::exit::EXIT_ERROR;
+use fencepost::run::{EffectContext, Occurrence, Outcome, RunError, RunHooks, RunOptions, SessionEnd, Stage};
+
+mod command;
+mod ended;
+mod hooks;
+
+use command::*;
+use ended::*;
+use hooks::*;
+
 /// The shortest `--ttl` accepted: the keeper renews every third of the TTL and gives the lease up
 /// at two thirds, so shorter ones leave no room for a scheduling hiccup.
 pub const MIN_TTL_MS: u64 = 1_000;
@@ -276,6 +290,26 @@ pub(super) fn run_attempt(
     let _in_span = span.enter();
     let mut ledger = open_ledger_with(settings, Access::Write, true, false)?;
     let repaired = repair_went_back(&mut ledger, settings, ", and runs on")?;
+    accept_damaged(settings, args, &mut ledger, &repaired)?;
+    refuse_damage(&ledger, settings)?;
+    refuse_queued_elsewhere(settings, agent, &run_id)?;
+    // Known from here on, whatever the run ends with (exit 3, 4, 7 too).
+    report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
+    if ledger.committed_run(agent, &run_id).is_some() {
+        err!("fencepost: {run_id} of {agent} already committed; not running it again");
+        return Ok(EXIT_ALREADY_COMMITTED);
+    }
+    run_session(settings, args, report, deadline, &mut ledger, &run_id, &span)
+}
+
+/// `--accept-damaged`: records each device's damage and published records lost as accepted
+/// (a usage error when there is nothing of the device to accept).
+fn accept_damaged(
+    settings: &Settings,
+    args: &RunArgs,
+    ledger: &mut Ledger,
+    repaired: &BTreeSet<String>,
+) -> Result<()> {
     // What earlier holders published, read once: accepting a device's lost records waives only
     // those published by now (rule H3); any published later are waited for.
     let mut published = None;
@@ -308,7 +342,7 @@ pub(super) fn run_attempt(
         if missing > 0 {
             err!(
                 "fencepost: accepting that {} of {device:?} that earlier holders of {} published {} lost; runs they recorded may run again",
-                plural(missing as u64, "record"),
+                plural(missing, "record"),
                 args.agent,
                 if missing == 1 { "is" } else { "are" }
             );
@@ -320,21 +354,29 @@ pub(super) fn run_attempt(
             );
         }
     }
-    refuse_damage(&ledger, settings)?;
-    refuse_queued_elsewhere(settings, agent, &run_id)?;
-    // Known from here on, whatever the run ends with (exit 3, 4, 7 too).
-    report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
-    if ledger.committed_run(agent, &run_id).is_some() {
-        err!("fencepost: {run_id} of {agent} already committed; not running it again");
-        return Ok(EXIT_ALREADY_COMMITTED);
-    }
+    Ok(())
+}
+
+/// The run session of `run` ([`fencepost::run::run_once_with`]): the lease, the wait for the
+/// ledger, the fence, the supervised command and its outcome, reported with `run`'s words and
+/// exit statuses.
+fn run_session(
+    settings: &Settings,
+    args: &RunArgs,
+    report: &mut RunReport,
+    deadline: Instant,
+    ledger: &mut Ledger,
+    run_id: &str,
+    span: &tracing::Span,
+) -> Result<i32> {
+    let agent = args.agent.as_str();
     let coordinator = settings.coordinator()?;
     // A waiting host tries again at least every second, so that it follows a release promptly.
-    let config = KeeperConfig {
-        acquire_every_ms: (args.ttl / 4).clamp(1, 1_000),
-        ..KeeperConfig::new(args.ttl)
-    };
-    if let Err(error) = config.validate() {
+    let options = RunOptions::new(args.ttl)
+        .wait_ms(remaining_ms(deadline))
+        .poll_ms(LEDGER_POLL_MS)
+        .retry_in_doubt(args.retry_in_doubt);
+    if let Err(error) = options.keeper_config().validate() {
         crate::exit::usage!("--ttl {} ms: {error}", args.ttl);
     }
     // From before the first request for the lease to its release, SIGTERM, SIGINT and SIGHUP
@@ -342,457 +384,73 @@ pub(super) fn run_attempt(
     // gave the lease back (it used to end it holding the lease for the whole --ttl, so every
     // other host was refused until then). One during a wait for the lease ends the wait.
     let signals = Signals::catch().context("cannot catch SIGTERM and SIGINT")?;
-    report.started_acquiring();
-    let acquire = |ledger_epoch: u64| {
-        LeaseKeeper::builder(coordinator.shared(), agent, &settings.device)
-            .config(config)
-            .ledger_epoch(ledger_epoch)
-            .stop_waiting_when(signals.came())
-            .wait_to_acquire(remaining_ms(deadline))
+    let came = signals.came();
+    let options = options.stop_when(Arc::new(came));
+    let occurrence = match Occurrence::of_run(agent, run_id) {
+        Ok(occurrence) => occurrence,
+        Err(error) => crate::exit::usage!("cannot name the run: {error}"),
     };
-    let mut acquired = acquire(ledger.state().fencing_epoch(agent));
-    // A seam for the tests (debug builds only): hold the window just after the grant open, so
-    // that a signal can be sent into it.
-    #[cfg(debug_assertions)]
-    if let Some(pause) = std::env::var("FENCEPOST_TEST_PAUSE_AFTER_ACQUIRE_MS")
-        .ok()
-        .and_then(|ms| ms.parse().ok())
-    {
-        std::thread::sleep(Duration::from_millis(pause));
-    }
-    // A fresh grant is above every epoch the ledger has seen (the floor was raised to it first).
-    // A coordinator that lost or rolled back its state may grant one the ledger has seen: another
-    // host's, or this device id's own (another process sharing it, an earlier run); the floor went
-    // with that state. Give it back and acquire again above the ledger's epoch, so that no two
-    // commands ever hold one fencing token.
-    for attempt in 0..=3 {
-        let Ok(keeper) = &acquired else {
-            break;
-        };
-        if signals.pending().is_some() {
-            break; // given back below
-        }
-        let synced = ledger.sync().context("cannot sync the ledger");
-        if let Err(error) = synced.and_then(|_| refuse_damage(&ledger, settings)) {
-            release_quietly(keeper);
-            return Err(error);
-        }
-        let epoch = keeper.epoch();
-        let Some(stale) = ledger.stale_grant(agent, epoch, &settings.device) else {
-            break;
-        };
-        let why = match stale {
-            StaleGrant::BelowLedger { fencing_epoch } => format!("below the ledger's epoch {fencing_epoch}"),
-            StaleGrant::HeldBy { device_id } => format!("already held by {device_id}"),
-            _ => format!(
-                "already used by device id {} (another process sharing it, or an earlier run)",
-                settings.device
-            ),
-        };
-        release_quietly(keeper);
-        if attempt == 3 {
-            bail!("the coordinator granted epoch {epoch} of {agent}, {why}, four times in a row (it lost or rolled back its state, and keeps doing so); not running {run_id}");
-        }
-        err!("fencepost: warning: the coordinator granted epoch {epoch} of {agent}, {why} (it lost or rolled back its state); acquiring again above it");
-        acquired = acquire(ledger.state().fencing_epoch(agent));
-    }
-    report.acquired();
-    let keeper = match acquired {
-        Ok(keeper) => keeper,
-        Err(KeeperError::Lease(LeaseError::Held { holder, epoch, .. })) => {
-            let named = crate::holder::describe(settings, agent, &holder, epoch);
-            if args.wait == 0 {
-                err!("fencepost: {agent} is held by {named} at epoch {epoch}; not running {run_id} (use --wait to wait for it)");
-            } else {
-                err!(
-                    "fencepost: {agent} is still held by {named} at epoch {epoch} after waiting {} ms (--wait); not running {run_id}",
-                    args.wait
-                );
-            }
-            report.holder = Some(holder);
-            return Ok(EXIT_HELD_ELSEWHERE);
-        }
-        // Exit 4 whenever some attempt reached the coordinator and was refused; 10 only when none
-        // did (docs/running.md's exit-status table says so).
-        Err(KeeperError::HeldThenFailed { held, last_error }) => {
-            err!("fencepost: {held}, and when the wait ran out the last attempt failed ({last_error}); not running {run_id}");
-            return Ok(EXIT_HELD_ELSEWHERE);
-        }
-        Err(KeeperError::Interrupted) => match signals.pending() {
-            Some(signal) => {
-                err!("fencepost: got {signal} while waiting for the lease of {agent}; {run_id} did not run");
-                return Ok(128 + signal as i32);
-            }
-            None => bail!("the wait for the lease of {agent} was stopped; {run_id} did not run"),
-        },
-        Err(error) => return Err(error).context(format!("cannot acquire the lease of {agent}")),
+    let report = RefCell::new(report);
+    let mut hooks = CliHooks {
+        settings,
+        args,
+        report: &report,
+        signals: &signals,
+        span,
+        run_id,
+        deadline,
+        holding: None,
+        dispatched: false,
+        stored: None,
+        release: None,
     };
-    let epoch = keeper.epoch();
-    span.record("epoch", epoch);
-    report.epoch = Some(epoch);
-    // Names this process as the holder, for `status` and for the refusals of other processes
-    // of this host (exit 4); removed when the run ends.
-    let _holding = crate::holder::Holding::record(settings, agent, epoch, &run_id);
-    if let Some(signal) = signals.pending() {
-        release_quietly(&keeper);
-        signals.release();
-        err!("fencepost: got {signal} while the lease of {agent} was being granted; it was given back, and {run_id} did not run");
-        return Ok(128 + signal as i32);
-    }
-    // Rule H3: nothing runs until this host's ledger has every record the earlier holders
-    // published (their `pending`s and outcomes): waited for within --wait, holding the lease.
-    // From here on the lease is held: a signal gives it back before fencepost ends.
-    let waited = wait_for_ledger(&keeper, &mut ledger, settings, &signals, deadline);
-    report.waited_for_ledger();
-    match waited {
-        Ok(LedgerWait::Ready) => {}
-        Ok(LedgerWait::Behind(missing)) => {
-            release_quietly(&keeper);
-            err!("{}", ledger_behind_message(agent, &run_id, &missing, settings));
-            return Ok(EXIT_LEDGER_BEHIND);
-        }
-        Ok(LedgerWait::Signalled(signal)) => {
-            release_quietly(&keeper);
-            signals.release();
-            err!("fencepost: got {signal} while waiting for the ledger; the lease of {agent} was given back, and {run_id} did not run");
-            return Ok(128 + signal as i32);
-        }
-        Err(error) => {
-            release_quietly(&keeper);
-            return Err(error);
-        }
-    }
-    let options = DispatchOptions::default().retry_in_doubt(args.retry_in_doubt);
-    let mut ending = None;
-    let mut stopped_before_start = None;
-    let mut lost_before_start = false;
-    let outcome = dispatch_effect(&keeper, &mut ledger, &run_id, options, |token| {
-        // Should fencepost die, the watchdog kills what the command started. It starts before the
-        // command, whose process tells it its group before it runs the program, and before the
-        // last looks below, so that nothing but the start follows them (a fork and its reads of
-        // /proc are no part of that window).
-        let watchdog = match Watchdog::start() {
-            Ok(watchdog) => Some(watchdog),
-            Err(error) => {
-                tracing::warn!(%error, "cannot start the watchdog of the command's process group");
-                None
-            }
-        };
-        // The command did not start: the watchdog has nothing to kill.
-        let stand_down = |watchdog: Option<Watchdog>| {
-            if let Some(watchdog) = watchdog {
-                watchdog.disarm();
-            }
-        };
-        // A seam for the tests (debug builds only): hold the window between the fence and the
-        // start open, so that a signal can be sent into it.
-        #[cfg(debug_assertions)]
-        if let Some(pause) = std::env::var("FENCEPOST_TEST_PAUSE_BEFORE_COMMAND_MS")
-            .ok()
-            .and_then(|ms| ms.parse().ok())
-        {
-            std::thread::sleep(Duration::from_millis(pause));
-        }
-        if let Some(signal) = signals.pending() {
-            stopped_before_start = Some(signal);
-            stand_down(watchdog);
-            return EffectOutcome::Failed(format!("fencepost got {signal} before the command started"));
-        }
-        // The last look before the start, with no I/O: fencepost may have been stopped (SIGSTOP,
-        // a suspended machine) since the fence, past its renew deadline.
-        if !keeper.holds() {
-            lost_before_start = true;
-            stand_down(watchdog);
-            return EffectOutcome::Failed("the lease was lost before the command started".to_owned());
-        }
-        let mut command = Command::new(&args.command[0]);
-        command
-            .args(&args.command[1..])
-            .env("FENCEPOST_AGENT", &token.agent_id)
-            .env("FENCEPOST_RUN_ID", &token.run_id)
-            .env("FENCEPOST_EPOCH", token.epoch.to_string())
-            .env("FENCEPOST_DEVICE", &settings.device);
-        report.command_started();
-        let mut child = match child::spawn(command, watchdog.as_ref()) {
-            Ok(child) => child,
-            Err(error) => {
-                stand_down(watchdog);
-                return EffectOutcome::Failed(format!("cannot start {:?}: {error}", args.command[0]));
-            }
-        };
-        let holds = || keeper.holds();
-        let supervision = Supervision {
-            holds: &holds,
-            timeout: args.timeout.map(Duration::from_millis),
-            kill_after: Duration::from_millis(args.kill_after),
-            signals: &signals,
-        };
-        let end = child::supervise(&mut child, &supervision);
-        report.command_ended();
-        let end = match end {
-            Ok(end) => end,
-            Err(error) => return EffectOutcome::Unknown(format!("cannot wait for the command: {error}")),
-        };
-        child::stop_leftovers(child.id(), Duration::from_millis(args.kill_after));
-        if let Some(watchdog) = watchdog {
-            watchdog.disarm();
-        }
-        // A command that exits by itself reports its outcome; one that fencepost had to stop may
-        // have done part of its effect, or all of it: the run stays in doubt unless it exits 0.
-        let outcome = match &end {
-            Ending::Exited(status) if status.success() => EffectOutcome::Succeeded(()),
-            // Killed by a signal fencepost did not send (an operator, the OOM killer): it did not
-            // finish, and it may have done part of its effect.
-            Ending::Exited(status) if status.code().is_none() => {
-                EffectOutcome::Unknown(format!("the command was killed ({status})"))
-            }
-            Ending::Exited(status) => EffectOutcome::Failed(format!("the command exited with {status}")),
-            Ending::LeaseLost(status) | Ending::TimedOut(status) | Ending::Interrupted(_, status)
-                if status.success() =>
-            {
-                EffectOutcome::Succeeded(())
-            }
-            Ending::LeaseLost(status) => EffectOutcome::Unknown(format!(
-                "the lease was lost while the command ran, so it was stopped ({status})"
-            )),
-            Ending::TimedOut(status) => EffectOutcome::Unknown(format!(
-                "the command timed out after {} ms and was stopped ({status})",
-                args.timeout.unwrap_or_default()
-            )),
-            Ending::Interrupted(signal, status) => EffectOutcome::Unknown(format!(
-                "fencepost got {signal} and forwarded it to the command, which ended with {status}"
-            )),
-        };
-        ending = Some(end);
-        outcome
-    });
-    // What the run recorded and could not store yet (its outcome; or, when nothing ran, its
-    // `pending` and the `failed` that settles it) is written, or queued on this host, before the
-    // release, so that the release publishes it (rule H2), and with the signals still caught: one
-    // that comes meanwhile queues it at once (it used to end fencepost and lose the outcome).
-    let outcome_wait = if outcome.is_ok() {
-        args.outcome_wait
-    } else {
-        remaining_ms(deadline)
-    };
-    let stored = store_outcome(settings, &mut ledger, outcome_wait, &signals);
-    keeper.pushed(&ledger.pushed());
-    let shutdown = keeper.shutdown();
+    let mut command = CommandRun::default();
+    let ran = fencepost::run::run_once_with(
+        coordinator.shared(),
+        ledger,
+        &occurrence,
+        &options,
+        &mut hooks,
+        |context| command.run(settings, args, &signals, &report, context),
+    );
     signals.release();
-    report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
-    let outcome = match outcome {
-        Ok(outcome) => {
-            report.dispatch = Some(outcome.kind());
-            outcome
-        }
-        Err(DispatchError::Damaged { .. }) => {
-            refuse_damage(&ledger, settings)?;
-            bail!("the ledger is damaged")
-        }
-        Err(error) => {
-            if let Err(unstored) = stored {
-                tracing::warn!(error = %crate::exit::one_line(&unstored), "could not write nor queue the record of an attempt that did not run");
-            }
-            return Err(error).context(format!("{run_id} of {agent} could not be dispatched"));
-        }
-    };
-    match shutdown {
-        Err(error) => {
-            err!("fencepost: warning: could not release the lease of {agent} at epoch {epoch} ({error:#}); it ends with its TTL");
-        }
-        // A loss the command did not already report (it was noticed only at the release).
-        Ok(Shutdown::Lost(loss)) if !matches!(ending, Some(Ending::LeaseLost(_))) => {
-            err!(
-                "fencepost: warning: the lease of {agent} at epoch {epoch} was lost before it could be released ({:?}); another host may have taken it",
-                loss.reason
-            );
-        }
-        Ok(_) => {}
+    let CliHooks {
+        dispatched,
+        stored,
+        release,
+        ..
+    } = hooks;
+    let report = report.into_inner();
+    if dispatched {
+        report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
     }
-    let ran = if outcome.executed() {
-        "ran, but its outcome"
-    } else {
-        "did not run; its record"
+    let outcome = match ran {
+        Ok(outcome) => outcome,
+        Err(error) => return run_error(error, ledger, settings, run_id, agent, stored),
     };
-    match stored {
-        Ok(Stored::Written) => {}
-        Ok(Stored::Queued {
-            count,
-            path,
-            cause,
-            passes,
-            signal,
-        }) => {
-            report.queued = count;
-            let queued = format!(
-                "{run_id} of {agent} {ran} could not be written to {} ({cause}); it is queued on this host in {} ({}), and the next fencepost command of this host that writes to the ledger, or `fencepost ledger flush`, writes it",
-                settings.ledger_label(),
-                path.display(),
-                plural(count as u64, "record")
-            );
-            if let Some(signal) = signal {
-                err!("fencepost: got {signal} while writing the outcome: {queued}");
-                return Ok(128 + signal as i32);
-            }
-            if !passes {
-                // The ledger needs a repair first: until then the run is in doubt elsewhere.
-                bail!("{queued} once the ledger is repaired; until then other hosts find the run in doubt");
-            }
-            err!("fencepost: warning: {queued} (it did not come back within --outcome-wait)");
-        }
-        Err(error) => bail!(
-            "{run_id} of {agent} {ran} could not be written to {}, nor queued on this host ({}); the run stays in doubt until `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` records it",
-            settings.ledger_label(),
-            crate::exit::one_line(&error)
-        ),
+    if dispatched {
+        report.dispatch = Some(outcome.kind());
     }
-    Ok(match outcome {
-        DispatchOutcome::Executed { result: Ok(()), .. } => EXIT_RAN_OK,
-        DispatchOutcome::Executed {
-            result: Err(reason), ..
-        } => {
-            match stopped_before_start {
-                // Nothing ran: `failed` settles the `pending`, and fencepost exits as the signal
-                // says, as it does when the signal comes while it waits.
-                Some(signal) => {
-                    err!("fencepost: {reason}: {run_id} of {agent} did not run (recorded failed at epoch {epoch})");
-                    128 + signal as i32
-                }
-                None if lost_before_start => {
-                    err!("fencepost: {reason}: {run_id} of {agent} did not run (recorded failed at epoch {epoch}; the next run runs it)");
-                    EXIT_LEASE_LOST
-                }
-                None => {
-                    err!("fencepost: {run_id} of {agent} ran at epoch {epoch} and failed: {reason}");
-                    EXIT_RAN_FAILED
-                }
-            }
+    let ended = Ended {
+        settings,
+        args,
+        agent,
+        run_id,
+        epoch: report.epoch.unwrap_or_default(),
+        command: &command,
+        signal: signals.pending(),
+    };
+    ended.warn_release(release.as_ref());
+    if let Some(stored) = stored {
+        if let Some(status) = ended.report_stored(stored, outcome.executed(), report)? {
+            return Ok(status);
         }
-        DispatchOutcome::Interrupted { error, .. } => {
-            err!(
-                "fencepost: {run_id} of {agent} ran at epoch {epoch} and was interrupted: {error}. \
-It may have done its effect, or part of it, so it is in doubt: check, then record it with \
-`fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed` or rerun with --retry-in-doubt"
-            );
-            match ending {
-                Some(Ending::LeaseLost(_)) => EXIT_LEASE_LOST,
-                _ => EXIT_RAN_FAILED,
-            }
-        }
-        DispatchOutcome::AlreadyCommitted { .. } => {
-            err!("fencepost: {run_id} of {agent} already committed; not running it again");
-            EXIT_ALREADY_COMMITTED
-        }
-        DispatchOutcome::InDoubt { run } => {
-            err!(
-                "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {} and has recorded no outcome \
-(it may still be running there, or its host died mid-command). Check whether its effect happened, then rerun with --retry-in-doubt, or record it with \
-`fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed`",
-                run.device_id, run.epoch
-            );
-            EXIT_IN_DOUBT
-        }
-        DispatchOutcome::ConcurrentAttempt { run } => {
-            err!(
-                "fencepost: {run_id} of {agent} was started at epoch {} by another process with device id {} just before this one; not running it again (see `fencepost ledger runs`)",
-                run.epoch, run.device_id
-            );
-            EXIT_IN_DOUBT
-        }
-        DispatchOutcome::StaleEpoch {
-            current_epoch,
-            current_holder,
-            ..
-        } => {
-            err!("fencepost: lost {agent} to {current_holder} (epoch {current_epoch}) before {run_id} could start");
-            EXIT_LEASE_LOST
-        }
-        DispatchOutcome::NotHeld { .. } => {
-            err!("fencepost: lost the lease of {agent} before {run_id} could start");
-            EXIT_LEASE_LOST
-        }
-        DispatchOutcome::LedgerBehind { missing } => {
-            err!("{}", ledger_behind_message(agent, &run_id, &missing, settings));
-            EXIT_LEDGER_BEHIND
-        }
-        _ => bail!("an outcome this fencepost does not know"),
-    })
+    }
+    Ok(ended.exit_status(outcome, report))
 }
 
 /// How often `run` syncs its ledger while it waits for what the previous holders published.
-pub(super) const LEDGER_POLL: Duration = Duration::from_millis(200);
-
-/// How [`wait_for_ledger`] ended.
-pub(super) enum LedgerWait {
-    /// The ledger has everything (or the lease was lost meanwhile, which the dispatch reports).
-    Ready,
-    /// `--wait` ran out; what is still missing.
-    Behind(Vec<MissingRecords>),
-    /// SIGTERM, SIGINT or SIGHUP came.
-    Signalled(nix::sys::signal::Signal),
-}
-
-/// Waits, syncing the ledger, until it has every record the agent's earlier holders published
-/// (rule H3), until `wait_ms` after `started`, or until a signal comes.
-pub(super) fn wait_for_ledger(
-    keeper: &LeaseKeeper,
-    ledger: &mut Ledger,
-    settings: &Settings,
-    signals: &Signals,
-    deadline: Instant,
-) -> Result<LedgerWait> {
-    let mut told = false;
-    loop {
-        // Read right after the grant by the keeper; asked again only when that read failed.
-        let published = match keeper.handed_over() {
-            Some(frontier) => Ok(frontier),
-            None => keeper.coordinator().published_frontier(keeper.agent_id()),
-        };
-        let now = std::time::Instant::now();
-        let missing = match published {
-            Ok(frontier) => Some(ledger.behind(&frontier)),
-            Err(error) if now >= deadline => {
-                return Err(error).context(format!(
-                    "cannot read what the previous holders of {} published",
-                    keeper.agent_id()
-                ));
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the published frontier; trying again");
-                None
-            }
-        };
-        let missing = match missing {
-            Some(missing) if missing.is_empty() => return Ok(LedgerWait::Ready),
-            Some(missing) => missing,
-            None => Vec::new(),
-        };
-        if !keeper.holds() {
-            return Ok(LedgerWait::Ready); // the dispatch reports the loss
-        }
-        if let Some(signal) = signals.pending() {
-            return Ok(LedgerWait::Signalled(signal));
-        }
-        // Another log under a published device id does not turn into the published one by
-        // syncing: no use waiting.
-        if now >= deadline || missing.iter().any(|missing| missing.differs) {
-            return Ok(LedgerWait::Behind(missing));
-        }
-        if !told && !missing.is_empty() {
-            told = true;
-            metrics::counter!(crate::report::LEDGER_WAITS, "agent" => keeper.agent_id().to_owned())
-                .increment(1);
-            err!(
-                "fencepost: waiting for this host's ledger to receive what the previous holder of {} recorded: {}",
-                keeper.agent_id(),
-                describe_missing(&missing)
-            );
-        }
-        std::thread::sleep(LEDGER_POLL.min(deadline - now));
-        ledger.sync().context("cannot sync the ledger")?;
-        refuse_damage(ledger, settings)?;
-    }
-}
+pub(super) const LEDGER_POLL_MS: u64 = 200;
 
 /// The devices and records missing, in a line.
 pub(super) fn describe_missing(missing: &[MissingRecords]) -> String {

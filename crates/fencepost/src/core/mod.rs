@@ -14,4 +14,5 @@ pub mod lease;
 pub mod oplog;
 pub mod rng;
 pub mod run_id;
+pub mod session;
 pub mod tenure;

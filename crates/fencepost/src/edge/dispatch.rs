@@ -398,14 +398,11 @@ pub fn dispatch_effect<T, E>(
     effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
     let dispatched = dispatch_effect_uncounted(keeper, ledger, run_id, options, effect);
-    let outcome = match &dispatched {
+    let kind = match &dispatched {
         Ok(outcome) => outcome.kind(),
         Err(_) => "error",
     };
-    metrics::count(metrics::DISPATCHES, keeper.agent_id(), "outcome", outcome);
-    if let Ok(DispatchOutcome::Interrupted { .. }) = &dispatched {
-        metrics::count_agent(metrics::RUNS_LEFT_IN_DOUBT, keeper.agent_id());
-    }
+    count_dispatch(keeper.agent_id(), kind);
     dispatched
 }
 
@@ -417,39 +414,75 @@ fn dispatch_effect_uncounted<T, E>(
     options: DispatchOptions,
     effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
-    validate_id(IdKind::Run, run_id)?;
+    let (guard, permit) = match begin_guarded(keeper, ledger, run_id, options) {
+        Ok(begun) => begun,
+        Err(refusal) => return refusal.into_outcome(),
+    };
+    let outcome = effect(permit.token());
+    Ok(end_effect(keeper, ledger, guard, permit, outcome))
+}
+
+/// The first half of a dispatch by a keeper: a guard of its lease (so that a shutdown waits for
+/// the effect) and [`Ledger::begin`].
+pub(crate) fn begin_guarded<'keeper>(
+    keeper: &'keeper LeaseKeeper,
+    ledger: &mut Ledger,
+    run_id: &str,
+    options: DispatchOptions,
+) -> Result<(crate::keeper::WorkGuard<'keeper>, Permit), Refusal> {
+    validate_id(IdKind::Run, run_id).map_err(DispatchError::from)?;
     if keeper.device_id() != ledger.device_id() {
         return Err(DispatchError::DeviceMismatch {
             keeper: keeper.device_id().to_owned(),
             ledger: ledger.device_id().to_owned(),
-        });
+        }
+        .into());
     }
     let Some(guard) = keeper.guard() else {
-        return Ok(DispatchOutcome::NotHeld {
+        return Err(Refusal::NotHeld {
             claimed_epoch: keeper.epoch(),
         });
     };
-    let permit = match ledger.begin(&guard, run_id, options) {
-        Ok(permit) => permit,
-        Err(refusal) => return refusal.into_outcome(),
-    };
+    let permit = ledger.begin(&guard, run_id, options)?;
+    Ok((guard, permit))
+}
+
+/// The second half: the effect's outcome recorded (none when it is unknown: in doubt), and
+/// handed to the keeper to publish (rule H2).
+pub(crate) fn end_effect<T, E>(
+    keeper: &LeaseKeeper,
+    ledger: &mut Ledger,
+    guard: crate::keeper::WorkGuard<'_>,
+    permit: Permit,
+    outcome: EffectOutcome<T, E>,
+) -> DispatchOutcome<T, E> {
     let epoch = permit.token().epoch;
-    let (outcome, result) = match effect(permit.token()) {
+    let (outcome, result) = match outcome {
         EffectOutcome::Succeeded(value) => (RunOutcome::Committed, Ok(value)),
         EffectOutcome::Failed(error) => (RunOutcome::Failed, Err(error)),
         EffectOutcome::Unknown(error) => {
             permit.abandon();
             drop(guard);
-            return Ok(DispatchOutcome::Interrupted { epoch, error });
+            return DispatchOutcome::Interrupted { epoch, error };
         }
     };
+    let run_id = permit.token().run_id.clone();
     if let Err(error) = permit.finish(ledger, outcome) {
         tracing::warn!(%error, run_id, "could not store the outcome; it stays queued for the next sync");
     }
     // Published at the next renewal or at the release (rule H2).
     keeper.pushed(&ledger.pushed());
     drop(guard);
-    Ok(DispatchOutcome::Executed { epoch, result })
+    DispatchOutcome::Executed { epoch, result }
+}
+
+/// Counts a dispatch's outcome (`kind`: [`DispatchOutcome::kind`], or `error`), and a run it
+/// left in doubt, as [`dispatch_effect`] does.
+pub(crate) fn count_dispatch(agent_id: &str, kind: &'static str) {
+    metrics::count(metrics::DISPATCHES, agent_id, "outcome", kind);
+    if kind == "interrupted" {
+        metrics::count_agent(metrics::RUNS_LEFT_IN_DOUBT, agent_id);
+    }
 }
 
 /// Why [`Ledger::begin`] gave no [`Permit`]: the refusals of [`DispatchOutcome`], and the errors

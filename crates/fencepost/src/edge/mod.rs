@@ -11,4 +11,5 @@ pub mod keeper;
 pub mod ledger;
 pub mod metrics;
 pub mod relay;
+pub mod run;
 pub mod snapshot;
