@@ -19,11 +19,15 @@
 //! After `run_ms` every fault has ended; the simulation runs `settle_ms` more, syncs every site with
 //! every other, and checks that all folded ledgers have the same `state_hash`.
 //!
-//! The sites run the shipped code, not a model of it: each site's lease is the keeper's
-//! [`Acquisition`](crate::keeper::Acquisition) and [`Renewal`](crate::keeper::Renewal) machines (timing from [`SimConfig::keeper_config`]), driven in
-//! simulated time; its ledger is a [`Ledger`](crate::ledger::Ledger) over a simulated relay (a replica of its own that
-//! the network fills); it dispatches through [`Ledger::begin`](crate::ledger::Ledger::begin) and [`Permit::finish`](crate::dispatch::Permit::finish). The
-//! simulator holds only the world: time, faults, the network, the coordinator's storage and the
+//! The sites run the shipped code, not a model of it: in modes `fence` and `token` each
+//! occurrence is a [`RunSession`](crate::session::RunSession), the machine `fencepost run` and
+//! [`run_once`](crate::run::run_once) drive (one session at a time per site, `run_wait_ms` its
+//! wait); a site's lease is the keeper's [`Acquisition`](crate::keeper::Acquisition) and
+//! [`Renewal`](crate::keeper::Renewal) machines (timing from [`SimConfig::keeper_config`]),
+//! driven in simulated time; its ledger is a [`Ledger`](crate::ledger::Ledger) over a simulated
+//! relay (a replica of its own that the network fills); it dispatches through
+//! [`Ledger::begin`](crate::ledger::Ledger::begin) and
+//! [`Permit::finish`](crate::dispatch::Permit::finish). The simulator holds only the world: time, faults, the network, the coordinator's storage and the
 //! resource, and the bookkeeping that attributes duplicates.
 //!
 //! Guard modes, compared on the same seed ([`compare`]): `none` (every site fires every
@@ -39,8 +43,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 mod attribution;
+mod counted;
 mod faults;
+mod network;
 mod render;
+mod session;
 mod world;
 
 pub use faults::{Fault, Schedule};
@@ -148,10 +155,15 @@ pub struct SimConfig {
     pub max_skew_ms: u64,
     /// How long an effect takes from the fence to landing at the resource.
     pub effect_ms: u64,
+    /// How long a site's run session waits, all told, for the lease and then for its ledger
+    /// (`fencepost run --wait`); one that runs out is followed by another.
+    pub run_wait_ms: u64,
     /// Whether the coordinator loses its state once during the run.
     pub coordinator_loss: bool,
     /// Run the coordinator as SQLite databases in this folder (one per coordinator state; feature
-    /// `sqlite`) instead of in memory. Not part of the report: the outcome is the same.
+    /// `sqlite`) instead of in memory. Not part of the report: effects, duplicates, losses and doubts
+    /// are the same; refusals may differ (a new SQLite database mints epochs from the clock, a new
+    /// in-memory coordinator from the floor the ledgers raise).
     #[serde(skip)]
     pub sqlite_folder: Option<std::path::PathBuf>,
 }
@@ -183,6 +195,7 @@ impl SimConfig {
             partitions: 2,
             max_skew_ms: 150,
             effect_ms: 40,
+            run_wait_ms: 2_000,
             coordinator_loss: true,
             sqlite_folder: None,
         }

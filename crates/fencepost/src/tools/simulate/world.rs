@@ -7,129 +7,17 @@ use std::sync::{Arc, Mutex};
 
 use super::{Cause, Fault, GuardMode, ModeReport, Schedule, SimConfig, Tenure};
 use crate::clock::ManualClock;
-use crate::dispatch::{DispatchError, DispatchOptions, FencingToken, Ledger, Permit, Refusal, RunOutcome};
+use crate::dispatch::{FencingToken, Ledger, Permit, RunOutcome};
 use crate::fence::Holder;
 use crate::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig, Renewal, RenewalStep};
-use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator, LeaseError};
-use crate::relay::{Frontier, InMemoryRelay, Relay, RelayError};
+use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
+use crate::relay::{Frontier, InMemoryRelay, Relay};
+
+pub(super) use super::counted::Counted;
+pub(super) use super::network::{Network, SiteRelay};
 use crate::resource::{FencedResource, ResourceRefusal};
 use crate::rng::mix;
 use crate::run_id::deterministic_run_id;
-
-/// The coordinator, counting the calls the protocol makes (the simulator's own bookkeeping asks
-/// `inner` directly, uncounted).
-pub(super) struct Counted {
-    pub(super) inner: Box<dyn LeaseCoordinator>,
-    calls: Mutex<BTreeMap<&'static str, u64>>,
-}
-
-impl Counted {
-    fn new(inner: Box<dyn LeaseCoordinator>) -> Self {
-        Self {
-            inner,
-            calls: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    fn count(&self, call: &'static str) {
-        *self
-            .calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(call)
-            .or_insert(0) += 1;
-    }
-
-    fn calls(&self) -> BTreeMap<String, u64> {
-        self.calls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .map(|(call, count)| ((*call).to_owned(), *count))
-            .collect()
-    }
-}
-
-impl LeaseCoordinator for Counted {
-    fn acquire(
-        &self,
-        agent_id: &str,
-        device_id: &str,
-        ttl_ms: u64,
-    ) -> Result<crate::lease::Lease, LeaseError> {
-        self.count("acquire");
-        self.inner.acquire(agent_id, device_id, ttl_ms)
-    }
-    fn renew(
-        &self,
-        agent_id: &str,
-        device_id: &str,
-        epoch: u64,
-        ttl_ms: u64,
-    ) -> Result<crate::lease::Lease, LeaseError> {
-        self.count("renew");
-        self.inner.renew(agent_id, device_id, epoch, ttl_ms)
-    }
-    fn release(&self, agent_id: &str, device_id: &str, epoch: u64) -> Result<(), LeaseError> {
-        self.count("release");
-        self.inner.release(agent_id, device_id, epoch)
-    }
-    fn current(&self, agent_id: &str) -> Result<Option<crate::lease::Lease>, LeaseError> {
-        self.count("current");
-        self.inner.current(agent_id)
-    }
-    fn raise_epoch_floor(&self, agent_id: &str, floor: u64) -> Result<(), LeaseError> {
-        self.count("raise_epoch_floor");
-        self.inner.raise_epoch_floor(agent_id, floor)
-    }
-    fn publish_frontier(
-        &self,
-        agent_id: &str,
-        device_id: &str,
-        epoch: u64,
-        frontier: &Frontier,
-    ) -> Result<(), LeaseError> {
-        self.count("publish_frontier");
-        self.inner.publish_frontier(agent_id, device_id, epoch, frontier)
-    }
-    fn published_frontier(&self, agent_id: &str) -> Result<Frontier, LeaseError> {
-        self.count("published_frontier");
-        self.inner.published_frontier(agent_id)
-    }
-    // The combined calls are one round trip each where the backend can: counted as one.
-    fn acquire_handing_over(
-        &self,
-        agent_id: &str,
-        device_id: &str,
-        ttl_ms: u64,
-    ) -> Result<(crate::lease::Lease, Option<Frontier>), LeaseError> {
-        self.count("acquire");
-        self.inner.acquire_handing_over(agent_id, device_id, ttl_ms)
-    }
-    fn renew_publishing(
-        &self,
-        agent_id: &str,
-        device_id: &str,
-        epoch: u64,
-        ttl_ms: u64,
-        frontier: &Frontier,
-    ) -> Result<(crate::lease::Lease, bool), LeaseError> {
-        self.count("renew");
-        self.inner
-            .renew_publishing(agent_id, device_id, epoch, ttl_ms, frontier)
-    }
-    fn release_publishing(
-        &self,
-        agent_id: &str,
-        device_id: &str,
-        epoch: u64,
-        frontier: &Frontier,
-    ) -> Result<(), LeaseError> {
-        self.count("release");
-        self.inner
-            .release_publishing(agent_id, device_id, epoch, frontier)
-    }
-}
 
 /// A site's lease of one agent: the library's machines, driven in simulated time.
 #[derive(Debug, Clone)]
@@ -146,13 +34,13 @@ pub(super) enum LeaseState {
 }
 
 /// The holder a site dispatches as: its lease of the agent, by its [`Renewal`] machine.
-struct SimHolder<'a> {
-    coordinator: &'a dyn LeaseCoordinator,
-    agent_id: String,
-    device_id: &'a str,
-    epoch: u64,
-    holds: bool,
-    handed_over: Option<Frontier>,
+pub(super) struct SimHolder<'a> {
+    pub(super) coordinator: &'a dyn LeaseCoordinator,
+    pub(super) agent_id: String,
+    pub(super) device_id: &'a str,
+    pub(super) epoch: u64,
+    pub(super) holds: bool,
+    pub(super) handed_over: Option<Frontier>,
 }
 
 impl Holder for SimHolder<'_> {
@@ -194,101 +82,6 @@ pub(super) struct InFlight {
     pub(super) paused: bool,
 }
 
-/// The network between the sites' relay replicas: what each site pushed and when, and how much
-/// of it each other site has received. Links delay each record, lose whole sync attempts and
-/// are cut by partitions, all drawn from the seed.
-pub(super) struct Network {
-    seed: u64,
-    max_link_delay_ms: u64,
-    loss_percent: u64,
-    schedule: Schedule,
-    now_ms: u64,
-    /// Every link works (the end of the run).
-    healed: bool,
-    /// Per site, every record it appended, with when.
-    pushed: Vec<Vec<(crate::oplog::OpRecord, u64)>>,
-    /// `received[to][from]`: how many of `from`'s records `to`'s replica has.
-    received: Vec<Vec<usize>>,
-}
-
-/// A site's relay: its own replica (which survives its crashes), filled from the other sites'
-/// through the [`Network`] whenever the site's ledger pulls. The ledger is the library's
-/// [`Ledger`], unchanged; only the relay under it is simulated.
-pub(super) struct SiteRelay {
-    site: usize,
-    replica: InMemoryRelay,
-    network: Arc<Mutex<Network>>,
-}
-
-impl SiteRelay {
-    fn network(&self) -> std::sync::MutexGuard<'_, Network> {
-        self.network
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Moves into the replica what the links to this site let through now.
-    fn deliver(&self) {
-        let mut network = self.network();
-        let now = network.now_ms;
-        for origin in 0..network.pushed.len() {
-            if origin == self.site {
-                continue;
-            }
-            let link = mix(network.seed ^ mix(now) ^ ((origin as u64) << 32 | self.site as u64));
-            if !network.healed
-                && (network.schedule.partitioned(origin, self.site, now) || link % 100 < network.loss_percent)
-            {
-                continue;
-            }
-            let from = network.received[self.site][origin];
-            let ready: Vec<_> = network.pushed[origin][from..]
-                .iter()
-                .take_while(|(op, pushed_ms)| {
-                    let delay =
-                        mix(network.seed ^ op.seq ^ ((origin as u64) << 40) ^ ((self.site as u64) << 48))
-                            % network.max_link_delay_ms.max(1);
-                    network.healed || pushed_ms + delay <= now
-                })
-                .map(|(op, _)| op.clone())
-                .collect();
-            if ready.is_empty() {
-                continue;
-            }
-            network.received[self.site][origin] += ready.len();
-            if let Err(error) = self.replica.push(&ready) {
-                unreachable!("a site's records continue their chain: {error}");
-            }
-        }
-    }
-}
-
-impl Relay for SiteRelay {
-    fn push(&self, ops: &[crate::oplog::OpRecord]) -> Result<crate::relay::PushReport, RelayError> {
-        self.replica.push(ops)
-    }
-
-    fn pull(&self, since: &crate::relay::Frontier) -> Result<crate::relay::PullBatch, RelayError> {
-        self.deliver();
-        self.replica.pull(since)
-    }
-
-    fn append(
-        &self,
-        device_id: &str,
-        since_seq: u64,
-        make: &mut crate::relay::MakeRecords<'_>,
-    ) -> Result<crate::relay::Appended, RelayError> {
-        let appended = self.replica.append(device_id, since_seq, make)?;
-        let mut network = self.network();
-        let now = network.now_ms;
-        let site = self.site;
-        network.pushed[site].extend(appended.appended.iter().map(|op| (op.clone(), now)));
-        network.received[site][site] = network.pushed[site].len();
-        Ok(appended)
-    }
-}
-
 pub(super) struct Site {
     pub(super) name: String,
     pub(super) clock: ManualClock,
@@ -305,6 +98,8 @@ pub(super) struct Site {
     pub(super) down_until_ms: u64,
     pub(super) crash_pending: bool,
     pub(super) next_sync_local_ms: u64,
+    /// The run session of modes `fence` and `token` (one at a time).
+    pub(super) session: Option<super::session::SimSession>,
 }
 
 impl Site {
@@ -351,7 +146,7 @@ pub(super) fn agent_name(agent: usize) -> String {
     format!("agent-{agent}")
 }
 
-fn run_id(agent: usize, occurrence: u64) -> String {
+pub(super) fn run_id(agent: usize, occurrence: u64) -> String {
     deterministic_run_id(&agent_name(agent), "scheduled job", &occurrence.to_string())
         .unwrap_or_else(|_| unreachable!("the simulator's ids contain no separator"))
 }
@@ -411,6 +206,7 @@ pub fn run(config: &SimConfig, schedule: &Schedule, mode: GuardMode) -> ModeRepo
                 down_until_ms: 0,
                 crash_pending: false,
                 next_sync_local_ms: 0,
+                session: None,
             };
             site.open_ledger();
             site
@@ -508,7 +304,7 @@ impl World<'_> {
         self.now_ms.saturating_add_signed(self.sites[site].skew_ms)
     }
 
-    fn end_tenure(&mut self, site: usize, agent: usize) {
+    pub(super) fn end_tenure(&mut self, site: usize, agent: usize) {
         let state = std::mem::replace(
             &mut self.sites[site].leases[agent],
             LeaseState::Idle { next_try_local_ms: 0 },
@@ -552,6 +348,7 @@ impl World<'_> {
                 self.end_tenure(index, agent);
             }
             self.sites[index].ledger = None;
+            self.sites[index].session = None;
         }
         let site = &self.sites[index];
         if now < site.paused_until_ms || (site.ledger.is_none() && now < site.down_until_ms) {
@@ -621,6 +418,8 @@ impl World<'_> {
                     _ => return,
                 }
             },
+            // Modes `fence` and `token` acquire in their run sessions only.
+            LeaseState::Idle { .. } if self.mode != GuardMode::Lease => return,
             LeaseState::Idle { next_try_local_ms } => {
                 if local < *next_try_local_ms {
                     return;
@@ -672,16 +471,15 @@ impl World<'_> {
         }
     }
 
-    /// Starts the next effect of the backlog, if the mode lets it. In modes `fence` and `token`
-    /// through the library's dispatch steps ([`Ledger::begin`]); a run in doubt is retried in
-    /// `token` mode (the resource makes a second attempt harmless) and settled by an operator in
-    /// `fence` mode (who checks the resource once the attempt's lease has ended, then
+    /// Starts the next effect of the backlog, if the mode lets it. Modes `fence` and `token` run
+    /// each occurrence through the library's run session (`work_sessions`); a run in doubt is
+    /// retried in `token` mode (the resource makes a second attempt harmless) and settled by an
+    /// operator in `fence` mode (who checks the resource once the attempt's lease has ended, then
     /// [`Ledger::resolve`]s it).
     fn work(&mut self, index: usize, local: u64) {
         let items: Vec<(usize, u64)> = self.sites[index].backlog.iter().copied().collect();
         for (agent, occurrence) in items {
             let run_id = run_id(agent, occurrence);
-            let name = agent_name(agent);
             let held = self.held_epoch(index, agent, local);
             match self.mode {
                 GuardMode::None => {
@@ -695,87 +493,15 @@ impl World<'_> {
                     }
                 }
                 GuardMode::Fence | GuardMode::Token => {
-                    let Some(ledger) = self.sites[index].ledger.as_mut() else {
-                        return;
-                    };
-                    if ledger.state().committed_run(&name, &run_id).is_some() {
-                        self.sites[index].backlog.remove(&(agent, occurrence));
-                        continue;
-                    }
-                    let Some(epoch) = held else {
-                        continue;
-                    };
-                    let retry = self.mode == GuardMode::Token;
-                    let retried = retry && ledger.in_doubt_run(&name, &run_id, epoch).is_some();
-                    let site = &mut self.sites[index];
-                    let handed_over = match &site.leases[agent] {
-                        LeaseState::Holding { renewal, .. } => renewal.handed_over().cloned(),
-                        LeaseState::Idle { .. } => None,
-                    };
-                    let holder = SimHolder {
-                        coordinator: &self.coordinator,
-                        agent_id: name.clone(),
-                        device_id: &site.name,
-                        epoch,
-                        holds: true,
-                        handed_over,
-                    };
-                    let Some(ledger) = site.ledger.as_mut() else {
-                        return;
-                    };
-                    let begun =
-                        ledger.begin(&holder, &run_id, DispatchOptions::default().retry_in_doubt(retry));
-                    match begun {
-                        Ok(permit) => {
-                            self.report.in_doubt_retried += u64::from(retried);
-                            self.caught_up(index, agent);
-                            self.begun_generation
-                                .entry(run_id.clone())
-                                .or_insert(self.generation);
-                            self.start(index, (agent, occurrence), run_id, epoch, Some(permit));
-                            return;
-                        }
-                        Err(Refusal::LedgerBehind { .. }) => {
-                            // Rule H3: wait (the site syncs every sync_every_ms), holding the lease.
-                            if let LeaseState::Holding { behind_since_ms, .. } =
-                                &mut self.sites[index].leases[agent]
-                            {
-                                behind_since_ms.get_or_insert(self.now_ms);
-                            }
-                            return;
-                        }
-                        Err(Refusal::AlreadyCommitted { .. }) => {
-                            self.sites[index].backlog.remove(&(agent, occurrence));
-                        }
-                        Err(Refusal::InDoubt { run }) => {
-                            self.operator_resolves(index, (agent, occurrence), &run)
-                        }
-                        Err(Refusal::StaleEpoch { .. } | Refusal::NotHeld { .. }) => {
-                            self.report.refused_at_fence += 1;
-                            self.end_tenure(index, agent);
-                            return;
-                        }
-                        Err(Refusal::Error(
-                            DispatchError::BelowFencingEpoch { .. } | DispatchError::EpochReused { .. },
-                        )) => {
-                            // Granted an epoch the ledger has passed, or one another site held
-                            // (the coordinator lost its state): give it back; the next
-                            // acquisition raises the floor from the ledger.
-                            self.report.refused_at_fence += 1;
-                            let _ = self.coordinator.release(&name, &self.sites[index].name, epoch);
-                            self.end_tenure(index, agent);
-                            return;
-                        }
-                        // Another writer of this device (none here), or a relay failure: later.
-                        Err(_) => return,
-                    }
+                    self.work_sessions(index, local);
+                    return;
                 }
             }
         }
     }
 
     /// Ends a wait for the ledger (rule H3) of the site's lease of `agent`, if there was one.
-    fn caught_up(&mut self, index: usize, agent: usize) {
+    pub(super) fn caught_up(&mut self, index: usize, agent: usize) {
         if let LeaseState::Holding { behind_since_ms, .. } = &mut self.sites[index].leases[agent] {
             if let Some(since) = behind_since_ms.take() {
                 self.report.ledger_wait_ms.push(self.now_ms - since);
@@ -785,7 +511,12 @@ impl World<'_> {
 
     /// The operator of `fence` mode settles a run in doubt once the attempt's lease has ended:
     /// `committed` if the resource shows the effect, `failed` if not (then it runs again).
-    fn operator_resolves(&mut self, index: usize, key: (usize, u64), run: &crate::dispatch::InDoubtRun) {
+    pub(super) fn operator_resolves(
+        &mut self,
+        index: usize,
+        key: (usize, u64),
+        run: &crate::dispatch::InDoubtRun,
+    ) {
         let name = agent_name(key.0);
         let live = matches!(
             self.coordinator.inner.current(&name),
@@ -810,7 +541,14 @@ impl World<'_> {
         }
     }
 
-    fn start(&mut self, index: usize, key: (usize, u64), run_id: String, epoch: u64, permit: Option<Permit>) {
+    pub(super) fn start(
+        &mut self,
+        index: usize,
+        key: (usize, u64),
+        run_id: String,
+        epoch: u64,
+        permit: Option<Permit>,
+    ) {
         let (agent, occurrence) = key;
         // The site's ledger let the run through although another attempt had begun or
         // committed: what it needed had not reached it through the relay.
@@ -859,11 +597,12 @@ impl World<'_> {
         match flight.permit.take() {
             Some(permit) => {
                 let _ = permit.finish(ledger, outcome);
-                // Published at the next renewal (rule H2), as the keeper does.
+                // Published at the release (rule H2), as the keeper does.
                 let pushed = ledger.pushed();
                 if let LeaseState::Holding { renewal, .. } = &mut self.sites[index].leases[flight.agent] {
                     renewal.pushed(&pushed);
                 }
+                self.session_effect_landed(index, outcome);
             }
             None if self.mode == GuardMode::Lease => {
                 let intent = Intent::new(
