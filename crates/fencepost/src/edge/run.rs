@@ -292,7 +292,7 @@ pub enum Outcome<T, E> {
 
 impl<T, E> Outcome<T, E> {
     /// A name for the outcome, as metrics, logs and `fencepost run --json` label it (those of
-    /// [`DispatchOutcome::kind`] where the fence was asked): `succeeded`, `failed`,
+    /// [`DispatchOutcome::kind`](crate::dispatch::DispatchOutcome::kind) where the fence was asked): `succeeded`, `failed`,
     /// `interrupted`, `already_committed`, `held`, `in_doubt`, `concurrent_attempt`,
     /// `stale_epoch` or `not_held` (the lease lost), `ledger_behind`, `stopped`.
     pub fn kind(&self) -> &'static str {
