@@ -11,13 +11,34 @@
 //!   state, and right before a side effect the dispatch fence asks "did this run already commit?"
 //!   and "am I still the holder at epoch N?".
 //!
-//! Modules: [`clock`], [`run_id`], [`oplog`] and [`relay`] carry records between sites; [`lease`]
-//! (the coordinator and the intent vocabulary), [`fold`] and [`fence`] decide what may run;
-//! [`keeper`] holds a lease alive and [`dispatch`] runs one effect under the whole protocol (the
-//! call an agent runtime makes; its docs have a runnable runtime loop); [`metrics`] names what they
-//! count and time through the `metrics` facade (for the recorder a program installs);
-//! `simulate` (the feature `simulate`) runs the whole protocol through seeded chaos and counts
-//! what each layer prevents.
+//! [`run_once`] is the call most programs make: it runs one occurrence of a job once across every
+//! site that shares a coordinator and a ledger (what `fencepost run` does), through the steps of
+//! the [`session`] machine. The pieces under it: [`clock`], [`run_id`], [`oplog`] and [`relay`]
+//! carry records between sites; [`lease`] (the coordinator and the intent vocabulary), [`fold`]
+//! and [`fence`] decide what may run; [`keeper`] holds a lease alive and [`dispatch`] runs one
+//! effect under a lease already held (its docs have a runtime loop with many runs under one
+//! lease); [`metrics`] names what they count and time through the `metrics` facade (for the
+//! recorder a program installs); `simulate` (the feature `simulate`) runs the whole protocol
+//! through seeded chaos and counts what each layer prevents.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use fencepost::clock::system_clock;
+//! use fencepost::ledger::Ledger;
+//! use fencepost::lease::InMemoryLeaseCoordinator;
+//! use fencepost::relay::InMemoryRelay;
+//! use fencepost::run::{Occurrence, Outcome, RunOptions};
+//!
+//! let coordinator = Arc::new(InMemoryLeaseCoordinator::new(system_clock()));
+//! let mut ledger = Ledger::open("laptop", system_clock(), Arc::new(InMemoryRelay::new()))?;
+//! let backup = Occurrence::new("milo", "back up the notes", "2026-12-06")?;
+//! let outcome = fencepost::run_once(coordinator, &mut ledger, &backup, &RunOptions::new(30_000), |context| {
+//!     // The side effect, with context.token() to pass on.
+//!     Ok::<_, std::io::Error>(())
+//! })?;
+//! assert!(matches!(outcome, Outcome::Committed { epoch: 1, .. }));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
 //! ## A tour
 //!

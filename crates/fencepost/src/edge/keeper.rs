@@ -439,7 +439,7 @@ impl KeeperBuilder {
     /// grant an epoch the ledger has seen (the floor went with the state). So once acquired, sync
     /// the ledger and ask [`Ledger::stale_grant`](crate::ledger::Ledger::stale_grant) whether
     /// [`LeaseKeeper::epoch`] is fresh; if not, shut the keeper down and acquire again with the
-    /// new ledger epoch (`fencepost run` does). A
+    /// new ledger epoch ([`run_once`](crate::run::run_once) does). A
     /// [`Ledger::begin`](crate::ledger::Ledger::begin) refuses an epoch below the ledger's, or one
     /// another device's `pending` holds; it cannot tell this device id's own earlier tenure from
     /// the current one.

@@ -776,7 +776,7 @@ impl Ledger {
     /// not. A grant comes after the coordinator's floor was raised to the ledger's epoch, so it
     /// is above every epoch the ledger has seen, unless the coordinator lost or rolled back its
     /// state in between; then give the lease back and acquire again with the ledger's epoch as
-    /// the floor (`fencepost run` does). Call it right after acquiring (and syncing): later in
+    /// the floor ([`run_once`](crate::run::run_once) does). Call it right after acquiring (and syncing): later in
     /// the tenure, this holder's own records are at `epoch`.
     pub fn stale_grant(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<StaleGrant> {
         let fencing_epoch = self.state().fencing_epoch(agent_id);
