@@ -420,3 +420,30 @@ fn h3_a_device_id_used_by_two_hosts_with_ledgers_of_their_own_runs_nothing_twice
     );
     assert_eq!(shared.effects().len(), 1, "ran once");
 }
+
+/// Rule L5 (and D1): records that a sync brings right after the grant are read before the fence.
+/// The coordinator forgot its state, so nothing published tells the second host to wait; its
+/// ledger receives the first host's commit while the lease is being granted (a test seam holds
+/// that window open). The grant's check syncs the ledger after that window, so the second host
+/// finds the run committed (exit 3) and the effect ran once. Found by an adversarial test of the
+/// run session: the check had moved before the window, and the command ran a second time.
+#[test]
+fn l5_d1_records_that_arrive_while_the_lease_is_granted_are_read_before_the_fence() {
+    let shared = Shared::sqlite();
+    let args = report(&shared, "2026-12-06", &[], "0");
+    let first = run_as(&shared, "host-1", &strs(&args));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    for file in ["leases.db", "leases.db-wal", "leases.db-shm"] {
+        let _ = std::fs::remove_file(shared.path(file)); // the coordinator forgot its state
+    }
+    let second = host(&shared, "host-2", &strs(&args))
+        .env("FENCEPOST_TEST_PAUSE_AFTER_ACQUIRE_MS", "3000")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1_000));
+    sync(&shared, "host-1", "host-2");
+    let second = second.wait_with_output().unwrap();
+    assert_eq!(second.status.code(), Some(3), "{}", text(&second.stderr));
+    assert_eq!(shared.effects().len(), 1, "the effect ran once");
+}

@@ -36,7 +36,7 @@
 //!     // The side effect, with context.token() to pass on.
 //!     Ok::<_, std::io::Error>(())
 //! })?;
-//! assert!(matches!(outcome, Outcome::Committed { epoch: 1, .. }));
+//! assert!(matches!(outcome, Outcome::Committed { epoch, .. } if epoch == 1));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!

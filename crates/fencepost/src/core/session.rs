@@ -27,14 +27,16 @@
 //! and the simulator drive this machine too.
 //!
 //! ```
+//! use fencepost::id::Epoch;
 //! use fencepost::session::{Acquired, Begun, Comparison, EffectEnd, RunSession, SessionEnd, SessionPlan, SessionStep};
 //!
+//! let epoch = Epoch::new(3)?;
 //! let mut session = RunSession::new(SessionPlan { started_ms: 0, wait_ms: 1_000, poll_ms: 200, retry_in_doubt: false });
 //! assert_eq!(session.step(0), SessionStep::AskOracle);
 //! session.oracle_answered(false);
 //! assert_eq!(session.step(0), SessionStep::Acquire { max_wait_ms: 1_000 });
-//! session.acquired(5, Acquired::Granted { epoch: 3 });
-//! assert_eq!(session.step(5), SessionStep::SyncAndCheckGrant { epoch: 3 });
+//! session.acquired(5, Acquired::Granted { epoch });
+//! assert_eq!(session.step(5), SessionStep::SyncAndCheckGrant { epoch });
 //! session.grant_checked(6, false);
 //! assert_eq!(session.step(6), SessionStep::Compare);
 //! // The ledger lacks what the previous holder published: sync and look again.
@@ -43,16 +45,19 @@
 //! session.synced(207);
 //! assert_eq!(session.step(207), SessionStep::Compare);
 //! session.compared(208, Comparison::Complete);
-//! assert_eq!(session.step(208), SessionStep::Begin { epoch: 3, retry_in_doubt: false });
+//! assert_eq!(session.step(208), SessionStep::Begin { epoch, retry_in_doubt: false });
 //! session.begun(Begun::Permitted);
-//! assert_eq!(session.step(209), SessionStep::RunEffect { epoch: 3 });
+//! assert_eq!(session.step(209), SessionStep::RunEffect { epoch });
 //! session.effect_ended(EffectEnd::Succeeded);
 //! assert_eq!(session.step(300), SessionStep::Record { committed: true });
 //! session.recorded();
-//! assert_eq!(session.step(301), SessionStep::Release { epoch: 3 });
+//! assert_eq!(session.step(301), SessionStep::Release { epoch });
 //! session.released();
-//! assert_eq!(session.step(302), SessionStep::Done(SessionEnd::Ran { epoch: 3, committed: true }));
+//! assert_eq!(session.step(302), SessionStep::Done(SessionEnd::Ran { epoch, committed: true }));
+//! # Ok::<(), fencepost::id::EpochError>(())
 //! ```
+
+use crate::id::Epoch;
 
 /// How many grants in a row a session takes before it gives up on a coordinator that keeps
 /// granting epochs the ledger has seen ([`SessionEnd::StaleGrants`]).
@@ -100,12 +105,12 @@ pub enum SessionStep {
     /// epoch, or one already held): [`RunSession::grant_checked`].
     SyncAndCheckGrant {
         /// The epoch granted.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// Give the stale grant back, then [`RunSession::given_back`] (the next step acquires again).
     GiveBack {
         /// The epoch to give back.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// Compare the ledger with what the agent's earlier holders published:
     /// [`RunSession::compared`].
@@ -121,14 +126,14 @@ pub enum SessionStep {
     /// Store the `pending` and ask the fence (`Ledger::begin`): [`RunSession::begun`].
     Begin {
         /// The epoch held.
-        epoch: u64,
+        epoch: Epoch,
         /// Whether a run in doubt runs again.
         retry_in_doubt: bool,
     },
     /// Run the effect with the fencing token of `epoch`: [`RunSession::effect_ended`].
     RunEffect {
         /// The epoch it runs under.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// Record the effect's outcome (`committed`, else `failed`): [`RunSession::recorded`].
     Record {
@@ -138,7 +143,7 @@ pub enum SessionStep {
     /// Give the lease back, publishing what was pushed (rule H2): [`RunSession::released`].
     Release {
         /// The epoch held.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// The answer to the last step has not come yet.
     Waiting,
@@ -157,7 +162,7 @@ pub enum SessionEnd {
     /// The coordinator granted epochs the ledger had seen [`FRESH_GRANT_ATTEMPTS`] times in a row.
     StaleGrants {
         /// The last one.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// The ledger still lacked records the earlier holders published when the wait ran out, or
     /// holds another log under a published device id (which syncing does not cure).
@@ -167,7 +172,7 @@ pub enum SessionEnd {
     /// The effect ran and its outcome was recorded.
     Ran {
         /// The epoch it ran under.
-        epoch: u64,
+        epoch: Epoch,
         /// Whether it happened (`committed`) or not (`failed`).
         committed: bool,
     },
@@ -175,7 +180,7 @@ pub enum SessionEnd {
     /// run is in doubt (rule D2).
     Interrupted {
         /// The epoch it ran under.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// The driver was told to stop before the effect ([`RunSession::stop`]).
     Stopped(Stage),
@@ -189,7 +194,7 @@ pub enum Acquired {
     /// The lease, at `epoch`.
     Granted {
         /// The fencing token.
-        epoch: u64,
+        epoch: Epoch,
     },
     /// Not granted: held elsewhere for the whole wait, or the coordinator failed.
     Refused,
@@ -242,38 +247,38 @@ enum Phase {
         asked: bool,
     },
     CheckingGrant {
-        epoch: u64,
+        epoch: Epoch,
         asked: bool,
     },
     GivingBack {
-        epoch: u64,
+        epoch: Epoch,
         asked: bool,
     },
     Comparing {
-        epoch: u64,
+        epoch: Epoch,
         asked: bool,
     },
     Syncing {
-        epoch: u64,
+        epoch: Epoch,
         at_ms: u64,
         first: bool,
         asked: bool,
     },
     Beginning {
-        epoch: u64,
+        epoch: Epoch,
         asked: bool,
     },
     Running {
-        epoch: u64,
+        epoch: Epoch,
         asked: bool,
     },
     Recording {
-        epoch: u64,
+        epoch: Epoch,
         committed: bool,
         asked: bool,
     },
     Releasing {
-        epoch: u64,
+        epoch: Epoch,
         then: SessionEnd,
         asked: bool,
     },
@@ -308,7 +313,7 @@ impl RunSession {
     }
 
     /// The epoch held, from the grant to the release.
-    pub fn epoch(&self) -> Option<u64> {
+    pub fn epoch(&self) -> Option<Epoch> {
         match &self.phase {
             Phase::CheckingGrant { epoch, .. }
             | Phase::GivingBack { epoch, .. }

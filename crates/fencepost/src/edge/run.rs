@@ -21,7 +21,7 @@
 //!     // Send the report, passing the fencing token to a service that checks it.
 //!     Ok::<_, std::io::Error>(context.token().epoch)
 //! })?;
-//! assert!(matches!(sent, Outcome::Committed { epoch: 1, .. }));
+//! assert!(matches!(sent, Outcome::Committed { epoch, .. } if epoch == 1));
 //!
 //! // The same occurrence on another site: the oracle refuses it, nothing runs.
 //! let again = run_once(coordinator, &mut phone, &report, &options, |_| Ok::<_, std::io::Error>(0))?;
@@ -32,7 +32,7 @@
 use std::sync::Arc;
 
 use crate::dispatch::{DispatchError, EffectOutcome, FencingToken};
-use crate::id::{validate_id, IdError, IdKind};
+use crate::id::{AgentId, Claim, Epoch, EpochError, IdError, RunId};
 use crate::keeper::{KeeperClock, KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use crate::lease::{LeaseCoordinator, LeaseError};
 use crate::ledger::{InDoubtRun, Ledger, MissingRecords, StaleGrant};
@@ -45,8 +45,8 @@ pub use crate::session::{SessionEnd, Stage};
 /// the occurrence computes alike ([`deterministic_run_id`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Occurrence {
-    agent_id: String,
-    run_id: String,
+    agent_id: AgentId,
+    run_id: RunId,
 }
 
 /// Why an [`Occurrence`] could not be named.
@@ -67,12 +67,9 @@ impl Occurrence {
     /// # Errors
     /// An invalid agent id, or parts the run id cannot be derived from.
     pub fn new(agent_id: &str, intent: &str, salt: &str) -> Result<Self, OccurrenceError> {
-        validate_id(IdKind::Agent, agent_id)?;
-        let run_id = deterministic_run_id(agent_id, intent, salt)?;
-        Ok(Self {
-            agent_id: agent_id.to_owned(),
-            run_id,
-        })
+        let agent_id = AgentId::new(agent_id)?;
+        let run_id = RunId::new(deterministic_run_id(&agent_id, intent, salt)?)?;
+        Ok(Self { agent_id, run_id })
     }
 
     /// The occurrence named `run_id` of `agent_id`.
@@ -80,21 +77,19 @@ impl Occurrence {
     /// # Errors
     /// An invalid id.
     pub fn of_run(agent_id: &str, run_id: &str) -> Result<Self, OccurrenceError> {
-        validate_id(IdKind::Agent, agent_id)?;
-        validate_id(IdKind::Run, run_id)?;
         Ok(Self {
-            agent_id: agent_id.to_owned(),
-            run_id: run_id.to_owned(),
+            agent_id: AgentId::new(agent_id)?,
+            run_id: RunId::new(run_id)?,
         })
     }
 
     /// The agent.
-    pub fn agent_id(&self) -> &str {
+    pub fn agent_id(&self) -> &AgentId {
         &self.agent_id
     }
 
     /// The run id.
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> &RunId {
         &self.run_id
     }
 }
@@ -194,6 +189,7 @@ impl RunOptions {
 #[derive(Debug)]
 pub struct EffectContext<'run> {
     token: &'run FencingToken,
+    claim: &'run Claim,
     keeper: &'run LeaseKeeper,
 }
 
@@ -201,6 +197,11 @@ impl EffectContext<'_> {
     /// The fencing token: agent, run id and epoch.
     pub fn token(&self) -> &FencingToken {
         self.token
+    }
+
+    /// Who holds the agent at which epoch: this device, at the token's epoch.
+    pub fn claim(&self) -> &Claim {
+        self.claim
     }
 
     /// The keeper of the lease the effect runs under.
@@ -221,14 +222,14 @@ pub enum Outcome<T, E> {
     /// The effect ran and succeeded: `committed` was recorded (exit 0).
     Committed {
         /// The epoch it ran under.
-        epoch: u64,
+        epoch: Epoch,
         /// What the effect returned.
         value: T,
     },
     /// The effect ran and failed: `failed` was recorded, so the next run runs it (exit 1).
     Failed {
         /// The epoch it ran under.
-        epoch: u64,
+        epoch: Epoch,
         /// What the effect returned.
         error: E,
     },
@@ -237,7 +238,7 @@ pub enum Outcome<T, E> {
     /// lost).
     Interrupted {
         /// The epoch it ran under.
-        epoch: u64,
+        epoch: Epoch,
         /// What the effect returned.
         error: E,
     },
@@ -272,7 +273,7 @@ pub enum Outcome<T, E> {
     /// The lease was lost before the effect started: nothing ran (exit 6).
     LeaseLost {
         /// The epoch this site held.
-        claimed_epoch: u64,
+        claimed_epoch: Epoch,
         /// The agent's epoch and holder, when the fence found another.
         current: Option<(u64, String)>,
     },
@@ -356,10 +357,17 @@ pub enum RunError {
         /// The agent.
         agent_id: String,
         /// The last grant.
-        epoch: u64,
+        epoch: Epoch,
         /// Why it was stale.
         why: StaleGrant,
     },
+    /// The coordinator granted an epoch no coordinator mints: nothing ran, the lease was given
+    /// back.
+    #[error("the coordinator granted {0}")]
+    Epoch(#[from] EpochError),
+    /// The ledger's device id is not a valid one.
+    #[error(transparent)]
+    Device(#[from] IdError),
     /// The run session asked its driver for a step the driver did not expect (a bug in
     /// fencepost, reported rather than a panic).
     #[error("the run session asked for {step}, which its driver did not expect (a bug in fencepost)")]
@@ -391,13 +399,18 @@ pub trait RunHooks {
     fn acquiring(&mut self) {}
     /// The coordinator granted `epoch`, which the ledger has seen (`why`): it is given back and
     /// acquired again above it.
-    fn stale_grant(&mut self, epoch: u64, why: &StaleGrant) {
+    fn stale_grant(&mut self, epoch: Epoch, why: &StaleGrant) {
         let _ = (epoch, why);
+    }
+    /// The coordinator granted the lease at `keeper.epoch()`; whether the grant is fresh is
+    /// checked next (the ledger synced first).
+    fn granted(&mut self, keeper: &LeaseKeeper) {
+        let _ = keeper;
     }
     /// The acquisition ended (a fresh grant, or none).
     fn acquire_ended(&mut self) {}
-    /// A fresh grant: the lease is held at `keeper.epoch()`.
-    fn granted(&mut self, keeper: &LeaseKeeper) {
+    /// A fresh grant: the lease is held at `keeper.epoch()` for this run.
+    fn holding(&mut self, keeper: &LeaseKeeper) {
         let _ = keeper;
     }
     /// The run waits for the ledger to receive `missing` (said once).

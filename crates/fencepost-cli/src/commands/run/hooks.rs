@@ -32,7 +32,7 @@ impl RunHooks for CliHooks<'_, '_> {
         self.report.borrow_mut().started_acquiring();
     }
 
-    fn stale_grant(&mut self, epoch: u64, why: &StaleGrant) {
+    fn stale_grant(&mut self, epoch: fencepost::id::Epoch, why: &StaleGrant) {
         err!(
             "fencepost: warning: the coordinator granted epoch {epoch} of {}, {} (it lost or rolled back its state); acquiring again above it",
             self.args.agent,
@@ -44,9 +44,10 @@ impl RunHooks for CliHooks<'_, '_> {
         self.report.borrow_mut().acquired();
     }
 
-    fn granted(&mut self, keeper: &LeaseKeeper) {
+    fn granted(&mut self, _keeper: &LeaseKeeper) {
         // A seam for the tests (debug builds only): hold the window just after the grant open,
-        // so that a signal can be sent into it.
+        // before the ledger is synced and the grant checked, so that a signal, or records
+        // another host wrote, can arrive in it.
         #[cfg(debug_assertions)]
         if let Some(pause) = std::env::var("FENCEPOST_TEST_PAUSE_AFTER_ACQUIRE_MS")
             .ok()
@@ -54,6 +55,9 @@ impl RunHooks for CliHooks<'_, '_> {
         {
             std::thread::sleep(Duration::from_millis(pause));
         }
+    }
+
+    fn holding(&mut self, keeper: &LeaseKeeper) {
         let epoch = keeper.epoch();
         self.span.record("epoch", epoch);
         self.report.borrow_mut().epoch = Some(epoch);

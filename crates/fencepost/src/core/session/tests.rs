@@ -1,6 +1,11 @@
 //! The run session's steps, rule by rule, without I/O.
 use super::*;
 
+/// The epoch `n`.
+fn e(n: u64) -> Epoch {
+    Epoch::new(n).unwrap()
+}
+
 fn plan(wait_ms: u64) -> SessionPlan {
     SessionPlan {
         started_ms: 100,
@@ -16,7 +21,7 @@ fn granted(wait_ms: u64, epoch: u64) -> RunSession {
     assert_eq!(session.step(100), SessionStep::AskOracle);
     session.oracle_answered(false);
     assert_eq!(session.step(100), SessionStep::Acquire { max_wait_ms: wait_ms });
-    session.acquired(100, Acquired::Granted { epoch });
+    session.acquired(100, Acquired::Granted { epoch: e(epoch) });
     session
 }
 
@@ -34,24 +39,24 @@ fn d1_the_oracle_ends_a_committed_run_before_any_lease() {
 fn l5_a_stale_grant_is_given_back_and_acquired_again_then_given_up_after_four() {
     let mut session = granted(0, 3);
     for attempt in 1..FRESH_GRANT_ATTEMPTS {
-        assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: 3 });
+        assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: e(3) });
         session.grant_checked(100, true);
         assert_eq!(
             session.step(100),
-            SessionStep::GiveBack { epoch: 3 },
+            SessionStep::GiveBack { epoch: e(3) },
             "attempt {attempt}"
         );
         session.given_back();
         assert!(matches!(session.step(100), SessionStep::Acquire { .. }));
-        session.acquired(100, Acquired::Granted { epoch: 3 });
+        session.acquired(100, Acquired::Granted { epoch: e(3) });
     }
-    assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: 3 });
+    assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: e(3) });
     session.grant_checked(100, true);
-    assert_eq!(session.step(100), SessionStep::Release { epoch: 3 });
+    assert_eq!(session.step(100), SessionStep::Release { epoch: e(3) });
     session.released();
     assert_eq!(
         session.step(100),
-        SessionStep::Done(SessionEnd::StaleGrants { epoch: 3 })
+        SessionStep::Done(SessionEnd::StaleGrants { epoch: e(3) })
     );
 }
 
@@ -63,11 +68,11 @@ fn l5_a_fresh_grant_after_a_stale_one_goes_on() {
     let _ = session.step(100);
     session.given_back();
     let _ = session.step(100);
-    session.acquired(100, Acquired::Granted { epoch: 9 });
-    assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: 9 });
+    session.acquired(100, Acquired::Granted { epoch: e(9) });
+    assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: e(9) });
     session.grant_checked(100, false);
     assert_eq!(session.step(100), SessionStep::Compare);
-    assert_eq!(session.epoch(), Some(9));
+    assert_eq!(session.epoch(), Some(e(9)));
 }
 
 #[test]
@@ -108,7 +113,7 @@ fn h3_waits_for_the_ledger_within_the_wait_then_ends_behind_and_releases() {
     session.synced(220);
     let _ = session.step(220);
     session.compared(220, Comparison::Missing { differs: false });
-    assert_eq!(session.step(220), SessionStep::Release { epoch: 4 });
+    assert_eq!(session.step(220), SessionStep::Release { epoch: e(4) });
     session.released();
     assert_eq!(session.step(220), SessionStep::Done(SessionEnd::LedgerBehind));
 }
@@ -120,7 +125,7 @@ fn h3_another_log_under_a_published_id_is_not_waited_for() {
     session.grant_checked(100, false);
     let _ = session.step(100);
     session.compared(100, Comparison::Missing { differs: true });
-    assert_eq!(session.step(100), SessionStep::Release { epoch: 4 });
+    assert_eq!(session.step(100), SessionStep::Release { epoch: e(4) });
 }
 
 #[test]
@@ -133,19 +138,19 @@ fn d2_an_unknown_outcome_records_nothing_and_ends_interrupted() {
     assert_eq!(
         session.step(100),
         SessionStep::Begin {
-            epoch: 2,
+            epoch: e(2),
             retry_in_doubt: false
         }
     );
     session.begun(Begun::Permitted);
-    assert_eq!(session.step(100), SessionStep::RunEffect { epoch: 2 });
+    assert_eq!(session.step(100), SessionStep::RunEffect { epoch: e(2) });
     session.stop(); // ignored: the effect runs
     session.effect_ended(EffectEnd::Unknown);
-    assert_eq!(session.step(100), SessionStep::Release { epoch: 2 });
+    assert_eq!(session.step(100), SessionStep::Release { epoch: e(2) });
     session.released();
     assert_eq!(
         session.step(100),
-        SessionStep::Done(SessionEnd::Interrupted { epoch: 2 })
+        SessionStep::Done(SessionEnd::Interrupted { epoch: e(2) })
     );
 }
 
@@ -158,7 +163,7 @@ fn d1_a_refusal_at_the_fence_releases() {
     session.compared(100, Comparison::LeaseLost);
     let _ = session.step(100);
     session.begun(Begun::Refused);
-    assert_eq!(session.step(100), SessionStep::Release { epoch: 2 });
+    assert_eq!(session.step(100), SessionStep::Release { epoch: e(2) });
     session.released();
     assert_eq!(session.step(100), SessionStep::Done(SessionEnd::Refused));
 }
@@ -177,7 +182,7 @@ fn a_stop_gives_the_lease_back_and_names_the_stage() {
 
     let mut granted_one = granted(0, 5);
     granted_one.stop();
-    assert_eq!(granted_one.step(100), SessionStep::Release { epoch: 5 });
+    assert_eq!(granted_one.step(100), SessionStep::Release { epoch: e(5) });
     granted_one.released();
     assert_eq!(
         granted_one.step(100),
@@ -191,7 +196,7 @@ fn a_stop_gives_the_lease_back_and_names_the_stage() {
     behind.compared(100, Comparison::Missing { differs: false });
     let _ = behind.step(100);
     behind.stop();
-    assert_eq!(behind.step(100), SessionStep::Release { epoch: 5 });
+    assert_eq!(behind.step(100), SessionStep::Release { epoch: e(5) });
     behind.released();
     assert_eq!(
         behind.step(100),
@@ -204,9 +209,9 @@ fn a_failure_releases_a_held_lease_and_an_unasked_answer_changes_nothing() {
     let mut session = granted(0, 6);
     session.begun(Begun::Permitted); // not asked: ignored
     session.effect_ended(EffectEnd::Succeeded);
-    assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: 6 });
+    assert_eq!(session.step(100), SessionStep::SyncAndCheckGrant { epoch: e(6) });
     session.fail();
-    assert_eq!(session.step(100), SessionStep::Release { epoch: 6 });
+    assert_eq!(session.step(100), SessionStep::Release { epoch: e(6) });
     session.fail(); // ignored while releasing
     session.released();
     assert_eq!(session.step(100), SessionStep::Done(SessionEnd::Aborted));

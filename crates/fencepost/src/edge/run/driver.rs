@@ -9,6 +9,7 @@ use crate::dispatch::{
     begin_guarded, count_dispatch, end_effect, DispatchError, DispatchOptions, DispatchOutcome,
     EffectOutcome, Refusal,
 };
+use crate::id::{Claim, DeviceId, Epoch};
 use crate::keeper::{KeeperError, LeaseKeeper};
 use crate::lease::{LeaseCoordinator, LeaseError};
 use crate::ledger::{Ledger, MissingRecords, StaleGrant};
@@ -131,8 +132,13 @@ impl Driver<'_> {
                 }
                 SessionStep::Compare => self.compare(session, ledger),
                 SessionStep::SyncAt { at_ms, first } => self.sync_at(session, ledger, at_ms, first),
-                SessionStep::Begin { retry_in_doubt, .. } => match effect.take() {
-                    Some(effect) => dispatched = self.dispatch(session, ledger, retry_in_doubt, effect),
+                SessionStep::Begin {
+                    epoch,
+                    retry_in_doubt,
+                } => match effect.take() {
+                    Some(effect) => {
+                        dispatched = self.dispatch(session, ledger, epoch, retry_in_doubt, effect)
+                    }
                     None => {
                         return Err(RunError::Unexpected {
                             step: "a second Begin",
@@ -196,11 +202,18 @@ impl Driver<'_> {
             builder = builder.stop_waiting_when(move || stop());
         }
         let acquired = match builder.wait_to_acquire(max_wait_ms) {
-            Ok(keeper) => {
-                let epoch = keeper.epoch();
-                self.keeper = Some(keeper);
-                Acquired::Granted { epoch }
-            }
+            Ok(keeper) => match Epoch::new(keeper.epoch()) {
+                Ok(epoch) => {
+                    self.hooks.granted(&keeper);
+                    self.keeper = Some(keeper);
+                    Acquired::Granted { epoch }
+                }
+                Err(error) => {
+                    release_quietly(&keeper);
+                    self.error = Some(RunError::Epoch(error));
+                    Acquired::Refused
+                }
+            },
             Err(KeeperError::Interrupted) => Acquired::Stopped,
             Err(KeeperError::Lease(held @ LeaseError::Held { .. })) => {
                 self.read = Some(Read::Held(held, None));
@@ -222,7 +235,7 @@ impl Driver<'_> {
     }
 
     /// [`SessionStep::SyncAndCheckGrant`]: a grant the ledger has seen is stale (rule L5).
-    fn check_grant(&mut self, session: &mut RunSession, ledger: &mut Ledger, epoch: u64) {
+    fn check_grant(&mut self, session: &mut RunSession, ledger: &mut Ledger, epoch: Epoch) {
         if self.stop_requested() {
             session.stop();
             return;
@@ -231,13 +244,13 @@ impl Driver<'_> {
             self.abort(session, error);
             return;
         }
-        self.stale = ledger.stale_grant(self.agent(), epoch, ledger.device_id());
+        self.stale = ledger.stale_grant(self.agent(), epoch.get(), ledger.device_id());
         session.grant_checked(self.now_ms(), self.stale.is_some());
         if self.stale.is_some() {
             return;
         }
         if let Some(keeper) = &self.keeper {
-            self.hooks.granted(keeper);
+            self.hooks.holding(keeper);
         }
         if self.stop_requested() {
             session.stop();
@@ -320,9 +333,10 @@ impl Driver<'_> {
         &mut self,
         session: &mut RunSession,
         ledger: &mut Ledger,
+        epoch: Epoch,
         retry_in_doubt: bool,
         effect: impl FnOnce(&EffectContext<'_>) -> EffectOutcome<T, E>,
-    ) -> Option<DispatchOutcome<T, E>> {
+    ) -> Option<(Epoch, DispatchOutcome<T, E>)> {
         let Some(keeper) = self.keeper.take() else {
             self.abort(
                 session,
@@ -333,6 +347,18 @@ impl Driver<'_> {
             return None;
         };
         self.hooks.dispatching();
+        let claim = match DeviceId::new(ledger.device_id()) {
+            Ok(device) => Claim {
+                agent: self.occurrence.agent_id.clone(),
+                device,
+                epoch,
+            },
+            Err(error) => {
+                self.keeper = Some(keeper);
+                self.abort(session, RunError::Device(error));
+                return None;
+            }
+        };
         let options = DispatchOptions::default().retry_in_doubt(retry_in_doubt);
         let dispatched = match begin_guarded(&keeper, ledger, &self.occurrence.run_id, options) {
             Ok((guard, permit)) => {
@@ -340,6 +366,7 @@ impl Driver<'_> {
                 let _run_effect = session.step(self.now_ms());
                 let ended = effect(&EffectContext {
                     token: permit.token(),
+                    claim: &claim,
                     keeper: &keeper,
                 });
                 let end = match &ended {
@@ -364,7 +391,7 @@ impl Driver<'_> {
         count_dispatch(keeper.agent_id(), kind);
         self.keeper = Some(keeper);
         match dispatched {
-            Ok(outcome) => Some(outcome),
+            Ok(outcome) => Some((epoch, outcome)),
             Err(error) => {
                 self.abort(session, RunError::Ledger(error));
                 None
@@ -398,7 +425,7 @@ impl Driver<'_> {
     fn outcome<T, E>(
         &mut self,
         end: SessionEnd,
-        dispatched: Option<DispatchOutcome<T, E>>,
+        dispatched: Option<(Epoch, DispatchOutcome<T, E>)>,
     ) -> Result<Outcome<T, E>, RunError> {
         Ok(match (end, self.read.take(), dispatched) {
             (SessionEnd::AlreadyCommitted, Some(Read::Committed(committed_op_id)), _) => {
@@ -437,8 +464,8 @@ impl Driver<'_> {
             (
                 SessionEnd::Ran { .. } | SessionEnd::Interrupted { .. } | SessionEnd::Refused,
                 _,
-                Some(dispatched),
-            ) => from_dispatch(dispatched),
+                Some((epoch, dispatched)),
+            ) => from_dispatch(dispatched, epoch),
             _ => {
                 return Err(self.error.take().unwrap_or(RunError::Unexpected {
                     step: "an end without what names it",
@@ -448,32 +475,30 @@ impl Driver<'_> {
     }
 }
 
-/// A dispatch's outcome as the run's.
-fn from_dispatch<T, E>(outcome: DispatchOutcome<T, E>) -> Outcome<T, E> {
+/// A dispatch's outcome as the run's; `epoch` is the one held (the dispatch's, checked).
+fn from_dispatch<T, E>(outcome: DispatchOutcome<T, E>, epoch: Epoch) -> Outcome<T, E> {
     match outcome {
         DispatchOutcome::Executed {
-            epoch,
-            result: Ok(value),
+            result: Ok(value), ..
         } => Outcome::Committed { epoch, value },
         DispatchOutcome::Executed {
-            epoch,
-            result: Err(error),
+            result: Err(error), ..
         } => Outcome::Failed { epoch, error },
-        DispatchOutcome::Interrupted { epoch, error } => Outcome::Interrupted { epoch, error },
+        DispatchOutcome::Interrupted { error, .. } => Outcome::Interrupted { epoch, error },
         DispatchOutcome::AlreadyCommitted { committed_op_id } => Outcome::AlreadyCommitted {
             committed_op_id,
             before_lease: false,
         },
         DispatchOutcome::StaleEpoch {
-            claimed_epoch,
             current_epoch,
             current_holder,
+            ..
         } => Outcome::LeaseLost {
-            claimed_epoch,
+            claimed_epoch: epoch,
             current: Some((current_epoch, current_holder)),
         },
-        DispatchOutcome::NotHeld { claimed_epoch } => Outcome::LeaseLost {
-            claimed_epoch,
+        DispatchOutcome::NotHeld { .. } => Outcome::LeaseLost {
+            claimed_epoch: epoch,
             current: None,
         },
         DispatchOutcome::InDoubt { run } => Outcome::InDoubt { run },

@@ -6,6 +6,7 @@
 use super::world::{agent_name, run_id, LeaseState, SimHolder, World};
 use super::GuardMode;
 use crate::dispatch::{DispatchOptions, Refusal, RunOutcome};
+use crate::id::Epoch;
 use crate::keeper::{AcquirePlan, AcquireStep, Acquisition};
 use crate::lease::LeaseCoordinator;
 use crate::session::{
@@ -165,7 +166,9 @@ impl World<'_> {
                     acquisition.acquired_handing_over(local, outcome);
                 }
                 AcquireStep::Granted(renewal) => {
-                    let epoch = renewal.epoch();
+                    let Ok(epoch) = Epoch::new(renewal.epoch()) else {
+                        break Acquired::Refused; // no coordinator mints it
+                    };
                     self.sites[index].leases[agent] = LeaseState::Holding {
                         renewal: Box::new(renewal),
                         since_ms: self.now_ms,
@@ -186,12 +189,14 @@ impl World<'_> {
     }
 
     /// [`SessionStep::SyncAndCheckGrant`]: a grant the ledger has seen is given back (rule L5).
-    fn session_check_grant(&mut self, index: usize, local: u64, epoch: u64) {
+    fn session_check_grant(&mut self, index: usize, local: u64, epoch: Epoch) {
         let agent = self.session_mut(index).agent;
         let device = self.sites[index].name.clone();
         let stale = self.sites[index].ledger.as_mut().is_some_and(|ledger| {
             let _ = ledger.sync();
-            ledger.stale_grant(&agent_name(agent), epoch, &device).is_some()
+            ledger
+                .stale_grant(&agent_name(agent), epoch.get(), &device)
+                .is_some()
         });
         if stale {
             self.report.refused_at_fence += 1;
@@ -232,7 +237,7 @@ impl World<'_> {
     }
 
     /// [`SessionStep::Begin`]: the dispatch's first half; the effect then flies to the resource.
-    fn session_begin(&mut self, index: usize, local: u64, epoch: u64, retry_in_doubt: bool) {
+    fn session_begin(&mut self, index: usize, local: u64, epoch: Epoch, retry_in_doubt: bool) {
         let (agent, occurrence, run) = {
             let session = self.session_mut(index);
             (session.agent, session.occurrence, session.run_id.clone())
@@ -247,14 +252,14 @@ impl World<'_> {
             coordinator: &self.coordinator,
             agent_id: name.clone(),
             device_id: &site.name,
-            epoch,
+            epoch: epoch.get(),
             holds,
             handed_over,
         };
         let Some(ledger) = site.ledger.as_mut() else {
             return;
         };
-        let retried = retry_in_doubt && ledger.in_doubt_run(&name, &run, epoch).is_some();
+        let retried = retry_in_doubt && ledger.in_doubt_run(&name, &run, epoch.get()).is_some();
         let begun = ledger.begin(
             &holder,
             &run,
@@ -267,7 +272,7 @@ impl World<'_> {
                 self.begun_generation
                     .entry(run.clone())
                     .or_insert(self.generation);
-                self.start(index, (agent, occurrence), run, epoch, Some(permit));
+                self.start(index, (agent, occurrence), run, epoch.get(), Some(permit));
                 let session = self.session_mut(index);
                 session.machine.begun(Begun::Permitted);
                 let _run_effect = session.machine.step(local);
@@ -292,7 +297,8 @@ impl World<'_> {
 
     /// [`SessionStep::GiveBack`] and [`SessionStep::Release`]: the release, publishing what was
     /// pushed (rule H2), and the tenure's end.
-    fn give_back(&mut self, index: usize, epoch: u64) {
+    fn give_back(&mut self, index: usize, epoch: Epoch) {
+        let epoch = epoch.get();
         let agent = self.session_mut(index).agent;
         let name = agent_name(agent);
         let device = self.sites[index].name.clone();
