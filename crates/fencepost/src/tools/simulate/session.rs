@@ -3,7 +3,7 @@
 //! a session that is refused, or whose wait for the ledger runs out, is followed by another
 //! `acquire_every_ms` later, as a scheduler runs `fencepost run` again).
 
-use super::world::{agent_name, run_id, LeaseState, SimHolder, World};
+use super::world::{agent_name, run_id, LeaseState, SimHolder, SimSession, World};
 use super::GuardMode;
 use crate::dispatch::{DispatchOptions, Refusal, RunOutcome};
 use crate::id::Epoch;
@@ -12,19 +12,6 @@ use crate::lease::LeaseCoordinator;
 use crate::session::{
     Acquired, Begun, Comparison, EffectEnd, RunSession, SessionEnd, SessionPlan, SessionStep,
 };
-
-/// A site's run session of one occurrence.
-#[derive(Debug)]
-pub(super) struct SimSession {
-    machine: RunSession,
-    agent: usize,
-    occurrence: u64,
-    run_id: String,
-    /// A [`SessionStep::SyncAt`] waiting for its time (site clock).
-    sync_at: Option<u64>,
-    /// Why `Ledger::begin` refused, for the end.
-    refusal: Option<Refusal>,
-}
 
 /// Where a session is after [`World::drive_session`].
 enum Driven {

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use super::{Cause, Fault, GuardMode, ModeReport, Schedule, SimConfig, Tenure};
 use crate::clock::ManualClock;
-use crate::dispatch::{FencingToken, Ledger, Permit, RunOutcome};
+use crate::dispatch::{FencingToken, Ledger, Permit, Refusal, RunOutcome};
 use crate::fence::Holder;
 use crate::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig, Renewal, RenewalStep};
 use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
 use crate::relay::{Frontier, InMemoryRelay, Relay};
+use crate::session::RunSession;
 
 pub(super) use super::counted::Counted;
 pub(super) use super::network::{Network, SiteRelay};
@@ -82,6 +83,19 @@ pub(super) struct InFlight {
     pub(super) paused: bool,
 }
 
+/// A site's run session of one occurrence.
+#[derive(Debug)]
+pub(super) struct SimSession {
+    pub(super) machine: RunSession,
+    pub(super) agent: usize,
+    pub(super) occurrence: u64,
+    pub(super) run_id: String,
+    /// A [`SessionStep::SyncAt`] waiting for its time (site clock).
+    pub(super) sync_at: Option<u64>,
+    /// Why `Ledger::begin` refused, for the end.
+    pub(super) refusal: Option<Refusal>,
+}
+
 pub(super) struct Site {
     pub(super) name: String,
     pub(super) clock: ManualClock,
@@ -99,7 +113,7 @@ pub(super) struct Site {
     pub(super) crash_pending: bool,
     pub(super) next_sync_local_ms: u64,
     /// The run session of modes `fence` and `token` (one at a time).
-    pub(super) session: Option<super::session::SimSession>,
+    pub(super) session: Option<SimSession>,
 }
 
 impl Site {
