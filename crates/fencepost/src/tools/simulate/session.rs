@@ -7,7 +7,6 @@ use super::world::{agent_name, run_id, LeaseState, SimHolder, SimSession, World}
 use super::GuardMode;
 use crate::dispatch::{DispatchOptions, Refusal, RunOutcome};
 use crate::id::Epoch;
-use crate::keeper::{AcquirePlan, AcquireStep, Acquisition};
 use crate::lease::LeaseCoordinator;
 use crate::session::{
     Acquired, Begun, Comparison, EffectEnd, RunSession, SessionEnd, SessionPlan, SessionStep,
@@ -127,49 +126,19 @@ impl World<'_> {
     /// [`SessionStep::Acquire`]: one attempt, raising the floor from the ledger first.
     fn session_acquire(&mut self, index: usize, local: u64) {
         let agent = self.session_mut(index).agent;
-        let name = agent_name(agent);
-        let device = self.sites[index].name.clone();
-        let ledger_epoch = self.sites[index]
-            .ledger
-            .as_ref()
-            .map_or(0, |ledger| ledger.state().fencing_epoch(&name));
-        let mut acquisition = Acquisition::new(
-            self.keeper,
-            AcquirePlan {
-                agent_id: name.clone(),
-                ledger_epoch,
-                started_ms: local,
-                max_wait_ms: 0,
-            },
-        );
-        let acquired = loop {
-            match acquisition.step(local) {
-                AcquireStep::RaiseFloor { floor } => {
-                    let outcome = self.coordinator.raise_epoch_floor(&name, floor);
-                    acquisition.floor_raised(local, outcome);
-                }
-                AcquireStep::Acquire { ttl_ms } => {
-                    let outcome = self.coordinator.acquire_handing_over(&name, &device, ttl_ms);
-                    acquisition.acquired_handing_over(local, outcome);
-                }
-                AcquireStep::Granted(renewal) => {
-                    let Ok(epoch) = Epoch::new(renewal.epoch()) else {
-                        break Acquired::Refused; // no coordinator mints it
-                    };
-                    self.sites[index].leases[agent] = LeaseState::Holding {
-                        renewal: Box::new(renewal),
-                        since_ms: self.now_ms,
-                        behind_since_ms: None,
-                    };
-                    break Acquired::Granted { epoch };
-                }
-                _ => {
-                    // Not granted: the next session starts acquire_every_ms later.
-                    self.sites[index].leases[agent] = LeaseState::Idle {
-                        next_try_local_ms: local + self.keeper.acquire_every_ms,
-                    };
-                    break Acquired::Refused;
-                }
+        let granted = self.acquire_once(index, agent, local);
+        let acquired = match granted.map(|renewal| (Epoch::new(renewal.epoch()), renewal)) {
+            Some((Ok(epoch), renewal)) => {
+                self.hold(index, agent, renewal);
+                Acquired::Granted { epoch }
+            }
+            // Not granted (or at an epoch no coordinator mints): the next session starts
+            // acquire_every_ms later.
+            _ => {
+                self.sites[index].leases[agent] = LeaseState::Idle {
+                    next_try_local_ms: local + self.keeper.acquire_every_ms,
+                };
+                Acquired::Refused
             }
         };
         self.session_mut(index).machine.acquired(local, acquired);

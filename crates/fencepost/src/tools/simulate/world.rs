@@ -441,6 +441,16 @@ impl World<'_> {
                 *next_try_local_ms = local + self.keeper.acquire_every_ms;
             }
         }
+        if let Some(renewal) = self.acquire_once(index, agent, local) {
+            self.hold(index, agent, renewal);
+        } // not granted: the next acquisition starts acquire_every_ms later
+    }
+
+    /// One attempt at `agent`'s lease for site `index` (the keeper's [`Acquisition`], raising the
+    /// floor from the site's ledger first); the coordinator answers at once in simulated time.
+    pub(super) fn acquire_once(&mut self, index: usize, agent: usize, local: u64) -> Option<Renewal> {
+        let name = agent_name(agent);
+        let device = self.sites[index].name.clone();
         let ledger_epoch = self.sites[index]
             .ledger
             .as_ref()
@@ -464,17 +474,19 @@ impl World<'_> {
                     let outcome = self.coordinator.acquire_handing_over(&name, &device, ttl_ms);
                     acquisition.acquired_handing_over(local, outcome);
                 }
-                AcquireStep::Granted(renewal) => {
-                    self.sites[index].leases[agent] = LeaseState::Holding {
-                        renewal: Box::new(renewal),
-                        since_ms: self.now_ms,
-                        behind_since_ms: None,
-                    };
-                    return;
-                }
-                _ => return, // not granted: the next acquisition starts acquire_every_ms later
+                AcquireStep::Granted(renewal) => return Some(renewal),
+                _ => return None,
             }
         }
+    }
+
+    /// Site `index` holds `agent`'s lease from now on, by `renewal`.
+    pub(super) fn hold(&mut self, index: usize, agent: usize, renewal: Renewal) {
+        self.sites[index].leases[agent] = LeaseState::Holding {
+            renewal: Box::new(renewal),
+            since_ms: self.now_ms,
+            behind_since_ms: None,
+        };
     }
 
     /// The epoch the site holds `agent` at, by its renewal machine, at `local`.
