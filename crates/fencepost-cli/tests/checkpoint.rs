@@ -588,7 +588,7 @@ fn seed_old_records(shared: &Shared, committed: &[&str], in_doubt: &str) {
     intent("other", "o-1", IntentStatus::Committed);
     let relay = std::sync::Arc::new(FsRelay::open(shared.path("ledger")).unwrap());
     relay.push(&records).unwrap();
-    fencepost::dispatch::Ledger::open("old-host", clock.wall_clock(), relay)
+    fencepost::ledger::Ledger::open("old-host", clock.wall_clock(), relay)
         .unwrap()
         .compact()
         .unwrap();
@@ -602,7 +602,7 @@ fn commit_with_a_clock_behind(shared: &Shared, salt: &str) {
     use fencepost::run_id::deterministic_run_id;
     let relay = std::sync::Arc::new(FsRelay::open(shared.path("ledger")).unwrap());
     let clock = three_days_ago();
-    let mut ledger = fencepost::dispatch::Ledger::open("late-host", clock.wall_clock(), relay).unwrap();
+    let mut ledger = fencepost::ledger::Ledger::open("late-host", clock.wall_clock(), relay).unwrap();
     let run = deterministic_run_id("reports", "daily report", salt).unwrap();
     for status in [IntentStatus::Pending, IntentStatus::Committed] {
         ledger

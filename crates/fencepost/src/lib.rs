@@ -153,7 +153,8 @@ mod edge;
 mod tools;
 
 pub(crate) use crate::core::hex;
-pub use crate::core::{fence, fold, id, intent, lease, oplog, rng, run_id, session, tenure};
+pub use crate::core::{fence, fold, id, lease, oplog, run_id, session};
+pub(crate) use crate::core::{intent, rng, tenure};
 pub use crate::edge::run::run_once;
 pub use crate::edge::{backend, checkpoint, dispatch, keeper, ledger, metrics, relay, run, snapshot};
 #[cfg(feature = "conformance")]

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fencepost::clock::ManualClock;
-use fencepost::dispatch::Ledger;
 use fencepost::fold::fold;
 use fencepost::lease::{Intent, IntentStatus};
+use fencepost::ledger::Ledger;
 use fencepost::ledger::{CompactOptions, LedgerOptions};
 use fencepost::oplog::OpRecord;
 use fencepost::relay::{FsRelay, Relay};

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use fencepost::clock::ManualClock;
 use fencepost::dispatch::{
     dispatch, dispatch_effect, dispatch_with, DispatchError, DispatchOptions, DispatchOutcome, EffectOutcome,
-    Ledger,
 };
 use fencepost::keeper::{KeeperClock, KeeperConfig, LeaseKeeper};
 use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
+use fencepost::ledger::{Ledger, LedgerError};
 use fencepost::oplog::OpRecord;
 use fencepost::relay::{
     Appended, Frontier, InMemoryRelay, MakeRecords, PullBatch, PushReport, Relay, RelayError,
@@ -94,7 +94,7 @@ impl World {
 
 fn counting(
     counter: &AtomicUsize,
-) -> impl FnOnce(&fencepost::dispatch::FencingToken) -> Result<u64, String> + '_ {
+) -> impl FnOnce(&fencepost::fence::FencingToken) -> Result<u64, String> + '_ {
     move |token| {
         counter.fetch_add(1, Ordering::SeqCst);
         Ok(token.epoch)
@@ -437,7 +437,10 @@ fn dispatch_runs_nothing_when_the_pending_cannot_be_shared_or_the_lease_is_gone(
     let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
     world.relay.partitioned.store(true, Ordering::SeqCst);
     let cut_off = dispatch(&keeper, &mut laptop, "run-1", counting(&effects));
-    assert!(matches!(cut_off, Err(DispatchError::Relay(_))), "{cut_off:?}");
+    assert!(
+        matches!(cut_off, Err(DispatchError::Ledger(LedgerError::Relay(_)))),
+        "{cut_off:?}"
+    );
     assert_eq!(
         effects.load(Ordering::SeqCst),
         0,
@@ -630,7 +633,7 @@ fn l8_the_fence_refuses_an_empty_run_id_and_the_ledger_an_epoch_out_of_range() {
     );
     for epoch in [0, fencepost::lease::MAX_EPOCH + 1, u64::MAX] {
         match laptop.record(&Intent::new("milo", "run-1", epoch, IntentStatus::Pending)) {
-            Err(DispatchError::InvalidEpoch { epoch: refused }) => assert_eq!(refused, epoch),
+            Err(LedgerError::InvalidEpoch { epoch: refused }) => assert_eq!(refused, epoch),
             other => panic!("epoch {epoch}: {other:?}"),
         }
     }
@@ -842,7 +845,7 @@ fn d1_no_effect_runs_once_the_keeper_has_lost_the_lease_during_the_fence() {
 #[test]
 fn d1_a_fenced_resource_refuses_an_epoch_out_of_range() {
     let resource: FencedResource<&str> = FencedResource::new();
-    let token = |epoch| fencepost::dispatch::FencingToken {
+    let token = |epoch| fencepost::fence::FencingToken {
         agent_id: "milo".into(),
         run_id: format!("run-{epoch}"),
         epoch,
@@ -1035,7 +1038,7 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
         other => panic!("two holders would share epoch 1: {other:?}"),
     }
     assert_eq!(
-        phone.epoch_used_by_another("milo", 1, "laptop"),
+        phone.epoch_used_by_another(&claim("milo", 1, "laptop")),
         None,
         "the laptop's own epoch"
     );
@@ -1065,7 +1068,7 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
 /// folded, and stays damage until a valid one takes its place.
 #[test]
 fn d2_o1_the_ledger_state_answers_without_a_relay_as_the_ledger_does() {
-    use fencepost::dispatch::LedgerState;
+    use fencepost::ledger::LedgerState;
     let records = device_log(
         "laptop",
         &[
@@ -1108,7 +1111,7 @@ fn d2_o1_the_ledger_state_answers_without_a_relay_as_the_ledger_does() {
 /// id's own records at it), which is what `fencepost run` acquires again on.
 #[test]
 fn l5_the_ledger_names_a_grant_that_is_not_fresh() {
-    use fencepost::dispatch::StaleGrant;
+    use fencepost::ledger::StaleGrant;
     let relay = Arc::new(InMemoryRelay::new());
     relay
         .push(&device_log(
@@ -1117,20 +1120,29 @@ fn l5_the_ledger_names_a_grant_that_is_not_fresh() {
         ))
         .unwrap();
     let ledger = Ledger::open("phone", ManualClock::new(START_MS).wall_clock(), relay).unwrap();
-    assert_eq!(ledger.stale_grant("milo", 3, "phone"), None);
+    assert_eq!(ledger.stale_grant(&claim("milo", 3, "phone")), None);
     assert_eq!(
-        ledger.stale_grant("milo", 1, "phone"),
+        ledger.stale_grant(&claim("milo", 1, "phone")),
         Some(StaleGrant::BelowLedger { fencing_epoch: 2 })
     );
     assert_eq!(
-        ledger.stale_grant("milo", 2, "phone"),
+        ledger.stale_grant(&claim("milo", 2, "phone")),
         Some(StaleGrant::HeldBy {
             device_id: "laptop".into()
         })
     );
     assert_eq!(
-        ledger.stale_grant("milo", 2, "laptop"),
+        ledger.stale_grant(&claim("milo", 2, "laptop")),
         Some(StaleGrant::UsedBefore)
     );
-    assert_eq!(ledger.stale_grant("other-agent", 1, "phone"), None);
+    assert_eq!(ledger.stale_grant(&claim("other-agent", 1, "phone")), None);
+}
+
+/// The claim of `agent` by `device` at `epoch`.
+fn claim(agent: &str, epoch: u64, device: &str) -> fencepost::id::Claim {
+    fencepost::id::Claim {
+        agent: fencepost::id::AgentId::new(agent).unwrap(),
+        device: fencepost::id::DeviceId::new(device).unwrap(),
+        epoch: fencepost::id::Epoch::new(epoch).unwrap(),
+    }
 }

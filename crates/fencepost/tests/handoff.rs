@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fencepost::clock::ManualClock;
-use fencepost::dispatch::{dispatch, DispatchOutcome, Ledger, MissingRecords};
+use fencepost::dispatch::{dispatch, DispatchOutcome};
 use fencepost::keeper::{
     AcquirePlan, AcquireStep, Acquisition, KeeperClock, KeeperConfig, LeaseKeeper, LossReason, Renewal,
     RenewalStep,
 };
 use fencepost::lease::{InMemoryLeaseCoordinator, Lease, LeaseCoordinator, LeaseError};
+use fencepost::ledger::{Ledger, MissingRecords};
 use fencepost::relay::{Frontier, InMemoryRelay, Relay};
 
 const START_MS: u64 = 1_000_000;

@@ -6,9 +6,10 @@
 use std::sync::Arc;
 
 use fencepost::clock::system_clock;
-use fencepost::dispatch::{dispatch, dispatch_effect, DispatchOptions, EffectOutcome, Ledger};
+use fencepost::dispatch::{dispatch, dispatch_effect, DispatchOptions, EffectOutcome};
 use fencepost::keeper::{KeeperConfig, LeaseKeeper};
 use fencepost::lease::InMemoryLeaseCoordinator;
+use fencepost::ledger::Ledger;
 use fencepost::metrics;
 use fencepost::relay::InMemoryRelay;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};

@@ -8,11 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencepost::clock::ManualClock;
-use fencepost::dispatch::{
-    dispatch_effect, DispatchError, DispatchOptions, EffectOutcome, Ledger, LedgerOptions,
-};
+use fencepost::dispatch::{dispatch_effect, DispatchOptions, EffectOutcome};
 use fencepost::keeper::{KeeperConfig, LeaseKeeper};
 use fencepost::lease::{InMemoryLeaseCoordinator, IntentStatus};
+use fencepost::ledger::{Ledger, LedgerError, LedgerOptions};
 use fencepost::oplog::OpRecord;
 use fencepost::relay::{
     Appended, Frontier, InMemoryRelay, MakeRecords, PullBatch, PushReport, Relay, RelayError,
@@ -104,7 +103,7 @@ impl Site {
         self.folder.path().join("outbox.jsonl")
     }
 
-    fn open(&self, device: &str) -> Result<Ledger, DispatchError> {
+    fn open(&self, device: &str) -> Result<Ledger, LedgerError> {
         Ledger::open_with(
             device,
             self.clock.wall_clock(),
@@ -201,7 +200,7 @@ fn d2_r1_an_outcome_queued_on_the_site_is_stored_by_the_next_open_and_never_deci
         "{refused}"
     );
     assert!(
-        matches!(refused, DispatchError::Queued { count: 1, .. }),
+        matches!(refused, LedgerError::Queued { count: 1, .. }),
         "{refused:?}"
     );
     assert_eq!(fencepost::ledger::read_outbox(&site.outbox()).unwrap().len(), 1);

@@ -14,7 +14,8 @@ use fencepost::oplog::OpRecord;
 use fencepost::relay::{
     Appended, Frontier, InMemoryRelay, MakeRecords, PullBatch, PushReport, Relay, RelayError,
 };
-use fencepost::run::{run_once, run_once_with, Occurrence, Outcome, RunHooks, RunOptions, Stage};
+use fencepost::run::{run_once, run_once_with, Occurrence, Outcome, RunHooks, RunOptions};
+use fencepost::session::Stage;
 use fencepost::session::FRESH_GRANT_ATTEMPTS;
 
 /// One device's view of a shared relay, which does not bring `hidden`'s records while `lagging`

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fencepost::clock::ManualClock;
-use fencepost::dispatch::Ledger;
 use fencepost::lease::{Intent, IntentStatus};
+use fencepost::ledger::Ledger;
 use fencepost::ledger::LedgerOptions;
 use fencepost::relay::{FsRelay, ProblemKind, Relay, SqliteRelay};
 use proptest::prelude::*;

@@ -140,7 +140,7 @@ pub(super) fn hold_to_resolve(
     settings: &Settings,
     agent: &str,
     run: &str,
-    doubt: &fencepost::dispatch::InDoubtRun,
+    doubt: &fencepost::ledger::InDoubtRun,
     ledger: &mut Ledger,
 ) -> Result<LeaseKeeper> {
     let cannot_tell = || {
@@ -585,7 +585,7 @@ pub(super) fn compact(
     }
     let written = match ledger.compact_with(&options) {
         Ok(written) => written,
-        Err(DispatchError::Damaged { .. }) => {
+        Err(LedgerError::Damaged { .. }) => {
             refuse_damage(&ledger, settings)?;
             bail!(
                 "the ledger in {} is damaged: not writing a checkpoint",

@@ -7,7 +7,8 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::exit::EXIT_ERROR;
-use fencepost::run::{EffectContext, Occurrence, Outcome, RunError, RunHooks, RunOptions, SessionEnd, Stage};
+use fencepost::run::{EffectContext, Occurrence, Outcome, RunError, RunHooks, RunOptions};
+use fencepost::session::{SessionEnd, Stage};
 
 mod command;
 mod ended;
@@ -241,13 +242,15 @@ pub fn run(settings: &Settings, args: &RunArgs, report: &mut RunReport) -> Resul
 }
 
 /// Whether `error` may pass by itself ([`RelayError::is_transient`],
-/// [`LeaseError::is_transient`], [`DispatchError::is_transient`]): a database or pooler that
+/// [`LeaseError::is_transient`], [`DispatchError::is_transient`],
+/// [`LedgerError::is_transient`]): a database or pooler that
 /// restarts, refuses logins for a while, lost the connection or did not answer in time.
 pub(crate) fn transient(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
         cause.downcast_ref::<RelayError>().is_some_and(RelayError::is_transient)
             || cause.downcast_ref::<LeaseError>().is_some_and(LeaseError::is_transient)
             || cause.downcast_ref::<DispatchError>().is_some_and(DispatchError::is_transient)
+            || cause.downcast_ref::<LedgerError>().is_some_and(LedgerError::is_transient)
             || matches!(cause.downcast_ref::<KeeperError>(), Some(KeeperError::Lease(error)) if error.is_transient())
     })
 }

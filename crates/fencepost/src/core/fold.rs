@@ -34,7 +34,7 @@
 //! content ("forged twins") would fold to an order-dependent state with an equal
 //! [`SyncState::state_hash`]. So the fold's callers pass verified records only, and every public
 //! path in verifies: relays check every record they store and read
-//! ([`LogHead`](crate::oplog::LogHead)), and [`Ledger`](crate::dispatch::Ledger) checks again what
+//! ([`LogHead`](crate::oplog::LogHead)), and [`Ledger`](crate::ledger::Ledger) checks again what
 //! its relay hands over before folding it. A caller that folds records from elsewhere checks them
 //! first ([`verify_log`](crate::oplog::verify_log), or [`OpRecord::has_valid_id`] at least).
 //! Hashing every record here would cost more than the fold itself.

@@ -1,5 +1,6 @@
-//! Execution leases with fencing tokens. The intent vocabulary lives in [`crate::intent`] and is
-//! re-exported here, so `fencepost::lease::Intent` and its kin keep their paths.
+//! Execution leases with fencing tokens, and the intent vocabulary ([`Intent`], [`IntentStatus`],
+//! the `intent_*` readers), which is written in its own room and public here only, as the seed
+//! pins it.
 //!
 //! # The lease is for liveness; only the fence is for safety
 //!

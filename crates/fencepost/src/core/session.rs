@@ -1,5 +1,6 @@
 //! The run session: the steps that run one occurrence of a job once across sites, as values a
-//! driver acts on (sans I/O, like the [`tenure`](crate::tenure) machines).
+//! driver acts on (sans I/O, like the keeper's [`Acquisition`](crate::keeper::Acquisition) and
+//! [`Renewal`](crate::keeper::Renewal) machines).
 //!
 //! A [`RunSession`] decides; its driver does the I/O and answers. The order is the protocol:
 //!

@@ -3,7 +3,7 @@
 //! configured by [`KeeperConfig`] alone. The caller passes the time and the coordinator's answers
 //! in and gets back what to do next. [`LeaseKeeper`](crate::keeper::LeaseKeeper) drives them with
 //! a thread, a monotonic clock and a real coordinator; the simulator drives the very same machines
-//! with simulated time. Re-exported from [`crate::keeper`].
+//! with simulated time. Public from [`crate::keeper`] only.
 
 use crate::core::frontier::Frontier;
 use crate::lease::{validate_ttl, LeaseError, MAX_EPOCH_FLOOR};

@@ -44,42 +44,31 @@
 //!
 //! `dispatch` does not decide for you: dispatching an in-doubt run is a retry.
 
-use crate::fence::{check_dispatch, FenceDecision};
+mod begin;
+
 use crate::id::{validate_id, IdError, IdKind};
 use crate::keeper::LeaseKeeper;
 use crate::lease::{Intent, IntentStatus, LeaseError};
 use crate::metrics;
-use crate::oplog::{LogError, OpId, OpRecord};
+use crate::oplog::{OpId, OpRecord};
 use crate::relay::{RelayError, RelayProblem};
 
-pub use crate::fence::FencingToken;
-pub use crate::ledger::{
-    InDoubtRun, Ledger, LedgerOptions, LedgerState, MissingRecords, StaleGrant, SyncReport,
-};
+use crate::fence::FencingToken;
+use crate::ledger::{InDoubtRun, Ledger, LedgerError, MissingRecords};
 
-/// A [`Ledger`] or [`dispatch`] error.
+/// A [`dispatch`] or [`Ledger::begin`] error. What the ledger itself reports is a
+/// [`LedgerError`], carried whole in [`DispatchError::Ledger`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DispatchError {
-    /// An id was invalid.
+    /// The ledger failed (the relay, this device's log, the outbox) or refused (it is damaged:
+    /// [`LedgerError::Damaged`]). When `dispatch` returns this before the effect, the effect did
+    /// not run.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// A run id was invalid: nothing was written.
     #[error(transparent)]
     InvalidId(#[from] IdError),
-    /// An intent's epoch is outside `1..=`[`MAX_EPOCH`](crate::lease::MAX_EPOCH): no coordinator
-    /// mints it, and the fold would ignore the record as malformed (F7). Nothing was written.
-    #[error("epoch {epoch} is outside 1..={max}: no coordinator mints it", max = crate::lease::MAX_EPOCH)]
-    InvalidEpoch {
-        /// The epoch.
-        epoch: u64,
-    },
-    /// The relay failed: the records are kept and pushed by the next [`Ledger::sync`] or
-    /// [`Ledger::flush`]. When `dispatch` returns this before the effect, the effect did not run.
-    // Transparent: the relay's errors say what they were doing ("append to the ledger …"), and a
-    // message that also showed its source would repeat it in every report of the chain.
-    #[error(transparent)]
-    Relay(#[from] RelayError),
-    /// The relay holds a log of this device that cannot be continued.
-    #[error("this device's log in the relay cannot be continued: {0}")]
-    Log(#[from] LogError),
     /// The held epoch is below the agent's fencing epoch in the ledger: a `pending` written there
     /// would be fenced on arrival. The keeper's coordinator granted an epoch the ledger already
     /// passed; raise its floor from the ledger (the keeper does so before its first acquire).
@@ -106,14 +95,6 @@ pub enum DispatchError {
         /// The device the ledger shows at that epoch.
         other_device: String,
     },
-    /// [`Ledger::resolve`] was asked to settle a run that is not in doubt.
-    #[error("{run_id} of {agent_id} is not in doubt")]
-    NotInDoubt {
-        /// The agent.
-        agent_id: String,
-        /// The run.
-        run_id: String,
-    },
     /// The keeper and the ledger belong to different devices.
     #[error("the keeper acts as {keeper:?} but the ledger writes as {ledger:?}")]
     DeviceMismatch {
@@ -125,59 +106,30 @@ pub enum DispatchError {
     /// The coordinator failed during the fence; the effect did not run (`failed` was recorded).
     #[error(transparent)]
     Lease(#[from] LeaseError),
-    /// The ledger is incomplete: the relay reported damage ([`Ledger::damage`]), so a run that the
-    /// damaged device committed would look new. Nothing was written, nothing ran. Repair the file
-    /// from a copy, or accept the damage explicitly ([`Ledger::accept_damage`]).
-    #[error("the ledger is damaged, not dispatching on it: {}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    Damaged {
-        /// What is damaged.
-        problems: Vec<RelayProblem>,
-    },
-    /// A checkpoint could not be written ([`Ledger::compact`]; nothing was changed in the
-    /// ledger) or the checkpoints could not be checked ([`Ledger::verify_checkpoints`]).
-    #[error("{0}")]
-    Checkpoint(String),
-    /// The seen file ([`LedgerOptions::seen_file`]) could not be read or written.
-    #[error("cannot use the seen file {path}")]
-    Seen {
-        /// The file.
-        path: std::path::PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The outbox ([`LedgerOptions::outbox`](crate::ledger::LedgerOptions::outbox)) could not
-    /// be read, locked or written, or a line of it is damaged. Nothing in it was removed.
-    #[error("the outbox {path} (records queued on this site): {detail}")]
-    Outbox {
-        /// The file.
-        path: std::path::PathBuf,
-        /// What is wrong.
-        detail: String,
-    },
-    /// Records queued in the outbox could not be stored (they stay in it): nothing is decided
-    /// before they are, so that a run whose outcome waits there is not taken for one in doubt.
-    #[error("{count} record(s) queued on this site in {path} could not be stored yet: {source}")]
-    Queued {
-        /// The outbox.
-        path: std::path::PathBuf,
-        /// How many it holds for this device.
-        count: usize,
-        /// Why they could not be stored.
-        #[source]
-        source: Box<DispatchError>,
-    },
+}
+
+impl From<RelayError> for DispatchError {
+    fn from(error: RelayError) -> Self {
+        DispatchError::Ledger(LedgerError::Relay(error))
+    }
 }
 
 impl DispatchError {
     /// Whether trying again later may succeed: the relay or the coordinator failed in a way
-    /// that may pass by itself ([`RelayError::is_transient`], [`LeaseError::is_transient`]).
+    /// that may pass by itself ([`LedgerError::is_transient`], [`LeaseError::is_transient`]).
     pub fn is_transient(&self) -> bool {
         match self {
-            DispatchError::Relay(error) => error.is_transient(),
+            DispatchError::Ledger(error) => error.is_transient(),
             DispatchError::Lease(error) => error.is_transient(),
-            DispatchError::Queued { source, .. } => source.is_transient(),
             _ => false,
+        }
+    }
+
+    /// What is damaged, when the ledger refused because it is ([`LedgerError::Damaged`]).
+    pub fn damage(&self) -> Option<&[RelayProblem]> {
+        match self {
+            DispatchError::Ledger(LedgerError::Damaged { problems }) => Some(problems),
+            _ => None,
         }
     }
 }
@@ -283,8 +235,9 @@ impl<T, E> DispatchOutcome<T, E> {
 /// # Errors
 /// * [`DispatchError::InvalidId`], [`DispatchError::DeviceMismatch`]: nothing written.
 /// * [`DispatchError::BelowFencingEpoch`]: nothing written, nothing ran.
-/// * [`DispatchError::Relay`] before the effect: the `pending` could not be pushed, so the effect
-///   did not run (the `pending` stays queued).
+/// * [`DispatchError::Ledger`] ([`LedgerError::Relay`]) before the effect: the `pending` could
+///   not be pushed, so the effect did not run (the `pending` stays queued); a damaged ledger
+///   ([`LedgerError::Damaged`]): nothing written, nothing ran.
 /// * [`DispatchError::Lease`]: the coordinator failed during the fence; `failed` was recorded and
 ///   the effect did not run.
 ///
@@ -294,7 +247,8 @@ impl<T, E> DispatchOutcome<T, E> {
 /// ```
 /// use std::sync::Arc;
 /// use fencepost::clock::system_clock;
-/// use fencepost::dispatch::{dispatch, DispatchOutcome, Ledger};
+/// use fencepost::dispatch::{dispatch, DispatchOutcome};
+/// use fencepost::ledger::Ledger;
 /// use fencepost::keeper::{KeeperConfig, LeaseKeeper};
 /// use fencepost::lease::InMemoryLeaseCoordinator;
 /// use fencepost::relay::InMemoryRelay;
@@ -536,6 +490,12 @@ impl From<DispatchError> for Refusal {
     }
 }
 
+impl From<LedgerError> for Refusal {
+    fn from(error: LedgerError) -> Self {
+        Refusal::Error(error.into())
+    }
+}
+
 impl From<LeaseError> for Refusal {
     fn from(error: LeaseError) -> Self {
         Refusal::Error(error.into())
@@ -624,7 +584,7 @@ impl Permit {
     ///
     /// # Errors
     /// [`DispatchError::DeviceMismatch`] for another device's ledger (nothing written);
-    /// [`DispatchError::Relay`] or [`DispatchError::Log`] when the record could not be stored: it
+    /// [`LedgerError::Relay`] or [`LedgerError::Log`] when the record could not be stored: it
     /// stays queued and is stored by the ledger's next flush, sync or record.
     pub fn finish(self, ledger: &mut Ledger, outcome: RunOutcome) -> Result<OpRecord, DispatchError> {
         if ledger.device_id() != self.device_id {
@@ -647,7 +607,7 @@ impl Permit {
             status = status.as_str(),
             "run dispatched"
         );
-        stored
+        Ok(stored?)
     }
 
     /// Ends the permit without an outcome: nobody knows whether the effect happened (it was
@@ -661,245 +621,5 @@ impl Permit {
             "the effect was interrupted; the run stays in doubt"
         );
         self.token
-    }
-}
-
-impl Ledger {
-    /// Settles a run in doubt (rule D2) by someone who found out whether its effect happened
-    /// (an operator who checked the resource; `fencepost ledger resolve`): records `outcome` at
-    /// the epoch of the attempt in doubt (the newest, when several are), which ends the doubt.
-    /// Make sure that attempt is no longer running first (its lease has ended).
-    ///
-    /// # Errors
-    /// [`DispatchError::NotInDoubt`] (nothing written), and the errors of
-    /// [`record`](Self::record).
-    pub fn resolve(
-        &mut self,
-        agent_id: &str,
-        run_id: &str,
-        outcome: RunOutcome,
-    ) -> Result<OpRecord, DispatchError> {
-        let Some(doubt) = self.in_doubt_run(agent_id, run_id, u64::MAX) else {
-            return Err(DispatchError::NotInDoubt {
-                agent_id: agent_id.to_owned(),
-                run_id: run_id.to_owned(),
-            });
-        };
-        let status = IntentStatus::from(outcome);
-        self.record(&Intent::new(agent_id, run_id, doubt.epoch, status))
-    }
-
-    /// The first half of a dispatch, as a step (rules D1, D2, F4, F6, L5): checks, in order, that
-    /// the holder still holds the lease, that the run has not committed (the oracle), that the
-    /// holder's epoch is not below the ledger's fencing epoch nor one another device already held
-    /// ([`DispatchError::EpochReused`]), that the ledger is not damaged, and
-    /// that the run is not in doubt (unless `options` retry it); then stores the `pending`,
-    /// checks that no other writer of this device began the same run first, asks the fence
-    /// ([`check_dispatch`]) and checks the holder's own timing once more. A refusal at the fence
-    /// or after it records `failed`. On success, the effect may run: see [`Permit`].
-    ///
-    /// [`dispatch`] is this, the effect, and [`Permit::finish`].
-    ///
-    /// Each verdict is counted ([`metrics::FENCE_DECISIONS`](crate::metrics::FENCE_DECISIONS)).
-    ///
-    /// # Errors
-    /// A [`Refusal`]; see each variant for what was written.
-    pub fn begin(
-        &mut self,
-        holder: &dyn crate::fence::Holder,
-        run_id: &str,
-        options: DispatchOptions,
-    ) -> Result<Permit, Refusal> {
-        let begun = self.begin_uncounted(holder, run_id, options);
-        let decision = match &begun {
-            Ok(_) => "proceed",
-            Err(refusal) => refusal.kind(),
-        };
-        metrics::count(metrics::FENCE_DECISIONS, holder.agent_id(), "decision", decision);
-        if let Err(Refusal::LedgerBehind { .. }) = &begun {
-            metrics::count_agent(metrics::LEDGER_BEHIND, holder.agent_id());
-        }
-        begun
-    }
-
-    /// [`begin`](Self::begin), without counting its verdict.
-    fn begin_uncounted(
-        &mut self,
-        holder: &dyn crate::fence::Holder,
-        run_id: &str,
-        options: DispatchOptions,
-    ) -> Result<Permit, Refusal> {
-        validate_id(IdKind::Run, run_id).map_err(DispatchError::from)?;
-        if holder.device_id() != self.device_id() {
-            return Err(DispatchError::DeviceMismatch {
-                keeper: holder.device_id().to_owned(),
-                ledger: self.device_id().to_owned(),
-            }
-            .into());
-        }
-        let agent_id = holder.agent_id();
-        let epoch = holder.epoch();
-        // With a snapshot, the run's stored entry joins the state (a failed read is damage,
-        // refused below).
-        self.prepare_run(agent_id, run_id);
-        if !holder.holds() {
-            return Err(Refusal::NotHeld { claimed_epoch: epoch });
-        }
-        if let Some(committed) = self.state().committed_run(agent_id, run_id) {
-            return Err(Refusal::AlreadyCommitted {
-                committed_op_id: committed.op_id,
-            });
-        }
-        let fencing_epoch = self.state().fencing_epoch(agent_id);
-        if epoch < fencing_epoch {
-            return Err(DispatchError::BelowFencingEpoch {
-                agent_id: agent_id.to_owned(),
-                epoch,
-                fencing_epoch,
-            }
-            .into());
-        }
-        if let Some(other_device) = self.epoch_used_by_another(agent_id, epoch, holder.device_id()) {
-            return Err(DispatchError::EpochReused {
-                agent_id: agent_id.to_owned(),
-                epoch,
-                other_device,
-            }
-            .into());
-        }
-        let damage = self.damage();
-        if !damage.is_empty() {
-            return Err(DispatchError::Damaged {
-                problems: damage.into_iter().cloned().collect(),
-            }
-            .into());
-        }
-        // Rule H3: every record the earlier holders published must be here first, or a run they
-        // began or finished looks new.
-        let published = match holder.handed_over() {
-            Some(frontier) => frontier,
-            None => holder.coordinator().published_frontier(agent_id)?,
-        };
-        let missing = self.behind(&published);
-        if !missing.is_empty() {
-            return Err(Refusal::LedgerBehind { missing });
-        }
-        if let Some(run) = self.in_doubt_run(agent_id, run_id, epoch) {
-            if !options.retry_in_doubt {
-                return Err(Refusal::InDoubt { run });
-            }
-            tracing::info!(
-                agent_id,
-                run_id,
-                epoch,
-                earlier_epoch = run.epoch,
-                "retrying an in-doubt run"
-            );
-        }
-        let intent = |status| Intent::new(agent_id, run_id, epoch, status);
-        if let Err(error) = self.record(&intent(IntentStatus::Pending)) {
-            // Not stored, or stored with its answer lost: nothing runs, and a `failed` queued
-            // behind it settles the attempt wherever the `pending` got to (stored by the next
-            // flush, or kept in the outbox, with it).
-            self.queue_behind_unsent(intent(IntentStatus::Failed));
-            return Err(error.into());
-        }
-        // Another writer of this device (a thread or process sharing the device id and the lease)
-        // may have started the same run since this ledger last looked: its `pending` then arrived
-        // in this append's catch-up, before ours. The first `pending` in the log runs; this one
-        // does not, and records nothing more (a `failed` at this epoch would settle the other
-        // attempt).
-        if let Some(run) = self.concurrent_attempt(agent_id, run_id) {
-            tracing::warn!(
-                agent_id,
-                run_id,
-                epoch,
-                other_op_id = %run.op_id,
-                "another writer of this device started the run first; not running it"
-            );
-            return Err(Refusal::ConcurrentAttempt { run });
-        }
-        let refuse = |ledger: &mut Ledger| {
-            if let Err(error) = ledger.record(&intent(IntentStatus::Failed)) {
-                tracing::warn!(%error, run_id, "could not store a failed intent; it stays queued");
-            }
-        };
-        // The fence (rule D1). The oracle first: the append may have brought a commit of the
-        // run (another writer of this device).
-        if let Some(committed) = self.state().committed_run(agent_id, run_id) {
-            let committed_op_id = committed.op_id;
-            refuse(self);
-            return Err(Refusal::AlreadyCommitted { committed_op_id });
-        }
-        // Then the coordinator, by publishing the `pending` (rule H2): the publication succeeds
-        // only for the holder at its epoch, so it is the fence's "am I still the holder at epoch
-        // N?" and costs no round trip of its own. A successor, which reads the published frontier
-        // after its grant, waits for this `pending` before it dispatches anything (rule H3).
-        let decision =
-            match holder
-                .coordinator()
-                .publish_frontier(agent_id, holder.device_id(), epoch, &self.pushed())
-            {
-                Ok(()) => FenceDecision::Proceed,
-                // Refused: the full verdict (who holds it now) from the fence's read.
-                Err(LeaseError::Lost { .. }) => match check_dispatch(
-                    holder.coordinator(),
-                    self.state(),
-                    agent_id,
-                    run_id,
-                    holder.device_id(),
-                    epoch,
-                ) {
-                    Ok(FenceDecision::Proceed) | Err(_) => FenceDecision::NotHeld { claimed_epoch: epoch },
-                    Ok(decision) => decision,
-                },
-                Err(error) => {
-                    refuse(self);
-                    return Err(error.into());
-                }
-            };
-        tracing::debug!(agent_id, run_id, epoch, ?decision, "fence decision");
-        let refusal = match decision {
-            FenceDecision::Proceed => None,
-            FenceDecision::AlreadyCommitted { committed_op_id } => {
-                Some(Refusal::AlreadyCommitted { committed_op_id })
-            }
-            FenceDecision::StaleEpoch {
-                claimed_epoch,
-                current_epoch,
-                current_holder,
-            } => Some(Refusal::StaleEpoch {
-                claimed_epoch,
-                current_epoch,
-                current_holder,
-            }),
-            FenceDecision::NotHeld { claimed_epoch } => Some(Refusal::NotHeld { claimed_epoch }),
-        };
-        if let Some(refusal) = refusal {
-            tracing::info!(agent_id, run_id, epoch, "the fence refused the run");
-            refuse(self);
-            return Err(refusal);
-        }
-        // The fence may have waited on the coordinator past the holder's renew deadline: the
-        // lease can then be gone although the coordinator had not given it away yet. Never act
-        // after the holder reported the loss.
-        if !holder.holds() {
-            tracing::warn!(
-                agent_id,
-                run_id,
-                epoch,
-                "the lease was lost while the fence was checked"
-            );
-            refuse(self);
-            return Err(Refusal::NotHeld { claimed_epoch: epoch });
-        }
-        Ok(Permit {
-            token: FencingToken {
-                agent_id: agent_id.to_owned(),
-                run_id: run_id.to_owned(),
-                epoch,
-            },
-            device_id: self.device_id().to_owned(),
-        })
     }
 }

@@ -9,14 +9,15 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::clock::{HlcConfig, WallClock};
-use crate::dispatch::DispatchError;
+mod error;
 use crate::fold::{RunRecord, SyncState};
-use crate::id::{validate_id, IdKind};
+use crate::id::{validate_id, Claim, DeviceId, IdKind};
 use crate::lease::{Intent, IntentStatus};
 use crate::oplog::{DeviceLog, HeadMark, LogHead, OpId, OpRecord, Surface};
 use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
 use crate::run_id::RunKey;
 use crate::snapshot::{AttemptsMark, Snapshot, SnapshotBase, SnapshotError};
+pub use error::{CheckpointError, LedgerError};
 
 mod checkpoints;
 mod compose;
@@ -213,6 +214,8 @@ struct Attempts {
 /// first continues past what other writers of the same device (other processes, other `Ledger`s)
 /// appended, so any number of them interleave; none forks the log or hides another's record.
 pub struct Ledger {
+    /// This site's device, checked when the ledger was opened.
+    device: DeviceId,
     log: DeviceLog,
     /// The clock the ledger was opened with (a compaction's time).
     wall_clock: WallClock,
@@ -307,30 +310,27 @@ impl Ledger {
     /// device's own log from what the relay holds of it (after a restart, too).
     ///
     /// # Errors
-    /// [`DispatchError::InvalidId`], [`DispatchError::Relay`] if the pull fails, and
-    /// [`DispatchError::Log`] if this device's stored log does not verify.
-    pub fn open(
-        device_id: &str,
-        wall_clock: WallClock,
-        relay: Arc<dyn Relay>,
-    ) -> Result<Self, DispatchError> {
+    /// [`LedgerError::InvalidId`], [`LedgerError::Relay`] if the pull fails, and
+    /// [`LedgerError::Log`] if this device's stored log does not verify.
+    pub fn open(device_id: &str, wall_clock: WallClock, relay: Arc<dyn Relay>) -> Result<Self, LedgerError> {
         Self::open_with(device_id, wall_clock, relay, LedgerOptions::default())
     }
 
     /// [`open`](Self::open) with options.
     ///
     /// # Errors
-    /// As [`open`](Self::open), and [`DispatchError::Seen`] when the seen file cannot be read or
+    /// As [`open`](Self::open), and [`LedgerError::Seen`] when the seen file cannot be read or
     /// written, or is damaged (it is never silently started over).
     pub fn open_with(
         device_id: &str,
         wall_clock: WallClock,
         relay: Arc<dyn Relay>,
         options: LedgerOptions,
-    ) -> Result<Self, DispatchError> {
-        validate_id(IdKind::Device, device_id)?;
+    ) -> Result<Self, LedgerError> {
+        let device = DeviceId::new(device_id)?;
         let seen = options.seen_file.map(SeenFile::load).transpose()?;
         let mut ledger = Self {
+            device,
             log: DeviceLog::new(device_id, wall_clock.clone())?,
             wall_clock: wall_clock.clone(),
             relay: Arc::clone(&relay),
@@ -445,6 +445,11 @@ impl Ledger {
         self.log.device_id()
     }
 
+    /// The device this site writes as, as a checked id.
+    pub fn device(&self) -> &DeviceId {
+        &self.device
+    }
+
     /// The folded state of every intent this ledger has; with a [snapshot](LedgerOptions::snapshot),
     /// of the runs read or asked about in this process ([`committed_run`](Self::committed_run)).
     pub fn state(&self) -> &SyncState {
@@ -477,29 +482,29 @@ impl Ledger {
     /// in-doubt run; [`dispatch`](crate::dispatch::dispatch) records its own.
     ///
     /// # Errors
-    /// [`DispatchError::InvalidId`] for an invalid agent or run id, [`DispatchError::InvalidEpoch`]
+    /// [`LedgerError::InvalidId`] for an invalid agent or run id, [`LedgerError::InvalidEpoch`]
     /// for an epoch no coordinator mints (nothing queued);
-    /// [`DispatchError::Relay`] or [`DispatchError::Log`] when it could not be stored: it stays
+    /// [`LedgerError::Relay`] or [`LedgerError::Log`] when it could not be stored: it stays
     /// queued ([`unsent`](Self::unsent)) and is stored, in order, by the next
     /// [`flush`](Self::flush), [`sync`](Self::sync) or record of this ledger.
-    pub fn record(&mut self, intent: &Intent) -> Result<OpRecord, DispatchError> {
+    pub fn record(&mut self, intent: &Intent) -> Result<OpRecord, LedgerError> {
         validate_id(IdKind::Agent, &intent.agent_id)?;
         validate_id(IdKind::Run, &intent.run_id)?;
         if !(1..=crate::lease::MAX_EPOCH).contains(&intent.epoch) {
-            return Err(DispatchError::InvalidEpoch { epoch: intent.epoch });
+            return Err(LedgerError::InvalidEpoch { epoch: intent.epoch });
         }
         self.append_now(Surface::Intent, intent.payload())
     }
 
     /// Queues one record and stores every queued one; returns the last.
-    fn append_now(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, DispatchError> {
+    fn append_now(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, LedgerError> {
         // A record no log can hold (over a record limit) is refused now, not queued: it would
         // block every record queued after it.
         self.log.clone().try_append(surface.clone(), payload.clone())?;
         self.unsent.push((surface, payload));
         let mut stored = self.write_queued()?;
         stored.pop().ok_or_else(|| {
-            DispatchError::Relay(RelayError::Io {
+            LedgerError::Relay(RelayError::Io {
                 operation: "append to",
                 path: std::path::PathBuf::from(self.device_id()),
                 source: std::io::Error::other("the relay stored nothing"),
@@ -516,7 +521,7 @@ impl Ledger {
     }
 
     /// Stores the queued records under the relay's claim on this device's log.
-    fn write_queued(&mut self) -> Result<Vec<OpRecord>, DispatchError> {
+    fn write_queued(&mut self) -> Result<Vec<OpRecord>, LedgerError> {
         if self.unsent.is_empty() {
             return Ok(Vec::new());
         }
@@ -574,8 +579,8 @@ impl Ledger {
     /// Stores the queued records.
     ///
     /// # Errors
-    /// [`DispatchError::Relay`] or [`DispatchError::Log`]; the records stay queued.
-    pub fn flush(&mut self) -> Result<usize, DispatchError> {
+    /// [`LedgerError::Relay`] or [`LedgerError::Log`]; the records stay queued.
+    pub fn flush(&mut self) -> Result<usize, LedgerError> {
         Ok(self.write_queued()?.len())
     }
 
@@ -587,7 +592,7 @@ impl Ledger {
     ///
     /// # Errors
     /// As [`flush`](Self::flush).
-    pub fn flush_through(&mut self, other: &mut Ledger) -> Result<usize, DispatchError> {
+    pub fn flush_through(&mut self, other: &mut Ledger) -> Result<usize, LedgerError> {
         if other.device_id() != self.device_id() {
             return Ok(0);
         }
@@ -599,8 +604,8 @@ impl Ledger {
     /// The problems the pull reports replace the previous ones ([`problems`](Self::problems)).
     ///
     /// # Errors
-    /// [`DispatchError::Relay`] when the push or the pull fails.
-    pub fn sync(&mut self) -> Result<SyncReport, DispatchError> {
+    /// [`LedgerError::Relay`] when the push or the pull fails.
+    pub fn sync(&mut self) -> Result<SyncReport, LedgerError> {
         let pushed = self.flush()?;
         let stopwatch = crate::clock::Stopwatch::start();
         let batch = self.relay.pull(&self.view.frontier)?;
@@ -626,12 +631,12 @@ impl Ledger {
     }
 
     /// Folds a pull, keeps its problems, and checks and updates the seen file.
-    fn take_pull(&mut self, batch: crate::relay::PullBatch) -> Result<(), DispatchError> {
+    fn take_pull(&mut self, batch: crate::relay::PullBatch) -> Result<(), LedgerError> {
         self.absorb(&batch.ops);
         self.take_problems(batch.problems)
     }
 
-    fn save_seen(&mut self) -> Result<(), DispatchError> {
+    fn save_seen(&mut self) -> Result<(), LedgerError> {
         let Some(seen) = &mut self.seen else {
             return Ok(());
         };
@@ -772,30 +777,31 @@ impl Ledger {
         self.view.in_doubt_run(agent_id, run_id, held_epoch)
     }
 
-    /// Why `epoch` of `agent_id`, just granted to `device_id`, is not a fresh grant, if it is
-    /// not. A grant comes after the coordinator's floor was raised to the ledger's epoch, so it
+    /// Why `grant` (an epoch of an agent just granted to a device) is not a fresh grant, if it
+    /// is not. A grant comes after the coordinator's floor was raised to the ledger's epoch, so it
     /// is above every epoch the ledger has seen, unless the coordinator lost or rolled back its
     /// state in between; then give the lease back and acquire again with the ledger's epoch as
     /// the floor ([`run_once`](crate::run::run_once) does). Call it right after acquiring (and syncing): later in
-    /// the tenure, this holder's own records are at `epoch`.
-    pub fn stale_grant(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<StaleGrant> {
-        let fencing_epoch = self.state().fencing_epoch(agent_id);
+    /// the tenure, this holder's own records are at the epoch.
+    pub fn stale_grant(&self, grant: &Claim) -> Option<StaleGrant> {
+        let epoch = grant.epoch.get();
+        let fencing_epoch = self.state().fencing_epoch(&grant.agent);
         if epoch > fencing_epoch {
             return None;
         }
         Some(if epoch < fencing_epoch {
             StaleGrant::BelowLedger { fencing_epoch }
-        } else if let Some(device_id) = self.epoch_used_by_another(agent_id, epoch, device_id) {
+        } else if let Some(device_id) = self.epoch_used_by_another(grant) {
             StaleGrant::HeldBy { device_id }
         } else {
             StaleGrant::UsedBefore
         })
     }
 
-    /// Another device with a `pending` of `agent_id` at `epoch`; see
+    /// Another device with a `pending` of the claim's agent at its epoch; see
     /// [`LedgerState::epoch_used_by_another`].
-    pub fn epoch_used_by_another(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<String> {
-        self.view.epoch_used_by_another(agent_id, epoch, device_id)
+    pub fn epoch_used_by_another(&self, claim: &Claim) -> Option<String> {
+        self.view.epoch_used_by_another(claim)
     }
 
     /// A `pending` of `run_id` that another writer of this device appended just before this

@@ -31,15 +31,16 @@
 
 use std::sync::Arc;
 
-use crate::dispatch::{DispatchError, EffectOutcome, FencingToken};
+use crate::dispatch::{DispatchError, EffectOutcome};
+use crate::fence::FencingToken;
 use crate::id::{AgentId, Claim, Epoch, EpochError, IdError, RunId};
 use crate::keeper::{KeeperClock, KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
 use crate::lease::{LeaseCoordinator, LeaseError};
-use crate::ledger::{InDoubtRun, Ledger, MissingRecords, StaleGrant};
+use crate::ledger::{InDoubtRun, Ledger, LedgerError, MissingRecords, StaleGrant};
 use crate::oplog::OpId;
 use crate::run_id::{deterministic_run_id, RunIdError};
 
-pub use crate::session::{SessionEnd, Stage};
+use crate::session::{SessionEnd, Stage};
 
 /// One occurrence of a job: the agent that runs it and its run id, which every site that sees
 /// the occurrence computes alike ([`deterministic_run_id`]).
@@ -326,12 +327,16 @@ impl<T, E> Outcome<T, E> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
-    /// The ledger failed or refused at the fence, or is damaged ([`DispatchError::Damaged`]).
+    /// The ledger failed, or refused because it is damaged ([`LedgerError::Damaged`]).
     #[error(transparent)]
-    Ledger(#[from] DispatchError),
+    Ledger(#[from] LedgerError),
+    /// The dispatch failed or refused at the fence for another reason than the ledger (a
+    /// [`DispatchError::Ledger`] is reported as [`RunError::Ledger`]).
+    #[error(transparent)]
+    Dispatch(DispatchError),
     /// The ledger could not be synced.
     #[error("cannot sync the ledger")]
-    Sync(#[source] DispatchError),
+    Sync(#[source] LedgerError),
     /// The lease could not be acquired (the coordinator failed, an invalid configuration).
     #[error("cannot acquire the lease of {agent_id}")]
     Acquire {
@@ -365,9 +370,6 @@ pub enum RunError {
     /// back.
     #[error("the coordinator granted {0}")]
     Epoch(#[from] EpochError),
-    /// The ledger's device id is not a valid one.
-    #[error(transparent)]
-    Device(#[from] IdError),
     /// The run session asked its driver for a step the driver did not expect (a bug in
     /// fencepost, reported rather than a panic).
     #[error("the run session asked for {step}, which its driver did not expect (a bug in fencepost)")]
@@ -375,6 +377,15 @@ pub enum RunError {
         /// What it asked for.
         step: &'static str,
     },
+}
+
+impl From<DispatchError> for RunError {
+    fn from(error: DispatchError) -> Self {
+        match error {
+            DispatchError::Ledger(error) => RunError::Ledger(error),
+            other => RunError::Dispatch(other),
+        }
+    }
 }
 
 impl RunError {

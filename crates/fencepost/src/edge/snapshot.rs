@@ -54,7 +54,8 @@ pub(crate) use store::{CheckpointFile, Snapshot};
 
 /// Why a snapshot cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum SnapshotError {
+#[non_exhaustive]
+pub enum SnapshotError {
     /// SQLite failed (an I/O error, a file that is not a database, a lock held too long).
     #[cfg(feature = "sqlite")]
     #[error("{0}")]

@@ -62,7 +62,7 @@ pub enum ResourceRefusal {
 /// checks only the run id still lets a zombie act for an agent it no longer holds.
 ///
 /// ```
-/// use fencepost::dispatch::FencingToken;
+/// use fencepost::fence::FencingToken;
 /// use fencepost::resource::{FencedResource, ResourceRefusal};
 ///
 /// let resource = FencedResource::new();

@@ -3,7 +3,7 @@
 //! without panicking, and what it accepts survives a round trip.
 #![allow(dead_code)]
 
-use fencepost::intent::{Intent, IntentStatus};
+use fencepost::lease::{Intent, IntentStatus};
 use fencepost::oplog::{LogHead, OpRecord};
 use fencepost::relay::{device_file_name, Frontier, FsRelay, Relay};
 
@@ -76,7 +76,7 @@ pub struct CheckpointFixture {
 #[cfg(feature = "sqlite")]
 pub fn checkpoint_fixture(scratch: &std::path::Path) -> CheckpointFixture {
     use fencepost::clock::ManualClock;
-    use fencepost::dispatch::Ledger;
+    use fencepost::ledger::Ledger;
     use std::sync::Arc;
 
     let folder = scratch.join("ledger");
@@ -123,7 +123,7 @@ pub fn checkpoint_fixture(scratch: &std::path::Path) -> CheckpointFixture {
 #[cfg(feature = "sqlite")]
 pub fn checkpoint(fixture: &CheckpointFixture, scratch: &std::path::Path, bytes: &[u8]) {
     use fencepost::clock::ManualClock;
-    use fencepost::dispatch::Ledger;
+    use fencepost::ledger::Ledger;
     use fencepost::ledger::LedgerOptions;
     use std::sync::Arc;
 

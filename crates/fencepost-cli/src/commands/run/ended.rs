@@ -12,7 +12,7 @@ pub(super) fn run_error(
     stored: Option<Result<Stored>>,
 ) -> Result<i32> {
     match error {
-        RunError::Ledger(DispatchError::Damaged { .. }) => {
+        RunError::Ledger(LedgerError::Damaged { .. }) => {
             refuse_damage(ledger, settings)?;
             bail!("the ledger is damaged")
         }
@@ -20,14 +20,24 @@ pub(super) fn run_error(
             "the coordinator granted epoch {epoch} of {agent}, {}, four times in a row (it lost or rolled back its state, and keeps doing so); not running {run_id}",
             stale_why(&why, &settings.device)
         ),
-        RunError::Ledger(error) => {
-            if let Some(Err(unstored)) = stored {
-                tracing::warn!(error = %crate::exit::one_line(&unstored), "could not write nor queue the record of an attempt that did not run");
-            }
-            Err(error).context(format!("{run_id} of {agent} could not be dispatched"))
-        }
+        RunError::Ledger(error) => not_dispatched(error.into(), stored, run_id, agent),
+        RunError::Dispatch(error) => not_dispatched(error.into(), stored, run_id, agent),
         error => Err(error.into()),
     }
+}
+
+/// The dispatch failed (the ledger, the fence): `error` kept whole in the chain (so that
+/// [`transient`] sees it), and a record that could not be stored logged.
+fn not_dispatched(
+    error: anyhow::Error,
+    stored: Option<Result<Stored>>,
+    run_id: &str,
+    agent: &str,
+) -> Result<i32> {
+    if let Some(Err(unstored)) = stored {
+        tracing::warn!(error = %crate::exit::one_line(&unstored), "could not write nor queue the record of an attempt that did not run");
+    }
+    Err(error).context(format!("{run_id} of {agent} could not be dispatched"))
 }
 
 /// A run session's end, as `run` reports it.

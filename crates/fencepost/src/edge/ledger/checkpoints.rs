@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use super::{contains, CompactOptions, Ledger, LedgerState};
 use crate::checkpoint::{self, CheckpointInfo};
-use crate::dispatch::DispatchError;
 use crate::fold::Forgetting;
+use crate::ledger::{CheckpointError, LedgerError};
 use crate::oplog::{OpId, OpRecord};
 use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
@@ -28,7 +28,7 @@ impl Ledger {
         view: &mut LedgerState,
         since: &Frontier,
         base: &SnapshotBase,
-    ) -> Result<(), DispatchError> {
+    ) -> Result<(), LedgerError> {
         let ends: std::collections::BTreeMap<&str, u64> = base
             .heads
             .iter()

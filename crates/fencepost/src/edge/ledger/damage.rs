@@ -73,8 +73,8 @@ impl Ledger {
     /// accepted.
     ///
     /// # Errors
-    /// [`DispatchError::Relay`] when the record cannot be stored (nothing is accepted then).
-    pub fn accept_damage(&mut self, device: &str) -> Result<usize, DispatchError> {
+    /// [`LedgerError::Relay`] when the record cannot be stored (nothing is accepted then).
+    pub fn accept_damage(&mut self, device: &str) -> Result<usize, LedgerError> {
         let mut accepted = self.accepted.clone();
         accepted.insert(device.to_owned());
         let covered: Vec<String> = self
@@ -107,8 +107,8 @@ impl Ledger {
     /// recorded or accepted.
     ///
     /// # Errors
-    /// [`DispatchError::Relay`] when the record cannot be stored (nothing is accepted then).
-    pub fn accept_missing(&mut self, device: &str, published: &Frontier) -> Result<u64, DispatchError> {
+    /// [`LedgerError::Relay`] when the record cannot be stored (nothing is accepted then).
+    pub fn accept_missing(&mut self, device: &str, published: &Frontier) -> Result<u64, LedgerError> {
         let Some(missing) = self
             .view
             .frontier
@@ -129,7 +129,7 @@ impl Ledger {
     }
 
     /// Takes the problems of a pull whose records were absorbed.
-    pub(super) fn take_problems(&mut self, problems: Vec<RelayProblem>) -> Result<(), DispatchError> {
+    pub(super) fn take_problems(&mut self, problems: Vec<RelayProblem>) -> Result<(), LedgerError> {
         for problem in problems.iter().filter(|problem| problem.is_damage()) {
             tracing::debug!(%problem, "the ledger is damaged");
         }

@@ -21,8 +21,8 @@ use serde_json::Value;
 
 use super::Ledger;
 use crate::clock::RealTimeLimit;
-use crate::dispatch::DispatchError;
 use crate::lease::Intent;
+use crate::ledger::LedgerError;
 use crate::oplog::Surface;
 
 /// How long a process waits for another one's lock on the outbox: it is held to read, append or
@@ -62,8 +62,8 @@ impl QueuedRecord {
 /// its lock or changing it: for a status report.
 ///
 /// # Errors
-/// [`DispatchError::Outbox`] when the file cannot be read or a line of it is damaged.
-pub fn read_outbox(path: &Path) -> Result<Vec<QueuedRecord>, DispatchError> {
+/// [`LedgerError::Outbox`] when the file cannot be read or a line of it is damaged.
+pub fn read_outbox(path: &Path) -> Result<Vec<QueuedRecord>, LedgerError> {
     Ok(read(path)?
         .into_iter()
         .map(|line| QueuedRecord {
@@ -74,8 +74,8 @@ pub fn read_outbox(path: &Path) -> Result<Vec<QueuedRecord>, DispatchError> {
         .collect())
 }
 
-fn outbox_error(path: &Path, detail: impl Into<String>) -> DispatchError {
-    DispatchError::Outbox {
+fn outbox_error(path: &Path, detail: impl Into<String>) -> LedgerError {
+    LedgerError::Outbox {
         path: path.to_path_buf(),
         detail: detail.into(),
     }
@@ -83,7 +83,7 @@ fn outbox_error(path: &Path, detail: impl Into<String>) -> DispatchError {
 
 /// The lines of the outbox, checked: each reads, and an intent names valid ids and an epoch a
 /// coordinator mints.
-fn read(path: &Path) -> Result<Vec<Line>, DispatchError> {
+fn read(path: &Path) -> Result<Vec<Line>, LedgerError> {
     let mut file = match open_regular(path, OpenOptions::new().read(true)) {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -159,7 +159,7 @@ struct Locked {
     _file: File,
 }
 
-fn lock(path: &Path) -> Result<Locked, DispatchError> {
+fn lock(path: &Path) -> Result<Locked, LedgerError> {
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
     let file = open_regular(
@@ -205,7 +205,7 @@ fn lock(path: &Path) -> Result<Locked, DispatchError> {
 }
 
 /// Appends `lines` to the outbox and syncs it (and its folder, when it was made).
-fn append(path: &Path, lines: &[Line]) -> Result<(), DispatchError> {
+fn append(path: &Path, lines: &[Line]) -> Result<(), LedgerError> {
     let failed = |error: std::io::Error| outbox_error(path, format!("cannot write it: {error}"));
     let mut text = Vec::new();
     for line in lines {
@@ -255,7 +255,7 @@ impl Ledger {
     /// Stores what the outbox holds for this device, first in this ledger's queue, then removes
     /// it (all under its lock); how many records it held. Other devices' lines (a file shared
     /// by mistake) are left for their own ledgers.
-    pub(super) fn store_outbox(&mut self) -> Result<usize, DispatchError> {
+    pub(super) fn store_outbox(&mut self) -> Result<usize, LedgerError> {
         let Some(path) = self.outbox.clone() else {
             return Ok(0);
         };
@@ -277,7 +277,7 @@ impl Ledger {
         if let Err(error) = self.write_queued() {
             // The file still holds them: they are stored by the next ledger opened with it.
             self.unsent.clear();
-            return Err(DispatchError::Queued {
+            return Err(LedgerError::Queued {
                 path,
                 count,
                 source: Box::new(error),
@@ -313,9 +313,9 @@ impl Ledger {
     /// nothing, without an outbox.
     ///
     /// # Errors
-    /// [`DispatchError::Outbox`] when the file cannot be locked or written; the records stay
+    /// [`LedgerError::Outbox`] when the file cannot be locked or written; the records stay
     /// queued here.
-    pub fn queue_unsent(&mut self) -> Result<usize, DispatchError> {
+    pub fn queue_unsent(&mut self) -> Result<usize, LedgerError> {
         let Some(path) = self.outbox.clone() else {
             return Ok(0);
         };
@@ -340,14 +340,14 @@ impl Ledger {
     }
 
     /// Stores the queued records ([`flush`](Self::flush)), trying again while the relay's
-    /// failure may pass by itself ([`DispatchError::is_transient`]: a database restarting, a
+    /// failure may pass by itself ([`LedgerError::is_transient`]: a database restarting, a
     /// lost connection) and `limit` has not passed: pauses from 100 ms, doubled up to 2 s.
     /// Returns how many were stored.
     ///
     /// # Errors
     /// The last error, when `limit` passed or the failure will not pass by itself; the records
     /// stay queued ([`queue_unsent`](Self::queue_unsent) keeps them on the site).
-    pub fn flush_within(&mut self, limit: Duration) -> Result<usize, DispatchError> {
+    pub fn flush_within(&mut self, limit: Duration) -> Result<usize, LedgerError> {
         self.flush_while(limit, || true)
     }
 
@@ -356,7 +356,7 @@ impl Ledger {
     ///
     /// # Errors
     /// As [`flush_within`](Self::flush_within).
-    pub fn flush_while(&mut self, limit: Duration, go_on: impl Fn() -> bool) -> Result<usize, DispatchError> {
+    pub fn flush_while(&mut self, limit: Duration, go_on: impl Fn() -> bool) -> Result<usize, LedgerError> {
         let limit = RealTimeLimit::starting_now(limit);
         let mut pause = Duration::from_millis(100);
         loop {

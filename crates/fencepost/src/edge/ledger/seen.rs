@@ -21,15 +21,15 @@ pub(super) struct SeenFile {
 }
 
 impl SeenFile {
-    pub(super) fn load(path: std::path::PathBuf) -> Result<Self, DispatchError> {
+    pub(super) fn load(path: std::path::PathBuf) -> Result<Self, LedgerError> {
         let devices = Self::read(&path)?;
         Ok(Self { path, devices })
     }
 
-    pub(super) fn read(path: &std::path::Path) -> Result<BTreeMap<String, Seen>, DispatchError> {
+    pub(super) fn read(path: &std::path::Path) -> Result<BTreeMap<String, Seen>, LedgerError> {
         match std::fs::read(path) {
             // A damaged memory is no memory: say so, rather than forget silently what was seen.
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| DispatchError::Seen {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| LedgerError::Seen {
                 path: path.to_path_buf(),
                 source: std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
@@ -37,7 +37,7 @@ impl SeenFile {
                 ),
             }),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-            Err(error) => Err(DispatchError::Seen {
+            Err(error) => Err(LedgerError::Seen {
                 path: path.to_path_buf(),
                 source: error,
             }),
@@ -45,7 +45,7 @@ impl SeenFile {
     }
 
     /// Merges `marks` into the file (the greater seq wins), under the file's lock.
-    pub(super) fn store(&mut self, marks: BTreeMap<String, Seen>) -> Result<(), DispatchError> {
+    pub(super) fn store(&mut self, marks: BTreeMap<String, Seen>) -> Result<(), LedgerError> {
         let changed = marks.iter().any(|(device, mark)| {
             self.devices
                 .get(device)
@@ -70,9 +70,9 @@ impl SeenFile {
     /// Puts `marks` in place of what the file remembers of those devices (none: forgets the
     /// device), under the file's lock: after a database that went back was repaired
     /// ([`Ledger::repair_went_back`]), what it holds now is what this site has seen.
-    pub(super) fn reset(&mut self, marks: BTreeMap<String, Option<Seen>>) -> Result<(), DispatchError> {
+    pub(super) fn reset(&mut self, marks: BTreeMap<String, Option<Seen>>) -> Result<(), LedgerError> {
         let Some(_lock) = self.lock()? else {
-            return Err(DispatchError::Seen {
+            return Err(LedgerError::Seen {
                 path: self.path.clone(),
                 source: std::io::Error::new(std::io::ErrorKind::WouldBlock, "another process holds its lock"),
             });
@@ -89,8 +89,8 @@ impl SeenFile {
 
     /// The file's lock, held only to merge and rename; `None` when a holder does not let go
     /// within `SEEN_LOCK_WAIT`.
-    pub(super) fn lock(&self) -> Result<Option<std::fs::File>, DispatchError> {
-        let failed = |source| DispatchError::Seen {
+    pub(super) fn lock(&self) -> Result<Option<std::fs::File>, LedgerError> {
+        let failed = |source| LedgerError::Seen {
             path: self.path.clone(),
             source,
         };
@@ -123,8 +123,8 @@ impl SeenFile {
     }
 
     /// Replaces the file with `devices` (by a rename), under the lock.
-    pub(super) fn write(&mut self, devices: BTreeMap<String, Seen>) -> Result<(), DispatchError> {
-        let failed = |source| DispatchError::Seen {
+    pub(super) fn write(&mut self, devices: BTreeMap<String, Seen>) -> Result<(), LedgerError> {
+        let failed = |source| LedgerError::Seen {
             path: self.path.clone(),
             source,
         };

@@ -211,11 +211,17 @@ impl LedgerState {
             .collect()
     }
 
-    /// Another device that wrote a `pending` of `agent_id` at `epoch`, when `epoch` is the
-    /// highest epoch of the agent's `pending`s: only the holder of an epoch writes them, so the
-    /// coordinator granted `epoch` to `device_id` after it had granted it to that device (it lost
-    /// or rolled back its state). `None` when no other device did, as far as this ledger knows.
-    pub fn epoch_used_by_another(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<String> {
+    /// Another device than the claim's that wrote a `pending` of its agent at its epoch, when
+    /// that epoch is the highest of the agent's `pending`s: only the holder of an epoch writes
+    /// them, so the coordinator granted the epoch to the claim's device after it had granted it
+    /// to that device (it lost or rolled back its state). `None` when no other device did, as far
+    /// as this ledger knows.
+    pub fn epoch_used_by_another(&self, claim: &Claim) -> Option<String> {
+        self.other_pending_device(&claim.agent, claim.epoch.get(), &claim.device)
+    }
+
+    /// [`epoch_used_by_another`](Self::epoch_used_by_another), of ids already checked.
+    pub(crate) fn other_pending_device(&self, agent_id: &str, epoch: u64, device_id: &str) -> Option<String> {
         let (top, devices) = self.pending_epochs.get(agent_id)?;
         if *top != epoch {
             return None;

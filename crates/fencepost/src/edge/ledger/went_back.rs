@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Ledger, Seen};
-use crate::dispatch::DispatchError;
 use crate::lease::{Intent, IntentStatus};
+use crate::ledger::LedgerError;
 use crate::oplog::Surface;
 use crate::relay::ProblemKind;
 use crate::snapshot::Snapshot;
@@ -56,9 +56,9 @@ impl Ledger {
     ///
     /// # Errors
     /// The errors of [`record`](Self::record) (what was stored stays; the damage stays, and a
-    /// later repair writes the rest), and [`DispatchError::Seen`] when the seen file cannot
+    /// later repair writes the rest), and [`LedgerError::Seen`] when the seen file cannot
     /// be written.
-    pub fn repair_went_back(&mut self) -> Result<Option<WentBackRepair>, DispatchError> {
+    pub fn repair_went_back(&mut self) -> Result<Option<WentBackRepair>, LedgerError> {
         let damage = self.damage();
         let repairable = !damage.is_empty()
             && damage.iter().all(|problem| problem.kind == ProblemKind::WentBack)

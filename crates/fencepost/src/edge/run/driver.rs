@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use super::{EffectContext, Occurrence, Outcome, RunError, RunHooks, RunOptions};
 use crate::dispatch::{
-    begin_guarded, count_dispatch, end_effect, DispatchError, DispatchOptions, DispatchOutcome,
-    EffectOutcome, Refusal,
+    begin_guarded, count_dispatch, end_effect, DispatchOptions, DispatchOutcome, EffectOutcome, Refusal,
 };
-use crate::id::{Claim, DeviceId, Epoch};
+use crate::id::{Claim, Epoch};
 use crate::keeper::{KeeperError, LeaseKeeper};
 use crate::lease::{LeaseCoordinator, LeaseError};
-use crate::ledger::{Ledger, MissingRecords, StaleGrant};
+use crate::ledger::{Ledger, LedgerError, MissingRecords, StaleGrant};
 use crate::oplog::OpId;
 use crate::session::{
     Acquired, Begun, Comparison, EffectEnd, RunSession, SessionEnd, SessionPlan, SessionStep,
@@ -244,7 +243,11 @@ impl Driver<'_> {
             self.abort(session, error);
             return;
         }
-        self.stale = ledger.stale_grant(self.agent(), epoch.get(), ledger.device_id());
+        self.stale = ledger.stale_grant(&Claim {
+            agent: self.occurrence.agent_id.clone(),
+            device: ledger.device().clone(),
+            epoch,
+        });
         session.grant_checked(self.now_ms(), self.stale.is_some());
         if self.stale.is_some() {
             return;
@@ -347,17 +350,10 @@ impl Driver<'_> {
             return None;
         };
         self.hooks.dispatching();
-        let claim = match DeviceId::new(ledger.device_id()) {
-            Ok(device) => Claim {
-                agent: self.occurrence.agent_id.clone(),
-                device,
-                epoch,
-            },
-            Err(error) => {
-                self.keeper = Some(keeper);
-                self.abort(session, RunError::Device(error));
-                return None;
-            }
+        let claim = Claim {
+            agent: self.occurrence.agent_id.clone(),
+            device: ledger.device().clone(),
+            epoch,
         };
         let options = DispatchOptions::default().retry_in_doubt(retry_in_doubt);
         let dispatched = match begin_guarded(&keeper, ledger, &self.occurrence.run_id, options) {
@@ -393,7 +389,7 @@ impl Driver<'_> {
         match dispatched {
             Ok(outcome) => Some((epoch, outcome)),
             Err(error) => {
-                self.abort(session, RunError::Ledger(error));
+                self.abort(session, RunError::from(error));
                 None
             }
         }
@@ -514,7 +510,7 @@ fn sync_checked(ledger: &mut Ledger) -> Result<(), RunError> {
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(RunError::Ledger(DispatchError::Damaged { problems }))
+        Err(RunError::Ledger(LedgerError::Damaged { problems }))
     }
 }
 

@@ -6,7 +6,7 @@
 use super::world::{agent_name, run_id, LeaseState, SimHolder, SimSession, World};
 use super::GuardMode;
 use crate::dispatch::{DispatchOptions, Refusal, RunOutcome};
-use crate::id::Epoch;
+use crate::id::{AgentId, Claim, Epoch};
 use crate::lease::LeaseCoordinator;
 use crate::session::{
     Acquired, Begun, Comparison, EffectEnd, RunSession, SessionEnd, SessionPlan, SessionStep,
@@ -147,12 +147,15 @@ impl World<'_> {
     /// [`SessionStep::SyncAndCheckGrant`]: a grant the ledger has seen is given back (rule L5).
     fn session_check_grant(&mut self, index: usize, local: u64, epoch: Epoch) {
         let agent = self.session_mut(index).agent;
-        let device = self.sites[index].name.clone();
         let stale = self.sites[index].ledger.as_mut().is_some_and(|ledger| {
             let _ = ledger.sync();
-            ledger
-                .stale_grant(&agent_name(agent), epoch.get(), &device)
-                .is_some()
+            let grant = AgentId::new(agent_name(agent)).map(|agent| Claim {
+                agent,
+                device: ledger.device().clone(),
+                epoch,
+            });
+            // A name that is not an id (never one of the simulator's) is not a fresh grant.
+            !grant.is_ok_and(|grant| ledger.stale_grant(&grant).is_none())
         });
         if stale {
             self.report.refused_at_fence += 1;

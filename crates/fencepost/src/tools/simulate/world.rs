@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use super::{Cause, Fault, GuardMode, ModeReport, Schedule, SimConfig, Tenure};
 use crate::clock::ManualClock;
-use crate::dispatch::{FencingToken, Ledger, Permit, Refusal, RunOutcome};
+use crate::dispatch::{Permit, Refusal, RunOutcome};
+use crate::fence::FencingToken;
 use crate::fence::Holder;
 use crate::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig, Renewal, RenewalStep};
 use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
+use crate::ledger::Ledger;
 use crate::relay::{Frontier, InMemoryRelay, Relay};
 use crate::session::RunSession;
 
@@ -541,7 +543,7 @@ impl World<'_> {
         &mut self,
         index: usize,
         key: (usize, u64),
-        run: &crate::dispatch::InDoubtRun,
+        run: &crate::ledger::InDoubtRun,
     ) {
         let name = agent_name(key.0);
         let live = matches!(

@@ -11,12 +11,12 @@ impl Ledger {
     /// The ledger must have been opened without a snapshot: it read, and checked, every record.
     ///
     /// # Errors
-    /// [`DispatchError::Damaged`] when the ledger is damaged (a checkpoint of an incomplete
-    /// ledger would lack commits), [`DispatchError::Checkpoint`] when the relay keeps no
+    /// [`LedgerError::Damaged`] when the ledger is damaged (a checkpoint of an incomplete
+    /// ledger would lack commits), [`LedgerError::Checkpoint`] when the relay keeps no
     /// checkpoints, the ledger resumed from a snapshot, has no records, or the file cannot be
-    /// written, [`DispatchError::Relay`] when unsent records
+    /// written (the [`CheckpointError`] says which), [`LedgerError::Relay`] when unsent records
     /// cannot be stored.
-    pub fn compact(&mut self) -> Result<CheckpointInfo, DispatchError> {
+    pub fn compact(&mut self) -> Result<CheckpointInfo, LedgerError> {
         self.compact_with(&CompactOptions::default())
     }
 
@@ -32,27 +32,24 @@ impl Ledger {
     ///
     /// # Errors
     /// As [`compact`](Self::compact).
-    pub fn compact_with(&mut self, options: &CompactOptions) -> Result<CheckpointInfo, DispatchError> {
-        let failed = |what: String| DispatchError::Checkpoint(format!("cannot write a checkpoint: {what}"));
-        let dir = self.relay.checkpoints_dir().ok_or_else(|| {
-            failed("this ledger keeps no checkpoints (a ledger in PostgreSQL keeps them with a folder for this site's copies: PostgresRelay::with_checkpoint_mirror)".to_owned())
-        })?;
+    pub fn compact_with(&mut self, options: &CompactOptions) -> Result<CheckpointInfo, LedgerError> {
+        let dir = self.relay.checkpoints_dir().ok_or(CheckpointError::NotKept)?;
         if self.resumed_from_snapshot() {
             // Its records read before are not read again: damage among them would not be seen.
-            return Err(failed(
-                "compaction needs a ledger that read every record (opened without a snapshot), so that every record is checked".to_owned(),
-            ));
+            return Err(CheckpointError::CompactAfterSnapshot.into());
         }
         self.flush()?;
         let problems: Vec<RelayProblem> = self.damage().into_iter().cloned().collect();
         if !problems.is_empty() || !self.view.rejected.is_empty() {
-            return Err(DispatchError::Damaged { problems });
+            return Err(LedgerError::Damaged { problems });
         }
         if self.view.frontier.iter().next().is_none() {
-            return Err(failed("the ledger has no records yet".to_owned()));
+            return Err(CheckpointError::NoRecords.into());
         }
-        std::fs::create_dir_all(&dir)
-            .map_err(|error| failed(format!("cannot create {}: {error}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateFolder {
+            path: dir.clone(),
+            source,
+        })?;
         checkpoint::remove_leftovers(&dir, &[".writing-", ".folding-"]);
         // Stored elsewhere (a database): every stored one copied here, the line of compactions
         // and the ones this one contains are found among them.
@@ -127,7 +124,7 @@ impl Ledger {
             Ok(exported) => exported,
             Err(error) => {
                 Snapshot::remove(&written);
-                return Err(failed(error));
+                return Err(error);
             }
         };
         let id = checkpoint::id_hex(&file.id());
@@ -142,16 +139,13 @@ impl Ledger {
             .and_then(|()| std::fs::File::open(&dir).and_then(|folder| folder.sync_all()));
         if let Err(error) = moved {
             Snapshot::remove(&written);
-            return Err(failed(format!(
-                "cannot move the checkpoint into {}: {error}",
-                dir.display()
-            )));
+            return Err(CheckpointError::Move { dir, source: error }.into());
         }
         if let Some(store) = self.relay.checkpoint_store() {
             let name = checkpoint::file_name(records, &id, forgets_before_ms);
             if let Err(error) = store.upload(&name, &path) {
                 Snapshot::remove(&path);
-                return Err(failed(format!("cannot store it in the ledger: {error}")));
+                return Err(CheckpointError::Store(error).into());
             }
         }
         // The checkpoints this one contains are of no more use: those of this ledger's records
@@ -218,11 +212,9 @@ impl Ledger {
                 pruned = self
                     .relay
                     .prune(self.log.device_id(), through_seq, through_id)
-                    .map_err(|error| {
-                        failed(format!(
-                            "wrote {}, but cannot prune this device's log: {error}",
-                            path.display()
-                        ))
+                    .map_err(|source| CheckpointError::Prune {
+                        path: path.clone(),
+                        source,
                     })?;
             }
         }
@@ -248,10 +240,11 @@ impl Ledger {
         written: &Path,
         forget: Option<&Forgetting>,
         compactions: Vec<CompactionMark>,
-    ) -> Result<(CheckpointFile, u64), String> {
-        let cursor = self.relay.cursor(&self.view.frontier).ok_or(
-            "the relay cannot say where its reading stands (a device file with an incomplete last line?); try again",
-        )?;
+    ) -> Result<(CheckpointFile, u64), LedgerError> {
+        let cursor = self
+            .relay
+            .cursor(&self.view.frontier)
+            .ok_or(LedgerError::from(CheckpointError::NoCursor))?;
         let folded = dir.join(format!(".folding-{stamp}.sqlite"));
         // A file of this name is a leftover of a process killed with this process's id.
         Snapshot::remove(&folded);
@@ -280,7 +273,7 @@ impl Ledger {
         Snapshot::remove(&folded);
         exported
             .map(|file| (file, forgotten_runs))
-            .map_err(|error| error.to_string())
+            .map_err(|error| CheckpointError::Export(error).into())
     }
 
     /// The compactions of the line of the best checkpoint in `dir` (see

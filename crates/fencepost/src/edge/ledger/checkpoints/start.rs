@@ -152,7 +152,7 @@ impl Ledger {
     /// the relay ([`Relay::log_starts`](crate::relay::Relay::log_starts)), its runs loaded, when
     /// records were removed: a reading from record 0 would lack them. None that covers them (not
     /// synced here yet, removed, damaged) is damage of this ledger: nothing runs on it.
-    pub(in crate::edge::ledger) fn start_after_pruning(&mut self) -> Result<(), DispatchError> {
+    pub(in crate::edge::ledger) fn start_after_pruning(&mut self) -> Result<(), LedgerError> {
         let starts = self.relay.log_starts()?;
         if starts.is_empty() {
             return Ok(());

@@ -12,18 +12,14 @@ impl Ledger {
     /// Needs a ledger opened without a snapshot (one that read every record).
     ///
     /// # Errors
-    /// [`DispatchError::Checkpoint`] when the ledger resumed from a snapshot or the folder
-    /// cannot be listed, [`DispatchError::Relay`] when the records cannot be read again.
-    pub fn verify_checkpoints(&self) -> Result<Vec<RelayProblem>, DispatchError> {
-        let failed =
-            |what: String| DispatchError::Checkpoint(format!("cannot check the checkpoints: {what}"));
+    /// [`LedgerError::Checkpoint`] when the ledger resumed from a snapshot or the folder
+    /// cannot be listed, [`LedgerError::Relay`] when the records cannot be read again.
+    pub fn verify_checkpoints(&self) -> Result<Vec<RelayProblem>, LedgerError> {
         let Some(dir) = self.relay.checkpoints_dir() else {
             return Ok(Vec::new());
         };
         if self.resumed_from_snapshot() {
-            return Err(failed(
-                "checking checkpoints needs a ledger that read every record".to_owned(),
-            ));
+            return Err(CheckpointError::VerifyAfterSnapshot.into());
         }
         // Stored elsewhere (a database): what is stored is checked, copied afresh into a folder
         // of this call's, not this site's copies (found by an adversarial test: a host whose
@@ -46,8 +42,10 @@ impl Ledger {
                 )
             })
             .collect();
-        let listed = checkpoint::list(&checked)
-            .map_err(|error| failed(format!("cannot list {}: {error}", checked.display())))?;
+        let listed = checkpoint::list(&checked).map_err(|source| CheckpointError::ListFolder {
+            path: checked.clone(),
+            source,
+        })?;
         for (named, path) in listed {
             // Named where sites keep it.
             let shown = path
