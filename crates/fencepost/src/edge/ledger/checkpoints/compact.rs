@@ -2,6 +2,7 @@
 //! the runs a retention forgets, the checkpoints it contains removed, and this device's prune.
 
 use super::*;
+use crate::oplog::HeadMark;
 
 impl Ledger {
     /// Writes a shared checkpoint of this ledger (see [`crate::checkpoint`]): the fold of every
@@ -67,8 +68,53 @@ impl Ledger {
             CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let written = dir.join(format!(".writing-{stamp}.sqlite"));
+        let (compactions, forget) = self.line_and_forgetting(&dir, options);
+        let exported = self.export_checkpoint(&dir, &stamp, &written, forget.as_ref(), compactions);
+        let (file, forgotten_runs) = match exported {
+            Ok(exported) => exported,
+            Err(error) => {
+                Snapshot::remove(&written);
+                return Err(error);
+            }
+        };
+        let id = checkpoint::id_hex(&file.id());
+        let heads = file.base().heads.clone();
+        let records = file.base().records();
+        let runs = file.runs();
+        let forgotten = file.base().forgotten.clone();
+        let forgets_before_ms = file.base().forgets_before_ms();
+        drop(file);
+        let name = checkpoint::file_name(records, &id, forgets_before_ms);
+        let path = self.place_checkpoint(&dir, &written, &name)?;
+        self.remove_contained(&dir, &path, records, &heads, &id, forgets_before_ms);
+        tracing::info!(checkpoint = %path.display(), records, runs, "wrote a checkpoint");
+        let pruned = if options.prune {
+            self.prune_own(&heads, &path)?
+        } else {
+            0
+        };
+        Ok(CheckpointInfo {
+            path,
+            id,
+            records,
+            devices: heads.len(),
+            runs,
+            forgotten,
+            forgotten_runs,
+            pruned,
+        })
+    }
+
+    /// The line of compactions the checkpoint carries (the latest checkpoint's, this one's
+    /// added unless the clock is not set, thinned) and the [`Forgetting`] rule a retention makes
+    /// of it, if any compaction is old enough to anchor one.
+    fn line_and_forgetting(
+        &self,
+        dir: &Path,
+        options: &CompactOptions,
+    ) -> (Vec<CompactionMark>, Option<Forgetting>) {
         let now_ms = (self.wall_clock)();
-        let mut compactions = self.compactions_before(&dir);
+        let mut compactions = self.compactions_before(dir);
         // The newest stamp of the records here, and the line's latest compaction: a compacting
         // host whose clock is behind (days, or 1970 before it synchronises) never writes a
         // compaction that looks older than the records it covers or than the line before it
@@ -119,43 +165,51 @@ impl Ledger {
             compactions.push(CompactionMark { written_at_ms, heads });
         }
         thin_compactions(&mut compactions);
-        let exported = self.export_checkpoint(&dir, &stamp, &written, forget.as_ref(), compactions);
-        let (file, forgotten_runs) = match exported {
-            Ok(exported) => exported,
-            Err(error) => {
-                Snapshot::remove(&written);
-                return Err(error);
-            }
-        };
-        let id = checkpoint::id_hex(&file.id());
-        let heads = file.base().heads.clone();
-        let records = file.base().records();
-        let runs = file.runs();
-        let forgotten = file.base().forgotten.clone();
-        let forgets_before_ms = file.base().forgets_before_ms();
-        drop(file);
-        let path = dir.join(checkpoint::file_name(records, &id, forgets_before_ms));
-        let moved = std::fs::rename(&written, &path)
-            .and_then(|()| std::fs::File::open(&dir).and_then(|folder| folder.sync_all()));
+        (compactions, forget)
+    }
+
+    /// Moves the written file into `dir` under `name` (the folder synced), and stores it in the
+    /// ledger's database when the relay keeps checkpoints there. Returns its path.
+    fn place_checkpoint(&self, dir: &Path, written: &Path, name: &str) -> Result<PathBuf, LedgerError> {
+        let path = dir.join(name);
+        let moved = std::fs::rename(written, &path)
+            .and_then(|()| std::fs::File::open(dir).and_then(|folder| folder.sync_all()));
         if let Err(error) = moved {
-            Snapshot::remove(&written);
-            return Err(CheckpointError::Move { dir, source: error }.into());
+            Snapshot::remove(written);
+            return Err(CheckpointError::Move {
+                dir: dir.to_owned(),
+                source: error,
+            }
+            .into());
         }
         if let Some(store) = self.relay.checkpoint_store() {
-            let name = checkpoint::file_name(records, &id, forgets_before_ms);
-            if let Err(error) = store.upload(&name, &path) {
+            if let Err(error) = store.upload(name, &path) {
                 Snapshot::remove(&path);
                 return Err(CheckpointError::Store(error).into());
             }
         }
+        Ok(path)
+    }
+
+    /// Removes the checkpoints in `dir` that the one at `path` (of `records` records, `heads`,
+    /// `id`) contains; what cannot be removed is logged and left.
+    fn remove_contained(
+        &self,
+        dir: &Path,
+        path: &Path,
+        records: u64,
+        heads: &[HeadMark],
+        id: &str,
+        forgets_before_ms: Option<u64>,
+    ) {
         // The checkpoints this one contains are of no more use: those of this ledger's records
         // (another ledger's is left for `verify` to report), and of two of the same records
         // (two compactions at once), the one with the greater id stays (found by an adversarial
         // test: two compactions at once removed each other's, and the line was lost): the one
         // that comes first in the order sites choose by (`checkpoint::list`).
-        let ours = crate::hex::decode_lower_hex::<32>(&id).map(|id| (forgets_before_ms, id));
+        let ours = crate::hex::decode_lower_hex::<32>(id).map(|id| (forgets_before_ms, id));
         let stored_elsewhere = self.relay.checkpoint_store().is_some();
-        for (older_name, older) in checkpoint::list(&dir).unwrap_or_default() {
+        for (older_name, older) in checkpoint::list(dir).unwrap_or_default() {
             if older == path || older_name.records > records {
                 continue;
             }
@@ -179,7 +233,7 @@ impl Ledger {
             }
             let contained = damaged
                 || opened.is_ok_and(|file| {
-                    contains(&heads, &file.base().heads) && self.view.holds(&file.base().compaction_heads())
+                    contains(heads, &file.base().heads) && self.view.holds(&file.base().compaction_heads())
                 });
             if contained {
                 if let Some(store) = self.relay.checkpoint_store() {
@@ -199,35 +253,25 @@ impl Ledger {
                 }
             }
         }
-        tracing::info!(checkpoint = %path.display(), records, runs, "wrote a checkpoint");
-        let mut pruned = 0;
-        if options.prune {
-            // The checkpoint is in place (renamed, the folder synced): this device's records
-            // it covers go.
-            let own = heads
-                .iter()
-                .find(|head| head.device_id == self.log.device_id())
-                .and_then(|head| Some((head.next_seq.checked_sub(1)?, head.last?.0)));
-            if let Some((through_seq, through_id)) = own {
-                pruned = self
-                    .relay
-                    .prune(self.log.device_id(), through_seq, through_id)
-                    .map_err(|source| CheckpointError::Prune {
-                        path: path.clone(),
-                        source,
-                    })?;
-            }
+    }
+
+    /// Prunes this device's records that the checkpoint at `path` covers (its `heads`): it is in
+    /// place (renamed, the folder synced). Returns how many went.
+    fn prune_own(&self, heads: &[HeadMark], path: &Path) -> Result<u64, LedgerError> {
+        let own = heads
+            .iter()
+            .find(|head| head.device_id == self.log.device_id())
+            .and_then(|head| Some((head.next_seq.checked_sub(1)?, head.last?.0)));
+        if let Some((through_seq, through_id)) = own {
+            return Ok(self
+                .relay
+                .prune(self.log.device_id(), through_seq, through_id)
+                .map_err(|source| CheckpointError::Prune {
+                    path: path.to_owned(),
+                    source,
+                })?);
         }
-        Ok(CheckpointInfo {
-            path,
-            id,
-            records,
-            devices: heads.len(),
-            runs,
-            forgotten,
-            forgotten_runs,
-            pruned,
-        })
+        Ok(0)
     }
 
     /// Writes the checkpoint's file at `written`: the view, folded into a snapshot of its own

@@ -2,6 +2,7 @@
 //! K3).
 
 use super::*;
+use crate::checkpoint::CheckpointName;
 
 impl Ledger {
     /// Checks every shared checkpoint against the records it covers (rule K3): its id, its
@@ -51,165 +52,190 @@ impl Ledger {
             let shown = path
                 .file_name()
                 .map_or_else(|| path.clone(), |name| dir.join(name));
-            let problem = |detail: String| checkpoint_problem(&shown, &detail);
-            let mut file = match CheckpointFile::open(&path) {
-                Ok(file) => file,
-                Err(error) => {
-                    problems.push(problem(format!("cannot be read: {error}")));
-                    continue;
-                }
-            };
-            // (Found by an adversarial test: a byte changed in a page's free space was
-            // "intact" here, while every new site refused the file.)
-            if let Err(error) = file.check_pages() {
-                problems.push(problem(format!("cannot be used: {error}")));
-                continue;
-            }
-            if let Some(detail) = named.mismatch(&file) {
-                problems.push(problem(detail));
-                continue;
-            }
-            let base = file.base();
-            let forgotten = base.forgotten.clone();
-            let mut ahead = None;
-            let mut mismatch = None;
-            let id_here = |device: &str, seq: u64| self.view.known_id(device, seq);
-            for head in &base.heads {
-                let has = self.view.frontier.next_seq(&head.device_id);
-                if has < head.next_seq {
-                    ahead = Some((head.device_id.clone(), head.next_seq, has));
-                    // The ledger's last record of the device, where the checkpoint kept its id.
-                    let theirs = base
-                        .recent_ids
-                        .iter()
-                        .find(|(device, _, _)| *device == head.device_id)
-                        .and_then(|(_, first, ids)| {
-                            ids.get(usize::try_from(has.checked_sub(1)?.checked_sub(*first)?).ok()?)
-                        });
-                    if let (Some(theirs), Some(last)) = (theirs, has.checked_sub(1)) {
-                        if id_here(&head.device_id, last) != Some(*theirs) {
-                            mismatch = Some(head.device_id.clone());
-                        }
-                    }
-                    continue;
-                }
-                let here = head
-                    .next_seq
-                    .checked_sub(1)
-                    .and_then(|last| id_here(&head.device_id, last));
-                if here != head.last.map(|(op_id, _, _)| op_id) {
-                    mismatch = Some(head.device_id.clone());
-                }
-            }
-            if let Some(device) = mismatch {
-                problems.push(problem(format!(
-                    "ends device {device:?} at a record that is not the ledger's"
-                )));
-                continue;
-            }
-            if let Some((device, covers, has)) = ahead {
-                // A site would not start from it either (see `resume_snapshot`).
-                problems.push(problem(format!(
-                    "covers {covers} records of device {device:?}, the ledger here has {has}: a synced folder that has not brought them yet (check again once it has), or a device file that shrank, was replaced or lost records (restore it from a copy)"
-                )));
-                continue;
-            }
-            // The fold of exactly the records it covers: this ledger's own view when it covers
-            // the same records (no second read), else a fold of them alone.
-            // (A checkpoint that forgot runs is compared with a fold of its own, which forgets
-            // the same runs.)
-            let exact = forgotten.is_none()
-                && base.heads.len() == self.view.heads.len()
-                && base
-                    .heads
-                    .iter()
-                    .all(|head| self.view.frontier.next_seq(&head.device_id) == head.next_seq);
-            let folded;
-            let prefix = if exact {
-                &self.view
-            } else if let Some((start, started_at)) = &self.start_checkpoint {
-                // Records before the checkpoint this ledger started from were removed: one that
-                // contains it is checked against its content and the records after it; an
-                // older one cannot be checked.
-                let contains_start = started_at.iter().all(|(device, next_seq)| {
-                    base.heads
-                        .iter()
-                        .any(|head| head.device_id == device && head.next_seq >= next_seq)
-                });
-                let from_start = contains_start
-                    .then(|| CheckpointFile::open(start).ok())
-                    .flatten()
-                    .and_then(|mut file| loaded_view(&mut file));
-                let Some(mut view) = from_start else {
-                    // One that the start covers wholly (a sync brought it after the start, and
-                    // its records were pruned; its heads are the ledger's, checked above) is of
-                    // no more use: no reading uses it (rule K6), and a compaction removes it as
-                    // one it contains. Not damage (found by the torture test: `verify` said it
-                    // could not be checked, exit 1, until the next compaction).
-                    let superseded = base
-                        .heads
-                        .iter()
-                        .all(|head| started_at.next_seq(&head.device_id) >= head.next_seq);
-                    if superseded {
-                        tracing::info!(checkpoint = %shown.display(), "superseded by the checkpoint this ledger starts from (its records were pruned, so it cannot be checked, and no reading uses it); the next compaction removes it");
-                        continue;
-                    }
-                    problems.push(problem(format!(
-                        "cannot be checked: it covers records removed from the relay (pruned) before {}, which this ledger starts from; remove it",
-                        start.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned())
-                    )));
-                    continue;
-                };
-                self.fold_covered(&mut view, started_at, base)?;
-                if let Some(rule) = &forgotten {
-                    view.forget_runs(rule);
-                }
-                view.forgotten.clone_from(&forgotten);
-                folded = view;
-                &folded
-            } else {
-                // The records it covers, read again and folded a batch at a time (not all held
-                // at once).
-                let mut view = LedgerState::new();
-                self.fold_covered(&mut view, &Frontier::new(), base)?;
-                if let Some(rule) = &forgotten {
-                    view.forget_runs(rule);
-                    view.forgotten = Some(rule.clone());
-                }
-                folded = view;
-                &folded
-            };
-            let mut mark = prefix.base_mark(Value::Null);
-            // The compactions of its line are when others wrote theirs: not in the records.
-            mark.compactions.clone_from(&base.compactions);
-            if comparable(&mark) != comparable(base) {
-                problems.push(problem(
-                    "does not hold the fencing epochs, attempts or heads of the records it covers (forged, or written by a faulty site)".to_owned(),
-                ));
-                continue;
-            }
-            let mut theirs = match LedgerState::restored(base) {
-                Ok(view) => view.state,
-                Err(reason) => {
-                    problems.push(problem(format!("cannot be read: {reason}")));
-                    continue;
-                }
-            };
-            if let Err(error) =
-                file.for_each_run(|agent, run, summary| theirs.merge_summary(agent, run, summary))
-            {
-                problems.push(problem(format!("cannot be read: {error}")));
-                continue;
-            }
-            if theirs != prefix.state {
-                problems.push(problem(
-                    "does not hold the runs of the records it covers (forged, or written by a faulty site)"
-                        .to_owned(),
-                ));
+            if let Some(detail) = self.check_checkpoint(&named, &path, &shown)? {
+                problems.push(checkpoint_problem(&shown, &detail));
             }
         }
         Ok(problems)
     }
+
+    /// What is wrong with the checkpoint at `path` (named `named`, shown as `shown`), if
+    /// anything: the file, its name, its heads (the ledger's records there), and its content
+    /// against the fold of the records it covers.
+    fn check_checkpoint(
+        &self,
+        named: &CheckpointName,
+        path: &Path,
+        shown: &Path,
+    ) -> Result<Option<String>, LedgerError> {
+        let mut file = match CheckpointFile::open(path) {
+            Ok(file) => file,
+            Err(error) => return Ok(Some(format!("cannot be read: {error}"))),
+        };
+        // (Found by an adversarial test: a byte changed in a page's free space was
+        // "intact" here, while every new site refused the file.)
+        if let Err(error) = file.check_pages() {
+            return Ok(Some(format!("cannot be used: {error}")));
+        }
+        if let Some(detail) = named.mismatch(&file) {
+            return Ok(Some(detail));
+        }
+        let base = file.base();
+        if let Some(detail) = self.heads_problem(base) {
+            return Ok(Some(detail));
+        }
+        let folded;
+        let prefix = match self.covered_fold(base, shown)? {
+            Covered::Here => &self.view,
+            Covered::Folded(view) => {
+                folded = view;
+                &*folded
+            }
+            Covered::Superseded => return Ok(None),
+            Covered::Unchecked(detail) => return Ok(Some(detail)),
+        };
+        let mut mark = prefix.base_mark(Value::Null);
+        // The compactions of its line are when others wrote theirs: not in the records.
+        mark.compactions.clone_from(&base.compactions);
+        if comparable(&mark) != comparable(base) {
+            return Ok(Some(
+                "does not hold the fencing epochs, attempts or heads of the records it covers (forged, or written by a faulty site)".to_owned(),
+            ));
+        }
+        let mut theirs = match LedgerState::restored(base) {
+            Ok(view) => view.state,
+            Err(reason) => return Ok(Some(format!("cannot be read: {reason}"))),
+        };
+        if let Err(error) = file.for_each_run(|agent, run, summary| theirs.merge_summary(agent, run, summary))
+        {
+            return Ok(Some(format!("cannot be read: {error}")));
+        }
+        Ok((theirs != prefix.state).then(|| {
+            "does not hold the runs of the records it covers (forged, or written by a faulty site)".to_owned()
+        }))
+    }
+
+    /// Why the heads of a checkpoint (`base`) are not the ledger's, if they are not: it ends a
+    /// device at another record, or covers records the ledger does not have.
+    fn heads_problem(&self, base: &SnapshotBase) -> Option<String> {
+        let mut ahead = None;
+        let mut mismatch = None;
+        let id_here = |device: &str, seq: u64| self.view.known_id(device, seq);
+        for head in &base.heads {
+            let has = self.view.frontier.next_seq(&head.device_id);
+            if has < head.next_seq {
+                ahead = Some((head.device_id.clone(), head.next_seq, has));
+                // The ledger's last record of the device, where the checkpoint kept its id.
+                let theirs = base
+                    .recent_ids
+                    .iter()
+                    .find(|(device, _, _)| *device == head.device_id)
+                    .and_then(|(_, first, ids)| {
+                        ids.get(usize::try_from(has.checked_sub(1)?.checked_sub(*first)?).ok()?)
+                    });
+                if let (Some(theirs), Some(last)) = (theirs, has.checked_sub(1)) {
+                    if id_here(&head.device_id, last) != Some(*theirs) {
+                        mismatch = Some(head.device_id.clone());
+                    }
+                }
+                continue;
+            }
+            let here = head
+                .next_seq
+                .checked_sub(1)
+                .and_then(|last| id_here(&head.device_id, last));
+            if here != head.last.map(|(op_id, _, _)| op_id) {
+                mismatch = Some(head.device_id.clone());
+            }
+        }
+        if let Some(device) = mismatch {
+            return Some(format!(
+                "ends device {device:?} at a record that is not the ledger's"
+            ));
+        }
+        // A site would not start from it either (see `resume_snapshot`).
+        ahead.map(|(device, covers, has)| format!(
+            "covers {covers} records of device {device:?}, the ledger here has {has}: a synced folder that has not brought them yet (check again once it has), or a device file that shrank, was replaced or lost records (restore it from a copy)"
+        ))
+    }
+
+    /// The fold of exactly the records a checkpoint (`base`) covers, to compare it with.
+    fn covered_fold(&self, base: &SnapshotBase, shown: &Path) -> Result<Covered, LedgerError> {
+        let forgotten = base.forgotten.clone();
+        // The fold of exactly the records it covers: this ledger's own view when it covers
+        // the same records (no second read), else a fold of them alone.
+        // (A checkpoint that forgot runs is compared with a fold of its own, which forgets
+        // the same runs.)
+        let exact = forgotten.is_none()
+            && base.heads.len() == self.view.heads.len()
+            && base
+                .heads
+                .iter()
+                .all(|head| self.view.frontier.next_seq(&head.device_id) == head.next_seq);
+        Ok(if exact {
+            Covered::Here
+        } else if let Some((start, started_at)) = &self.start_checkpoint {
+            // Records before the checkpoint this ledger started from were removed: one that
+            // contains it is checked against its content and the records after it; an
+            // older one cannot be checked.
+            let contains_start = started_at.iter().all(|(device, next_seq)| {
+                base.heads
+                    .iter()
+                    .any(|head| head.device_id == device && head.next_seq >= next_seq)
+            });
+            let from_start = contains_start
+                .then(|| CheckpointFile::open(start).ok())
+                .flatten()
+                .and_then(|mut file| loaded_view(&mut file));
+            let Some(mut view) = from_start else {
+                // One that the start covers wholly (a sync brought it after the start, and
+                // its records were pruned; its heads are the ledger's, checked above) is of
+                // no more use: no reading uses it (rule K6), and a compaction removes it as
+                // one it contains. Not damage (found by the torture test: `verify` said it
+                // could not be checked, exit 1, until the next compaction).
+                let superseded = base
+                    .heads
+                    .iter()
+                    .all(|head| started_at.next_seq(&head.device_id) >= head.next_seq);
+                if superseded {
+                    tracing::info!(checkpoint = %shown.display(), "superseded by the checkpoint this ledger starts from (its records were pruned, so it cannot be checked, and no reading uses it); the next compaction removes it");
+                    return Ok(Covered::Superseded);
+                }
+                return Ok(Covered::Unchecked(format!(
+                    "cannot be checked: it covers records removed from the relay (pruned) before {}, which this ledger starts from; remove it",
+                    start.file_name().map_or_else(String::new, |name| name.to_string_lossy().into_owned())
+                )));
+            };
+            self.fold_covered(&mut view, started_at, base)?;
+            if let Some(rule) = &forgotten {
+                view.forget_runs(rule);
+            }
+            view.forgotten.clone_from(&forgotten);
+            Covered::Folded(Box::new(view))
+        } else {
+            // The records it covers, read again and folded a batch at a time (not all held
+            // at once).
+            let mut view = LedgerState::new();
+            self.fold_covered(&mut view, &Frontier::new(), base)?;
+            if let Some(rule) = &forgotten {
+                view.forget_runs(rule);
+                view.forgotten = Some(rule.clone());
+            }
+            Covered::Folded(Box::new(view))
+        })
+    }
+}
+
+/// What a checkpoint is compared with ([`Ledger::covered_fold`]).
+enum Covered {
+    /// The ledger's own view: it covers the same records.
+    Here,
+    /// A fold of the records it covers.
+    Folded(Box<LedgerState>),
+    /// The checkpoint this ledger starts from supersedes it: nothing to check (rule K6).
+    Superseded,
+    /// It cannot be checked: why.
+    Unchecked(String),
 }
 
 /// A folder of fresh copies of stored checkpoints, removed when dropped.
