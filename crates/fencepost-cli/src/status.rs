@@ -7,7 +7,8 @@ use serde_json::{json, Value};
 
 use crate::commands::{open_ledger, plural, run_rows, warn_other_outboxes, RunRow};
 use crate::exit::{EXIT_RAN_FAILED, EXIT_RAN_OK};
-use crate::settings::{data_dir, without_password, Global, Settings};
+use crate::settings::{data_dir, without_password, Backend, Global, Settings};
+use fencepost::ledger::Ledger;
 
 /// How many of an agent's most recent commits `status` lists.
 const RECENT_COMMITS: usize = 5;
@@ -111,7 +112,7 @@ pub fn status(settings: &Settings, args: &StatusArgs) -> Result<i32> {
 }
 
 /// The leases joined with the ledger's runs, and the ledger's health (exit 1 when it is damaged,
-/// behind, or records of this host wait in its outbox).
+/// behind, or records of this host wait in its outbox): one JSON object (`--json`) or text.
 fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32> {
     let coordinator = settings.coordinator()?;
     // Leases expire by the coordinator's clock; commits are stamped by the hosts' wall clocks.
@@ -129,44 +130,96 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
         .map(|(agent, lease)| (agent.clone(), lease.clone()))
         .collect();
     let ledger = open_ledger(settings)?;
-    let rows = run_rows(&ledger, args.agent.as_deref(), &live);
-    let state = ledger.state();
-    let mut agents: Vec<String> = state
+    let read = Read {
+        settings,
+        coordinator: &coordinator,
+        ledger: &ledger,
+        rows: run_rows(&ledger, args.agent.as_deref(), &live),
+        leases: &leases,
+        now_ms,
+    };
+    let mut behind_any = false;
+    let mut agent_values = Vec::new();
+    for agent in agents_to_report(&read, args.agent.as_deref())? {
+        let (value, behind) = read.agent(&agent);
+        behind_any |= behind;
+        agent_values.push(value);
+    }
+    let damage: Vec<Value> = ledger
+        .damage()
+        .iter()
+        .map(|problem| json!({"device_id": problem.device_id, "detail": problem.to_string()}))
+        .chain(
+            ledger
+                .checkpoint_failure()
+                .map(|problem| json!({"device_id": null, "detail": problem.to_string()})),
+        )
+        .collect();
+    let healthy = damage.is_empty() && !behind_any && queued.is_empty();
+    let ledger_kind = match settings.ledger_kind {
+        crate::settings::LedgerKind::Folder => "folder",
+        crate::settings::LedgerKind::Sqlite => "sqlite",
+        crate::settings::LedgerKind::Postgres => "postgres",
+    };
+    let report = json!({
+        "device_id": settings.device,
+        "data_directory": data_dir().map(|dir| dir.display().to_string()).ok(),
+        "coordinator": without_password(&settings.coordinator),
+        "ledger": {
+            "location": settings.ledger_label(), "kind": ledger_kind,
+            "devices": ledger.view().frontier().iter().count(),
+            "healthy": healthy, "damage": damage,
+        },
+        "coordinator_now_ms": now_ms,
+        "agents": agent_values,
+        "queued": queued.records,
+        "queued_elsewhere": queued.elsewhere,
+    });
+    if args.json {
+        out!("{report}");
+        return Ok(if healthy { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
+    }
+    print_agents(&report, wall_now_ms);
+    Ok(print_health(&report, behind_any, queued))
+}
+
+/// What `status` read, to report each agent.
+struct Read<'a> {
+    settings: &'a Settings,
+    coordinator: &'a Backend,
+    ledger: &'a Ledger,
+    rows: Vec<RunRow>,
+    leases: &'a BTreeMap<String, fencepost::lease::Lease>,
+    now_ms: u64,
+}
+
+/// The agents `status` reports: the ledger's, the leases', those the coordinator knows only
+/// (released, with records their holders published that this host's ledger may never have
+/// received: a ledger that is not shared), narrowed to `only`.
+fn agents_to_report(read: &Read<'_>, only: Option<&str>) -> Result<Vec<String>> {
+    let mut agents: Vec<String> = read
+        .ledger
+        .state()
         .agents()
         .into_iter()
         .map(|(agent, _)| agent.to_owned())
         .collect();
-    agents.extend(leases.keys().cloned());
-    // Agents known only to the coordinator: released, with records their holders published
-    // that this host's ledger may never have received (a ledger that is not shared).
-    agents.extend(coordinator.agents().context("cannot list the agents")?);
-    agents.extend(args.agent.iter().cloned());
+    agents.extend(read.leases.keys().cloned());
+    agents.extend(read.coordinator.agents().context("cannot list the agents")?);
+    agents.extend(only.map(str::to_owned));
     agents.sort();
     agents.dedup();
-    agents.retain(|agent| args.agent.as_ref().is_none_or(|only| only == agent));
+    agents.retain(|agent| only.is_none_or(|only| only == agent));
+    Ok(agents)
+}
 
-    let mut behind_any = false;
-    let mut agent_values = Vec::new();
-    for agent in &agents {
-        let lease = leases.get(agent).map(|lease| {
-            use crate::holder::HolderState;
-            let process = crate::holder::find(settings, agent, &lease.holder, lease.epoch);
-            let (state, pid, run_id) = match &process {
-                HolderState::Running(process) => ("running", Some(process.pid), Some(process.run_id.clone())),
-                HolderState::Gone(process) => ("gone", Some(process.pid), Some(process.run_id.clone())),
-                HolderState::Unknown => ("unknown", None, None),
-            };
-            json!({
-                "holder": lease.holder, "epoch": lease.epoch, "expires_at_ms": lease.expires_at_ms,
-                "remaining_ms": lease.expires_at_ms.saturating_sub(now_ms),
-                "live": lease.expires_at_ms > now_ms,
-                "this_host": lease.holder == settings.device,
-                "process": state,
-                "pid": pid,
-                "run_id": run_id,
-            })
-        });
-        let mine: Vec<&RunRow> = rows.iter().filter(|row| &row.agent == agent).collect();
+impl Read<'_> {
+    /// One agent as `status --json` shows it, and whether this host's ledger is behind what its
+    /// holders published.
+    fn agent(&self, agent: &str) -> (Value, bool) {
+        let state = self.ledger.state();
+        let lease = self.leases.get(agent).map(|lease| self.lease(agent, lease));
+        let mine: Vec<&RunRow> = self.rows.iter().filter(|row| row.agent == agent).collect();
         let running: Vec<Value> = mine
             .iter()
             .filter(|row| row.status == "running")
@@ -195,8 +248,9 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
             .map(|(at_ms, row)| run_json(row, Some(*at_ms)))
             .collect();
         // Rule H3: what the agent's holders published that this host's ledger has not received.
-        let behind: Vec<Value> = match coordinator.published_frontier(agent) {
-            Ok(published) => ledger
+        let behind: Vec<Value> = match self.coordinator.published_frontier(agent) {
+            Ok(published) => self
+                .ledger
                 .behind(&published)
                 .iter()
                 .map(|missing| {
@@ -209,8 +263,8 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
                 Vec::new()
             }
         };
-        behind_any |= !behind.is_empty();
-        agent_values.push(json!({
+        let behind_any = !behind.is_empty();
+        let value = json!({
             "agent_id": agent,
             "fencing_epoch": state.fencing_epoch(agent),
             "lease": lease,
@@ -219,90 +273,61 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
             "committed": committed_count,
             "recently_committed": recent,
             "ledger_behind": behind,
-        }));
+        });
+        (value, behind_any)
     }
 
-    let damage: Vec<Value> = ledger
-        .damage()
-        .iter()
-        .map(|problem| json!({"device_id": problem.device_id, "detail": problem.to_string()}))
-        .chain(
-            ledger
-                .checkpoint_failure()
-                .map(|problem| json!({"device_id": null, "detail": problem.to_string()})),
-        )
-        .collect();
-    let devices = ledger.view().frontier().iter().count();
-    let healthy = damage.is_empty() && !behind_any && queued.is_empty();
-    let data_directory = data_dir().map(|dir| dir.display().to_string()).ok();
-    let ledger_kind = match settings.ledger_kind {
-        crate::settings::LedgerKind::Folder => "folder",
-        crate::settings::LedgerKind::Sqlite => "sqlite",
-        crate::settings::LedgerKind::Postgres => "postgres",
-    };
-    if args.json {
-        out!(
-            "{}",
-            json!({
-                "device_id": settings.device,
-                "data_directory": data_directory,
-                "coordinator": without_password(&settings.coordinator),
-                "ledger": {
-                    "location": settings.ledger_label(), "kind": ledger_kind, "devices": devices,
-                    "healthy": healthy, "damage": damage,
-                },
-                "coordinator_now_ms": now_ms,
-                "agents": agent_values,
-                "queued": queued.records,
-                "queued_elsewhere": queued.elsewhere,
-            })
-        );
-        return Ok(if healthy { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
+    /// An agent's lease as `status --json` shows it: its holder (a process of this host named).
+    fn lease(&self, agent: &str, lease: &fencepost::lease::Lease) -> Value {
+        let now_ms = self.now_ms;
+        use crate::holder::HolderState;
+        let process = crate::holder::find(self.settings, agent, &lease.holder, lease.epoch);
+        let (state, pid, run_id) = match &process {
+            HolderState::Running(process) => ("running", Some(process.pid), Some(process.run_id.clone())),
+            HolderState::Gone(process) => ("gone", Some(process.pid), Some(process.run_id.clone())),
+            HolderState::Unknown => ("unknown", None, None),
+        };
+        json!({
+            "holder": lease.holder, "epoch": lease.epoch, "expires_at_ms": lease.expires_at_ms,
+            "remaining_ms": lease.expires_at_ms.saturating_sub(now_ms),
+            "live": lease.expires_at_ms > now_ms,
+            "this_host": lease.holder == self.settings.device,
+            "process": state,
+            "pid": pid,
+            "run_id": run_id,
+        })
     }
+}
 
-    out!("device:      {}", settings.device);
+/// The text report's head and its agents.
+fn print_agents(report: &Value, wall_now_ms: u64) {
+    out!(
+        "device:      {}",
+        report["device_id"].as_str().unwrap_or_default()
+    );
     out!(
         "data dir:    {}",
-        data_directory.as_deref().unwrap_or("(none: no HOME)")
+        report["data_directory"].as_str().unwrap_or("(none: no HOME)")
     );
-    out!("coordinator: {}", without_password(&settings.coordinator));
     out!(
-        "ledger:      {} ({ledger_kind}, {})",
-        settings.ledger_label(),
-        plural(devices as u64, "device")
+        "coordinator: {}",
+        report["coordinator"].as_str().unwrap_or_default()
     );
+    let ledger = &report["ledger"];
+    out!(
+        "ledger:      {} ({}, {})",
+        ledger["location"].as_str().unwrap_or_default(),
+        ledger["kind"].as_str().unwrap_or_default(),
+        plural(ledger["devices"].as_u64().unwrap_or_default(), "device")
+    );
+    let agents = report["agents"].as_array().map_or(&[][..], Vec::as_slice);
     if agents.is_empty() {
         out!("no agent has a lease or a run yet");
     }
-    for value in &agent_values {
+    for value in agents {
         let agent = value["agent_id"].as_str().unwrap_or_default();
         out!("");
-        let lease = &value["lease"];
-        let lease_text = if lease.is_null() {
-            "not held".to_owned()
-        } else {
-            let holder = lease["holder"].as_str().unwrap_or_default();
-            let who = if lease["this_host"].as_bool() == Some(true) {
-                match (lease["process"].as_str(), lease["pid"].as_u64()) {
-                    (Some("running"), Some(pid)) => format!("{holder} (this host, process {pid})"),
-                    (Some("gone"), Some(pid)) => format!(
-                        "{holder} (this host; its process {pid} ended without giving it back, so it ends with its TTL)"
-                    ),
-                    _ => format!("{holder} (this host)"),
-                }
-            } else {
-                holder.to_owned()
-            };
-            let time = if lease["live"].as_bool() == Some(true) {
-                format!(
-                    "{:.1} s left",
-                    lease["remaining_ms"].as_u64().unwrap_or_default() as f64 / 1000.0
-                )
-            } else {
-                "expired".to_owned()
-            };
-            format!("held by {who} at epoch {}, {time}", lease["epoch"])
-        };
+        let lease_text = lease_text(&value["lease"]);
         out!(
             "agent {agent}: {lease_text}; fencing epoch {}, {} committed",
             value["fencing_epoch"],
@@ -332,6 +357,41 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
             );
         }
     }
+}
+
+/// An agent's lease in words.
+fn lease_text(lease: &Value) -> String {
+    if lease.is_null() {
+        return "not held".to_owned();
+    }
+    let holder = lease["holder"].as_str().unwrap_or_default();
+    let who = if lease["this_host"].as_bool() == Some(true) {
+        match (lease["process"].as_str(), lease["pid"].as_u64()) {
+            (Some("running"), Some(pid)) => format!("{holder} (this host, process {pid})"),
+            (Some("gone"), Some(pid)) => format!(
+                "{holder} (this host; its process {pid} ended without giving it back, so it ends with its TTL)"
+            ),
+            _ => format!("{holder} (this host)"),
+        }
+    } else {
+        holder.to_owned()
+    };
+    let time = if lease["live"].as_bool() == Some(true) {
+        format!(
+            "{:.1} s left",
+            lease["remaining_ms"].as_u64().unwrap_or_default() as f64 / 1000.0
+        )
+    } else {
+        "expired".to_owned()
+    };
+    format!("held by {who} at epoch {}, {time}", lease["epoch"])
+}
+
+/// The text report's queue and health; returns the exit status (1 when not healthy).
+fn print_health(report: &Value, behind_any: bool, queued: &Queued) -> i32 {
+    let damage = report["ledger"]["damage"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
     for record in &queued.records {
         out!(
             "queued on this host, not yet in the ledger: {} of {} {} at epoch {} (`fencepost ledger flush` writes it)",
@@ -342,11 +402,11 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
         );
     }
     out!("");
-    if healthy {
+    if report["ledger"]["healthy"].as_bool() == Some(true) {
         out!("ledger health: intact, and up to date with what the holders published");
-        return Ok(EXIT_RAN_OK);
+        return EXIT_RAN_OK;
     }
-    for problem in &damage {
+    for problem in damage {
         out!("damaged: {}", problem["detail"].as_str().unwrap_or_default());
     }
     let mut health = Vec::new();
@@ -370,7 +430,7 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
         ));
     }
     out!("ledger health: {}", health.join("; "));
-    Ok(EXIT_RAN_FAILED)
+    EXIT_RAN_FAILED
 }
 
 /// How long before `now_ms` a time was, in words ("3 min ago").

@@ -267,32 +267,16 @@ pub(crate) fn run_rows(
 
 pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     match command {
-        LedgerCommand::Verify { json } => return verify(settings, json),
-        LedgerCommand::Flush { json } => {
-            let ledger = open_ledger_to_write(settings)?;
-            let stored = ledger.stored_from_outbox();
-            warn_other_outboxes(&settings.other_outboxes());
-            if json {
-                out!("{}", json!({"stored": stored, "ledger": settings.ledger_label()}));
-            } else if stored == 0 {
-                out!("nothing of this host was queued for {}", settings.ledger_label());
-            } else {
-                out!(
-                    "wrote {} queued on this host to {}",
-                    plural(stored as u64, "record"),
-                    settings.ledger_label()
-                );
-            }
-            return Ok(EXIT_RAN_OK);
-        }
+        LedgerCommand::Verify { json } => verify(settings, json),
+        LedgerCommand::Flush { json } => flush(settings, json),
         LedgerCommand::Repair => {
             let mut ledger = open_ledger_with(settings, Access::Write, true, false)?;
             if repair_went_back(&mut ledger, settings, "")?.is_empty() && ledger.damage().is_empty() {
                 out!("nothing to repair in {}", settings.ledger_label());
             }
-            return Ok(report_damage(&ledger, settings));
+            Ok(report_damage(&ledger, settings))
         }
-        LedgerCommand::Import { from } => return import(settings, &from),
+        LedgerCommand::Import { from } => import(settings, &from),
         LedgerCommand::Compact {
             json,
             forget_commits_older_than,
@@ -303,157 +287,180 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
                 older_than_ms,
                 agents: forget_agent,
             });
-            return compact(settings, json, forget, prune);
+            compact(settings, json, forget, prune)
         }
         LedgerCommand::Resolve {
             agent,
             run,
             outcome,
             force,
-        } => {
-            if let Err(error) = validate_id(IdKind::Agent, &agent) {
-                crate::exit::usage!("--agent: {error}");
-            }
-            if let Err(error) = validate_id(IdKind::Run, &run) {
-                crate::exit::usage!("--run: {error}");
-            }
-            // Opened to write: what this host queued (the run's own outcome, maybe) is written
-            // first (found by an adversarial test: a run resolved `failed` while its `committed`
-            // waited in this host's outbox ran again elsewhere).
-            let mut ledger = open_ledger_to_write(settings)?;
-            let Some(doubt) = ledger
-                .in_doubt(&agent, u64::MAX)
-                .into_iter()
-                .find(|doubt| doubt.run_id == run)
-            else {
-                crate::exit::usage!(
-                    "{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)"
-                );
-            };
-            refuse_queued_elsewhere(settings, &agent, &run)?;
-            // Under the agent's lease (unless --force), so that two operators resolving one run
-            // at once take turns: the second finds it resolved (found by an adversarial test:
-            // both were told their opposite outcomes were recorded).
-            let keeper = if force {
-                None
-            } else {
-                Some(hold_to_resolve(settings, &agent, &run, &doubt, &mut ledger)?)
-            };
-            if keeper.is_some() && ledger.in_doubt_run(&agent, &run, u64::MAX).is_none() {
-                if let Some(keeper) = &keeper {
-                    release_quietly(keeper);
-                }
-                crate::exit::usage!(
-                    "{run} of {agent} is no longer in doubt: an outcome was recorded meanwhile (another operator?); see `fencepost ledger runs --agent {agent}`"
-                );
-            }
-            let settled = if outcome == "committed" {
-                RunOutcome::Committed
-            } else {
-                RunOutcome::Failed
-            };
-            let resolved = ledger.resolve(&agent, &run, settled);
-            if let Some(keeper) = &keeper {
-                // Published with the release (rule H2): the next holder waits for it.
-                keeper.pushed(&ledger.pushed());
-                if let Err(error) = keeper.shutdown() {
-                    err!("fencepost: warning: could not release the lease of {agent} ({error:#}); it ends with its TTL");
-                }
-            }
-            resolved.with_context(|| format!("cannot write the outcome to {}", settings.ledger_label()))?;
-            // With --force, another record may have settled it differently meanwhile: a commit
-            // stands whatever else is recorded.
-            if settled == RunOutcome::Failed
-                && ledger.sync().is_ok()
-                && ledger.committed_run(&agent, &run).is_some()
-            {
-                err!("fencepost: {run} of {agent} was recorded failed, but another record commits it, and a commit stands (see `fencepost ledger runs --agent {agent}`)");
-                return Ok(EXIT_RAN_FAILED);
-            }
-            out!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
-            if let Some(older) = ledger.in_doubt_run(&agent, &run, u64::MAX) {
-                out!(
-                    "{agent}: {run} is still in doubt: its attempt at epoch {} by {} has no outcome either (resolve it too)",
-                    older.epoch,
-                    older.device_id
-                );
-            }
-        }
-        LedgerCommand::Show { json } => {
-            let ledger = open_ledger(settings)?;
-            let rows = run_rows(&ledger, None, &live_leases(settings));
-            let mut agents = Vec::new();
-            for (agent, folded) in ledger.state().agents() {
-                let mine = rows.iter().filter(|row| row.agent == agent);
-                let committed = mine.clone().filter(|row| row.status == "committed").count();
-                let in_doubt = mine.clone().filter(|row| row.status == "in-doubt").count();
-                let running = mine.clone().filter(|row| row.status == "running").count();
-                agents.push(json!({
-                    "agent_id": agent, "fencing_epoch": folded.fencing_epoch(),
-                    "runs": mine.count(), "committed": committed, "in_doubt": in_doubt, "running": running,
-                }));
-            }
-            let damaged = !ledger.damage().is_empty();
-            if json {
-                out!("{}", serde_json::Value::Array(agents));
-            } else if agents.is_empty() && damaged {
-                out!(
-                    "the ledger in {} has no intents that could be read",
-                    settings.ledger_label()
-                );
-            } else if agents.is_empty() {
-                out!("the ledger in {} has no intents yet", settings.ledger_label());
-            } else {
-                for agent in agents {
-                    let count = |key: &str| agent[key].as_u64().unwrap_or_default();
-                    out!(
-                        "{}: fencing epoch {}, {}, {} committed, {} running, {} in doubt",
-                        agent["agent_id"].as_str().unwrap_or_default(),
-                        agent["fencing_epoch"],
-                        plural(count("runs"), "run"),
-                        count("committed"),
-                        count("running"),
-                        count("in_doubt")
-                    );
-                }
-            }
-            return Ok(report_damage(&ledger, settings));
-        }
-        LedgerCommand::Runs { agent, json } => {
-            let ledger = open_ledger(settings)?;
-            let rows = run_rows(&ledger, agent.as_deref(), &live_leases(settings));
-            if json {
-                let rows: Vec<_> = rows
-                    .iter()
-                    .map(|row| json!({"agent_id": row.agent, "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device, "after": row.after, "also": row.also}))
-                    .collect();
-                out!("{}", serde_json::Value::Array(rows));
-            } else {
-                for row in &rows {
-                    let after = row
-                        .after
-                        .as_ref()
-                        .map(|after| format!("  after {after}"))
-                        .unwrap_or_default();
-                    let also = row
-                        .also
-                        .as_ref()
-                        .map(|also| format!("  ({also} also recorded)"))
-                        .unwrap_or_default();
-                    out!(
-                        "{}  {}  {:<9}  epoch {}  by {}{after}{also}",
-                        row.agent,
-                        row.run,
-                        row.status,
-                        row.epoch,
-                        row.device
-                    );
-                }
-            }
-            return Ok(report_damage(&ledger, settings));
-        }
+        } => resolve(settings, &agent, &run, &outcome, force),
+        LedgerCommand::Show { json } => show(settings, json),
+        LedgerCommand::Runs { agent, json } => runs(settings, agent.as_deref(), json),
+    }
+}
+
+/// `ledger flush`: what this host queued, written.
+fn flush(settings: &Settings, json: bool) -> Result<i32> {
+    let ledger = open_ledger_to_write(settings)?;
+    let stored = ledger.stored_from_outbox();
+    warn_other_outboxes(&settings.other_outboxes());
+    if json {
+        out!("{}", json!({"stored": stored, "ledger": settings.ledger_label()}));
+    } else if stored == 0 {
+        out!("nothing of this host was queued for {}", settings.ledger_label());
+    } else {
+        out!(
+            "wrote {} queued on this host to {}",
+            plural(stored as u64, "record"),
+            settings.ledger_label()
+        );
     }
     Ok(EXIT_RAN_OK)
+}
+
+/// `ledger resolve`: an in-doubt run's outcome recorded, under the agent's lease unless `force`.
+fn resolve(settings: &Settings, agent: &str, run: &str, outcome: &str, force: bool) -> Result<i32> {
+    if let Err(error) = validate_id(IdKind::Agent, agent) {
+        crate::exit::usage!("--agent: {error}");
+    }
+    if let Err(error) = validate_id(IdKind::Run, run) {
+        crate::exit::usage!("--run: {error}");
+    }
+    // Opened to write: what this host queued (the run's own outcome, maybe) is written
+    // first (found by an adversarial test: a run resolved `failed` while its `committed`
+    // waited in this host's outbox ran again elsewhere).
+    let mut ledger = open_ledger_to_write(settings)?;
+    let Some(doubt) = ledger
+        .in_doubt(agent, u64::MAX)
+        .into_iter()
+        .find(|doubt| doubt.run_id == run)
+    else {
+        crate::exit::usage!("{run} of {agent} is not in doubt (see `fencepost ledger runs --agent {agent}`)");
+    };
+    refuse_queued_elsewhere(settings, agent, run)?;
+    // Under the agent's lease (unless --force), so that two operators resolving one run
+    // at once take turns: the second finds it resolved (found by an adversarial test:
+    // both were told their opposite outcomes were recorded).
+    let keeper = if force {
+        None
+    } else {
+        Some(hold_to_resolve(settings, agent, run, &doubt, &mut ledger)?)
+    };
+    if keeper.is_some() && ledger.in_doubt_run(agent, run, u64::MAX).is_none() {
+        if let Some(keeper) = &keeper {
+            release_quietly(keeper);
+        }
+        crate::exit::usage!(
+            "{run} of {agent} is no longer in doubt: an outcome was recorded meanwhile (another operator?); see `fencepost ledger runs --agent {agent}`"
+        );
+    }
+    let settled = if outcome == "committed" {
+        RunOutcome::Committed
+    } else {
+        RunOutcome::Failed
+    };
+    let resolved = ledger.resolve(agent, run, settled);
+    if let Some(keeper) = &keeper {
+        // Published with the release (rule H2): the next holder waits for it.
+        keeper.pushed(&ledger.pushed());
+        if let Err(error) = keeper.shutdown() {
+            err!("fencepost: warning: could not release the lease of {agent} ({error:#}); it ends with its TTL");
+        }
+    }
+    resolved.with_context(|| format!("cannot write the outcome to {}", settings.ledger_label()))?;
+    // With --force, another record may have settled it differently meanwhile: a commit
+    // stands whatever else is recorded.
+    if settled == RunOutcome::Failed && ledger.sync().is_ok() && ledger.committed_run(agent, run).is_some() {
+        err!("fencepost: {run} of {agent} was recorded failed, but another record commits it, and a commit stands (see `fencepost ledger runs --agent {agent}`)");
+        return Ok(EXIT_RAN_FAILED);
+    }
+    out!("{agent}: recorded {run} as {outcome} (epoch {})", doubt.epoch);
+    if let Some(older) = ledger.in_doubt_run(agent, run, u64::MAX) {
+        out!(
+            "{agent}: {run} is still in doubt: its attempt at epoch {} by {} has no outcome either (resolve it too)",
+            older.epoch,
+            older.device_id
+        );
+    }
+    Ok(EXIT_RAN_OK)
+}
+
+/// `ledger show`: agents with their fencing epochs and counts.
+fn show(settings: &Settings, json: bool) -> Result<i32> {
+    let ledger = open_ledger(settings)?;
+    let rows = run_rows(&ledger, None, &live_leases(settings));
+    let mut agents = Vec::new();
+    for (agent, folded) in ledger.state().agents() {
+        let mine = rows.iter().filter(|row| row.agent == agent);
+        let committed = mine.clone().filter(|row| row.status == "committed").count();
+        let in_doubt = mine.clone().filter(|row| row.status == "in-doubt").count();
+        let running = mine.clone().filter(|row| row.status == "running").count();
+        agents.push(json!({
+            "agent_id": agent, "fencing_epoch": folded.fencing_epoch(),
+            "runs": mine.count(), "committed": committed, "in_doubt": in_doubt, "running": running,
+        }));
+    }
+    let damaged = !ledger.damage().is_empty();
+    if json {
+        out!("{}", serde_json::Value::Array(agents));
+    } else if agents.is_empty() && damaged {
+        out!(
+            "the ledger in {} has no intents that could be read",
+            settings.ledger_label()
+        );
+    } else if agents.is_empty() {
+        out!("the ledger in {} has no intents yet", settings.ledger_label());
+    } else {
+        for agent in agents {
+            let count = |key: &str| agent[key].as_u64().unwrap_or_default();
+            out!(
+                "{}: fencing epoch {}, {}, {} committed, {} running, {} in doubt",
+                agent["agent_id"].as_str().unwrap_or_default(),
+                agent["fencing_epoch"],
+                plural(count("runs"), "run"),
+                count("committed"),
+                count("running"),
+                count("in_doubt")
+            );
+        }
+    }
+    Ok(report_damage(&ledger, settings))
+}
+
+/// `ledger runs`: every run (of `agent`), with its status.
+fn runs(settings: &Settings, agent: Option<&str>, json: bool) -> Result<i32> {
+    let ledger = open_ledger(settings)?;
+    let rows = run_rows(&ledger, agent, &live_leases(settings));
+    if json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|row| json!({"agent_id": row.agent, "run_id": row.run, "status": row.status, "epoch": row.epoch, "device_id": row.device, "after": row.after, "also": row.also}))
+            .collect();
+        out!("{}", serde_json::Value::Array(rows));
+    } else {
+        for row in &rows {
+            let after = row
+                .after
+                .as_ref()
+                .map(|after| format!("  after {after}"))
+                .unwrap_or_default();
+            let also = row
+                .also
+                .as_ref()
+                .map(|also| format!("  ({also} also recorded)"))
+                .unwrap_or_default();
+            out!(
+                "{}  {}  {:<9}  epoch {}  by {}{after}{also}",
+                row.agent,
+                row.run,
+                row.status,
+                row.epoch,
+                row.device
+            );
+        }
+    }
+    Ok(report_damage(&ledger, settings))
 }
 
 /// After a listing (`ledger show`, `ledger runs`): on a damaged ledger, says what is damaged

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{Cause, Fault, SimReport};
+use super::{Cause, Fault, ModeReport, SimReport};
 
 /// The comparison table of a report, as plain text.
 pub fn render_table(report: &SimReport) -> String {
@@ -167,26 +167,78 @@ impl Legend {
 /// cause), and in `token` mode the effects the resource refused as orange squares (a stale token,
 /// or a run it had applied: a duplicate stopped).
 pub fn render_svg(report: &SimReport) -> String {
-    const LEFT: f64 = 150.0;
-    const WIDTH: f64 = 1000.0;
-    const LANE: f64 = 26.0;
-    const AXIS: f64 = 26.0;
-    const AGENT_COLOURS: [&str; 4] = ["#4c78a8", "#b279a2", "#72b7b2", "#9d755d"];
-    let config = &report.config;
-    let total = (config.run_ms + config.settle_ms).max(1);
-    let total_ms = total as f64;
-    let x = |ms: u64| LEFT + WIDTH * ms as f64 / total_ms;
-    let panel_height = 30.0 + LANE * config.sites as f64 + AXIS;
-    let agent_colour = |agent: usize| AGENT_COLOURS[agent % AGENT_COLOURS.len()];
-
+    let frame = Frame {
+        report,
+        total: (report.config.run_ms + report.config.settle_ms).max(1),
+    };
     // The legend first: its height decides the picture's.
+    let legend = legend(report.config.agents);
+    let legend_rows = legend.y / 18.0 + 1.0;
+    let legend_top = 50.0 + frame.panel_height() * report.modes.len() as f64;
+    let height = legend_top + 18.0 * legend_rows + 10.0;
+    let config = &report.config;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}" font-family="sans-serif" font-size="11">"#,
+        w = LEFT + WIDTH + 20.0
+    );
+    let _ = write!(svg, r##"<rect width="100%" height="100%" fill="#ffffff"/>"##);
+    let _ = write!(
+        svg,
+        r#"<text x="10" y="20" font-size="14" font-weight="bold">fencepost simulate --seed {}: {} sites, {} agents, {} faults (faults end at {} ms)</text>"#,
+        config.seed,
+        config.sites,
+        config.agents,
+        report.schedule.faults.len(),
+        config.run_ms
+    );
+    for (panel, mode) in report.modes.iter().enumerate() {
+        let top = 40.0 + frame.panel_height() * panel as f64;
+        let _ = write!(
+            svg,
+            r#"<text x="10" y="{}" font-size="13" font-weight="bold">{}: {} effects, {} duplicates, {} refused by the resource</text>"#,
+            top + 16.0,
+            mode.mode.name(),
+            mode.effects,
+            mode.duplicates,
+            mode.refused_at_resource
+        );
+        frame.lanes_and_axis(&mut svg, top);
+        frame.faults(&mut svg, top);
+        frame.marks(&mut svg, top, mode);
+    }
+    let _ = write!(
+        svg,
+        r#"<g font-size="11" transform="translate(0 {legend_top})">{}</g>"#,
+        legend.svg
+    );
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Where the timeline's margin ends, and its width, in the picture's units.
+const LEFT: f64 = 150.0;
+const WIDTH: f64 = 1000.0;
+/// A site's lane, and the time axis under them.
+const LANE: f64 = 26.0;
+const AXIS: f64 = 26.0;
+
+/// An agent's colour.
+fn agent_colour(agent: usize) -> &'static str {
+    const AGENT_COLOURS: [&str; 4] = ["#4c78a8", "#b279a2", "#72b7b2", "#9d755d"];
+    AGENT_COLOURS[agent % AGENT_COLOURS.len()]
+}
+
+/// The legend: a lease per agent, then each mark.
+fn legend(agents: usize) -> Legend {
     let mut legend = Legend {
         svg: String::new(),
         x: 10.0,
         y: 0.0,
         right: LEFT + WIDTH,
     };
-    for agent in 0..config.agents {
+    for agent in 0..agents {
         let colour = agent_colour(agent);
         legend.entry(14.0, &format!("lease held by agent-{agent}"), |lx, ly| {
             format!(
@@ -245,54 +297,50 @@ pub fn render_svg(report: &SimReport) -> String {
             x = lx + 3.0
         )
     });
-    let legend_rows = legend.y / 18.0 + 1.0;
-    let legend_top = 50.0 + panel_height * report.modes.len() as f64;
-    let height = legend_top + 18.0 * legend_rows + 10.0;
+    legend
+}
 
-    let mut svg = String::new();
-    let _ = write!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" viewBox="0 0 {w} {height}" font-family="sans-serif" font-size="11">"#,
-        w = LEFT + WIDTH + 20.0
-    );
-    let _ = write!(svg, r##"<rect width="100%" height="100%" fill="#ffffff"/>"##);
-    let _ = write!(
-        svg,
-        r#"<text x="10" y="20" font-size="14" font-weight="bold">fencepost simulate --seed {}: {} sites, {} agents, {} faults (faults end at {} ms)</text>"#,
-        config.seed,
-        config.sites,
-        config.agents,
-        report.schedule.faults.len(),
-        config.run_ms
-    );
-    let step_ms = tick_step_ms(total);
-    let in_seconds = step_ms >= 1_000;
-    for (panel, mode) in report.modes.iter().enumerate() {
-        let top = 40.0 + panel_height * panel as f64;
-        let _ = write!(
-            svg,
-            r#"<text x="10" y="{}" font-size="13" font-weight="bold">{}: {} effects, {} duplicates, {} refused by the resource</text>"#,
-            top + 16.0,
-            mode.mode.name(),
-            mode.effects,
-            mode.duplicates,
-            mode.refused_at_resource
-        );
-        let lane_top = |site: usize| top + 26.0 + LANE * site as f64;
-        for site in 0..config.sites {
-            let y = lane_top(site);
+/// The scale of one picture: the report and its whole time span.
+struct Frame<'a> {
+    report: &'a SimReport,
+    total: u64,
+}
+
+impl Frame<'_> {
+    /// Where `ms` is on the time axis.
+    fn x(&self, ms: u64) -> f64 {
+        LEFT + WIDTH * ms as f64 / self.total as f64
+    }
+
+    /// The height of one mode's panel.
+    fn panel_height(&self) -> f64 {
+        30.0 + LANE * self.report.config.sites as f64 + AXIS
+    }
+
+    /// The top of `site`'s lane in the panel at `top`.
+    fn lane_top(&self, top: f64, site: usize) -> f64 {
+        top + 26.0 + LANE * site as f64
+    }
+
+    /// The sites' lanes (with their clock skews) and the time axis under them.
+    fn lanes_and_axis(&self, svg: &mut String, top: f64) {
+        let total = self.total;
+        let step_ms = tick_step_ms(total);
+        let in_seconds = step_ms >= 1_000;
+        for site in 0..self.report.config.sites {
+            let y = self.lane_top(top, site);
             let _ = write!(
                 svg,
                 r##"<rect x="{LEFT}" y="{y}" width="{WIDTH}" height="{h}" fill="#f4f4f4"/><text x="10" y="{ty}">site-{site}  {skew}</text>"##,
                 h = LANE - 4.0,
                 ty = y + 15.0,
                 skew = escape(&skew_label(
-                    report.schedule.skew_ms.get(site).copied().unwrap_or(0)
+                    self.report.schedule.skew_ms.get(site).copied().unwrap_or(0)
                 ))
             );
         }
         // The time axis, under the lanes.
-        let axis_y = lane_top(config.sites);
+        let axis_y = self.lane_top(top, self.report.config.sites);
         let _ = write!(
             svg,
             r##"<line x1="{LEFT}" x2="{}" y1="{axis_y}" y2="{axis_y}" stroke="#444444"/><text x="10" y="{}">time ({})</text>"##,
@@ -302,7 +350,7 @@ pub fn render_svg(report: &SimReport) -> String {
         );
         let mut tick = 0;
         while tick <= total {
-            let tx = x(tick);
+            let tx = self.x(tick);
             let label = if in_seconds {
                 let seconds = tick as f64 / 1000.0;
                 if tick % 1_000 == 0 {
@@ -321,7 +369,11 @@ pub fn render_svg(report: &SimReport) -> String {
             );
             tick += step_ms;
         }
-        for fault in &report.schedule.faults {
+    }
+
+    /// The faults: partitions, pauses, crashes, a coordinator's lost state.
+    fn faults(&self, svg: &mut String, top: f64) {
+        for fault in &self.report.schedule.faults {
             match fault {
                 Fault::Partition {
                     at_ms,
@@ -332,9 +384,9 @@ pub fn render_svg(report: &SimReport) -> String {
                         let _ = write!(
                             svg,
                             r##"<rect x="{}" y="{}" width="{}" height="{}" fill="#e45756" fill-opacity="0.18"><title>partitioned {}..{} ms</title></rect>"##,
-                            x(*at_ms),
-                            lane_top(*site),
-                            (x(*until_ms) - x(*at_ms)).max(1.0),
+                            self.x(*at_ms),
+                            self.lane_top(top, *site),
+                            (self.x(*until_ms) - self.x(*at_ms)).max(1.0),
                             LANE - 4.0,
                             at_ms,
                             until_ms
@@ -349,9 +401,9 @@ pub fn render_svg(report: &SimReport) -> String {
                     let _ = write!(
                         svg,
                         r##"<rect x="{}" y="{}" width="{}" height="6" fill="#888888"><title>paused {} ms at {} ms</title></rect>"##,
-                        x(*at_ms),
-                        lane_top(*site) + LANE - 10.0,
-                        (x(at_ms + duration_ms) - x(*at_ms)).max(1.0),
+                        self.x(*at_ms),
+                        self.lane_top(top, *site) + LANE - 10.0,
+                        (self.x(at_ms + duration_ms) - self.x(*at_ms)).max(1.0),
                         duration_ms,
                         at_ms
                     );
@@ -360,9 +412,9 @@ pub fn render_svg(report: &SimReport) -> String {
                     let _ = write!(
                         svg,
                         r##"<rect x="{}" y="{}" width="{}" height="6" fill="#222222"><title>crashed at {} ms, down {} ms</title></rect>"##,
-                        x(*at_ms),
-                        lane_top(*site) + LANE - 10.0,
-                        (x(at_ms + down_ms) - x(*at_ms)).max(1.0),
+                        self.x(*at_ms),
+                        self.lane_top(top, *site) + LANE - 10.0,
+                        (self.x(at_ms + down_ms) - self.x(*at_ms)).max(1.0),
                         at_ms,
                         down_ms
                     );
@@ -371,22 +423,26 @@ pub fn render_svg(report: &SimReport) -> String {
                     let _ = write!(
                         svg,
                         r##"<line x1="{x}" x2="{x}" y1="{}" y2="{}" stroke="#f58518" stroke-width="2" stroke-dasharray="4 2"><title>coordinator state lost at {} ms</title></line>"##,
-                        lane_top(0) - 4.0,
-                        lane_top(config.sites) - 4.0,
+                        self.lane_top(top, 0) - 4.0,
+                        self.lane_top(top, self.report.config.sites) - 4.0,
                         at_ms,
-                        x = x(*at_ms)
+                        x = self.x(*at_ms)
                     );
                 }
             }
         }
+    }
+
+    /// One mode's leases, effects (duplicates marked) and the resource's refusals.
+    fn marks(&self, svg: &mut String, top: f64, mode: &ModeReport) {
         for tenure in &mode.tenures {
             let colour = agent_colour(tenure.agent);
-            let y = lane_top(tenure.site) + 2.0 + 6.0 * (tenure.agent % 2) as f64;
-            let width = (x(tenure.until_ms) - x(tenure.from_ms)).max(1.0);
+            let y = self.lane_top(top, tenure.site) + 2.0 + 6.0 * (tenure.agent % 2) as f64;
+            let width = (self.x(tenure.until_ms) - self.x(tenure.from_ms)).max(1.0);
             let _ = write!(
                 svg,
                 r#"<rect x="{}" y="{y}" width="{width}" height="5" fill="{colour}"><title>agent-{} epoch {} held {}..{} ms</title></rect>"#,
-                x(tenure.from_ms),
+                self.x(tenure.from_ms),
                 tenure.agent,
                 tenure.epoch,
                 tenure.from_ms,
@@ -394,8 +450,8 @@ pub fn render_svg(report: &SimReport) -> String {
             );
         }
         for effect in &mode.effect_log {
-            let cx = x(effect.at_ms);
-            let cy = lane_top(effect.site) + 16.0;
+            let cx = self.x(effect.at_ms);
+            let cy = self.lane_top(top, effect.site) + 16.0;
             let colour = agent_colour(effect.agent);
             match effect.duplicate {
                 None => {
@@ -427,8 +483,8 @@ pub fn render_svg(report: &SimReport) -> String {
             }
         }
         for refused in &mode.refusal_log {
-            let cx = x(refused.at_ms);
-            let cy = lane_top(refused.site) + 16.0;
+            let cx = self.x(refused.at_ms);
+            let cy = self.lane_top(top, refused.site) + 16.0;
             let why = match refused.reason {
                 "already_applied" => "the run was applied before: a duplicate stopped",
                 "stale_epoch" => "a stale fencing token",
@@ -446,11 +502,4 @@ pub fn render_svg(report: &SimReport) -> String {
             );
         }
     }
-    let _ = write!(
-        svg,
-        r#"<g font-size="11" transform="translate(0 {legend_top})">{}</g>"#,
-        legend.svg
-    );
-    svg.push_str("</svg>\n");
-    svg
 }
