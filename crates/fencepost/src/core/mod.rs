@@ -12,6 +12,7 @@ pub mod id;
 pub mod intent;
 pub mod lease;
 pub mod oplog;
+#[cfg(any(feature = "conformance", feature = "simulate"))]
 pub mod rng;
 pub mod run_id;
 pub mod session;

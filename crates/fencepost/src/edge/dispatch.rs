@@ -19,7 +19,7 @@
 //! 5. the fence (rule D1): the oracle again, then the coordinator, by publishing what the device
 //!    has pushed, the `pending` included (rule H2: only the holder at its epoch can publish, so
 //!    this is "am I still the holder at epoch N?", and a successor will wait for the `pending`);
-//!    a refusal records `failed` and returns the verdict ([`check_dispatch`] names the holder),
+//!    a refusal records `failed` and returns the verdict ([`check_dispatch`](crate::fence::check_dispatch) names the holder),
 //!    without running the effect;
 //! 6. runs the effect with a [`FencingToken`] `{agent_id, run_id, epoch}` to pass to any resource
 //!    that checks tokens, records `committed` or `failed` by its result, and has the keeper

@@ -43,7 +43,7 @@ impl Ledger {
     /// ([`check_dispatch`]) and checks the holder's own timing once more. A refusal at the fence
     /// or after it records `failed`. On success, the effect may run: see [`Permit`].
     ///
-    /// [`dispatch`] is this, the effect, and [`Permit::finish`].
+    /// [`dispatch`](super::dispatch) is this, the effect, and [`Permit::finish`].
     ///
     /// Each verdict is counted ([`metrics::FENCE_DECISIONS`](crate::metrics::FENCE_DECISIONS)).
     ///
