@@ -107,7 +107,7 @@ fn dispatch_runs_a_run_once_across_two_sites_that_share_a_coordinator_and_exchan
     let effects = AtomicUsize::new(0);
     let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
     let laptop_keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    let outcome = dispatch(&laptop_keeper, &mut laptop, "run-1", counting(&effects)).unwrap();
+    let outcome = dispatch(&laptop_keeper, &mut laptop, &run("run-1"), counting(&effects)).unwrap();
     assert_eq!(
         outcome,
         DispatchOutcome::Executed {
@@ -116,7 +116,7 @@ fn dispatch_runs_a_run_once_across_two_sites_that_share_a_coordinator_and_exchan
         }
     );
     // Again on the same site: the oracle refuses, nothing is written.
-    let again = dispatch(&laptop_keeper, &mut laptop, "run-1", counting(&effects)).unwrap();
+    let again = dispatch(&laptop_keeper, &mut laptop, &run("run-1"), counting(&effects)).unwrap();
     assert!(matches!(again, DispatchOutcome::AlreadyCommitted { .. }));
     laptop_keeper.shutdown().unwrap();
 
@@ -128,9 +128,9 @@ fn dispatch_runs_a_run_once_across_two_sites_that_share_a_coordinator_and_exchan
         vec![],
         "the laptop finished what it started"
     );
-    let elsewhere = dispatch(&phone_keeper, &mut phone, "run-1", counting(&effects)).unwrap();
+    let elsewhere = dispatch(&phone_keeper, &mut phone, &run("run-1"), counting(&effects)).unwrap();
     assert!(matches!(elsewhere, DispatchOutcome::AlreadyCommitted { .. }));
-    let new_run = dispatch(&phone_keeper, &mut phone, "run-2", counting(&effects)).unwrap();
+    let new_run = dispatch(&phone_keeper, &mut phone, &run("run-2"), counting(&effects)).unwrap();
     assert_eq!(
         new_run,
         DispatchOutcome::Executed {
@@ -154,7 +154,7 @@ fn dispatch_runs_once_when_the_commit_reaches_the_successor_only_after_it_acquir
     let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
     let laptop_keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
     // The laptop acts, then the relay is cut before its commit can be pushed.
-    let outcome = dispatch(&laptop_keeper, &mut laptop, "run-1", |token| {
+    let outcome = dispatch(&laptop_keeper, &mut laptop, &run("run-1"), |token| {
         effects.fetch_add(1, Ordering::SeqCst);
         world.relay.partitioned.store(true, Ordering::SeqCst);
         Ok::<_, String>(token.epoch)
@@ -183,7 +183,7 @@ fn dispatch_runs_once_when_the_commit_reaches_the_successor_only_after_it_acquir
     assert_eq!(laptop.sync().unwrap().pushed, 1);
     phone.sync().unwrap();
     assert_eq!(phone.in_doubt("milo", phone_keeper.epoch()), vec![]);
-    let outcome = dispatch(&phone_keeper, &mut phone, "run-1", counting(&effects)).unwrap();
+    let outcome = dispatch(&phone_keeper, &mut phone, &run("run-1"), counting(&effects)).unwrap();
     assert!(matches!(outcome, DispatchOutcome::AlreadyCommitted { .. }));
     assert_eq!(effects.load(Ordering::SeqCst), 1, "executed once");
 }
@@ -198,13 +198,15 @@ fn dispatch_refuses_a_zombie_paused_past_its_ttl_at_the_fence() {
     let zombie = world.keeper("laptop", &paused, &laptop);
     world.coordinator_clock.advance(TTL_MS);
     let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
-    assert!(dispatch(&phone_keeper, &mut phone, "run-2", counting(&effects))
-        .unwrap()
-        .executed());
+    assert!(
+        dispatch(&phone_keeper, &mut phone, &run("run-2"), counting(&effects))
+            .unwrap()
+            .executed()
+    );
 
     // The laptop resumes and dispatches: refused at the fence, the effect never runs.
     assert!(zombie.holds(), "the zombie believes it holds");
-    let outcome = dispatch(&zombie, &mut laptop, "run-3", counting(&effects)).unwrap();
+    let outcome = dispatch(&zombie, &mut laptop, &run("run-3"), counting(&effects)).unwrap();
     assert_eq!(
         outcome,
         DispatchOutcome::StaleEpoch {
@@ -228,13 +230,13 @@ fn dispatch_a_zombie_that_passed_the_fence_before_pausing_is_rejected_by_a_fence
     let resource: FencedResource<&str> = FencedResource::new();
     let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
     let zombie = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    let outcome = dispatch(&zombie, &mut laptop, "charge-1", |token| {
+    let outcome = dispatch(&zombie, &mut laptop, &run("charge-1"), |token| {
         // Past the fence, the laptop pauses; meanwhile its lease expires and the phone acts.
         world.coordinator_clock.advance(TTL_MS);
         let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
         // Rule H3: the phone has everything the laptop published (its `pending`) first.
         phone.sync().unwrap();
-        let phone_outcome = dispatch(&phone_keeper, &mut phone, "charge-2", |token| {
+        let phone_outcome = dispatch(&phone_keeper, &mut phone, &run("charge-2"), |token| {
             resource.apply(token, "phone")
         });
         assert!(phone_outcome.unwrap().executed());
@@ -282,7 +284,7 @@ fn d1_a_fenced_resource_refuses_a_run_it_applied_even_under_a_newer_epoch() {
     let outcome = dispatch_effect(
         &zombie,
         &mut laptop,
-        "charge-1",
+        &run("charge-1"),
         DispatchOptions::default(),
         |token| {
             // The laptop's effect lands, and the laptop dies before it can record the outcome.
@@ -302,7 +304,7 @@ fn d1_a_fenced_resource_refuses_a_run_it_applied_even_under_a_newer_epoch() {
     let retried = dispatch_with(
         &successor,
         &mut phone,
-        "charge-1",
+        &run("charge-1"),
         DispatchOptions::default().retry_in_doubt(true),
         |token| resource.apply(token, "phone"),
     )
@@ -333,9 +335,11 @@ fn dispatch_lists_in_doubt_runs_after_a_fail_over_and_a_retry_settles_them() {
     let effects = AtomicUsize::new(0);
     let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
     let laptop_keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    assert!(dispatch(&laptop_keeper, &mut laptop, "done", counting(&effects))
-        .unwrap()
-        .executed());
+    assert!(
+        dispatch(&laptop_keeper, &mut laptop, &run("done"), counting(&effects))
+            .unwrap()
+            .executed()
+    );
     // The laptop writes its pending for "charge-7" and dies before it knows the outcome.
     laptop
         .record(&Intent::new(
@@ -364,7 +368,7 @@ fn dispatch_lists_in_doubt_runs_after_a_fail_over_and_a_retry_settles_them() {
         "only the unfinished run"
     );
     // D2: without an explicit choice, the phone does not run it.
-    let refused = dispatch(&phone_keeper, &mut phone, "charge-7", counting(&effects)).unwrap();
+    let refused = dispatch(&phone_keeper, &mut phone, &run("charge-7"), counting(&effects)).unwrap();
     assert!(
         matches!(&refused, DispatchOutcome::InDoubt { run } if run.epoch == laptop_epoch),
         "{refused:?}"
@@ -374,7 +378,7 @@ fn dispatch_lists_in_doubt_runs_after_a_fail_over_and_a_retry_settles_them() {
     let retried = dispatch_with(
         &phone_keeper,
         &mut phone,
-        "charge-7",
+        &run("charge-7"),
         DispatchOptions::default().retry_in_doubt(true),
         counting(&effects),
     )
@@ -408,7 +412,7 @@ fn dispatch_refuses_to_write_below_the_known_fencing_epoch_and_checks_its_input(
         .acquire()
         .unwrap();
     let unsent = laptop.unsent();
-    let refused = dispatch(&keeper, &mut laptop, "run-1", counting(&effects));
+    let refused = dispatch(&keeper, &mut laptop, &run("run-1"), counting(&effects));
     assert!(
         matches!(
             refused,
@@ -421,10 +425,10 @@ fn dispatch_refuses_to_write_below_the_known_fencing_epoch_and_checks_its_input(
         "{refused:?}"
     );
     assert_eq!(laptop.unsent(), unsent, "nothing written");
-    let bad = dispatch(&keeper, &mut laptop, "run\u{1}", counting(&effects));
-    assert!(matches!(bad, Err(DispatchError::InvalidId(_))), "L8: {bad:?}");
+    // Rule L8: a run id with a control character is refused when built, before any dispatch.
+    assert!(fencepost::id::RunId::new("run\u{1}").is_err());
     let mut phone = world.ledger("phone");
-    let mismatch = dispatch(&keeper, &mut phone, "run-1", counting(&effects));
+    let mismatch = dispatch(&keeper, &mut phone, &run("run-1"), counting(&effects));
     assert!(matches!(mismatch, Err(DispatchError::DeviceMismatch { .. })));
     assert_eq!(effects.load(Ordering::SeqCst), 0);
 }
@@ -436,7 +440,7 @@ fn dispatch_runs_nothing_when_the_pending_cannot_be_shared_or_the_lease_is_gone(
     let mut laptop = world.ledger("laptop");
     let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
     world.relay.partitioned.store(true, Ordering::SeqCst);
-    let cut_off = dispatch(&keeper, &mut laptop, "run-1", counting(&effects));
+    let cut_off = dispatch(&keeper, &mut laptop, &run("run-1"), counting(&effects));
     assert!(
         matches!(cut_off, Err(DispatchError::Ledger(LedgerError::Relay(_)))),
         "{cut_off:?}"
@@ -449,7 +453,7 @@ fn dispatch_runs_nothing_when_the_pending_cannot_be_shared_or_the_lease_is_gone(
     world.relay.partitioned.store(false, Ordering::SeqCst);
 
     keeper.shutdown().unwrap();
-    let outcome = dispatch(&keeper, &mut laptop, "run-1", counting(&effects)).unwrap();
+    let outcome = dispatch(&keeper, &mut laptop, &run("run-1"), counting(&effects)).unwrap();
     assert_eq!(outcome, DispatchOutcome::NotHeld { claimed_epoch: 1 });
     assert_eq!(effects.load(Ordering::SeqCst), 0);
     assert_eq!(world.coordinator.current("milo").unwrap(), None);
@@ -666,7 +670,7 @@ fn r1_two_ledgers_of_one_device_sharing_a_keeper_run_a_run_once() {
                     let (keeper, effects, barrier) = (&keeper, &effects, &barrier);
                     scope.spawn(move || {
                         barrier.wait();
-                        dispatch(keeper, ledger, "run-a", counting(effects)).unwrap()
+                        dispatch(keeper, ledger, &run("run-a"), counting(effects)).unwrap()
                     })
                 })
                 .collect();
@@ -710,10 +714,16 @@ fn d2_a_record_of_another_surface_never_settles_an_attempt() {
     let effects = AtomicUsize::new(0);
     let (mut laptop, mut phone) = (world.ledger("laptop"), world.ledger("phone"));
     let first = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    let outcome = dispatch_effect(&first, &mut laptop, "run-r", DispatchOptions::default(), |_| {
-        effects.fetch_add(1, Ordering::SeqCst);
-        EffectOutcome::<(), &str>::Unknown("the laptop died")
-    })
+    let outcome = dispatch_effect(
+        &first,
+        &mut laptop,
+        &run("run-r"),
+        DispatchOptions::default(),
+        |_| {
+            effects.fetch_add(1, Ordering::SeqCst);
+            EffectOutcome::<(), &str>::Unknown("the laptop died")
+        },
+    )
     .unwrap();
     assert!(matches!(outcome, DispatchOutcome::Interrupted { .. }));
     drop(first);
@@ -732,7 +742,7 @@ fn d2_a_record_of_another_surface_never_settles_an_attempt() {
         1,
         "D2: still in doubt"
     );
-    let outcome = dispatch(&second, &mut phone, "run-r", counting(&effects)).unwrap();
+    let outcome = dispatch(&second, &mut phone, &run("run-r"), counting(&effects)).unwrap();
     assert!(matches!(outcome, DispatchOutcome::InDoubt { .. }), "{outcome:?}");
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     second.shutdown().unwrap();
@@ -823,7 +833,7 @@ fn d1_no_effect_runs_once_the_keeper_has_lost_the_lease_during_the_fence() {
     let effects = AtomicUsize::new(0);
     let gate = slow.gate.lock().unwrap();
     let outcome = std::thread::scope(|scope| {
-        let dispatching = scope.spawn(|| dispatch(&keeper, &mut laptop, "run-1", counting(&effects)));
+        let dispatching = scope.spawn(|| dispatch(&keeper, &mut laptop, &run("run-1"), counting(&effects)));
         while !slow.entered.load(Ordering::SeqCst) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
@@ -906,7 +916,7 @@ fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_
         holds: false,
     };
     assert!(matches!(
-        laptop.begin(&holder, "report-1", DispatchOptions::default()),
+        laptop.begin(&holder, &run("report-1"), DispatchOptions::default()),
         Err(Refusal::NotHeld { claimed_epoch: 1 })
     ));
     phone.sync().unwrap();
@@ -917,7 +927,7 @@ fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_
 
     holder.holds = true;
     let permit = laptop
-        .begin(&holder, "report-1", DispatchOptions::default())
+        .begin(&holder, &run("report-1"), DispatchOptions::default())
         .unwrap();
     assert_eq!(
         (permit.token().run_id.as_str(), permit.token().epoch),
@@ -933,14 +943,14 @@ fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_
         holds: true,
     };
     phone.sync().unwrap();
-    match phone.begin(&successor, "report-1", DispatchOptions::default()) {
+    match phone.begin(&successor, &run("report-1"), DispatchOptions::default()) {
         Err(Refusal::InDoubt { run }) => assert_eq!((run.epoch, run.device_id.as_str()), (1, "laptop")),
         other => panic!("the phone must see the run in doubt: {other:?}"),
     }
     // The outcome goes to the ledger that began it, only.
     let permit = match permit.finish(&mut phone, RunOutcome::Committed) {
         Err(DispatchError::DeviceMismatch { .. }) => {
-            laptop.begin(&holder, "report-2", DispatchOptions::default())
+            laptop.begin(&holder, &run("report-2"), DispatchOptions::default())
         }
         other => panic!("another device's ledger must be refused: {other:?}"),
     };
@@ -955,7 +965,7 @@ fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_
         })
     ));
     let permit = phone
-        .begin(&successor, "report-3", DispatchOptions::default())
+        .begin(&successor, &run("report-3"), DispatchOptions::default())
         .unwrap();
     permit.finish(&mut phone, RunOutcome::Committed).unwrap();
     laptop.sync().unwrap();
@@ -966,12 +976,12 @@ fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_
         holds: true,
     };
     assert!(matches!(
-        laptop.begin(&laptop_again, "report-3", DispatchOptions::default()),
+        laptop.begin(&laptop_again, &run("report-3"), DispatchOptions::default()),
         Err(Refusal::AlreadyCommitted { .. })
     ));
     // An abandoned permit leaves its run in doubt, to be retried only on purpose.
     let abandoned = phone
-        .begin(&successor, "report-4", DispatchOptions::default())
+        .begin(&successor, &run("report-4"), DispatchOptions::default())
         .unwrap();
     let token = abandoned.abandon();
     assert_eq!(token.epoch, 2);
@@ -980,13 +990,13 @@ fn d1_d2_dispatch_in_steps_shares_the_pending_before_the_effect_and_the_outcome_
         Some(2)
     );
     assert!(matches!(
-        phone.begin(&successor, "report-4", DispatchOptions::default()),
+        phone.begin(&successor, &run("report-4"), DispatchOptions::default()),
         Err(Refusal::InDoubt { .. })
     ));
     let retried = phone
         .begin(
             &successor,
-            "report-4",
+            &run("report-4"),
             DispatchOptions::default().retry_in_doubt(true),
         )
         .unwrap();
@@ -1013,7 +1023,7 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
         holds: true,
     };
     let permit = laptop
-        .begin(&holder, "report-a", DispatchOptions::default())
+        .begin(&holder, &run("report-a"), DispatchOptions::default())
         .unwrap();
     // The coordinator loses its state while the laptop's effect is under way.
     let restored = Arc::new(InMemoryLeaseCoordinator::new(
@@ -1031,7 +1041,7 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
         epoch: again.epoch,
         holds: true,
     };
-    match phone.begin(&twin, "report-b", DispatchOptions::default()) {
+    match phone.begin(&twin, &run("report-b"), DispatchOptions::default()) {
         Err(Refusal::Error(DispatchError::EpochReused {
             epoch, other_device, ..
         })) => assert_eq!((epoch, other_device.as_str()), (1, "laptop")),
@@ -1056,7 +1066,7 @@ fn l5_an_epoch_granted_twice_after_a_coordinator_state_loss_is_refused_at_dispat
         holds: true,
     };
     let permit_b = phone
-        .begin(&fresh, "report-b", DispatchOptions::default())
+        .begin(&fresh, &run("report-b"), DispatchOptions::default())
         .unwrap();
     permit_b.finish(&mut phone, RunOutcome::Committed).unwrap();
     permit.finish(&mut laptop, RunOutcome::Committed).unwrap();
@@ -1145,4 +1155,9 @@ fn claim(agent: &str, epoch: u64, device: &str) -> fencepost::id::Claim {
         device: fencepost::id::DeviceId::new(device).unwrap(),
         epoch: fencepost::id::Epoch::new(epoch).unwrap(),
     }
+}
+
+/// A run id of the tests' own (valid).
+fn run(id: &str) -> fencepost::id::RunId {
+    fencepost::id::RunId::new(id).unwrap()
 }

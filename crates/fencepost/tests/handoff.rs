@@ -68,7 +68,7 @@ fn h2_the_pending_is_published_before_the_effect_runs() {
     let world = World::new();
     let mut laptop = world.ledger(0, "laptop");
     let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    let outcome = dispatch(&keeper, &mut laptop, "run-1", |_| {
+    let outcome = dispatch(&keeper, &mut laptop, &run("run-1"), |_| {
         // The `pending` is record 0 of the laptop's log: published before the effect.
         let published = world.published();
         Ok::<_, String>(published.next_seq("laptop"))
@@ -89,7 +89,7 @@ fn h2_the_outcome_is_published_at_the_release() {
     let world = World::new();
     let mut laptop = world.ledger(0, "laptop");
     let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    dispatch(&keeper, &mut laptop, "run-1", |_| Ok::<_, String>(())).unwrap();
+    dispatch(&keeper, &mut laptop, &run("run-1"), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(
         world.published().next_seq("laptop"),
         1,
@@ -109,7 +109,7 @@ fn h2_the_outcome_is_published_after_the_next_renewal() {
     let mut laptop = world.ledger(0, "laptop");
     let keeper_clock = ManualClock::new(0);
     let keeper = world.keeper("laptop", &keeper_clock, &laptop);
-    dispatch(&keeper, &mut laptop, "run-1", |_| Ok::<_, String>(())).unwrap();
+    dispatch(&keeper, &mut laptop, &run("run-1"), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(world.published().next_seq("laptop"), 1);
     // The next renewal is due a third of the TTL after the grant.
     keeper_clock.set(TTL_MS / 3);
@@ -128,7 +128,7 @@ fn h3_a_new_holder_whose_ledger_lacks_the_commit_dispatches_nothing_until_it_arr
     let effects = AtomicUsize::new(0);
     let mut laptop = world.ledger(0, "laptop");
     let laptop_keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    dispatch(&laptop_keeper, &mut laptop, "run-1", |_| {
+    dispatch(&laptop_keeper, &mut laptop, &run("run-1"), |_| {
         effects.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(())
     })
@@ -148,7 +148,7 @@ fn h3_a_new_holder_whose_ledger_lacks_the_commit_dispatches_nothing_until_it_arr
     }];
     assert_eq!(phone.behind(&handed_over), missing);
     assert_eq!(missing[0].to_string(), "laptop records 0..=1");
-    let outcome = dispatch(&phone_keeper, &mut phone, "run-1", |_| {
+    let outcome = dispatch(&phone_keeper, &mut phone, &run("run-1"), |_| {
         effects.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(())
     })
@@ -172,7 +172,7 @@ fn h3_a_new_holder_whose_ledger_lacks_the_commit_dispatches_nothing_until_it_arr
     world.copy(0, 1);
     phone.sync().unwrap();
     assert_eq!(phone.behind(&handed_over), vec![]);
-    let outcome = dispatch(&phone_keeper, &mut phone, "run-1", |_| {
+    let outcome = dispatch(&phone_keeper, &mut phone, &run("run-1"), |_| {
         effects.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(())
     })
@@ -193,12 +193,12 @@ fn h3_the_frontier_is_cumulative_over_every_earlier_holder() {
     // publication did not drop the laptop's.
     let mut laptop = world.ledger(0, "laptop");
     let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
-    dispatch(&keeper, &mut laptop, "run-1", |_| Ok::<_, String>(())).unwrap();
+    dispatch(&keeper, &mut laptop, &run("run-1"), |_| Ok::<_, String>(())).unwrap();
     keeper.shutdown().unwrap();
     world.copy(0, 1);
     let mut phone = world.ledger(1, "phone");
     let keeper = world.keeper("phone", &ManualClock::new(0), &phone);
-    dispatch(&keeper, &mut phone, "run-2", |_| Ok::<_, String>(())).unwrap();
+    dispatch(&keeper, &mut phone, &run("run-2"), |_| Ok::<_, String>(())).unwrap();
     keeper.shutdown().unwrap();
     let keeper = world.keeper("laptop", &ManualClock::new(0), &laptop);
     let handed_over = keeper.handed_over().unwrap();
@@ -206,7 +206,7 @@ fn h3_the_frontier_is_cumulative_over_every_earlier_holder() {
         (handed_over.next_seq("laptop"), handed_over.next_seq("phone")),
         (2, 2)
     );
-    let outcome = dispatch(&keeper, &mut laptop, "run-2", |_| Ok::<_, String>(())).unwrap();
+    let outcome = dispatch(&keeper, &mut laptop, &run("run-2"), |_| Ok::<_, String>(())).unwrap();
     assert!(
         matches!(outcome, DispatchOutcome::LedgerBehind { ref missing } if missing.len() == 1 && missing[0].device_id == "phone"),
         "{outcome:?}"
@@ -227,7 +227,7 @@ fn h2_a_zombie_publishes_nothing_and_its_dispatch_is_refused() {
     let phone_keeper = world.keeper("phone", &ManualClock::new(0), &phone);
     let before = world.published();
     let effects = AtomicUsize::new(0);
-    let outcome = dispatch(&keeper, &mut laptop, "run-1", |_| {
+    let outcome = dispatch(&keeper, &mut laptop, &run("run-1"), |_| {
         effects.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(())
     })
@@ -358,12 +358,12 @@ fn h3_a_ledger_that_counts_other_records_under_the_device_id_is_not_caught_up() 
         .clock(KeeperClock::manual(&ManualClock::new(0)))
         .acquire()
         .unwrap();
-    dispatch(&other, &mut y, "run-b", |_| Ok::<_, String>(())).unwrap();
+    dispatch(&other, &mut y, &run("run-b"), |_| Ok::<_, String>(())).unwrap();
     other.shutdown().unwrap();
     // X (device "h1" too, relay 0) runs milo's run-1: records 0 and 1 of its "h1", published.
     let mut x = world.ledger(0, "h1");
     let x_keeper = world.keeper("h1", &ManualClock::new(0), &x);
-    dispatch(&x_keeper, &mut x, "run-1", |_| {
+    dispatch(&x_keeper, &mut x, &run("run-1"), |_| {
         effects.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(())
     })
@@ -391,7 +391,7 @@ fn h3_a_ledger_that_counts_other_records_under_the_device_id_is_not_caught_up() 
         "{}",
         missing[0]
     );
-    let outcome = dispatch(&y_keeper, &mut y, "run-1", |_| {
+    let outcome = dispatch(&y_keeper, &mut y, &run("run-1"), |_| {
         effects.fetch_add(1, Ordering::SeqCst);
         Ok::<_, String>(())
     })
@@ -399,4 +399,9 @@ fn h3_a_ledger_that_counts_other_records_under_the_device_id_is_not_caught_up() 
     assert_eq!(outcome, DispatchOutcome::LedgerBehind { missing });
     assert_eq!(effects.load(Ordering::SeqCst), 1, "run-1 ran once");
     y_keeper.shutdown().unwrap();
+}
+
+/// A run id of the tests' own (valid).
+fn run(id: &str) -> fencepost::id::RunId {
+    fencepost::id::RunId::new(id).unwrap()
 }

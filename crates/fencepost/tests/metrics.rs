@@ -75,16 +75,20 @@ fn metrics_count_acquires_holding_fence_decisions_dispatches_and_relay_traffic()
         .acquire();
     assert!(refused.is_err());
 
-    let outcome = dispatch(&keeper, &mut ledger, "run-1", |_| Ok::<_, String>(())).unwrap();
+    let outcome = dispatch(&keeper, &mut ledger, &run("run-1"), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(outcome.kind(), "succeeded");
-    let again = dispatch(&keeper, &mut ledger, "run-1", |_| Ok::<_, String>(())).unwrap();
+    let again = dispatch(&keeper, &mut ledger, &run("run-1"), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(again.kind(), "already_committed");
-    let interrupted = dispatch_effect(&keeper, &mut ledger, "run-2", DispatchOptions::default(), |_| {
-        EffectOutcome::<(), _>::Unknown("killed".to_owned())
-    })
+    let interrupted = dispatch_effect(
+        &keeper,
+        &mut ledger,
+        &run("run-2"),
+        DispatchOptions::default(),
+        |_| EffectOutcome::<(), _>::Unknown("killed".to_owned()),
+    )
     .unwrap();
     assert_eq!(interrupted.kind(), "interrupted");
-    let in_doubt = dispatch(&keeper, &mut ledger, "run-2", |_| Ok::<_, String>(())).unwrap();
+    let in_doubt = dispatch(&keeper, &mut ledger, &run("run-2"), |_| Ok::<_, String>(())).unwrap();
     assert_eq!(in_doubt.kind(), "in_doubt");
     keeper.shutdown().unwrap();
 
@@ -149,4 +153,9 @@ fn metrics_count_acquires_holding_fence_decisions_dispatches_and_relay_traffic()
         value(&snapshot, metrics::LEASES_HELD, &[("agent", "rex")]),
         Some(DebugValue::Gauge(held)) if held.into_inner() == 0.0
     ));
+}
+
+/// A run id of the tests' own (valid).
+fn run(id: &str) -> fencepost::id::RunId {
+    fencepost::id::RunId::new(id).unwrap()
 }

@@ -128,10 +128,16 @@ impl Site {
     fn run_then_blink(&self, ledger: &mut Ledger, device: &str, run: &str, down: usize) {
         let keeper = self.keeper(device);
         let relay = self.relay.clone();
-        let outcome = dispatch_effect(&keeper, ledger, run, DispatchOptions::default(), |_| {
-            relay.down_for(down);
-            EffectOutcome::<(), String>::Succeeded(())
-        })
+        let outcome = dispatch_effect(
+            &keeper,
+            ledger,
+            &self::run(run),
+            DispatchOptions::default(),
+            |_| {
+                relay.down_for(down);
+                EffectOutcome::<(), String>::Succeeded(())
+            },
+        )
         .unwrap();
         assert!(outcome.executed(), "{outcome:?}");
         keeper.shutdown().unwrap();
@@ -226,10 +232,16 @@ fn d1_d2_a_pending_that_could_not_be_stored_is_settled_by_a_failed_queued_behind
     let keeper = site.keeper("laptop");
     site.relay.down_for(1_000);
     let ran = std::cell::Cell::new(false);
-    let error = dispatch_effect(&keeper, &mut ledger, "run-a", DispatchOptions::default(), |_| {
-        ran.set(true);
-        EffectOutcome::<(), String>::Succeeded(())
-    })
+    let error = dispatch_effect(
+        &keeper,
+        &mut ledger,
+        &run("run-a"),
+        DispatchOptions::default(),
+        |_| {
+            ran.set(true);
+            EffectOutcome::<(), String>::Succeeded(())
+        },
+    )
     .unwrap_err();
     assert!(!ran.get(), "nothing runs without its pending stored");
     assert!(error.is_transient(), "{error}");
@@ -313,4 +325,9 @@ fn r1_an_outbox_that_is_not_a_file_is_an_error_and_a_line_cut_short_never_blocks
     let ledger = site.open("laptop").unwrap();
     assert_eq!(ledger.stored_from_outbox(), 1);
     assert!(site.reader("phone").committed_run("reports", "run-a").is_some());
+}
+
+/// A run id of the tests' own (valid).
+fn run(id: &str) -> fencepost::id::RunId {
+    fencepost::id::RunId::new(id).unwrap()
 }

@@ -321,12 +321,14 @@ fn flush(settings: &Settings, json: bool) -> Result<i32> {
 
 /// `ledger resolve`: an in-doubt run's outcome recorded, under the agent's lease unless `force`.
 fn resolve(settings: &Settings, agent: &str, run: &str, outcome: &str, force: bool) -> Result<i32> {
-    if let Err(error) = validate_id(IdKind::Agent, agent) {
-        crate::exit::usage!("--agent: {error}");
-    }
-    if let Err(error) = validate_id(IdKind::Run, run) {
-        crate::exit::usage!("--run: {error}");
-    }
+    let agent_id = match fencepost::id::AgentId::new(agent) {
+        Ok(agent_id) => agent_id,
+        Err(error) => crate::exit::usage!("--agent: {error}"),
+    };
+    let run_id = match fencepost::id::RunId::new(run) {
+        Ok(run_id) => run_id,
+        Err(error) => crate::exit::usage!("--run: {error}"),
+    };
     // Opened to write: what this host queued (the run's own outcome, maybe) is written
     // first (found by an adversarial test: a run resolved `failed` while its `committed`
     // waited in this host's outbox ran again elsewhere).
@@ -360,7 +362,7 @@ fn resolve(settings: &Settings, agent: &str, run: &str, outcome: &str, force: bo
     } else {
         RunOutcome::Failed
     };
-    let resolved = ledger.resolve(agent, run, settled);
+    let resolved = ledger.resolve(&agent_id, &run_id, settled);
     if let Some(keeper) = &keeper {
         // Published with the release (rule H2): the next holder waits for it.
         keeper.pushed(&ledger.pushed());

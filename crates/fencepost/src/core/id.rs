@@ -202,6 +202,26 @@ typed_id!(
     IdKind::Run
 );
 
+impl RunId {
+    /// The run id every site gives one occurrence of a job:
+    /// [`deterministic_run_id`](crate::run_id::deterministic_run_id) of the agent, the intent
+    /// and the salt (always a valid id).
+    ///
+    /// ```
+    /// use fencepost::id::RunId;
+    ///
+    /// let run = RunId::derive("milo", "send the daily report", "2026-12-06")?;
+    /// assert!(run.as_str().starts_with("run-"));
+    /// # Ok::<(), fencepost::run_id::RunIdError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`deterministic_run_id`](crate::run_id::deterministic_run_id).
+    pub fn derive(agent_id: &str, intent: &str, salt: &str) -> Result<Self, crate::run_id::RunIdError> {
+        crate::run_id::deterministic_run_id(agent_id, intent, salt).map(Self)
+    }
+}
+
 /// A fencing epoch a coordinator can mint: `1..=`[`MAX_EPOCH`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Epoch(u64);

@@ -46,7 +46,7 @@
 
 mod begin;
 
-use crate::id::{validate_id, IdError, IdKind};
+use crate::id::RunId;
 use crate::keeper::LeaseKeeper;
 use crate::lease::{Intent, IntentStatus, LeaseError};
 use crate::metrics;
@@ -66,9 +66,6 @@ pub enum DispatchError {
     /// not run.
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-    /// A run id was invalid: nothing was written.
-    #[error(transparent)]
-    InvalidId(#[from] IdError),
     /// The held epoch is below the agent's fencing epoch in the ledger: a `pending` written there
     /// would be fenced on arrival. The keeper's coordinator granted an epoch the ledger already
     /// passed; raise its floor from the ledger (the keeper does so before its first acquire).
@@ -233,7 +230,7 @@ impl<T, E> DispatchOutcome<T, E> {
 /// [module docs](self).
 ///
 /// # Errors
-/// * [`DispatchError::InvalidId`], [`DispatchError::DeviceMismatch`]: nothing written.
+/// * [`DispatchError::DeviceMismatch`]: nothing written.
 /// * [`DispatchError::BelowFencingEpoch`]: nothing written, nothing ran.
 /// * [`DispatchError::Ledger`] ([`LedgerError::Relay`]) before the effect: the `pending` could
 ///   not be pushed, so the effect did not run (the `pending` stays queued); a damaged ledger
@@ -252,7 +249,7 @@ impl<T, E> DispatchOutcome<T, E> {
 /// use fencepost::keeper::{KeeperConfig, LeaseKeeper};
 /// use fencepost::lease::InMemoryLeaseCoordinator;
 /// use fencepost::relay::InMemoryRelay;
-/// use fencepost::run_id::deterministic_run_id;
+/// use fencepost::id::RunId;
 ///
 /// // What every site shares: a coordinator and a relay.
 /// let coordinator = Arc::new(InMemoryLeaseCoordinator::new(system_clock()));
@@ -270,7 +267,7 @@ impl<T, E> DispatchOutcome<T, E> {
 /// }
 /// let mut sent = 0;
 /// for day in ["2026-11-30", "2026-12-01"] {
-///     let run_id = deterministic_run_id("milo", "send the daily report", day)?;
+///     let run_id = RunId::derive("milo", "send the daily report", day)?;
 ///     let outcome = dispatch(&keeper, &mut ledger, &run_id, |token| {
 ///         sent += 1; // send the report, passing `token` to a service that checks it
 ///         Ok::<_, std::io::Error>(token.epoch)
@@ -287,7 +284,7 @@ impl<T, E> DispatchOutcome<T, E> {
 pub fn dispatch<T, E>(
     keeper: &LeaseKeeper,
     ledger: &mut Ledger,
-    run_id: &str,
+    run_id: &RunId,
     effect: impl FnOnce(&FencingToken) -> Result<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
     dispatch_with(keeper, ledger, run_id, DispatchOptions::default(), effect)
@@ -317,7 +314,7 @@ impl DispatchOptions {
 pub fn dispatch_with<T, E>(
     keeper: &LeaseKeeper,
     ledger: &mut Ledger,
-    run_id: &str,
+    run_id: &RunId,
     options: DispatchOptions,
     effect: impl FnOnce(&FencingToken) -> Result<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
@@ -347,7 +344,7 @@ pub enum EffectOutcome<T, E> {
 pub fn dispatch_effect<T, E>(
     keeper: &LeaseKeeper,
     ledger: &mut Ledger,
-    run_id: &str,
+    run_id: &RunId,
     options: DispatchOptions,
     effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
@@ -364,7 +361,7 @@ pub fn dispatch_effect<T, E>(
 fn dispatch_effect_uncounted<T, E>(
     keeper: &LeaseKeeper,
     ledger: &mut Ledger,
-    run_id: &str,
+    run_id: &RunId,
     options: DispatchOptions,
     effect: impl FnOnce(&FencingToken) -> EffectOutcome<T, E>,
 ) -> Result<DispatchOutcome<T, E>, DispatchError> {
@@ -381,10 +378,9 @@ fn dispatch_effect_uncounted<T, E>(
 pub(crate) fn begin_guarded<'keeper>(
     keeper: &'keeper LeaseKeeper,
     ledger: &mut Ledger,
-    run_id: &str,
+    run_id: &RunId,
     options: DispatchOptions,
 ) -> Result<(crate::keeper::WorkGuard<'keeper>, Permit), Refusal> {
-    validate_id(IdKind::Run, run_id).map_err(DispatchError::from)?;
     if keeper.device_id() != ledger.device_id() {
         return Err(DispatchError::DeviceMismatch {
             keeper: keeper.device_id().to_owned(),

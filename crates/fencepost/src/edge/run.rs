@@ -38,12 +38,12 @@ use crate::keeper::{KeeperClock, KeeperConfig, KeeperError, LeaseKeeper, Shutdow
 use crate::lease::{LeaseCoordinator, LeaseError};
 use crate::ledger::{InDoubtRun, Ledger, LedgerError, MissingRecords, StaleGrant};
 use crate::oplog::OpId;
-use crate::run_id::{deterministic_run_id, RunIdError};
+use crate::run_id::RunIdError;
 
 use crate::session::{SessionEnd, Stage};
 
 /// One occurrence of a job: the agent that runs it and its run id, which every site that sees
-/// the occurrence computes alike ([`deterministic_run_id`]).
+/// the occurrence computes alike ([`RunId::derive`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Occurrence {
     agent_id: AgentId,
@@ -69,7 +69,7 @@ impl Occurrence {
     /// An invalid agent id, or parts the run id cannot be derived from.
     pub fn new(agent_id: &str, intent: &str, salt: &str) -> Result<Self, OccurrenceError> {
         let agent_id = AgentId::new(agent_id)?;
-        let run_id = RunId::new(deterministic_run_id(&agent_id, intent, salt)?)?;
+        let run_id = RunId::derive(&agent_id, intent, salt)?;
         Ok(Self { agent_id, run_id })
     }
 

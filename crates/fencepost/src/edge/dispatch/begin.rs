@@ -3,7 +3,7 @@
 
 use super::{DispatchError, DispatchOptions, Permit, Refusal, RunOutcome};
 use crate::fence::{check_dispatch, FenceDecision, FencingToken, Holder};
-use crate::id::{validate_id, IdKind};
+use crate::id::{AgentId, RunId};
 use crate::lease::{Intent, IntentStatus, LeaseError};
 use crate::ledger::{Ledger, LedgerError};
 use crate::metrics;
@@ -20,18 +20,23 @@ impl Ledger {
     /// [`record`](Self::record).
     pub fn resolve(
         &mut self,
-        agent_id: &str,
-        run_id: &str,
+        agent_id: &AgentId,
+        run_id: &RunId,
         outcome: RunOutcome,
     ) -> Result<OpRecord, LedgerError> {
         let Some(doubt) = self.in_doubt_run(agent_id, run_id, u64::MAX) else {
             return Err(LedgerError::NotInDoubt {
-                agent_id: agent_id.to_owned(),
-                run_id: run_id.to_owned(),
+                agent_id: agent_id.to_string(),
+                run_id: run_id.to_string(),
             });
         };
         let status = IntentStatus::from(outcome);
-        self.record(&Intent::new(agent_id, run_id, doubt.epoch, status))
+        self.record(&Intent::new(
+            agent_id.as_str(),
+            run_id.as_str(),
+            doubt.epoch,
+            status,
+        ))
     }
 
     /// The first half of a dispatch, as a step (rules D1, D2, F4, F6, L5): checks, in order, that
@@ -52,7 +57,7 @@ impl Ledger {
     pub fn begin(
         &mut self,
         holder: &dyn Holder,
-        run_id: &str,
+        run_id: &RunId,
         options: DispatchOptions,
     ) -> Result<Permit, Refusal> {
         let begun = self.begin_uncounted(holder, run_id, options);
@@ -71,7 +76,7 @@ impl Ledger {
     fn begin_uncounted(
         &mut self,
         holder: &dyn Holder,
-        run_id: &str,
+        run_id: &RunId,
         options: DispatchOptions,
     ) -> Result<Permit, Refusal> {
         self.check_before_pending(holder, run_id, options)?;
@@ -80,7 +85,7 @@ impl Ledger {
         Ok(Permit {
             token: FencingToken {
                 agent_id: holder.agent_id().to_owned(),
-                run_id: run_id.to_owned(),
+                run_id: run_id.to_string(),
                 epoch: holder.epoch(),
             },
             device_id: self.device_id().to_owned(),
@@ -93,10 +98,10 @@ impl Ledger {
     fn check_before_pending(
         &mut self,
         holder: &dyn Holder,
-        run_id: &str,
+        run_id: &RunId,
         options: DispatchOptions,
     ) -> Result<(), Refusal> {
-        validate_id(IdKind::Run, run_id).map_err(DispatchError::from)?;
+        let run_id = run_id.as_str();
         if holder.device_id() != self.device_id() {
             return Err(DispatchError::DeviceMismatch {
                 keeper: holder.device_id().to_owned(),
@@ -171,7 +176,8 @@ impl Ledger {
 
     /// Writes the `pending` of the holder's attempt (a `failed` queued behind it when it cannot
     /// be stored), and refuses when another writer of this device began the same run first.
-    fn write_pending(&mut self, holder: &dyn Holder, run_id: &str) -> Result<(), Refusal> {
+    fn write_pending(&mut self, holder: &dyn Holder, run_id: &RunId) -> Result<(), Refusal> {
+        let run_id = run_id.as_str();
         let (agent_id, epoch) = (holder.agent_id(), holder.epoch());
         let intent = |status| Intent::new(agent_id, run_id, epoch, status);
         if let Err(error) = self.record(&intent(IntentStatus::Pending)) {
@@ -201,7 +207,8 @@ impl Ledger {
 
     /// The fence (rule D1) after the `pending`: the oracle, the coordinator (by publishing the
     /// `pending`, rule H2), and the holder's own timing. A refusal records `failed`.
-    fn fence(&mut self, holder: &dyn Holder, run_id: &str) -> Result<(), Refusal> {
+    fn fence(&mut self, holder: &dyn Holder, run_id: &RunId) -> Result<(), Refusal> {
+        let run_id = run_id.as_str();
         let (agent_id, epoch) = (holder.agent_id(), holder.epoch());
         let intent = |status| Intent::new(agent_id, run_id, epoch, status);
         let refuse = |ledger: &mut Ledger| {

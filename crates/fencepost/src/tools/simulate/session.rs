@@ -6,7 +6,7 @@
 use super::world::{agent_name, run_id, LeaseState, SimHolder, SimSession, World};
 use super::GuardMode;
 use crate::dispatch::{DispatchOptions, Refusal, RunOutcome};
-use crate::id::{AgentId, Claim, Epoch};
+use crate::id::{AgentId, Claim, Epoch, RunId};
 use crate::lease::LeaseCoordinator;
 use crate::session::{
     Acquired, Begun, Comparison, EffectEnd, RunSession, SessionEnd, SessionPlan, SessionStep,
@@ -219,9 +219,13 @@ impl World<'_> {
             return;
         };
         let retried = retry_in_doubt && ledger.in_doubt_run(&name, &run, epoch.get()).is_some();
+        // The simulator's run names are ids; one that were not would be refused before the fence.
+        let Ok(run_id) = RunId::new(run.as_str()) else {
+            return;
+        };
         let begun = ledger.begin(
             &holder,
-            &run,
+            &run_id,
             DispatchOptions::default().retry_in_doubt(retry_in_doubt),
         );
         self.caught_up(index, agent);

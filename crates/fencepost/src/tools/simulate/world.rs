@@ -10,6 +10,7 @@ use crate::clock::ManualClock;
 use crate::dispatch::{Permit, Refusal, RunOutcome};
 use crate::fence::FencingToken;
 use crate::fence::Holder;
+use crate::id::{AgentId, RunId};
 use crate::keeper::{AcquirePlan, AcquireStep, Acquisition, KeeperConfig, Renewal, RenewalStep};
 use crate::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
 use crate::ledger::Ledger;
@@ -561,7 +562,8 @@ impl World<'_> {
         let Some(ledger) = self.sites[index].ledger.as_mut() else {
             return;
         };
-        if ledger.resolve(&name, &run.run_id, outcome).is_ok() {
+        let ids = AgentId::new(name.as_str()).and_then(|agent| Ok((agent, RunId::new(run.run_id.as_str())?)));
+        if ids.is_ok_and(|(agent, run_id)| ledger.resolve(&agent, &run_id, outcome).is_ok()) {
             self.report.in_doubt_resolved += 1;
             if outcome == RunOutcome::Committed {
                 self.committed.insert(run.run_id.clone());
