@@ -671,28 +671,7 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
         .pruned_start()
         .map(|(_, frontier)| frontier.clone())
         .unwrap_or_default();
-    let mut devices = std::collections::BTreeMap::<String, usize>::new();
-    let mut findings: Vec<(&'static str, String)> = Vec::new();
-    // Read as a stream: a ledger of millions of records is never held whole.
-    relay
-        .pull_in_batches(&since, &mut |ops| {
-            for op in &ops {
-                match devices.get_mut(&*op.device_id) {
-                    Some(count) => *count += 1,
-                    None => drop(devices.insert(op.device_id.to_string(), 1)),
-                }
-                if op.surface == Surface::Intent && op.payload.intent().is_none() {
-                    findings.push((
-                        "malformed",
-                        format!(
-                            "device {:?} seq {}: a malformed intent (missing or invalid fields, or an epoch above {MAX_EPOCH}); it is ignored by the fold",
-                            op.device_id, op.seq
-                        ),
-                    ));
-                }
-            }
-        })
-        .context("cannot read the ledger folder")?;
+    let (mut devices, mut findings) = read_every_record(relay.as_ref(), &since)?;
     // The devices whose records the start checkpoint covers, none of them read after it.
     for (device, _) in since.iter() {
         devices.entry(device.to_owned()).or_insert(0);
@@ -730,6 +709,60 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
         );
         return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
+    Ok(print_verified(
+        settings,
+        &ledger,
+        &devices,
+        &findings,
+        bad,
+        checkpoints_bad,
+    ))
+}
+
+/// What `ledger verify` found: each kind (`damaged`, `incomplete`, `malformed`, `ignored`) with
+/// its detail.
+type Findings = Vec<(&'static str, String)>;
+
+/// Every record after `since`, read as a stream (a ledger of millions of records is never held
+/// whole): how many of each device, and the malformed intents.
+fn read_every_record(
+    relay: &dyn fencepost::relay::Relay,
+    since: &Frontier,
+) -> Result<(std::collections::BTreeMap<String, usize>, Findings)> {
+    let mut devices = std::collections::BTreeMap::<String, usize>::new();
+    let mut findings: Findings = Vec::new();
+    relay
+        .pull_in_batches(since, &mut |ops| {
+            for op in &ops {
+                match devices.get_mut(&*op.device_id) {
+                    Some(count) => *count += 1,
+                    None => drop(devices.insert(op.device_id.to_string(), 1)),
+                }
+                if op.surface == Surface::Intent && op.payload.intent().is_none() {
+                    findings.push((
+                        "malformed",
+                        format!(
+                            "device {:?} seq {}: a malformed intent (missing or invalid fields, or an epoch above {MAX_EPOCH}); it is ignored by the fold",
+                            op.device_id, op.seq
+                        ),
+                    ));
+                }
+            }
+        })
+        .context("cannot read the ledger folder")?;
+    Ok((devices, findings))
+}
+
+/// `ledger verify`'s text: each device's records, the findings, and the verdict (exit 1 when
+/// anything is damaged).
+fn print_verified(
+    settings: &Settings,
+    ledger: &Ledger,
+    devices: &std::collections::BTreeMap<String, usize>,
+    findings: &[(&'static str, String)],
+    bad: usize,
+    checkpoints_bad: usize,
+) -> i32 {
     let after = if let Some((start, _)) = ledger.pruned_start() {
         out!(
             "the logs begin after the checkpoint {}: the records after it were verified",
@@ -739,13 +772,13 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
     } else {
         ""
     };
-    for (device, count) in &devices {
+    for (device, count) in devices {
         out!(
             "{device}: {}{after}, chain verified",
             plural(*count as u64, "record")
         );
     }
-    for (kind, detail) in &findings {
+    for (kind, detail) in findings {
         out!("{kind}: {detail}");
     }
     if bad == 0 {
@@ -754,7 +787,7 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
             settings.ledger_label(),
             plural(devices.len() as u64, "device")
         );
-        return Ok(EXIT_RAN_OK);
+        return EXIT_RAN_OK;
     }
     if bad > checkpoints_bad {
         err!(
@@ -773,5 +806,5 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
             settings.ledger_label()
         );
     }
-    Ok(EXIT_RAN_FAILED)
+    EXIT_RAN_FAILED
 }

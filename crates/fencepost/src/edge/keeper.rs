@@ -31,6 +31,7 @@ use std::time::Duration;
 use crate::clock::{monotonic_clock, ManualClock, WallClock};
 use crate::lease::{LeaseCoordinator, LeaseError};
 use crate::metrics;
+use crate::relay::Frontier;
 
 mod builder;
 
@@ -688,30 +689,8 @@ impl LeaseKeeper {
             .deadline_ms()
             .max(shared.clock.now_ms().saturating_add(shared.config.retry_every_ms));
         shared.changed.notify_all();
-        let releaser = Arc::clone(shared);
-        let sent = std::thread::Builder::new()
-            .name(format!("fencepost-release-{}", shared.agent_id))
-            .spawn(move || {
-                let released = if unpublished.is_empty() {
-                    releaser
-                        .coordinator
-                        .release(&releaser.agent_id, &releaser.device_id, epoch)
-                } else {
-                    releaser.coordinator.release_publishing(
-                        &releaser.agent_id,
-                        &releaser.device_id,
-                        epoch,
-                        &unpublished,
-                    )
-                };
-                releaser.lock().released = Some(released);
-                releaser.changed.notify_all();
-            });
-        if let Err(error) = sent {
-            state.phase = Phase::ShutDown;
-            drop(state);
-            shared.changed.notify_all();
-            metrics::set_held(&shared.agent_id, false);
+        if let Err(error) = send_release(shared, epoch, unpublished) {
+            shut_down(shared, state);
             tracing::warn!(agent_id = %shared.agent_id, epoch, %error, "cannot send the release; the lease will expire by its TTL");
             return Err(KeeperError::ReleaseUnanswered { epoch, waited_ms: 0 });
         }
@@ -728,10 +707,7 @@ impl LeaseKeeper {
         };
         match released {
             Some(Ok(())) => {
-                state.phase = Phase::ShutDown;
-                drop(state);
-                shared.changed.notify_all();
-                metrics::set_held(&shared.agent_id, false);
+                shut_down(shared, state);
                 tracing::info!(agent_id = %shared.agent_id, epoch, "lease released");
                 Ok(Shutdown::Released { epoch })
             }
@@ -746,24 +722,51 @@ impl LeaseKeeper {
                 Ok(Shutdown::Lost(loss))
             }
             Some(Err(error)) => {
-                state.phase = Phase::ShutDown;
-                drop(state);
-                shared.changed.notify_all();
-                metrics::set_held(&shared.agent_id, false);
+                shut_down(shared, state);
                 tracing::warn!(agent_id = %shared.agent_id, epoch, %error, "lease release failed; it will expire by its TTL");
                 Err(error.into())
             }
             None => {
-                state.phase = Phase::ShutDown;
-                drop(state);
-                shared.changed.notify_all();
-                metrics::set_held(&shared.agent_id, false);
+                shut_down(shared, state);
                 let waited_ms = shared.clock.now_ms().saturating_sub(started_ms);
                 tracing::warn!(agent_id = %shared.agent_id, epoch, waited_ms, "the release did not answer; the lease will expire by its TTL");
                 Err(KeeperError::ReleaseUnanswered { epoch, waited_ms })
             }
         }
     }
+}
+
+/// Sends the release of `epoch` (with what was not published yet, rule H2) from a thread of
+/// its own; the answer lands in the shared state's `released`.
+fn send_release(shared: &Arc<Shared>, epoch: u64, unpublished: Frontier) -> std::io::Result<()> {
+    let releaser = Arc::clone(shared);
+    std::thread::Builder::new()
+        .name(format!("fencepost-release-{}", shared.agent_id))
+        .spawn(move || {
+            let released = if unpublished.is_empty() {
+                releaser
+                    .coordinator
+                    .release(&releaser.agent_id, &releaser.device_id, epoch)
+            } else {
+                releaser.coordinator.release_publishing(
+                    &releaser.agent_id,
+                    &releaser.device_id,
+                    epoch,
+                    &unpublished,
+                )
+            };
+            releaser.lock().released = Some(released);
+            releaser.changed.notify_all();
+        })
+        .map(drop)
+}
+
+/// Ends a shutdown: the keeper is shut down and its lease no longer counted as held.
+fn shut_down(shared: &Shared, mut state: MutexGuard<'_, State>) {
+    state.phase = Phase::ShutDown;
+    drop(state);
+    shared.changed.notify_all();
+    metrics::set_held(&shared.agent_id, false);
 }
 
 impl Drop for LeaseKeeper {

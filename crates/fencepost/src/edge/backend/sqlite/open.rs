@@ -45,6 +45,50 @@ impl SqliteLeaseCoordinator {
         connection
             .busy_timeout(Duration::from_millis(config.busy_timeout_ms))
             .map_err(|error| sqlite_failure(&format!("cannot configure {shown}"), error, false))?;
+        let application_id = Self::check_owner(&connection, &shown)?;
+        switch_to_wal(&connection, Duration::from_millis(config.busy_timeout_ms)).map_err(|error| {
+            sqlite_failure(
+                &format!("cannot switch {shown} to write-ahead logging"),
+                error,
+                false,
+            )
+        })?;
+        connection
+            .pragma_update(None, "synchronous", "FULL")
+            .map_err(|error| sqlite_failure(&format!("cannot configure {shown}"), error, false))?;
+        Self::create_schema(&connection, &shown, application_id)?;
+        // A file made before published heads were kept (fencepost 0.1 of session 7) gains the
+        // column; a fencepost of then still works with it (it names its columns).
+        Self::add_head_column(&connection)
+            .map_err(|error| sqlite_failure(&format!("cannot upgrade {shown}"), error, true))?;
+        if let Some(timeline) = &config.clock_timeline {
+            Self::enter_timeline(&connection, timeline).map_err(|error| {
+                sqlite_failure(
+                    &format!("cannot check the clock's time line in {shown}"),
+                    error,
+                    true,
+                )
+            })?;
+        }
+        // A table of the same name but another shape is refused here, before any operation.
+        connection.prepare(SELECT_ROW).map_err(|error| {
+            sqlite_failure(
+                &format!("{shown} has an incompatible {TABLE} table"),
+                error,
+                false,
+            )
+        })?;
+        Ok(Self {
+            path,
+            clock,
+            epoch_clock: config.epoch_clock,
+            connection: Mutex::new(connection),
+        })
+    }
+
+    /// The file's application id, after checking that no other application owns the file (by
+    /// its id, or by tables of its own in a file with none).
+    fn check_owner(connection: &Connection, shown: &str) -> Result<i32, LeaseError> {
         let application_id: i32 = connection
             .pragma_query_value(None, "application_id", |row| row.get(0))
             .map_err(|error| sqlite_failure(&format!("cannot read {shown}"), error, false))?;
@@ -71,16 +115,12 @@ impl SqliteLeaseCoordinator {
                 ));
             }
         }
-        switch_to_wal(&connection, Duration::from_millis(config.busy_timeout_ms)).map_err(|error| {
-            sqlite_failure(
-                &format!("cannot switch {shown} to write-ahead logging"),
-                error,
-                false,
-            )
-        })?;
-        connection
-            .pragma_update(None, "synchronous", "FULL")
-            .map_err(|error| sqlite_failure(&format!("cannot configure {shown}"), error, false))?;
+        Ok(application_id)
+    }
+
+    /// Creates the tables and sets the application id, unless a file of fencepost's has them
+    /// (the schema is created once; later opens only read).
+    fn create_schema(connection: &Connection, shown: &str, application_id: i32) -> Result<(), LeaseError> {
         // The schema is created once; later opens only read (a write lock here would make every
         // open wait for a busy database).
         let tables: i64 = connection
@@ -119,33 +159,7 @@ impl SqliteLeaseCoordinator {
                     sqlite_failure(&format!("cannot create the lease table in {shown}"), error, true)
                 })?;
         }
-        // A file made before published heads were kept (fencepost 0.1 of session 7) gains the
-        // column; a fencepost of then still works with it (it names its columns).
-        Self::add_head_column(&connection)
-            .map_err(|error| sqlite_failure(&format!("cannot upgrade {shown}"), error, true))?;
-        if let Some(timeline) = &config.clock_timeline {
-            Self::enter_timeline(&connection, timeline).map_err(|error| {
-                sqlite_failure(
-                    &format!("cannot check the clock's time line in {shown}"),
-                    error,
-                    true,
-                )
-            })?;
-        }
-        // A table of the same name but another shape is refused here, before any operation.
-        connection.prepare(SELECT_ROW).map_err(|error| {
-            sqlite_failure(
-                &format!("{shown} has an incompatible {TABLE} table"),
-                error,
-                false,
-            )
-        })?;
-        Ok(Self {
-            path,
-            clock,
-            epoch_clock: config.epoch_clock,
-            connection: Mutex::new(connection),
-        })
+        Ok(())
     }
 
     /// Records `timeline` as the clock's time line; if another one was recorded (or none, by a
