@@ -27,11 +27,11 @@ use fencepost::clock::system_clock;
 use fencepost::dispatch::{DispatchError, EffectOutcome, RunOutcome};
 use fencepost::id::{validate_id, IdKind};
 use fencepost::keeper::{KeeperConfig, KeeperError, LeaseKeeper, Shutdown};
-use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH, MAX_EPOCH_FLOOR};
+use fencepost::lease::{IntentStatus, Lease, LeaseError, MAX_EPOCH_FLOOR};
 use fencepost::ledger::{
     CompactOptions, Ledger, LedgerError, LedgerOptions, MissingRecords, Retention, StaleGrant,
 };
-use fencepost::oplog::{OpRecord, Surface};
+use fencepost::oplog::OpRecord;
 use fencepost::relay::{Frontier, ProblemKind, RelayError};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;

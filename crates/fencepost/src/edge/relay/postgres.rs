@@ -625,70 +625,9 @@ impl CheckpointStore for PostgresRelay {
     }
 
     fn upload(&self, name: &str, path: &Path) -> Result<(), RelayError> {
-        let unreadable = |error: std::io::Error| RelayError::Database {
-            operation: "store a checkpoint in",
-            message: format!("cannot read {}: {error}", path.display()),
-            may_have_applied: false,
-            transient: false,
-        };
-        let mut file = std::fs::File::open(path).map_err(unreadable)?;
-        // Chunks of uploads killed an hour ago or more, which no checkpoint names; and an
-        // upload of its own (named by the server: a second upload of the name by another
-        // compaction has another).
-        let rows = self.database.write_rows(
-            "store a checkpoint in",
-            vec![
-                format!(
-                    "DELETE FROM {chunks} AS c WHERE c.written_at < now() - interval '1 hour'
-                     AND NOT EXISTS (SELECT 1 FROM {checkpoints} AS k WHERE k.upload = c.upload)",
-                    chunks = self.chunks,
-                    checkpoints = self.checkpoints
-                ),
-                "SELECT md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text)".to_owned(),
-            ],
-        )?;
-        let upload = rows
-            .into_iter()
-            .nth(1)
-            .and_then(|rows| rows.into_iter().next())
-            .and_then(|row| row.get(0).map(|id| format!("{name}/{id}")))
-            .ok_or_else(|| RelayError::Database {
-                operation: "store a checkpoint in",
-                message: "the server named no upload".to_owned(),
-                may_have_applied: false,
-                transient: false,
-            })?;
-        let mut buffer = vec![0u8; CHUNK_BYTES];
-        let mut bytes = 0u64;
-        let mut chunks = 0i64;
-        loop {
-            let mut filled = 0;
-            while filled < buffer.len() {
-                match file.read(&mut buffer[filled..]) {
-                    Ok(0) => break,
-                    Ok(read) => filled += read,
-                    Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(error) => return Err(unreadable(error)),
-                }
-            }
-            if filled == 0 {
-                break;
-            }
-            let mut hex = String::with_capacity(filled * 2);
-            crate::hex::push_lower_hex(&mut hex, &buffer[..filled]);
-            self.database.write_rows(
-                "store a checkpoint in",
-                vec![bind(
-                    &format!(
-                        "INSERT INTO {} (upload, chunk, data) VALUES ($1, $2, decode($3, 'hex'))",
-                        self.chunks
-                    ),
-                    &[Literal::Text(&upload), Literal::Int(chunks), Literal::Text(&hex)],
-                )],
-            )?;
-            bytes += filled as u64;
-            chunks += 1;
-        }
+        let mut file = std::fs::File::open(path).map_err(|error| unreadable(path, &error))?;
+        let upload = self.new_upload(name)?;
+        let (bytes, chunks) = self.upload_chunks(&upload, &mut file, path)?;
         // One of that name stored already is the same checkpoint (rule K4), or a damaged copy
         // of it: this upload replaces it, and its chunks go (a site reading them meanwhile
         // finds the checkpoint gone, `gone_or`, and reads the records this time). Its row is
@@ -762,5 +701,86 @@ impl PostgresRelay {
         } else {
             Ok(false)
         }
+    }
+}
+
+impl PostgresRelay {
+    /// A name for a new upload of checkpoint `name` (the server's: a second upload of the name
+    /// by another compaction has another), after removing the chunks of uploads killed an hour
+    /// ago or more, which no checkpoint names.
+    fn new_upload(&self, name: &str) -> Result<String, RelayError> {
+        let rows = self.database.write_rows(
+            "store a checkpoint in",
+            vec![
+                format!(
+                    "DELETE FROM {chunks} AS c WHERE c.written_at < now() - interval '1 hour'
+                     AND NOT EXISTS (SELECT 1 FROM {checkpoints} AS k WHERE k.upload = c.upload)",
+                    chunks = self.chunks,
+                    checkpoints = self.checkpoints
+                ),
+                "SELECT md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text)".to_owned(),
+            ],
+        )?;
+        rows.into_iter()
+            .nth(1)
+            .and_then(|rows| rows.into_iter().next())
+            .and_then(|row| row.get(0).map(|id| format!("{name}/{id}")))
+            .ok_or_else(|| RelayError::Database {
+                operation: "store a checkpoint in",
+                message: "the server named no upload".to_owned(),
+                may_have_applied: false,
+                transient: false,
+            })
+    }
+
+    /// Stores the file's bytes as chunks of `upload`; returns how many bytes and chunks.
+    fn upload_chunks(
+        &self,
+        upload: &str,
+        file: &mut std::fs::File,
+        path: &Path,
+    ) -> Result<(u64, i64), RelayError> {
+        let mut buffer = vec![0u8; CHUNK_BYTES];
+        let mut bytes = 0u64;
+        let mut chunks = 0i64;
+        loop {
+            let mut filled = 0;
+            while filled < buffer.len() {
+                match file.read(&mut buffer[filled..]) {
+                    Ok(0) => break,
+                    Ok(read) => filled += read,
+                    Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(error) => return Err(unreadable(path, &error)),
+                }
+            }
+            if filled == 0 {
+                break;
+            }
+            let mut hex = String::with_capacity(filled * 2);
+            crate::hex::push_lower_hex(&mut hex, &buffer[..filled]);
+            self.database.write_rows(
+                "store a checkpoint in",
+                vec![bind(
+                    &format!(
+                        "INSERT INTO {} (upload, chunk, data) VALUES ($1, $2, decode($3, 'hex'))",
+                        self.chunks
+                    ),
+                    &[Literal::Text(upload), Literal::Int(chunks), Literal::Text(&hex)],
+                )],
+            )?;
+            bytes += filled as u64;
+            chunks += 1;
+        }
+        Ok((bytes, chunks))
+    }
+}
+
+/// A checkpoint file that cannot be read, as the relay reports it.
+fn unreadable(path: &Path, error: &std::io::Error) -> RelayError {
+    RelayError::Database {
+        operation: "store a checkpoint in",
+        message: format!("cannot read {}: {error}", path.display()),
+        may_have_applied: false,
+        transient: false,
     }
 }

@@ -92,75 +92,16 @@ impl PostgresLeaseCoordinator {
         let read = bind(&self.statements.read, &[Literal::Text(agent_id)]);
         let limit = self.client_limit();
         let outcome = self.with_session_per_statement(|session| {
-            let mut opening = session.timeouts.clone();
-            opening.push_str(&read);
-            // Until the transaction ends, a session left here (a closure that panicked, an
-            // answer lost) is not used again.
-            session.open_transaction = true;
-            let began = session
-                .run(limit, |client| client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"));
-            match began {
-                Ok(()) => {}
-                // PgBouncer in statement mode answers a transaction block by closing the
-                // connection, often before its message can be read.
-                Err(CallError::Statement(error))
-                    if error.is_closed() || describe(&error).contains("pooling mode") =>
-                {
-                    return Err(CallError::Reply(failure(
-                        format!(
-                            "fenced_transaction: the connection was closed as the transaction began ({}): a pooler in statement mode (PgBouncer's pool_mode = statement) runs no transaction block; use transaction or session pooling for the fence",
-                            describe(&error)
-                        ),
-                        false,
-                        Some(error),
-                    )))
-                }
-                Err(error) => return Err(error),
-            }
-            let ended = |session: &mut Session, end: &str| {
-                session.run(limit, |client| client.batch_execute(end))?;
-                session.open_transaction = false;
-                Ok::<(), CallError>(())
-            };
-            let messages = match session.simple_query_within(&opening, limit) {
-                Ok(messages) => messages,
+            let messages = begin_and_read(session, limit, &read)?;
+            let decision = match decide(&messages, agent_id, device_id, epoch) {
+                Ok(decision) => decision,
                 Err(error) => {
-                    let _ = ended(session, "ROLLBACK");
-                    return Err(error);
-                }
-            };
-            // The read is the last statement: its rows are those after the last but one
-            // CommandComplete.
-            let read_rows = messages
-                .iter()
-                .rev()
-                .skip_while(|message| !matches!(message, SimpleQueryMessage::CommandComplete(_)))
-                .skip(1)
-                .take_while(|message| !matches!(message, SimpleQueryMessage::CommandComplete(_)))
-                .filter_map(|message| match message {
-                    SimpleQueryMessage::Row(row) => Some(row),
-                    _ => None,
-                })
-                .last();
-            let row = read_rows.map(|row| lease_row(row, agent_id)).transpose();
-            let row = match row {
-                Ok(row) => row,
-                Err(error) => {
-                    let _ = ended(session, "ROLLBACK");
+                    let _ = end_transaction(session, limit, "ROLLBACK");
                     return Err(CallError::Reply(error));
                 }
             };
-            let decision = match row.map(|row| (row.0, row.1)) {
-                Some((Some(holder), current)) if holder == device_id && current == claimed(epoch) => None,
-                Some((Some(holder), current)) => Some(FenceDecision::StaleEpoch {
-                    claimed_epoch: epoch,
-                    current_epoch: u64::try_from(current).unwrap_or(0),
-                    current_holder: holder,
-                }),
-                _ => Some(FenceDecision::NotHeld { claimed_epoch: epoch }),
-            };
             if let Some(decision) = decision {
-                ended(session, "ROLLBACK")?;
+                end_transaction(session, limit, "ROLLBACK")?;
                 return Ok(Step::Refused(decision));
             }
             let done = work(&mut Connection { session, limit });
@@ -175,30 +116,9 @@ impl PostgresLeaseCoordinator {
                 )));
             }
             match done {
-                Ok(value) => {
-                    // A statement of the work that failed, with the failure not returned, leaves
-                    // the transaction aborted, and COMMIT would then roll back without an error:
-                    // the SELECT before it fails instead.
-                    commit_sent = true;
-                    match session.run(limit, |client| client.batch_execute("SELECT 1; COMMIT")) {
-                        Ok(()) => {
-                            session.open_transaction = false;
-                            Ok(Step::Done(value))
-                        }
-                        Err(CallError::Statement(error)) if !outcome_unknown(&error) => {
-                            commit_sent = false;
-                            ended(session, "ROLLBACK")?;
-                            Err(CallError::Reply(failure(
-                                format!("fenced_transaction: the work returned success, but a statement of it had failed ({}), which aborted the transaction; nothing was committed", describe(&error)),
-                                false,
-                                Some(error),
-                            )))
-                        }
-                        Err(error) => Err(error),
-                    }
-                }
+                Ok(value) => commit(session, limit, &mut commit_sent).map(|()| Step::Done(value)),
                 Err(error) => {
-                    ended(session, "ROLLBACK")?;
+                    end_transaction(session, limit, "ROLLBACK")?;
                     Ok(Step::Work(error))
                 }
             }
@@ -236,5 +156,108 @@ impl PostgresLeaseCoordinator {
             })
         })
         .map_err(|error| self.explain("with_connection", error, true))
+    }
+}
+
+/// Begins the fence's transaction on `session` and runs `read` (the agent's row) after the
+/// session's timeouts: the messages of that batch. Until the transaction ends, a session left
+/// here (a closure that panicked, an answer lost) is not used again.
+fn begin_and_read(
+    session: &mut Session,
+    limit: Option<Duration>,
+    read: &str,
+) -> Result<Vec<SimpleQueryMessage>, CallError> {
+    let mut opening = session.timeouts.clone();
+    opening.push_str(read);
+    session.open_transaction = true;
+    let began = session.run(limit, |client| {
+        client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+    });
+    match began {
+        Ok(()) => {}
+        // PgBouncer in statement mode answers a transaction block by closing the connection,
+        // often before its message can be read.
+        Err(CallError::Statement(error)) if error.is_closed() || describe(&error).contains("pooling mode") => {
+            return Err(CallError::Reply(failure(
+                format!(
+                    "fenced_transaction: the connection was closed as the transaction began ({}): a pooler in statement mode (PgBouncer's pool_mode = statement) runs no transaction block; use transaction or session pooling for the fence",
+                    describe(&error)
+                ),
+                false,
+                Some(error),
+            )))
+        }
+        Err(error) => return Err(error),
+    }
+    match session.simple_query_within(&opening, limit) {
+        Ok(messages) => Ok(messages),
+        Err(error) => {
+            let _ = end_transaction(session, limit, "ROLLBACK");
+            Err(error)
+        }
+    }
+}
+
+/// Ends the fence's transaction with `end` (`COMMIT` or `ROLLBACK`).
+fn end_transaction(session: &mut Session, limit: Option<Duration>, end: &str) -> Result<(), CallError> {
+    session.run(limit, |client| client.batch_execute(end))?;
+    session.open_transaction = false;
+    Ok(())
+}
+
+/// The fence's verdict on the row read (rule D1): `None` when `device_id` holds `agent_id` at
+/// `epoch`, else why not.
+fn decide(
+    messages: &[SimpleQueryMessage],
+    agent_id: &str,
+    device_id: &str,
+    epoch: u64,
+) -> Result<Option<FenceDecision>, LeaseError> {
+    // The read is the last statement: its rows are those after the last but one
+    // CommandComplete.
+    let read_rows = messages
+        .iter()
+        .rev()
+        .skip_while(|message| !matches!(message, SimpleQueryMessage::CommandComplete(_)))
+        .skip(1)
+        .take_while(|message| !matches!(message, SimpleQueryMessage::CommandComplete(_)))
+        .filter_map(|message| match message {
+            SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .last();
+    let row = read_rows.map(|row| lease_row(row, agent_id)).transpose()?;
+    Ok(match row.map(|row| (row.0, row.1)) {
+        Some((Some(holder), current)) if holder == device_id && current == claimed(epoch) => None,
+        Some((Some(holder), current)) => Some(FenceDecision::StaleEpoch {
+            claimed_epoch: epoch,
+            current_epoch: u64::try_from(current).unwrap_or(0),
+            current_holder: holder,
+        }),
+        _ => Some(FenceDecision::NotHeld { claimed_epoch: epoch }),
+    })
+}
+
+/// Commits the fence's transaction after the work succeeded. A statement of the work that failed,
+/// with the failure not returned, leaves the transaction aborted, and COMMIT would then roll back
+/// without an error: the SELECT before it fails instead. `commit_sent` says whether the COMMIT
+/// may have been applied (an answer lost after it was sent).
+fn commit(session: &mut Session, limit: Option<Duration>, commit_sent: &mut bool) -> Result<(), CallError> {
+    *commit_sent = true;
+    match session.run(limit, |client| client.batch_execute("SELECT 1; COMMIT")) {
+        Ok(()) => {
+            session.open_transaction = false;
+            Ok(())
+        }
+        Err(CallError::Statement(error)) if !outcome_unknown(&error) => {
+            *commit_sent = false;
+            end_transaction(session, limit, "ROLLBACK")?;
+            Err(CallError::Reply(failure(
+                format!("fenced_transaction: the work returned success, but a statement of it had failed ({}), which aborted the transaction; nothing was committed", describe(&error)),
+                false,
+                Some(error),
+            )))
+        }
+        Err(error) => Err(error),
     }
 }
