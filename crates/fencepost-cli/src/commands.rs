@@ -117,7 +117,30 @@ fn open_ledger_with(
 /// Refuses (exit 10) a ledger with damage that was not accepted, with one line that says what to
 /// do; a [`Lagging`] error when a prune or a sync explains all of it ([`only_lagging`]).
 fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
-    match damage_refusal(ledger, settings) {
+    refuse_damage_for(ledger, settings, Refusing::Run)
+}
+
+/// What a damaged ledger stops: a run, or a compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusing {
+    Run,
+    Compaction,
+}
+
+impl Refusing {
+    /// What is not done, as the refusal says it.
+    fn not_doing(self) -> &'static str {
+        match self {
+            Refusing::Run => "not running anything",
+            Refusing::Compaction => "not writing a checkpoint",
+        }
+    }
+}
+
+/// [`refuse_damage`], saying what it refuses (`ledger compact` has no `--accept-damaged`: the
+/// refusal names `run`'s).
+fn refuse_damage_for(ledger: &Ledger, settings: &Settings, refusing: Refusing) -> Result<()> {
+    match damage_refusal(ledger, settings, refusing) {
         None => Ok(()),
         Some(refusal) if only_lagging(ledger) => Err(anyhow::Error::new(Lagging(refusal))),
         Some(refusal) => Err(anyhow::anyhow!(refusal)),
@@ -125,23 +148,24 @@ fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
 }
 
 /// What [`refuse_damage`] says, if the ledger has damage that was not accepted.
-fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
+fn damage_refusal(ledger: &Ledger, settings: &Settings, refusing: Refusing) -> Option<String> {
+    let not_doing = refusing.not_doing();
     if let Some(problem) = ledger.snapshot_failure() {
         return Some(format!(
-            "not running anything: {}. The ledger in {} is not damaged; run again",
+            "{not_doing}: {}. The ledger in {} is not damaged; run again",
             problem.detail,
             settings.ledger_label()
         ));
     }
     if let Some(problem) = ledger.checkpoint_failure() {
-        return Some(format!("not running anything: {problem}"));
+        return Some(format!("{not_doing}: {problem}"));
     }
     let damage = ledger.damage();
     let first = damage.first()?;
     let lagging = only_lagging(ledger);
     if lagging && damage.iter().any(|problem| problem.kind == ProblemKind::Behind) {
         return Some(format!(
-            "not running anything: {first}. This host's copy of the ledger ({}) lacks records that a checkpoint here or this host's snapshot read: let the sync bring them, then run again (if the file lost them, restore it from another host's copy)",
+            "{not_doing}: {first}. This host's copy of the ledger ({}) lacks records that a checkpoint here or this host's snapshot read: let the sync bring them, then run again (if the file lost them, restore it from another host's copy)",
             settings.ledger_label()
         ));
     }
@@ -149,7 +173,7 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
         // Records pruned after a checkpoint this host cannot read yet: they are not lost, and
         // accepting the gap would run what they committed again (issue 37).
         return Some(format!(
-            "not running anything: {first}. The records it lacks are in a checkpoint that this host's copy of the ledger ({}) does not hold yet: let the sync bring the checkpoints folder from the host that pruned, then run again",
+            "{not_doing}: {first}. The records it lacks are in a checkpoint that this host's copy of the ledger ({}) does not hold yet: let the sync bring the checkpoints folder from the host that pruned, then run again",
             settings.ledger_label()
         ));
     }
@@ -164,8 +188,12 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings) -> Option<String> {
                 .map(|name| name.to_string_lossy().into_owned())
         })
         .unwrap_or_default();
+    let accept = match refusing {
+        Refusing::Run => format!("or run with --accept-damaged {which:?}"),
+        Refusing::Compaction => format!("or accept it with `fencepost run --accept-damaged {which:?}`"),
+    };
     Some(format!(
-        "the ledger in {} is damaged, so runs it recorded could run again; not running anything: {first}{}. {} (`fencepost ledger verify` lists the damage), or run with --accept-damaged {which:?} to accept that its runs may repeat",
+        "the ledger in {} is damaged, so runs it recorded could run again; {not_doing}: {first}{}. {} (`fencepost ledger verify` lists the damage), {accept} to accept that its runs may repeat",
         settings.ledger_label(),
         if damage.len() > 1 {
             format!(" (and {} more)", plural(damage.len() as u64 - 1, "problem"))

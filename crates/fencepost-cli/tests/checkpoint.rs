@@ -507,6 +507,11 @@ fn k1_ledger_compact_refuses_a_damaged_ledger() {
     let output = shared.run("host-2", &["ledger", "compact"]);
     assert_eq!(code(&output), 10, "{}", text(&output.stderr));
     assert!(checkpoints(&shared).is_empty());
+    // It says what it does not do, and how damage is accepted (`compact` has no flag for it).
+    let said = text(&output.stderr);
+    assert!(said.contains("not writing a checkpoint"), "{said}");
+    assert!(!said.contains("not running anything"), "{said}");
+    assert!(said.contains("fencepost run --accept-damaged"), "{said}");
 }
 
 /// K1: a SQLite ledger keeps its checkpoints beside its file; a new site (its own data

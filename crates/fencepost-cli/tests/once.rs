@@ -331,6 +331,21 @@ fn l8_short_ttls_zero_timeouts_empty_names_and_invalid_ids_are_usage_errors() {
     }
     let output = shared.run(&long, &["lease", "list"]);
     assert_eq!(code(&output), 2, "{}", text(&output.stderr));
+    // The lease subcommands refuse the same bad input as usage errors, before any lease is
+    // asked for (they exited 10).
+    let leases: Vec<Vec<&str>> = vec![
+        vec!["lease", "acquire", "--agent", ""],
+        vec!["lease", "acquire", "--agent", "bad\u{7}agent"],
+        vec!["lease", "acquire", "--agent", &long],
+        vec!["lease", "acquire", "--agent", "a", "--ttl", "0s"],
+        vec!["lease", "renew", "--agent", "a", "--epoch", "1", "--ttl", "0"],
+        vec!["lease", "release", "--agent", "", "--epoch", "1"],
+        vec!["lease", "current", "--agent", ""],
+    ];
+    for args in leases {
+        let output = shared.run("host-1", &args);
+        assert_eq!(code(&output), 2, "{args:?}: {}", text(&output.stderr));
+    }
     assert!(shared.effects().is_empty());
     let ran = shared.run("host-1", &run_args("a", "1", &["--ttl", "1s"], &["true"]));
     assert_eq!(code(&ran), 0, "{}", text(&ran.stderr));

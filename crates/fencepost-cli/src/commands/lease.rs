@@ -117,6 +117,7 @@ pub(super) fn verdict(error: LeaseError, json: bool) -> Result<i32> {
 }
 
 pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
+    refuse_bad_input(&command)?;
     let coordinator = settings.coordinator()?;
     let device = settings.device.as_str();
     match command {
@@ -168,4 +169,27 @@ pub fn lease(settings: &Settings, command: LeaseCommand) -> Result<i32> {
         }
     }
     Ok(EXIT_RAN_OK)
+}
+
+/// Refuses an invalid agent id or TTL as a usage error (exit 2, rule L8), before any lease is
+/// asked for.
+fn refuse_bad_input(command: &LeaseCommand) -> Result<()> {
+    let (agent, ttl) = match command {
+        LeaseCommand::Acquire { agent, ttl, .. } | LeaseCommand::Renew { agent, ttl, .. } => {
+            (Some(agent), Some(*ttl))
+        }
+        LeaseCommand::Release { agent, .. } | LeaseCommand::Current { agent, .. } => (Some(agent), None),
+        LeaseCommand::List { .. } => (None, None),
+    };
+    if let Some(agent) = agent {
+        if let Err(error) = validate_id(IdKind::Agent, agent) {
+            crate::exit::usage!("--agent {agent:?}: {error}");
+        }
+    }
+    if let Some(ttl) = ttl {
+        if let Err(error) = fencepost::lease::validate_ttl(ttl) {
+            crate::exit::usage!("--ttl {ttl} ms: {error}");
+        }
+    }
+    Ok(())
 }

@@ -578,7 +578,7 @@ pub(super) fn compact(
     }
     // Every record read and checked (no snapshot): damage anywhere refuses the checkpoint.
     let mut ledger = open_ledger(settings)?;
-    refuse_damage(&ledger, settings)?;
+    refuse_damage_for(&ledger, settings, Refusing::Compaction)?;
     if ledger.view().frontier().iter().next().is_none() {
         out!(
             "the ledger in {} has no records yet: nothing to compact",
@@ -599,7 +599,7 @@ pub(super) fn compact(
     let written = match ledger.compact_with(&options) {
         Ok(written) => written,
         Err(LedgerError::Damaged { .. }) => {
-            refuse_damage(&ledger, settings)?;
+            refuse_damage_for(&ledger, settings, Refusing::Compaction)?;
             bail!(
                 "the ledger in {} is damaged: not writing a checkpoint",
                 settings.ledger_label()
