@@ -30,6 +30,43 @@ fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
+/// R1, and "When the database goes away for a while" (docs/running.md): a SQLite ledger that
+/// another process holds locked past its busy timeout (10 s) is waited out within `--wait`, and
+/// the command runs once when it lets go. (It exited 10 at once, its attempt recorded `failed`:
+/// the SQLite relay's busy error was not transient, unlike the SQLite coordinator's.)
+#[test]
+fn r1_sqlite_ledger_locked_past_its_busy_timeout_is_waited_out_within_wait() {
+    let shared = shared();
+    let first = run_as(
+        &shared,
+        "host-1",
+        &strs(&shared.report_args("2026-12-01", &[], "0")),
+    );
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let locker = rusqlite::Connection::open(shared.path("ledger.db")).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let child = host(
+        &shared,
+        "host-2",
+        &strs(&shared.report_args("2026-12-02", &["--wait", "90s"], "0")),
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(13));
+    locker.execute_batch("COMMIT").unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(shared.effects().len(), 2, "each occurrence ran once");
+    let again = run_as(
+        &shared,
+        "host-3",
+        &strs(&shared.report_args("2026-12-02", &[], "0")),
+    );
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
+}
+
 /// R1 (several processes on one store): three processes run the same occurrence at once; the
 /// effect happens once, and the others find it committed or held.
 #[test]

@@ -281,8 +281,24 @@ fn bytes_of(value: rusqlite::types::ValueRef<'_>) -> Option<Vec<u8>> {
     }
 }
 
-/// A SQLite failure as a relay error.
+/// A SQLite failure as a relay error. Another process that held the file past the busy timeout
+/// may let go: that one is transient (as the SQLite coordinator's is), so that `fencepost run`
+/// waits it out within `--wait`; nothing was written (SQLite changes nothing on a busy error).
 fn storage(operation: &'static str, path: &Path, error: rusqlite::Error) -> RelayError {
+    if matches!(
+        error.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    ) {
+        return RelayError::Database {
+            operation,
+            message: format!(
+                "{}: {error} (another process held the database longer than the busy timeout)",
+                path.display()
+            ),
+            may_have_applied: false,
+            transient: true,
+        };
+    }
     RelayError::Io {
         operation,
         path: path.to_path_buf(),
