@@ -180,7 +180,7 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
         return Ok(if healthy { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
     print_agents(&report, wall_now_ms);
-    Ok(print_health(&report, behind_any, queued))
+    Ok(print_health(&report, queued))
 }
 
 /// What `status` read, to report each agent.
@@ -388,7 +388,12 @@ fn lease_text(lease: &Value) -> String {
 }
 
 /// The text report's queue and health; returns the exit status (1 when not healthy).
-fn print_health(report: &Value, behind_any: bool, queued: &Queued) -> i32 {
+fn print_health(report: &Value, queued: &Queued) -> i32 {
+    let behind_any = report["agents"].as_array().into_iter().flatten().any(|agent| {
+        agent["ledger_behind"]
+            .as_array()
+            .is_some_and(|behind| !behind.is_empty())
+    });
     let damage = report["ledger"]["damage"]
         .as_array()
         .map_or(&[][..], Vec::as_slice);

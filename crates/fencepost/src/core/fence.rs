@@ -97,15 +97,28 @@ pub fn check_dispatch(
             committed_op_id: committed.op_id,
         });
     }
-    Ok(match coordinator.current(agent_id)? {
+    let current = coordinator.current(agent_id)?;
+    Ok(holder_verdict(
+        current.map(|lease| (lease.holder, lease.epoch)),
+        device_id,
+        epoch,
+    ))
+}
+
+/// The fence's verdict on the agent's current holder and epoch, if it has one (rule D1):
+/// `Proceed` when `device_id` holds it at `epoch`. [`check_dispatch`] reads the holder from
+/// [`current`](LeaseCoordinator::current); the PostgreSQL transactional fence from the row it
+/// locks.
+pub(crate) fn holder_verdict(current: Option<(String, u64)>, device_id: &str, epoch: u64) -> FenceDecision {
+    match current {
         None => FenceDecision::NotHeld { claimed_epoch: epoch },
-        Some(lease) if lease.holder == device_id && lease.epoch == epoch => FenceDecision::Proceed,
-        Some(lease) => FenceDecision::StaleEpoch {
+        Some((holder, current)) if holder == device_id && current == epoch => FenceDecision::Proceed,
+        Some((holder, current)) => FenceDecision::StaleEpoch {
             claimed_epoch: epoch,
-            current_epoch: lease.epoch,
-            current_holder: lease.holder,
+            current_epoch: current,
+            current_holder: holder,
         },
-    })
+    }
 }
 
 /// Who a dispatch runs for: the agent, the device, the epoch it holds, whether the lease still

@@ -51,7 +51,7 @@ use crate::keeper::LeaseKeeper;
 use crate::lease::{Intent, IntentStatus, LeaseError};
 use crate::metrics;
 use crate::oplog::{OpId, OpRecord};
-use crate::relay::{RelayError, RelayProblem};
+use crate::relay::RelayError;
 
 use crate::fence::FencingToken;
 use crate::ledger::{InDoubtRun, Ledger, LedgerError, MissingRecords};
@@ -119,14 +119,6 @@ impl DispatchError {
             DispatchError::Ledger(error) => error.is_transient(),
             DispatchError::Lease(error) => error.is_transient(),
             _ => false,
-        }
-    }
-
-    /// What is damaged, when the ledger refused because it is ([`LedgerError::Damaged`]).
-    pub fn damage(&self) -> Option<&[RelayProblem]> {
-        match self {
-            DispatchError::Ledger(LedgerError::Damaged { problems }) => Some(problems),
-            _ => None,
         }
     }
 }

@@ -187,6 +187,9 @@ fn failure(
 
 /// A failure of a statement or transaction. `writing` says whether the failed step could have
 /// committed (an I/O error while committing leaves the outcome unknown).
+/// What a busy or locked SQLite error means, as the coordinator and the ledger say it.
+pub(crate) const BUSY_HINT: &str = " (another process held the database longer than the busy timeout)";
+
 fn sqlite_failure(context: &str, error: rusqlite::Error, writing: bool) -> LeaseError {
     let code = error.sqlite_error_code();
     let may_have_applied = writing
@@ -195,9 +198,7 @@ fn sqlite_failure(context: &str, error: rusqlite::Error, writing: bool) -> Lease
             Some(ErrorCode::SystemIoFailure | ErrorCode::DiskFull | ErrorCode::Unknown)
         );
     let hint = match code {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            " (another process held the database longer than the busy timeout)"
-        }
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => BUSY_HINT,
         Some(ErrorCode::ReadOnly) => " (the database or its folder is read-only)",
         Some(ErrorCode::NotADatabase) => " (the file is not a SQLite database)",
         _ => "",

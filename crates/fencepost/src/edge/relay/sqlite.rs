@@ -291,10 +291,7 @@ fn storage(operation: &'static str, path: &Path, error: rusqlite::Error) -> Rela
     ) {
         return RelayError::Database {
             operation,
-            message: format!(
-                "{}: {error} (another process held the database longer than the busy timeout)",
-                path.display()
-            ),
+            message: format!("{}: {error}{}", path.display(), crate::backend::sqlite::BUSY_HINT),
             may_have_applied: false,
             transient: true,
         };

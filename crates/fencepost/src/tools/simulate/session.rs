@@ -3,10 +3,10 @@
 //! a session that is refused, or whose wait for the ledger runs out, is followed by another
 //! `acquire_every_ms` later, as a scheduler runs `fencepost run` again).
 
-use super::world::{agent_name, run_id, LeaseState, SimHolder, SimSession, World};
+use super::world::{agent_id, agent_name, run_id, LeaseState, SimHolder, SimSession, World};
 use super::GuardMode;
 use crate::dispatch::{DispatchOptions, Refusal, RunOutcome};
-use crate::id::{AgentId, Claim, Epoch, RunId};
+use crate::id::{Claim, Epoch};
 use crate::lease::LeaseCoordinator;
 use crate::session::{
     Acquired, Begun, Comparison, EffectEnd, RunSession, SessionEnd, SessionPlan, SessionStep,
@@ -149,13 +149,12 @@ impl World<'_> {
         let agent = self.session_mut(index).agent;
         let stale = self.sites[index].ledger.as_mut().is_some_and(|ledger| {
             let _ = ledger.sync();
-            let grant = AgentId::new(agent_name(agent)).map(|agent| Claim {
-                agent,
+            let grant = Claim {
+                agent: agent_id(agent),
                 device: ledger.device().clone(),
                 epoch,
-            });
-            // A name that is not an id (never one of the simulator's) is not a fresh grant.
-            !grant.is_ok_and(|grant| ledger.stale_grant(&grant).is_none())
+            };
+            ledger.stale_grant(&grant).is_some()
         });
         if stale {
             self.report.refused_at_fence += 1;
@@ -219,13 +218,9 @@ impl World<'_> {
             return;
         };
         let retried = retry_in_doubt && ledger.in_doubt_run(&name, &run, epoch.get()).is_some();
-        // The simulator's run names are ids; one that were not would be refused before the fence.
-        let Ok(run_id) = RunId::new(run.as_str()) else {
-            return;
-        };
         let begun = ledger.begin(
             &holder,
-            &run_id,
+            &run,
             DispatchOptions::default().retry_in_doubt(retry_in_doubt),
         );
         self.caught_up(index, agent);

@@ -21,7 +21,6 @@ pub(super) use super::counted::Counted;
 pub(super) use super::network::{Network, SiteRelay};
 use crate::resource::{FencedResource, ResourceRefusal};
 use crate::rng::mix;
-use crate::run_id::deterministic_run_id;
 
 /// A site's lease of one agent: the library's machines, driven in simulated time.
 #[derive(Debug, Clone)]
@@ -73,7 +72,7 @@ impl Holder for SimHolder<'_> {
 pub(super) struct InFlight {
     pub(super) agent: usize,
     pub(super) occurrence: u64,
-    pub(super) run_id: String,
+    pub(super) run_id: RunId,
     pub(super) epoch: u64,
     /// The ledger's permit (modes `fence` and `token`).
     pub(super) permit: Option<Permit>,
@@ -92,7 +91,7 @@ pub(super) struct SimSession {
     pub(super) machine: RunSession,
     pub(super) agent: usize,
     pub(super) occurrence: u64,
-    pub(super) run_id: String,
+    pub(super) run_id: RunId,
     /// A [`SessionStep::SyncAt`] waiting for its time (site clock).
     pub(super) sync_at: Option<u64>,
     /// Why `Ledger::begin` refused, for the end.
@@ -142,13 +141,13 @@ pub(super) struct World<'a> {
     /// How many times the coordinator lost its state.
     pub(super) generation: u32,
     /// Per run, the coordinator generation in which its first `pending` was published (rule H2).
-    pub(super) begun_generation: BTreeMap<String, u32>,
+    pub(super) begun_generation: BTreeMap<RunId, u32>,
     pub(super) sites: Vec<Site>,
     pub(super) network: Arc<Mutex<Network>>,
     /// Runs committed anywhere, by the time they were.
-    pub(super) committed: BTreeSet<String>,
+    pub(super) committed: BTreeSet<RunId>,
     /// Runs some site began (its `pending` stored), by the time they were.
-    pub(super) begun: BTreeSet<String>,
+    pub(super) begun: BTreeSet<RunId>,
     /// Per run, the effects that landed (in every mode: what the duplicates are counted from).
     pub(super) applied: BTreeMap<(usize, u64), u64>,
     /// In `token` mode, the resource: the library's [`FencedResource`], which checks the token's
@@ -163,8 +162,13 @@ pub(super) fn agent_name(agent: usize) -> String {
     format!("agent-{agent}")
 }
 
-pub(super) fn run_id(agent: usize, occurrence: u64) -> String {
-    deterministic_run_id(&agent_name(agent), "scheduled job", &occurrence.to_string())
+/// `agent_name` as an id (the simulator's names are ids).
+pub(super) fn agent_id(agent: usize) -> AgentId {
+    AgentId::new(agent_name(agent)).unwrap_or_else(|_| unreachable!("the simulator's names are ids"))
+}
+
+pub(super) fn run_id(agent: usize, occurrence: u64) -> RunId {
+    RunId::derive(&agent_name(agent), "scheduled job", &occurrence.to_string())
         .unwrap_or_else(|_| unreachable!("the simulator's ids contain no separator"))
 }
 
@@ -562,11 +566,11 @@ impl World<'_> {
         let Some(ledger) = self.sites[index].ledger.as_mut() else {
             return;
         };
-        let ids = AgentId::new(name.as_str()).and_then(|agent| Ok((agent, RunId::new(run.run_id.as_str())?)));
-        if ids.is_ok_and(|(agent, run_id)| ledger.resolve(&agent, &run_id, outcome).is_ok()) {
+        let run_id = run_id(key.0, key.1);
+        if ledger.resolve(&agent_id(key.0), &run_id, outcome).is_ok() {
             self.report.in_doubt_resolved += 1;
             if outcome == RunOutcome::Committed {
-                self.committed.insert(run.run_id.clone());
+                self.committed.insert(run_id);
             }
         }
     }
@@ -575,7 +579,7 @@ impl World<'_> {
         &mut self,
         index: usize,
         key: (usize, u64),
-        run_id: String,
+        run_id: RunId,
         epoch: u64,
         permit: Option<Permit>,
     ) {
@@ -659,7 +663,7 @@ impl World<'_> {
         }
         let token = FencingToken {
             agent_id: agent_name(flight.agent),
-            run_id: flight.run_id.clone(),
+            run_id: flight.run_id.to_string(),
             epoch: flight.epoch,
         };
         match self.resource.apply(&token, key) {

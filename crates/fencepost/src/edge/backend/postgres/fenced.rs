@@ -227,14 +227,10 @@ fn decide(
         })
         .last();
     let row = read_rows.map(|row| lease_row(row, agent_id)).transpose()?;
-    Ok(match row.map(|row| (row.0, row.1)) {
-        Some((Some(holder), current)) if holder == device_id && current == claimed(epoch) => None,
-        Some((Some(holder), current)) => Some(FenceDecision::StaleEpoch {
-            claimed_epoch: epoch,
-            current_epoch: u64::try_from(current).unwrap_or(0),
-            current_holder: holder,
-        }),
-        _ => Some(FenceDecision::NotHeld { claimed_epoch: epoch }),
+    let current = row.and_then(|(holder, current, ..)| Some((holder?, u64::try_from(current).unwrap_or(0))));
+    Ok(match crate::fence::holder_verdict(current, device_id, epoch) {
+        FenceDecision::Proceed => None,
+        refused => Some(refused),
     })
 }
 
