@@ -2,6 +2,7 @@
 //! its damage, writing back what a database that went back forgot.
 
 mod admin;
+mod device;
 mod lease;
 mod ledger;
 mod outcome;
@@ -9,6 +10,7 @@ mod run;
 mod simulate;
 
 pub use admin::{admin, AdminCommand};
+pub use device::{device, DeviceCommand};
 pub use lease::{lease, LeaseCommand};
 pub use ledger::{ledger, LedgerCommand};
 pub(crate) use ledger::{run_rows, RunRow};

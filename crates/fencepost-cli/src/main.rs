@@ -141,6 +141,13 @@ healthy, 1 when it is damaged or behind, 10 when the coordinator or the ledger c
         #[command(subcommand)]
         command: commands::LedgerCommand,
     },
+    /// This device's identity: `device key` prints its public key.
+    Device {
+        #[command(flatten)]
+        global: Global,
+        #[command(subcommand)]
+        command: commands::DeviceCommand,
+    },
     /// Administration: create or upgrade the coordinator's schema.
     Admin {
         #[command(flatten)]
@@ -286,6 +293,9 @@ fn main() {
         }),
         Command::Ledger { global, command } => in_span("ledger", &global.or(before), |settings| {
             commands::ledger(settings, command)
+        }),
+        Command::Device { global, command } => in_span("device", &global.or(before), |settings| {
+            commands::device(settings, command)
         }),
         Command::Admin { global, command } => in_span("admin", &global.or(before), |settings| {
             commands::admin(settings, command)

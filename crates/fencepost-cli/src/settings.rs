@@ -115,6 +115,11 @@ pub fn data_dir() -> Result<PathBuf> {
         .context("cannot find a data directory (no HOME?): pass --coordinator and --ledger")
 }
 
+/// `<data dir>/keys`, where this host keeps its devices' keys (one file per device id).
+pub fn keys_dir() -> Result<PathBuf> {
+    Ok(data_dir()?.join("keys"))
+}
+
 impl Settings {
     pub fn resolve(global: &Global) -> Result<Self> {
         let global = global.clone().or_environment();

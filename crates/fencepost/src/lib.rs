@@ -184,6 +184,35 @@ pub mod clock {
     pub use crate::edge::clock::{monotonic_clock, system_clock, RealTimeLimit, Stopwatch};
 }
 
+/// A device's identity (issue 39): its signing key (Ed25519) and its key-agreement key
+/// (X25519), and the key file that keeps them in the data directory.
+///
+/// The keys and their text are the core's (`core/identity.rs`: [`DeviceKey`](identity::DeviceKey),
+/// [`PublicIdentity`](identity::PublicIdentity), signatures bound to a
+/// [`SignatureContext`](identity::SignatureContext) and a [`LedgerId`](identity::LedgerId)); the
+/// file, made once per device id and readable by its owner only, is the edge's
+/// (`edge/key_file.rs`: [`load_or_create`](identity::load_or_create)).
+///
+/// ```
+/// use fencepost::id::DeviceId;
+/// use fencepost::identity::load_or_create;
+///
+/// let folder = tempfile::tempdir()?;
+/// let laptop = DeviceId::new("laptop")?;
+/// let (key, created) = load_or_create(folder.path(), &laptop)?;
+/// assert!(created);
+/// let (again, created) = load_or_create(folder.path(), &laptop)?;
+/// assert!(!created && again.public() == key.public());
+/// println!("{}", key.public()); // the line `fencepost device key` prints
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub mod identity {
+    pub use crate::core::identity::{
+        DeviceKey, KeyTextError, LedgerId, ParsePublicError, PublicIdentity, Signature, SignatureContext,
+    };
+    pub use crate::edge::key_file::{key_path, load, load_or_create, KeyFileError};
+}
+
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests, so
 /// that they stay true; the same for the pages of `docs/` that have some.
 #[cfg(doctest)]

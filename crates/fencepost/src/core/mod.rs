@@ -9,6 +9,7 @@ pub mod fold;
 pub mod frontier;
 pub(crate) mod hex;
 pub mod id;
+pub mod identity;
 pub mod intent;
 pub mod lease;
 pub mod oplog;

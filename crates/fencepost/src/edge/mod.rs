@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod clock;
 pub mod dispatch;
 pub mod keeper;
+pub mod key_file;
 pub mod ledger;
 pub mod metrics;
 pub mod relay;

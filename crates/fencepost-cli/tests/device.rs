@@ -1,0 +1,100 @@
+//! A device's identity through the built binary (issue 39, rule I1): `fencepost device key`
+//! makes the key once per device id, processes racing to make it share one, and a key file that
+//! is damaged, readable by others or not a file is a clear error that leaves it as it is.
+
+mod common;
+
+use common::{text, Shared};
+
+fn key_file(shared: &Shared, device: &str) -> std::path::PathBuf {
+    shared
+        .path("data")
+        .join("fencepost")
+        .join("keys")
+        .join(format!("{device}.key"))
+}
+
+#[test]
+fn i1_device_key_is_made_once_per_device_id_and_racing_processes_print_one_key() {
+    let shared = Shared::sqlite();
+    let children: Vec<_> = (0..8)
+        .map(|_| shared.spawn("host-a", &["device", "key"]))
+        .collect();
+    let mut lines = Vec::new();
+    let mut made = 0;
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let stdout = text(&output.stdout);
+        assert_eq!(stdout.lines().count(), 1, "one line: {stdout:?}");
+        lines.push(stdout.trim().to_owned());
+        made += usize::from(text(&output.stderr).contains("made the key of device host-a"));
+    }
+    assert!(lines.windows(2).all(|pair| pair[0] == pair[1]), "{lines:?}");
+    assert_eq!(made, 1, "exactly one process made the key");
+    assert!(
+        lines[0].starts_with("fpdev1.") && lines[0].len() == 98,
+        "{}",
+        lines[0]
+    );
+    let again = shared.run("host-a", &["device", "key"]);
+    assert_eq!(text(&again.stdout).trim(), lines[0]);
+    assert!(text(&again.stderr).is_empty(), "{}", text(&again.stderr));
+    let other = shared.run("host-b", &["device", "key"]);
+    assert_ne!(
+        text(&other.stdout).trim(),
+        lines[0],
+        "each device id has its own key"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let file = key_file(&shared, "host-a");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let folder = file.parent().unwrap();
+        assert_eq!(
+            std::fs::metadata(folder).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let names: Vec<_> = std::fs::read_dir(folder)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "no temporary file is left: {names:?}");
+    }
+}
+
+#[test]
+fn i1_a_damaged_open_or_misplaced_key_file_is_a_clear_error_and_is_never_replaced() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let shared = Shared::sqlite();
+    assert!(shared.run("host-a", &["device", "key"]).status.success());
+    let file = key_file(&shared, "host-a");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let refused = |expected: &str| {
+        let before = std::fs::read(&file).ok();
+        let output = shared.run("host-a", &["device", "key"]);
+        assert_eq!(output.status.code(), Some(10), "{}", text(&output.stderr));
+        assert!(output.stdout.is_empty());
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.contains(expected) && stderr.contains("host-a.key"),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read(&file).ok(), before, "the key file was changed");
+    };
+    std::fs::write(&file, &original[..original.len() / 2]).unwrap();
+    refused("is damaged");
+    std::fs::write(&file, original.replace("device host-a", "device host-b")).unwrap();
+    refused("belongs to device \"host-b\"");
+    std::fs::write(&file, b"\xff\xfe not text").unwrap();
+    refused("not UTF-8");
+    std::fs::write(&file, &original).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+    refused("chmod 600");
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir(&file).unwrap();
+    refused("is not a file");
+}
