@@ -253,6 +253,16 @@ proptest! {
                     }
                 }
                 prop_assert_eq!(&found, &expected, "site {} (snapshot {})", site, snapshot);
+                // K3: and `ledger verify` finds every checkpoint there checked or superseded.
+                if !snapshot {
+                    let problems: Vec<String> = ledger
+                        .verify_checkpoints()
+                        .unwrap()
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect();
+                    prop_assert!(problems.is_empty(), "site {site}: {problems:?}");
+                }
             }
         }
     }

@@ -29,11 +29,22 @@ impl Ledger {
         since: &Frontier,
         base: &SnapshotBase,
     ) -> Result<(), LedgerError> {
-        let ends: std::collections::BTreeMap<&str, u64> = base
+        let ends: BTreeMap<&str, u64> = base
             .heads
             .iter()
             .map(|head| (head.device_id.as_str(), head.next_seq))
             .collect();
+        self.fold_until(view, since, &ends)
+    }
+
+    /// Folds into `view` the records from `since` on that end before `ends` (per device; a
+    /// device not named has none), read again a batch at a time.
+    fn fold_until(
+        &self,
+        view: &mut LedgerState,
+        since: &Frontier,
+        ends: &BTreeMap<&str, u64>,
+    ) -> Result<(), LedgerError> {
         self.relay.pull_in_batches(since, &mut |batch| {
             let covered: Vec<OpRecord> = batch
                 .into_iter()
