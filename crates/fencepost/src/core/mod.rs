@@ -16,5 +16,6 @@ pub mod oplog;
 #[cfg(any(feature = "conformance", feature = "simulate"))]
 pub mod rng;
 pub mod run_id;
+pub mod seal;
 pub mod session;
 pub mod tenure;

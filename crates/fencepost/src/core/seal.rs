@@ -1,0 +1,301 @@
+//! A record's sealed form for a protected ledger (issue 39, under way: nothing writes or reads
+//! it yet): its content encrypted with a ledger key (XChaCha20-Poly1305, a random 24-byte
+//! nonce per record), padded, and bound to its place (ledger, device, sequence number) as
+//! associated data; and its id, computed over the ciphertext, so that no id the relay sees
+//! lets it confirm a guess of the content.
+//!
+//! ```
+//! use fencepost::identity::LedgerId;
+//! use fencepost::seal::{sealed_id, LedgerKey, Place};
+//!
+//! let key = LedgerKey::new(1, [7; 32]);
+//! let place = Place { ledger: LedgerId([1; 16]), device: "laptop", seq: 0 };
+//! let sealed = key.seal([3; 24], &place, b"pending run-1 at epoch 4");
+//! assert_eq!(sealed.ciphertext.len() % 32, 16); // padded, and the tag
+//! assert_eq!(&*key.open(&sealed, &place)?, b"pending run-1 at epoch 4");
+//! let moved = Place { seq: 1, ..place };
+//! assert!(key.open(&sealed, &moved).is_err()); // bound to its place
+//! let id = sealed_id(&place, None, &sealed);
+//! # let _ = id;
+//! # Ok::<(), fencepost::seal::SealError>(())
+//! ```
+
+use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+use chacha20poly1305::{Key, Tag, XChaCha20Poly1305, XNonce};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use zeroize::Zeroizing;
+
+use crate::core::identity::LedgerId;
+use crate::oplog::OpId;
+
+/// Content is padded to a multiple of this many bytes (its length prefix included), so that
+/// records of similar content are the same size.
+pub const PAD_BYTES: usize = 32;
+/// The tag's length: the ciphertext is this much longer than the padded content.
+pub const TAG_BYTES: usize = 16;
+/// The longest content a record seals.
+pub const MAX_SEALED_CONTENT_BYTES: usize = u16::MAX as usize - 2;
+/// What the associated data and the id's preimage start with.
+const DOMAIN: &[u8] = b"fencepost/sealed/v1\0";
+
+/// Where a sealed record sits: the associated data of its encryption, so that a ciphertext
+/// moved to another ledger, device or sequence number does not open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place<'a> {
+    /// The ledger.
+    pub ledger: LedgerId,
+    /// The device whose log holds it.
+    pub device: &'a str,
+    /// Its sequence number there.
+    pub seq: u64,
+}
+
+impl Place<'_> {
+    fn write(&self, out: &mut Vec<u8>, generation: u32) {
+        out.extend_from_slice(DOMAIN);
+        out.extend_from_slice(&self.ledger.0);
+        out.extend_from_slice(&(self.device.len() as u64).to_be_bytes());
+        out.extend_from_slice(self.device.as_bytes());
+        out.extend_from_slice(&self.seq.to_be_bytes());
+        out.extend_from_slice(&generation.to_be_bytes());
+    }
+}
+
+/// A record's content, sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sealed {
+    /// Which generation of the ledger key sealed it.
+    pub generation: u32,
+    /// Its nonce.
+    pub nonce: [u8; 24],
+    /// The padded content encrypted, then the tag.
+    pub ciphertext: Vec<u8>,
+}
+
+/// One generation of a ledger's content key. Wiped from memory when dropped.
+pub struct LedgerKey {
+    generation: u32,
+    cipher: XChaCha20Poly1305,
+}
+
+impl std::fmt::Debug for LedgerKey {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("LedgerKey")
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LedgerKey {
+    /// Generation `generation` of a ledger key, from 32 uniformly random bytes.
+    pub fn new(generation: u32, key: [u8; 32]) -> Self {
+        let key = Zeroizing::new(key);
+        Self {
+            generation,
+            cipher: XChaCha20Poly1305::new(Key::from_slice(&*key)),
+        }
+    }
+
+    /// Its generation.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Seals `content` (at most [`MAX_SEALED_CONTENT_BYTES`]; longer content is cut there, and
+    /// no log makes such a record) at `place` with `nonce`, which must be random and never
+    /// reused with this key.
+    pub fn seal(&self, nonce: [u8; 24], place: &Place<'_>, content: &[u8]) -> Sealed {
+        let content = &content[..content.len().min(MAX_SEALED_CONTENT_BYTES)];
+        let framed = 2 + content.len();
+        let padded = framed.div_ceil(PAD_BYTES) * PAD_BYTES;
+        let mut buffer = Vec::with_capacity(padded + TAG_BYTES);
+        buffer.extend_from_slice(&(content.len() as u16).to_be_bytes());
+        buffer.extend_from_slice(content);
+        buffer.resize(padded, 0);
+        let mut associated = Vec::with_capacity(96);
+        place.write(&mut associated, self.generation);
+        let tag = self
+            .cipher
+            .encrypt_in_place_detached(XNonce::from_slice(&nonce), &associated, &mut buffer);
+        // Encryption fails only for content longer than the cipher's limit (256 GiB).
+        let tag = tag.unwrap_or_default();
+        buffer.extend_from_slice(&tag);
+        Sealed {
+            generation: self.generation,
+            nonce,
+            ciphertext: buffer,
+        }
+    }
+
+    /// The content of `sealed`, which must have been sealed at `place` with this key.
+    ///
+    /// # Errors
+    /// [`SealError`]: another generation, not authentic (altered, moved, another key), or
+    /// padding that no sealer makes.
+    pub fn open(&self, sealed: &Sealed, place: &Place<'_>) -> Result<Zeroizing<Vec<u8>>, SealError> {
+        if sealed.generation != self.generation {
+            return Err(SealError::Generation {
+                sealed: sealed.generation,
+                key: self.generation,
+            });
+        }
+        let Some(body_bytes) = sealed.ciphertext.len().checked_sub(TAG_BYTES) else {
+            return Err(SealError::NotAuthentic);
+        };
+        let (body, tag) = sealed.ciphertext.split_at(body_bytes);
+        let mut buffer = Zeroizing::new(body.to_vec());
+        let mut associated = Vec::with_capacity(96);
+        place.write(&mut associated, self.generation);
+        self.cipher
+            .decrypt_in_place_detached(
+                XNonce::from_slice(&sealed.nonce),
+                &associated,
+                &mut buffer,
+                Tag::from_slice(tag),
+            )
+            .map_err(|_| SealError::NotAuthentic)?;
+        unpad(buffer)
+    }
+}
+
+/// The content of a decrypted, padded buffer.
+fn unpad(mut buffer: Zeroizing<Vec<u8>>) -> Result<Zeroizing<Vec<u8>>, SealError> {
+    if buffer.len() < 2 || !buffer.len().is_multiple_of(PAD_BYTES) {
+        return Err(SealError::Padding);
+    }
+    let length = usize::from(u16::from_be_bytes([buffer[0], buffer[1]]));
+    let framed = 2 + length;
+    if framed > buffer.len()
+        || buffer.len() - framed >= PAD_BYTES
+        || buffer[framed..].iter().any(|byte| *byte != 0)
+    {
+        return Err(SealError::Padding);
+    }
+    buffer.truncate(framed);
+    buffer.drain(..2);
+    Ok(buffer)
+}
+
+/// The id of a sealed record at `place` after the record `prev`: a SHA-256 of the place, the
+/// link, the generation, the nonce and the ciphertext (never of the content).
+pub fn sealed_id(place: &Place<'_>, prev: Option<&OpId>, sealed: &Sealed) -> OpId {
+    let mut hasher = Sha256::new();
+    let mut head = Vec::with_capacity(128);
+    place.write(&mut head, sealed.generation);
+    match prev {
+        None => head.push(0),
+        Some(prev) => {
+            head.push(1);
+            head.extend_from_slice(prev.as_bytes());
+        }
+    }
+    head.extend_from_slice(&sealed.nonce);
+    head.extend_from_slice(&(sealed.ciphertext.len() as u64).to_be_bytes());
+    hasher.update(&head);
+    hasher.update(&sealed.ciphertext);
+    OpId(hasher.finalize().into())
+}
+
+/// A sealed record could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SealError {
+    /// It was sealed with another generation of the key.
+    #[error("sealed with generation {sealed} of the ledger key; this key is generation {key}")]
+    Generation {
+        /// Its generation.
+        sealed: u32,
+        /// The key's.
+        key: u32,
+    },
+    /// Not sealed at this place with this key, or altered since.
+    #[error("not authentic: altered, moved from another place, or sealed with another key")]
+    NotAuthentic,
+    /// Authentic, but padded as no sealer pads.
+    #[error("padded as no sealer pads")]
+    Padding,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(seq: u64) -> Place<'static> {
+        Place {
+            ledger: LedgerId([9; 16]),
+            device: "laptop",
+            seq,
+        }
+    }
+
+    #[test]
+    fn sealed_content_opens_at_its_place_only_and_sizes_are_padded() {
+        let key = LedgerKey::new(2, [1; 32]);
+        for length in [0usize, 1, 29, 30, 31, 62, 63, 200] {
+            let content: Vec<u8> = (0..length).map(|byte| byte as u8).collect();
+            let sealed = key.seal([length as u8; 24], &place(5), &content);
+            assert_eq!(
+                sealed.ciphertext.len(),
+                (2 + length).div_ceil(PAD_BYTES) * PAD_BYTES + TAG_BYTES
+            );
+            assert_eq!(&*key.open(&sealed, &place(5)).unwrap(), &content);
+            assert_eq!(key.open(&sealed, &place(6)), Err(SealError::NotAuthentic));
+            let elsewhere = Place {
+                device: "phone",
+                ..place(5)
+            };
+            assert_eq!(key.open(&sealed, &elsewhere), Err(SealError::NotAuthentic));
+            let other_ledger = Place {
+                ledger: LedgerId([8; 16]),
+                ..place(5)
+            };
+            assert_eq!(key.open(&sealed, &other_ledger), Err(SealError::NotAuthentic));
+            assert_eq!(
+                LedgerKey::new(2, [2; 32]).open(&sealed, &place(5)),
+                Err(SealError::NotAuthentic)
+            );
+            assert!(matches!(
+                LedgerKey::new(3, [1; 32]).open(&sealed, &place(5)),
+                Err(SealError::Generation { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn every_altered_byte_is_refused_and_short_input_never_panics() {
+        let key = LedgerKey::new(1, [1; 32]);
+        let sealed = key.seal([4; 24], &place(0), b"committed run-1");
+        for at in 0..sealed.ciphertext.len() {
+            let mut altered = sealed.clone();
+            altered.ciphertext[at] ^= 1;
+            assert_eq!(
+                key.open(&altered, &place(0)),
+                Err(SealError::NotAuthentic),
+                "byte {at}"
+            );
+        }
+        let mut other_nonce = sealed.clone();
+        other_nonce.nonce[0] ^= 1;
+        assert_eq!(key.open(&other_nonce, &place(0)), Err(SealError::NotAuthentic));
+        for length in 0..TAG_BYTES + 2 {
+            let short = Sealed {
+                ciphertext: vec![0; length],
+                ..sealed.clone()
+            };
+            assert!(key.open(&short, &place(0)).is_err());
+        }
+    }
+
+    #[test]
+    fn the_id_covers_place_link_nonce_and_ciphertext_and_not_the_content_alone() {
+        let key = LedgerKey::new(1, [1; 32]);
+        let sealed = key.seal([4; 24], &place(0), b"pending");
+        let id = sealed_id(&place(0), None, &sealed);
+        assert_ne!(id, sealed_id(&place(1), None, &sealed));
+        assert_ne!(id, sealed_id(&place(0), Some(&id), &sealed));
+        // The same content sealed twice (another nonce) has another id.
+        let again = key.seal([5; 24], &place(0), b"pending");
+        assert_ne!(id, sealed_id(&place(0), None, &again));
+    }
+}
