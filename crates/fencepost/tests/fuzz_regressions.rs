@@ -40,9 +40,16 @@ fn r1_fuzz_regressions_device_file() {
 }
 
 #[test]
-fn i1_fuzz_regressions_intent_payload() {
+fn f1_f2_fuzz_regressions_intent_payload() {
     for (_, bytes) in inputs("intent_payload") {
         decoders::intent_payload(&bytes);
+    }
+}
+
+#[test]
+fn i1_fuzz_regressions_device_key() {
+    for (_, bytes) in inputs("device_key") {
+        decoders::device_key(&bytes);
     }
 }
 

@@ -175,3 +175,25 @@ pub fn checkpoint(fixture: &CheckpointFixture, scratch: &std::path::Path, bytes:
     }
     std::fs::write(&fixture.checkpoint, &fixture.pristine).expect("a scratch checkpoint");
 }
+
+/// A device's public key line (which an operator pastes into `device admit`) and a key file's
+/// text: either decoder refuses what it cannot read, never panics, and what it reads writes
+/// back as the same keys (rule I1).
+pub fn device_key(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return;
+    };
+    if let Ok(public) = text.parse::<fencepost::identity::PublicIdentity>() {
+        assert_eq!(
+            public.to_string().parse(),
+            Ok(public),
+            "a public key line survives a round trip"
+        );
+    }
+    if let Ok(key) = fencepost::identity::DeviceKey::from_file_text(text) {
+        let again =
+            fencepost::identity::DeviceKey::from_file_text(&key.to_file_text()).expect("its own text reads");
+        assert_eq!(again.public(), key.public(), "a key file survives a round trip");
+        assert_eq!(again.device(), key.device());
+    }
+}
