@@ -4,19 +4,22 @@
 //! associated data; and its id, computed over the ciphertext, so that no id the relay sees
 //! lets it confirm a guess of the content.
 //!
+//! The core seals with a nonce it is given ([`LedgerKey::seal_with_nonce`]); `LedgerKey::seal`
+//! (`edge/sealing.rs`) draws a fresh one from the operating system.
+//!
 //! ```
 //! use fencepost::identity::LedgerId;
 //! use fencepost::seal::{sealed_id, LedgerKey, Place};
 //!
 //! let key = LedgerKey::new(1, [7; 32]);
 //! let place = Place { ledger: LedgerId([1; 16]), device: "laptop", seq: 0 };
-//! let sealed = key.seal([3; 24], &place, b"pending run-1 at epoch 4");
+//! let sealed = key.seal(&place, b"pending run-1 at epoch 4")?; // a fresh random nonce
 //! assert_eq!(sealed.ciphertext.len() % 32, 16); // padded, and the tag
 //! assert_eq!(&*key.open(&sealed, &place)?, b"pending run-1 at epoch 4");
 //! let moved = Place { seq: 1, ..place };
 //! assert!(key.open(&sealed, &moved).is_err()); // bound to its place
 //! let id = sealed_id(&place, None, &sealed);
-//! # let _ = id;
+//! assert_ne!(id, sealed_id(&place, None, &key.seal(&place, b"pending run-1 at epoch 4")?));
 //! # Ok::<(), fencepost::seal::SealError>(())
 //! ```
 
@@ -36,8 +39,10 @@ pub const PAD_BYTES: usize = 32;
 pub const TAG_BYTES: usize = 16;
 /// The longest content a record seals.
 pub const MAX_SEALED_CONTENT_BYTES: usize = u16::MAX as usize - 2;
-/// What the associated data and the id's preimage start with.
-const DOMAIN: &[u8] = b"fencepost/sealed/v1\0";
+/// What the associated data starts with.
+const AAD_DOMAIN: &[u8] = b"fencepost/sealed-record/aad/v1\0";
+/// What the id's preimage starts with (another purpose, another string).
+const ID_DOMAIN: &[u8] = b"fencepost/sealed-record/id/v1\0";
 
 /// Where a sealed record sits: the associated data of its encryption, so that a ciphertext
 /// moved to another ledger, device or sequence number does not open.
@@ -52,8 +57,8 @@ pub struct Place<'a> {
 }
 
 impl Place<'_> {
-    fn write(&self, out: &mut Vec<u8>, generation: u32) {
-        out.extend_from_slice(DOMAIN);
+    fn write(&self, out: &mut Vec<u8>, domain: &[u8], generation: u32) {
+        out.extend_from_slice(domain);
         out.extend_from_slice(&self.ledger.0);
         out.extend_from_slice(&(self.device.len() as u64).to_be_bytes());
         out.extend_from_slice(self.device.as_bytes());
@@ -103,30 +108,45 @@ impl LedgerKey {
         self.generation
     }
 
-    /// Seals `content` (at most [`MAX_SEALED_CONTENT_BYTES`]; longer content is cut there, and
-    /// no log makes such a record) at `place` with `nonce`, which must be random and never
-    /// reused with this key.
-    pub fn seal(&self, nonce: [u8; 24], place: &Place<'_>, content: &[u8]) -> Sealed {
-        let content = &content[..content.len().min(MAX_SEALED_CONTENT_BYTES)];
+    /// Seals `content` (at most [`MAX_SEALED_CONTENT_BYTES`]) at `place` with `nonce`, which
+    /// must be uniformly random and never used again with this key: `LedgerKey::seal` draws
+    /// one.
+    ///
+    /// # Errors
+    /// [`SealError::TooLong`]; [`SealError::Encrypt`] if the cipher refuses (it never does at
+    /// these lengths; no plaintext is ever returned in its place).
+    pub fn seal_with_nonce(
+        &self,
+        nonce: [u8; 24],
+        place: &Place<'_>,
+        content: &[u8],
+    ) -> Result<Sealed, SealError> {
+        if content.len() > MAX_SEALED_CONTENT_BYTES {
+            return Err(SealError::TooLong {
+                length_bytes: content.len(),
+            });
+        }
         let framed = 2 + content.len();
         let padded = framed.div_ceil(PAD_BYTES) * PAD_BYTES;
         let mut buffer = Vec::with_capacity(padded + TAG_BYTES);
-        buffer.extend_from_slice(&(content.len() as u16).to_be_bytes());
+        let length = u16::try_from(content.len()).map_err(|_| SealError::TooLong {
+            length_bytes: content.len(),
+        })?;
+        buffer.extend_from_slice(&length.to_be_bytes());
         buffer.extend_from_slice(content);
         buffer.resize(padded, 0);
         let mut associated = Vec::with_capacity(96);
-        place.write(&mut associated, self.generation);
+        place.write(&mut associated, AAD_DOMAIN, self.generation);
         let tag = self
             .cipher
-            .encrypt_in_place_detached(XNonce::from_slice(&nonce), &associated, &mut buffer);
-        // Encryption fails only for content longer than the cipher's limit (256 GiB).
-        let tag = tag.unwrap_or_default();
+            .encrypt_in_place_detached(XNonce::from_slice(&nonce), &associated, &mut buffer)
+            .map_err(|_| SealError::Encrypt)?;
         buffer.extend_from_slice(&tag);
-        Sealed {
+        Ok(Sealed {
             generation: self.generation,
             nonce,
             ciphertext: buffer,
-        }
+        })
     }
 
     /// The content of `sealed`, which must have been sealed at `place` with this key.
@@ -147,7 +167,7 @@ impl LedgerKey {
         let (body, tag) = sealed.ciphertext.split_at(body_bytes);
         let mut buffer = Zeroizing::new(body.to_vec());
         let mut associated = Vec::with_capacity(96);
-        place.write(&mut associated, self.generation);
+        place.write(&mut associated, AAD_DOMAIN, self.generation);
         self.cipher
             .decrypt_in_place_detached(
                 XNonce::from_slice(&sealed.nonce),
@@ -183,7 +203,7 @@ fn unpad(mut buffer: Zeroizing<Vec<u8>>) -> Result<Zeroizing<Vec<u8>>, SealError
 pub fn sealed_id(place: &Place<'_>, prev: Option<&OpId>, sealed: &Sealed) -> OpId {
     let mut hasher = Sha256::new();
     let mut head = Vec::with_capacity(128);
-    place.write(&mut head, sealed.generation);
+    place.write(&mut head, ID_DOMAIN, sealed.generation);
     match prev {
         None => head.push(0),
         Some(prev) => {
@@ -215,6 +235,18 @@ pub enum SealError {
     /// Authentic, but padded as no sealer pads.
     #[error("padded as no sealer pads")]
     Padding,
+    /// The content is longer than [`MAX_SEALED_CONTENT_BYTES`]: no record holds so much.
+    #[error("{length_bytes} bytes of content; a sealed record holds at most {MAX_SEALED_CONTENT_BYTES}")]
+    TooLong {
+        /// Its length.
+        length_bytes: usize,
+    },
+    /// The cipher refused to encrypt.
+    #[error("the cipher refused to encrypt")]
+    Encrypt,
+    /// No random nonce could be drawn from the operating system.
+    #[error("cannot draw a random nonce: {0}")]
+    Random(String),
 }
 
 #[cfg(test)]
@@ -234,7 +266,9 @@ mod tests {
         let key = LedgerKey::new(2, [1; 32]);
         for length in [0usize, 1, 29, 30, 31, 62, 63, 200] {
             let content: Vec<u8> = (0..length).map(|byte| byte as u8).collect();
-            let sealed = key.seal([length as u8; 24], &place(5), &content);
+            let sealed = key
+                .seal_with_nonce([length as u8; 24], &place(5), &content)
+                .unwrap();
             assert_eq!(
                 sealed.ciphertext.len(),
                 (2 + length).div_ceil(PAD_BYTES) * PAD_BYTES + TAG_BYTES
@@ -265,7 +299,9 @@ mod tests {
     #[test]
     fn every_altered_byte_is_refused_and_short_input_never_panics() {
         let key = LedgerKey::new(1, [1; 32]);
-        let sealed = key.seal([4; 24], &place(0), b"committed run-1");
+        let sealed = key
+            .seal_with_nonce([4; 24], &place(0), b"committed run-1")
+            .unwrap();
         for at in 0..sealed.ciphertext.len() {
             let mut altered = sealed.clone();
             altered.ciphertext[at] ^= 1;
@@ -278,6 +314,13 @@ mod tests {
         let mut other_nonce = sealed.clone();
         other_nonce.nonce[0] ^= 1;
         assert_eq!(key.open(&other_nonce, &place(0)), Err(SealError::NotAuthentic));
+        let too_long = vec![0; MAX_SEALED_CONTENT_BYTES + 1];
+        assert_eq!(
+            key.seal_with_nonce([4; 24], &place(0), &too_long),
+            Err(SealError::TooLong {
+                length_bytes: MAX_SEALED_CONTENT_BYTES + 1
+            })
+        );
         for length in 0..TAG_BYTES + 2 {
             let short = Sealed {
                 ciphertext: vec![0; length],
@@ -290,12 +333,12 @@ mod tests {
     #[test]
     fn the_id_covers_place_link_nonce_and_ciphertext_and_not_the_content_alone() {
         let key = LedgerKey::new(1, [1; 32]);
-        let sealed = key.seal([4; 24], &place(0), b"pending");
+        let sealed = key.seal_with_nonce([4; 24], &place(0), b"pending").unwrap();
         let id = sealed_id(&place(0), None, &sealed);
         assert_ne!(id, sealed_id(&place(1), None, &sealed));
         assert_ne!(id, sealed_id(&place(0), Some(&id), &sealed));
         // The same content sealed twice (another nonce) has another id.
-        let again = key.seal([5; 24], &place(0), b"pending");
+        let again = key.seal_with_nonce([5; 24], &place(0), b"pending").unwrap();
         assert_ne!(id, sealed_id(&place(0), None, &again));
     }
 }

@@ -67,17 +67,23 @@ pub fn load(folder: &Path, device: &DeviceId) -> Result<DeviceKey, KeyFileError>
         action: "read",
         source,
     };
-    let metadata = match std::fs::metadata(&path) {
+    let mut file = match open_no_follow(&path) {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return Err(KeyFileError::Missing { path });
         }
+        Err(_) if is_symbolic_link(&path) => return Err(KeyFileError::NotAFile { path }),
         other => other.map_err(io)?,
     };
+    // Checked on the handle opened, not on the name again (found by a review: a name checked
+    // and then opened again can be swapped between the two).
+    let metadata = file.metadata().map_err(io)?;
     if !metadata.is_file() {
         return Err(KeyFileError::NotAFile { path });
     }
     check_owner_only(&path, &metadata)?;
-    let bytes = Zeroizing::new(std::fs::read(&path).map_err(io)?);
+    check_folder(folder)?;
+    let mut bytes = Zeroizing::new(Vec::with_capacity(512));
+    std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
     let text = std::str::from_utf8(&bytes).map_err(|_| KeyFileError::Malformed {
         path: path.clone(),
         source: KeyTextError::Line {
@@ -132,9 +138,12 @@ fn write_new(path: &Path, text: &str) -> Result<bool, KeyFileError> {
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
             Err(error) => return Err(io("create")(error)),
         }
-        if let Ok(directory) = std::fs::File::open(folder) {
-            // Best effort: the link is durable once the folder is synced.
-            let _ = directory.sync_all();
+        // Best effort: the link is durable once the folder is synced (and the folder's own
+        // entry, when this call made it).
+        for directory in [Some(folder), folder.parent()].into_iter().flatten() {
+            if let Ok(directory) = std::fs::File::open(directory) {
+                let _ = directory.sync_all();
+            }
         }
         Ok(true)
     })();
@@ -169,10 +178,30 @@ fn open_owner_only(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-/// Refuses a key file that others than its owner may read or write (as ssh does).
+/// Opens `path` for reading without following a symbolic link, and without waiting on a FIFO.
+#[cfg(unix)]
+fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
+}
+
+fn is_symbolic_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|metadata| metadata.file_type().is_symlink())
+}
+
+/// Refuses a key file that others than its owner may read or write, or that another user owns
+/// (as ssh does).
 #[cfg(unix)]
 fn check_owner_only(path: &Path, metadata: &std::fs::Metadata) -> Result<(), KeyFileError> {
-    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let mode = metadata.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(KeyFileError::TooOpen {
@@ -180,11 +209,44 @@ fn check_owner_only(path: &Path, metadata: &std::fs::Metadata) -> Result<(), Key
             mode,
         });
     }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let user = unsafe { libc::geteuid() };
+    if metadata.uid() != user {
+        return Err(KeyFileError::OtherOwner {
+            path: path.to_path_buf(),
+            owner: metadata.uid(),
+            user,
+        });
+    }
     Ok(())
 }
 
 #[cfg(not(unix))]
 fn check_owner_only(_: &Path, _: &std::fs::Metadata) -> Result<(), KeyFileError> {
+    Ok(())
+}
+
+/// Refuses a keys folder that others may write (they could put another key in a file's place).
+#[cfg(unix)]
+fn check_folder(folder: &Path) -> Result<(), KeyFileError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let metadata = std::fs::metadata(folder).map_err(|source| KeyFileError::Io {
+        path: folder.to_path_buf(),
+        action: "read the folder of",
+        source,
+    })?;
+    let mode = metadata.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(KeyFileError::TooOpen {
+            path: folder.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_folder(_: &Path) -> Result<(), KeyFileError> {
     Ok(())
 }
 
@@ -213,9 +275,9 @@ pub enum KeyFileError {
         /// Where.
         path: PathBuf,
     },
-    /// Others than its owner may read or write it.
+    /// Others than its owner may read or write it (or, for the folder, write it).
     #[error(
-        "the device key {} has mode {mode:03o}: only its owner may read it (chmod 600 it, and make a new key if others may have read it)",
+        "the device key {} has mode {mode:03o}: only its owner may read it, and only its owner may write its folder (chmod 600 a key file, 700 its folder; make a new key if others may have read it)",
         path.display()
     )]
     TooOpen {
@@ -231,6 +293,16 @@ pub enum KeyFileError {
         path: PathBuf,
         /// What is wrong.
         source: KeyTextError,
+    },
+    /// Another user owns it.
+    #[error("the device key {} belongs to user {owner}, not to this user ({user}): a key file is read only by its owner", path.display())]
+    OtherOwner {
+        /// The file.
+        path: PathBuf,
+        /// Its owner's user id.
+        owner: u32,
+        /// This process's effective user id.
+        user: u32,
     },
     /// It is the key of another device id.
     #[error("the device key {} belongs to device {found:?}, not this one", path.display())]
@@ -331,6 +403,52 @@ mod tests {
         std::fs::create_dir(&path).unwrap();
         let error = load_or_create(folder.path(), &laptop).unwrap_err();
         assert!(matches!(error, KeyFileError::NotAFile { .. }), "{error}");
+    }
+
+    /// I1 (found by a review): the key is read from the handle opened, never through a
+    /// symbolic link or from a FIFO (no hang), and a file another user owns or a folder others
+    /// may write is refused.
+    #[cfg(unix)]
+    #[test]
+    fn i1_a_linked_foreign_or_exposed_key_file_is_refused_without_waiting() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let folder = tempfile::tempdir().unwrap();
+        let keys = folder.path().join("keys");
+        let laptop = device("laptop");
+        load_or_create(&keys, &laptop).unwrap();
+        let path = key_path(&keys, &laptop);
+        let moved = folder.path().join("elsewhere.key");
+        std::fs::rename(&path, &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, &path).unwrap();
+        let error = load_or_create(&keys, &laptop).unwrap_err();
+        assert!(matches!(error, KeyFileError::NotAFile { .. }), "{error}");
+        std::fs::remove_file(&path).unwrap();
+        let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string and mode.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let error = load_or_create(&keys, &laptop).unwrap_err();
+        assert!(matches!(error, KeyFileError::NotAFile { .. }), "{error}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::rename(&moved, &path).unwrap();
+        assert!(load(&keys, &laptop).is_ok());
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let error = load(&keys, &laptop).unwrap_err();
+        assert!(
+            matches!(error, KeyFileError::TooOpen { mode: 0o777, .. }),
+            "{error}"
+        );
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let file = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+            // SAFETY: a valid C string; root may give the file away.
+            assert_eq!(unsafe { libc::chown(file.as_ptr(), 4242, 4242) }, 0);
+            let error = load(&keys, &laptop).unwrap_err();
+            assert!(
+                matches!(error, KeyFileError::OtherOwner { owner: 4242, .. }),
+                "{error}"
+            );
+        }
     }
 
     #[test]

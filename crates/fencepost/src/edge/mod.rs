@@ -13,4 +13,5 @@ pub mod ledger;
 pub mod metrics;
 pub mod relay;
 pub mod run;
+pub mod sealing;
 pub mod snapshot;
