@@ -25,8 +25,8 @@ fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
 }
 
 /// The names of the functions the workspace's tests define or run: `fn name` in the test
-/// folders, in the conformance suite (whose checks the coordinator tests run), and in
-/// `#[cfg(test)]` modules of the sources.
+/// folders, in the conformance suite (whose checks the coordinator tests run), in
+/// `#[cfg(test)]` modules of the sources and in their `tests.rs` files.
 fn test_functions() -> BTreeSet<String> {
     let mut files = Vec::new();
     for krate in ["fencepost", "fencepost-cli"] {
@@ -37,7 +37,9 @@ fn test_functions() -> BTreeSet<String> {
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
         let suite = file.ends_with("src/tools/conformance/mod.rs");
-        let in_tests = file.components().any(|part| part.as_os_str() == "tests");
+        // A test folder, or a module's tests in a file of their own (`roster/tests.rs`).
+        let in_tests = file.components().any(|part| part.as_os_str() == "tests")
+            || file.file_name().is_some_and(|name| name == "tests.rs");
         // In other sources, only what follows a `#[cfg(test)]` counts.
         let from = if suite || in_tests {
             0

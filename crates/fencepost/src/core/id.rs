@@ -146,6 +146,13 @@ macro_rules! typed_id {
             }
         }
 
+        // Its order, equality and hash are the string's: maps keyed by it are looked up by `&str`.
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl std::fmt::Display for $name {
             fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 formatter.write_str(&self.0)

@@ -15,6 +15,7 @@ pub mod lease;
 pub mod oplog;
 #[cfg(any(feature = "conformance", feature = "simulate"))]
 pub mod rng;
+pub mod roster;
 pub mod run_id;
 pub mod seal;
 pub mod session;
