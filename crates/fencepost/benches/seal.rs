@@ -20,7 +20,7 @@ fn content(n: usize) -> Vec<u8> {
 
 fn place(seq: u64) -> Place<'static> {
     Place {
-        ledger: LedgerId([7; 16]),
+        ledger: LedgerId([7; 32]),
         device: "laptop-1",
         seq,
     }

@@ -53,6 +53,13 @@ fn i1_fuzz_regressions_device_key() {
     }
 }
 
+#[test]
+fn fuzz_regressions_genesis() {
+    for (_, bytes) in inputs("genesis") {
+        decoders::genesis(&bytes);
+    }
+}
+
 #[cfg(feature = "sqlite")]
 #[test]
 fn k3_fuzz_regressions_checkpoint() {

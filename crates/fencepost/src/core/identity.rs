@@ -18,11 +18,11 @@
 //! let key = DeviceKey::from_secrets(DeviceId::new("laptop")?, [7; 32], [9; 32]);
 //! let line = key.public().to_string();
 //! let public: PublicIdentity = line.parse()?;
-//! let ledger = LedgerId([1; 16]);
+//! let ledger = LedgerId([1; 32]);
 //! let signature = key.sign(SignatureContext::ChainHead, &ledger, b"head");
 //! assert!(public.verify(SignatureContext::ChainHead, &ledger, b"head", &signature));
 //! assert!(!public.verify(SignatureContext::Membership, &ledger, b"head", &signature));
-//! assert!(!public.verify(SignatureContext::ChainHead, &LedgerId([2; 16]), b"head", &signature));
+//! assert!(!public.verify(SignatureContext::ChainHead, &LedgerId([2; 32]), b"head", &signature));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -51,9 +51,11 @@ const FILE_COMMENT: &str = "# fencepost device key: this device's identity. Keep
 /// What every signature's preimage starts with.
 const SIGNATURE_DOMAIN: &[u8] = b"fencepost/signature/v1\0";
 
-/// A ledger's identity, which every signature made for it covers.
+/// A ledger's identity, which every signature made for it covers: the SHA-256 of its genesis
+/// (all 256 bits, so that nobody can found another ledger with the same id and replay a shared
+/// device's records from one into the other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LedgerId(pub [u8; 16]);
+pub struct LedgerId(pub [u8; 32]);
 
 /// What a signature is for: a signature made for one context never verifies for another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,7 +91,7 @@ impl fmt::Debug for Signature {
 /// What a signature covers: the domain, the context, the ledger and the message.
 fn preimage(context: SignatureContext, ledger: &LedgerId, message: &[u8]) -> Vec<u8> {
     let tag = context.tag();
-    let mut bytes = Vec::with_capacity(SIGNATURE_DOMAIN.len() + tag.len() + 16 + message.len());
+    let mut bytes = Vec::with_capacity(SIGNATURE_DOMAIN.len() + tag.len() + 32 + message.len());
     bytes.extend_from_slice(SIGNATURE_DOMAIN);
     bytes.extend_from_slice(tag);
     bytes.extend_from_slice(&ledger.0);
@@ -299,6 +301,22 @@ impl PublicIdentity {
             .is_ok()
     }
 
+    /// The identity of these two public keys' bytes (a genesis or a membership record holds
+    /// them so).
+    ///
+    /// # Errors
+    /// [`ParsePublicError::Signing`] when the signing key is not a usable Ed25519 key.
+    pub fn from_bytes(signing: [u8; 32], agreement: [u8; 32]) -> Result<Self, ParsePublicError> {
+        let signing = VerifyingKey::from_bytes(&signing).map_err(|_| ParsePublicError::Signing)?;
+        if signing.is_weak() {
+            return Err(ParsePublicError::Signing);
+        }
+        Ok(Self {
+            signing,
+            agreement: x25519_dalek::PublicKey::from(agreement),
+        })
+    }
+
     fn checksum(signing: &[u8; 32], agreement: &[u8; 32]) -> [u8; CHECKSUM_BYTES] {
         let mut hasher = Sha256::new();
         hasher.update(PUBLIC_PREFIX.as_bytes());
@@ -360,14 +378,7 @@ impl FromStr for PublicIdentity {
         if bytes[64..PUBLIC_BYTES] != Self::checksum(&signing, &agreement) {
             return Err(ParsePublicError::Checksum);
         }
-        let signing = VerifyingKey::from_bytes(&signing).map_err(|_| ParsePublicError::Signing)?;
-        if signing.is_weak() {
-            return Err(ParsePublicError::Signing);
-        }
-        Ok(Self {
-            signing,
-            agreement: x25519_dalek::PublicKey::from(agreement),
-        })
+        Self::from_bytes(signing, agreement)
     }
 }
 
@@ -450,7 +461,7 @@ mod tests {
     fn a_signature_covers_its_context_its_ledger_and_its_message() {
         let signer = key("laptop", 5);
         let other = key("phone", 6);
-        let ledger = LedgerId([4; 16]);
+        let ledger = LedgerId([4; 32]);
         let signature = signer.sign(SignatureContext::Membership, &ledger, b"admit phone");
         let public = signer.public();
         assert!(public.verify(SignatureContext::Membership, &ledger, b"admit phone", &signature));
@@ -458,7 +469,7 @@ mod tests {
         assert!(!public.verify(SignatureContext::Checkpoint, &ledger, b"admit phone", &signature));
         assert!(!public.verify(
             SignatureContext::Membership,
-            &LedgerId([5; 16]),
+            &LedgerId([5; 32]),
             b"admit phone",
             &signature
         ));

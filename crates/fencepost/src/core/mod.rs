@@ -7,6 +7,7 @@ pub mod clock;
 pub mod fence;
 pub mod fold;
 pub mod frontier;
+pub mod genesis;
 pub(crate) mod hex;
 pub mod id;
 pub mod identity;

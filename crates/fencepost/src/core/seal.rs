@@ -12,7 +12,7 @@
 //! use fencepost::seal::{sealed_id, LedgerKey, Place};
 //!
 //! let key = LedgerKey::new(1, [7; 32]);
-//! let place = Place { ledger: LedgerId([1; 16]), device: "laptop", seq: 0 };
+//! let place = Place { ledger: LedgerId([1; 32]), device: "laptop", seq: 0 };
 //! let sealed = key.seal(&place, b"pending run-1 at epoch 4")?; // a fresh random nonce
 //! assert_eq!(sealed.ciphertext.len() % 32, 16); // padded, and the tag
 //! assert_eq!(&*key.open(&sealed, &place)?, b"pending run-1 at epoch 4");
@@ -255,7 +255,7 @@ mod tests {
 
     fn place(seq: u64) -> Place<'static> {
         Place {
-            ledger: LedgerId([9; 16]),
+            ledger: LedgerId([9; 32]),
             device: "laptop",
             seq,
         }
@@ -281,7 +281,7 @@ mod tests {
             };
             assert_eq!(key.open(&sealed, &elsewhere), Err(SealError::NotAuthentic));
             let other_ledger = Place {
-                ledger: LedgerId([8; 16]),
+                ledger: LedgerId([8; 32]),
                 ..place(5)
             };
             assert_eq!(key.open(&sealed, &other_ledger), Err(SealError::NotAuthentic));

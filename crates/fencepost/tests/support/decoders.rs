@@ -197,3 +197,16 @@ pub fn device_key(bytes: &[u8]) {
         assert_eq!(again.device(), key.device());
     }
 }
+
+/// A protected ledger's genesis as a relay hands it over: refused or read, never a panic, and
+/// what is read is its canonical form (one genesis, one ledger id).
+pub fn genesis(bytes: &[u8]) {
+    if let Ok(genesis) = fencepost::genesis::Genesis::from_bytes(bytes) {
+        assert_eq!(genesis.to_bytes(), bytes, "a genesis has one form");
+    }
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        if let Ok(fingerprint) = text.parse::<fencepost::genesis::Fingerprint>() {
+            assert_eq!(fingerprint.to_string().parse(), Ok(fingerprint));
+        }
+    }
+}
