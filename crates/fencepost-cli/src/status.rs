@@ -169,6 +169,8 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
             "location": settings.ledger_label(), "kind": ledger_kind,
             "devices": ledger.view().frontier().iter().count(),
             "healthy": healthy, "damage": damage,
+            // No ledger is protected yet (issue 39): the relay is trusted.
+            "protected": false,
         },
         "coordinator_now_ms": now_ms,
         "agents": agent_values,
@@ -320,6 +322,9 @@ fn print_agents(report: &Value, wall_now_ms: u64) {
         ledger["kind"].as_str().unwrap_or_default(),
         plural(ledger["devices"].as_u64().unwrap_or_default(), "device")
     );
+    if ledger["protected"].as_bool() == Some(false) {
+        out!("protection:  none: whoever can write the ledger can read its records and forge them (docs/security.md)");
+    }
     let agents = report["agents"].as_array().map_or(&[][..], Vec::as_slice);
     if agents.is_empty() {
         out!("no agent has a lease or a run yet");

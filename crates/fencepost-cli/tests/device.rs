@@ -98,3 +98,37 @@ fn i1_a_damaged_open_or_misplaced_key_file_is_a_clear_error_and_is_never_replace
     std::fs::create_dir(&file).unwrap();
     refused("is not a file");
 }
+
+/// Issue 39, item 2: a ledger made without `ledger init` keeps working, and `status` and
+/// `ledger verify` say it is not protected (in text and in JSON).
+#[test]
+fn status_and_ledger_verify_say_a_ledger_is_not_protected() {
+    let shared = Shared::sqlite();
+    let ran = shared.run(
+        "host-a",
+        &[
+            "run", "--agent", "a", "--intent", "i", "--salt", "s", "--", "true",
+        ],
+    );
+    assert!(ran.status.success(), "{}", text(&ran.stderr));
+    let status = shared.run("host-a", &["status"]);
+    assert!(
+        text(&status.stdout).contains("protection:  none"),
+        "{}",
+        text(&status.stdout)
+    );
+    let status = shared.run("host-a", &["status", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(report["ledger"]["protected"], serde_json::Value::Bool(false));
+    let verify = shared.run("host-a", &["ledger", "verify"]);
+    assert!(verify.status.success(), "{}", text(&verify.stderr));
+    assert!(
+        text(&verify.stdout).contains("not protected"),
+        "{}",
+        text(&verify.stdout)
+    );
+    let verify = shared.run("host-a", &["ledger", "verify", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&verify.stdout).unwrap();
+    assert_eq!(report["protected"], serde_json::Value::Bool(false));
+    assert_eq!(report["intact"], serde_json::Value::Bool(true));
+}

@@ -56,7 +56,7 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
             .collect();
         out!(
             "{}",
-            json!({"ledger": settings.ledger_label(), "intact": bad == 0, "devices": devices, "problems": findings})
+            json!({"ledger": settings.ledger_label(), "intact": bad == 0, "protected": false, "devices": devices, "problems": findings})
         );
         return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
@@ -132,6 +132,9 @@ fn print_verified(
     for (kind, detail) in findings {
         out!("{kind}: {detail}");
     }
+    // No ledger is protected yet (issue 39): intact means no record was damaged, not that a
+    // member wrote each one.
+    out!("not protected: records are neither signed nor encrypted, so intact says nothing of who wrote them (docs/security.md)");
     if bad == 0 {
         out!(
             "ledger {} is intact ({})",

@@ -171,6 +171,16 @@ impl Ledger {
     /// Moves the written file into `dir` under `name` (the folder synced), and stores it in the
     /// ledger's database when the relay keeps checkpoints there. Returns its path.
     fn place_checkpoint(&self, dir: &Path, written: &Path, name: &str) -> Result<PathBuf, LedgerError> {
+        // Stored first, from the file as written, and only then named in the folder of copies:
+        // another process of this host that mirrors the store meanwhile removes every copy the
+        // store lacks (found by CI: a `run` beside a `ledger compact --prune` on one data
+        // directory removed the new checkpoint before it was stored, and the compaction failed).
+        if let Some(store) = self.relay.checkpoint_store() {
+            if let Err(error) = store.upload(name, written) {
+                Snapshot::remove(written);
+                return Err(CheckpointError::Store(error).into());
+            }
+        }
         let path = dir.join(name);
         let moved = std::fs::rename(written, &path)
             .and_then(|()| std::fs::File::open(dir).and_then(|folder| folder.sync_all()));
@@ -181,12 +191,6 @@ impl Ledger {
                 source: error,
             }
             .into());
-        }
-        if let Some(store) = self.relay.checkpoint_store() {
-            if let Err(error) = store.upload(name, &path) {
-                Snapshot::remove(&path);
-                return Err(CheckpointError::Store(error).into());
-            }
         }
         Ok(path)
     }
