@@ -93,10 +93,7 @@ impl Ledger {
             }
             Covered::Superseded => return Ok(None),
             Covered::Merged { start, union } => {
-                let Some(theirs) = CheckpointFile::open(path)
-                    .ok()
-                    .and_then(|mut file| loaded_view(&mut file))
-                else {
+                let Some(theirs) = loaded_view(&mut file) else {
                     return Ok(Some("cannot be read".to_owned()));
                 };
                 return Ok(merge_problem(*start, theirs, &union));
