@@ -1,6 +1,7 @@
 //! A device's identity through the built binary (issue 39, rule I1): `fencepost device key`
 //! makes the key once per device id, processes racing to make it share one, and a key file that
-//! is damaged, readable by others or not a file is a clear error that leaves it as it is.
+//! is damaged, readable by others or not a file is a clear error that leaves it as it is. And
+//! what a host that is no member makes of a protected ledger's records (rule S1).
 
 mod common;
 
@@ -131,4 +132,79 @@ fn status_and_ledger_verify_say_a_ledger_is_not_protected() {
     let report: serde_json::Value = serde_json::from_slice(&verify.stdout).unwrap();
     assert_eq!(report["protected"], serde_json::Value::Bool(false));
     assert_eq!(report["intact"], serde_json::Value::Bool(true));
+}
+
+/// S1: a protected ledger's log (sealed records, format 3: here a `committed` of tomorrow's
+/// occurrence under a device id nobody else uses) in a ledger folder that this host reads as
+/// unprotected is damage of that device: no host takes the sealed commit for an absent one and
+/// runs the occurrence, none takes it for a commit either, and `ledger verify` names the device
+/// and says why.
+#[test]
+fn s1_a_sealed_log_in_a_ledger_read_as_unprotected_is_damage_and_runs_nothing() {
+    use std::num::NonZeroU32;
+
+    use fencepost::clock::ManualClock;
+    use fencepost::id::DeviceId;
+    use fencepost::identity::{DeviceKey, LedgerId};
+    use fencepost::oplog::{DeviceLog, OpRecord, Surface};
+    use fencepost::relay::device_file_name;
+    use fencepost::run_id::deterministic_run_id;
+    use fencepost::seal::LedgerKey;
+
+    let shared = Shared::sqlite();
+    let first = shared.run(
+        "host-1",
+        &[
+            "run", "--agent", "demo", "--intent", "i", "--salt", "today", "--", "true",
+        ],
+    );
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let run = deterministic_run_id("demo", "i", "tomorrow").unwrap();
+    let clock = ManualClock::new(1_764_400_000_000);
+    let mut log = DeviceLog::new("host-7", clock.wall_clock()).unwrap();
+    let ledger = LedgerId([1; 32]);
+    let key = LedgerKey::new(NonZeroU32::MIN, [2; 32]);
+    let signer = DeviceKey::from_secrets(DeviceId::new("host-7").unwrap(), [3; 32], [4; 32]);
+    let mut lines = Vec::new();
+    let mut origin = None;
+    let mut prev = None;
+    for status in ["pending", "committed"] {
+        let mut plain = log.append(
+            Surface::Intent,
+            serde_json::json!({"agent_id": "demo", "epoch": 1, "id": run, "status": status}),
+        );
+        plain.prev = prev;
+        let sealed: OpRecord = plain.seal(&key, ledger).unwrap();
+        let origin = *origin.get_or_insert(sealed.op_id);
+        let sealed = sealed.signed(&signer, &ledger, &origin);
+        prev = Some(sealed.op_id);
+        sealed.write_json_line(&mut lines);
+    }
+    let file = shared
+        .path("ledger")
+        .join("devices")
+        .join(device_file_name("host-7"));
+    std::fs::write(&file, &lines).unwrap();
+
+    for host in ["host-1", "host-2"] {
+        let effect = format!("echo {host} >> '{}'", shared.path("effects").display());
+        let again = shared.run(
+            host,
+            &[
+                "run", "--agent", "demo", "--intent", "i", "--salt", "tomorrow", "--", "sh", "-c", &effect,
+            ],
+        );
+        assert_eq!(again.status.code(), Some(10), "{host}: {}", text(&again.stderr));
+    }
+    assert!(
+        shared.effects().is_empty(),
+        "a run went ahead beside a sealed log"
+    );
+    let verify = shared.run("host-2", &["ledger", "verify"]);
+    assert_eq!(verify.status.code(), Some(1), "{}", text(&verify.stdout));
+    let report = text(&verify.stdout);
+    assert!(
+        report.contains("host-7") && report.contains("protected ledger"),
+        "{report}"
+    );
 }

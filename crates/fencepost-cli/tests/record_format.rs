@@ -124,7 +124,7 @@ fn o1_a_compact_record_changed_by_hand_is_damage_and_runs_nothing() {
         ),
         (
             "a newer format",
-            |line| line.replacen("[2,", "[3,", 1),
+            |line| line.replacen("[2,", "[4,", 1),
             "newer fencepost",
         ),
         (

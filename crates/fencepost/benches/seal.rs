@@ -4,7 +4,11 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fencepost::identity::LedgerId;
-use fencepost::seal::{sealed_id, LedgerKey, Place, Sealed};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use fencepost::oplog::{OpRecord, SealedContent};
+use fencepost::seal::{LedgerKey, Place, Sealed};
 
 const BATCH: usize = 10_000;
 
@@ -27,9 +31,25 @@ fn place(seq: u64) -> Place<'static> {
 }
 
 fn seal(criterion: &mut Criterion) {
-    let key = LedgerKey::new(1, [3; 32]);
+    let key = LedgerKey::new(NonZeroU32::MIN, [3; 32]);
     let sealed: Vec<Sealed> = (0..BATCH)
         .map(|n| key.seal(&place(n as u64), &content(n)).unwrap())
+        .collect();
+    let device: Arc<str> = Arc::from("laptop-1");
+    let mut prev = None;
+    let records: Vec<OpRecord> = sealed
+        .iter()
+        .enumerate()
+        .map(|(n, sealed)| {
+            let record = OpRecord::sealed(
+                Arc::clone(&device),
+                n as u64,
+                prev,
+                SealedContent::Sealed(sealed.clone()),
+            );
+            prev = Some(record.op_id);
+            record
+        })
         .collect();
     let mut group = criterion.benchmark_group("seal");
     group.throughput(Throughput::Elements(BATCH as u64));
@@ -42,19 +62,20 @@ fn seal(criterion: &mut Criterion) {
     });
     group.bench_function("open_and_id_intent", |bencher| {
         bencher.iter(|| {
-            let mut prev = None;
-            for (n, record) in sealed.iter().enumerate() {
-                let at = place(n as u64);
-                let id = sealed_id(&at, prev.as_ref(), record);
-                std::hint::black_box(key.open(record, &at).ok());
-                prev = Some(id);
+            for record in &records {
+                let at = place(record.seq);
+                std::hint::black_box(record.content_id());
+                if let Some(SealedContent::Sealed(sealed)) = record.sealed_record().map(|body| &body.content)
+                {
+                    std::hint::black_box(key.open(sealed, &at).ok());
+                }
             }
         })
     });
     group.bench_function("id_only", |bencher| {
         bencher.iter(|| {
-            for (n, record) in sealed.iter().enumerate() {
-                std::hint::black_box(sealed_id(&place(n as u64), None, record));
+            for record in &records {
+                std::hint::black_box(record.content_id());
             }
         })
     });

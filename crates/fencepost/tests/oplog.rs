@@ -481,7 +481,8 @@ fn o1_decoding_refuses_malformed_compact_lines() {
     let op_id_text = intent_line[1].as_str().unwrap();
     let non_canonical = format!("{}B", &op_id_text[..op_id_text.len() - 1]);
     let cases: Vec<(&str, Value, &str)> = vec![
-        ("a newer format", json!([3, "x"]), "format 3"),
+        ("a newer format", json!([4, "x"]), "format 4"),
+        ("a cut format-3 line", json!([3, "x"]), "before the seq"),
         ("format 1", json!([1]), "format 1"),
         ("empty", json!([]), "before the format"),
         (

@@ -1443,6 +1443,7 @@ fn a_pooler_in_statement_mode_runs_leases_and_the_fence_names_the_mode() {
 /// damage is a record edited in place.
 struct PostgresRelayHarness {
     schemas: Mutex<Vec<std::sync::Arc<TestSchema>>>,
+    sealed: bool,
 }
 
 impl RelayHarness for PostgresRelayHarness {
@@ -1470,12 +1471,28 @@ impl RelayHarness for PostgresRelayHarness {
             assert_eq!(changed, 1, "damaged one record");
         })
     }
+
+    fn sealed(&self) -> bool {
+        self.sealed
+    }
 }
 
 fn relay_harness() -> PostgresRelayHarness {
     PostgresRelayHarness {
         schemas: Mutex::new(Vec::new()),
+        sealed: false,
     }
+}
+
+#[test]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn s1_r1_k5_conformance_postgres_relay_carries_and_prunes_sealed_records() {
+    let harness = PostgresRelayHarness {
+        sealed: true,
+        ..relay_harness()
+    };
+    relay_conformance::run_all(&harness);
+    relay_conformance::k5_a_pruned_log_is_read_from_where_it_begins(&harness);
 }
 
 #[test]

@@ -223,6 +223,32 @@ fn corrupt_line(path: &Path, index: usize) -> Vec<u8> {
     text
 }
 
+/// A relay under test carrying a protected ledger's records (sealed, with signed heads).
+struct Sealed<H>(H);
+
+impl<H: RelayHarness> RelayHarness for Sealed<H> {
+    fn fresh_store(&self) -> RelayStore {
+        self.0.fresh_store()
+    }
+
+    fn sealed(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn s1_r1_conformance_every_relay_carries_sealed_records_as_it_carries_plain_ones() {
+    conformance::run_all(&Sealed(Memory));
+    conformance::run_all(&Sealed(Folder));
+    conformance::run_all(&Sealed(Sqlite));
+}
+
+#[test]
+fn s1_k5_conformance_folder_and_sqlite_relays_prune_sealed_logs() {
+    conformance::k5_a_pruned_log_is_read_from_where_it_begins(&Sealed(Folder));
+    conformance::k5_a_pruned_log_is_read_from_where_it_begins(&Sealed(Sqlite));
+}
+
 /// Runs `check` on a fresh store of each relay.
 fn for_each_relay(check: impl Fn(&dyn Relay)) {
     for store in [Memory.fresh_store(), Folder.fresh_store()] {

@@ -362,6 +362,8 @@ impl SyncState {
                     .or_insert_with(|| op.payload.clone());
             }
             Surface::Registry { kind } => self.apply_registry(kind, op),
+            // A sealed record is folded as the record it opens to, never as it is.
+            Surface::Sealed => {}
         }
     }
 

@@ -8,7 +8,9 @@
 //! # Wire form
 //!
 //! A record travels as one line of JSON (one line in a relay file, one row of a database relay).
-//! Two forms are read; [`OpRecord::write_json_line`] writes the compact one. Both are stable.
+//! Two forms are read; [`OpRecord::write_json_line`] writes the compact one. Both are stable. A
+//! protected ledger's record ([`Surface::Sealed`], [`SealedRecord`]) has a third, format 3, whose
+//! `op_id` is over its ciphertext (see [`SealedRecord`]).
 //!
 //! **The compact form** (format 2), a JSON array, about 180 bytes for an intent:
 //!
@@ -63,17 +65,21 @@ mod chain;
 mod device_log;
 mod id;
 mod line;
+mod opened;
 mod payload;
 mod record;
+mod sealed;
 
 pub(crate) use chain::HeadMark;
 pub use chain::{verify_log, LogError, LogHead};
 pub use device_log::DeviceLog;
 pub use id::{OpId, ParseOpIdError};
+pub use opened::OpenError;
 pub(crate) use payload::CompactIntent;
 pub use payload::Payload;
-use payload::{write_canonical_json, write_serde_json, PayloadRepr};
+use payload::{write_serde_json, PayloadRepr};
 pub use record::{DecodeError, FoldTier, OpRecord, Surface};
+pub use sealed::{sealed_stamp, SealedContent, SealedRecord, CLEAR_GENERATION, MAX_SEALED_RECORD_BYTES};
 
 /// The deepest nesting of arrays and objects a record's payload may have (`{"a":[1]}` is 2 deep).
 /// Well below the JSON reader's own recursion limit, so a record within it can always be read

@@ -1,36 +1,39 @@
-//! A record's sealed form for a protected ledger (issue 39, under way: nothing writes or reads
-//! it yet): its content encrypted with a ledger key (XChaCha20-Poly1305, a random 24-byte
-//! nonce per record), padded, and bound to its place (ledger, device, sequence number) as
-//! associated data; and its id, computed over the ciphertext, so that no id the relay sees
-//! lets it confirm a guess of the content.
+//! A record's sealed form for a protected ledger (issue 39): its content encrypted with a
+//! ledger key (XChaCha20-Poly1305, a random 24-byte nonce per record), padded, and bound to its
+//! place (ledger, device, sequence number) as associated data. The record that carries it
+//! ([`OpRecord::sealed`](crate::oplog::OpRecord::sealed)) has an id computed over the
+//! ciphertext, so that no id the relay sees lets it confirm a guess of the content.
 //!
 //! The core seals with a nonce it is given ([`LedgerKey::seal_with_nonce`]); `LedgerKey::seal`
 //! (`edge/sealing.rs`) draws a fresh one from the operating system.
 //!
 //! ```
+//! use std::num::NonZeroU32;
 //! use fencepost::identity::LedgerId;
-//! use fencepost::seal::{sealed_id, LedgerKey, Place};
+//! use fencepost::oplog::{OpRecord, SealedContent};
+//! use fencepost::seal::{LedgerKey, Place};
 //!
-//! let key = LedgerKey::new(1, [7; 32]);
+//! let key = LedgerKey::new(NonZeroU32::MIN, [7; 32]);
 //! let place = Place { ledger: LedgerId([1; 32]), device: "laptop", seq: 0 };
 //! let sealed = key.seal(&place, b"pending run-1 at epoch 4")?; // a fresh random nonce
 //! assert_eq!(sealed.ciphertext.len() % 32, 16); // padded, and the tag
 //! assert_eq!(&*key.open(&sealed, &place)?, b"pending run-1 at epoch 4");
 //! let moved = Place { seq: 1, ..place };
 //! assert!(key.open(&sealed, &moved).is_err()); // bound to its place
-//! let id = sealed_id(&place, None, &sealed);
-//! assert_ne!(id, sealed_id(&place, None, &key.seal(&place, b"pending run-1 at epoch 4")?));
+//! let again = key.seal(&place, b"pending run-1 at epoch 4")?;
+//! let record = |sealed| OpRecord::sealed("laptop".into(), 0, None, SealedContent::Sealed(sealed));
+//! assert_ne!(record(sealed).op_id, record(again).op_id); // ids over the ciphertext
 //! # Ok::<(), fencepost::seal::SealError>(())
 //! ```
 
+use std::num::NonZeroU32;
+
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};
 use chacha20poly1305::{Key, Tag, XChaCha20Poly1305, XNonce};
-use sha2::{Digest, Sha256};
 use thiserror::Error;
 use zeroize::Zeroizing;
 
 use crate::core::identity::LedgerId;
-use crate::oplog::OpId;
 
 /// Content is padded to a multiple of this many bytes (its length prefix included), so that
 /// records of similar content are the same size.
@@ -41,8 +44,6 @@ pub const TAG_BYTES: usize = 16;
 pub const MAX_SEALED_CONTENT_BYTES: usize = u16::MAX as usize - 2;
 /// What the associated data starts with.
 const AAD_DOMAIN: &[u8] = b"fencepost/sealed-record/aad/v1\0";
-/// What the id's preimage starts with (another purpose, another string).
-const ID_DOMAIN: &[u8] = b"fencepost/sealed-record/id/v1\0";
 
 /// Where a sealed record sits: the associated data of its encryption, so that a ciphertext
 /// moved to another ledger, device or sequence number does not open.
@@ -94,11 +95,13 @@ impl std::fmt::Debug for LedgerKey {
 }
 
 impl LedgerKey {
-    /// Generation `generation` of a ledger key, from 32 uniformly random bytes.
-    pub fn new(generation: u32, key: [u8; 32]) -> Self {
+    /// Generation `generation` of a ledger key, from 32 uniformly random bytes. Generation 0
+    /// is none: a record of generation 0 is in the clear
+    /// ([`CLEAR_GENERATION`](crate::oplog::CLEAR_GENERATION)).
+    pub fn new(generation: NonZeroU32, key: [u8; 32]) -> Self {
         let key = Zeroizing::new(key);
         Self {
-            generation,
+            generation: generation.get(),
             cipher: XChaCha20Poly1305::new(Key::from_slice(&*key)),
         }
     }
@@ -198,26 +201,6 @@ fn unpad(mut buffer: Zeroizing<Vec<u8>>) -> Result<Zeroizing<Vec<u8>>, SealError
     Ok(buffer)
 }
 
-/// The id of a sealed record at `place` after the record `prev`: a SHA-256 of the place, the
-/// link, the generation, the nonce and the ciphertext (never of the content).
-pub fn sealed_id(place: &Place<'_>, prev: Option<&OpId>, sealed: &Sealed) -> OpId {
-    let mut hasher = Sha256::new();
-    let mut head = Vec::with_capacity(128);
-    place.write(&mut head, ID_DOMAIN, sealed.generation);
-    match prev {
-        None => head.push(0),
-        Some(prev) => {
-            head.push(1);
-            head.extend_from_slice(prev.as_bytes());
-        }
-    }
-    head.extend_from_slice(&sealed.nonce);
-    head.extend_from_slice(&(sealed.ciphertext.len() as u64).to_be_bytes());
-    hasher.update(&head);
-    hasher.update(&sealed.ciphertext);
-    OpId(hasher.finalize().into())
-}
-
 /// A sealed record could not be opened.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum SealError {
@@ -253,6 +236,10 @@ pub enum SealError {
 mod tests {
     use super::*;
 
+    fn generation(number: u32) -> NonZeroU32 {
+        NonZeroU32::new(number).unwrap()
+    }
+
     fn place(seq: u64) -> Place<'static> {
         Place {
             ledger: LedgerId([9; 32]),
@@ -263,7 +250,7 @@ mod tests {
 
     #[test]
     fn sealed_content_opens_at_its_place_only_and_sizes_are_padded() {
-        let key = LedgerKey::new(2, [1; 32]);
+        let key = LedgerKey::new(generation(2), [1; 32]);
         for length in [0usize, 1, 29, 30, 31, 62, 63, 200] {
             let content: Vec<u8> = (0..length).map(|byte| byte as u8).collect();
             let sealed = key
@@ -286,11 +273,11 @@ mod tests {
             };
             assert_eq!(key.open(&sealed, &other_ledger), Err(SealError::NotAuthentic));
             assert_eq!(
-                LedgerKey::new(2, [2; 32]).open(&sealed, &place(5)),
+                LedgerKey::new(generation(2), [2; 32]).open(&sealed, &place(5)),
                 Err(SealError::NotAuthentic)
             );
             assert!(matches!(
-                LedgerKey::new(3, [1; 32]).open(&sealed, &place(5)),
+                LedgerKey::new(generation(3), [1; 32]).open(&sealed, &place(5)),
                 Err(SealError::Generation { .. })
             ));
         }
@@ -298,7 +285,7 @@ mod tests {
 
     #[test]
     fn every_altered_byte_is_refused_and_short_input_never_panics() {
-        let key = LedgerKey::new(1, [1; 32]);
+        let key = LedgerKey::new(generation(1), [1; 32]);
         let sealed = key
             .seal_with_nonce([4; 24], &place(0), b"committed run-1")
             .unwrap();
@@ -328,17 +315,5 @@ mod tests {
             };
             assert!(key.open(&short, &place(0)).is_err());
         }
-    }
-
-    #[test]
-    fn the_id_covers_place_link_nonce_and_ciphertext_and_not_the_content_alone() {
-        let key = LedgerKey::new(1, [1; 32]);
-        let sealed = key.seal_with_nonce([4; 24], &place(0), b"pending").unwrap();
-        let id = sealed_id(&place(0), None, &sealed);
-        assert_ne!(id, sealed_id(&place(1), None, &sealed));
-        assert_ne!(id, sealed_id(&place(0), Some(&id), &sealed));
-        // The same content sealed twice (another nonce) has another id.
-        let again = key.seal_with_nonce([5; 24], &place(0), b"pending").unwrap();
-        assert_ne!(id, sealed_id(&place(0), None, &again));
     }
 }

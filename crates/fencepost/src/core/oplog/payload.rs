@@ -27,6 +27,7 @@ pub struct Payload {
 pub(super) enum PayloadRepr {
     Intent(CompactIntent),
     Json(Value),
+    Sealed(Box<super::SealedRecord>),
 }
 
 /// A well-formed intent payload, parsed.
@@ -92,6 +93,7 @@ impl Payload {
                 INTENT_FIELD_ID: intent.run.to_string(),
                 INTENT_FIELD_STATUS: intent.status.as_str(),
             })),
+            PayloadRepr::Sealed(record) => Cow::Owned(sealed_value(record)),
         }
     }
 
@@ -99,7 +101,7 @@ impl Payload {
     pub fn into_value(self) -> Value {
         match self.repr {
             PayloadRepr::Json(value) => value,
-            PayloadRepr::Intent(_) => self.value().into_owned(),
+            PayloadRepr::Intent(_) | PayloadRepr::Sealed(_) => self.value().into_owned(),
         }
     }
 
@@ -113,6 +115,7 @@ impl Payload {
                 intent.status,
             )),
             PayloadRepr::Json(value) => Intent::from_payload(value),
+            PayloadRepr::Sealed(_) => None,
         }
     }
 
@@ -122,6 +125,7 @@ impl Payload {
         match &self.repr {
             PayloadRepr::Intent(intent) => Some(Cow::Borrowed(intent)),
             PayloadRepr::Json(value) => CompactIntent::from_fields(value).map(Cow::Owned),
+            PayloadRepr::Sealed(_) => None,
         }
     }
 
@@ -129,6 +133,7 @@ impl Payload {
     pub fn write_canonical_json(&self, out: &mut Vec<u8>) {
         match &self.repr {
             PayloadRepr::Json(value) => write_canonical_json(value, out),
+            PayloadRepr::Sealed(record) => write_canonical_json(&sealed_value(record), out),
             PayloadRepr::Intent(intent) => {
                 // The keys in byte order: agent_id < epoch < id < status.
                 out.extend_from_slice(b"{\"agent_id\":");
@@ -145,6 +150,26 @@ impl Payload {
     }
 }
 
+/// A sealed record's body as JSON (what `--json` shows): its generation, its content and its
+/// head in unpadded base64url.
+fn sealed_value(record: &super::SealedRecord) -> Value {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let content = match &record.content {
+        super::SealedContent::Clear(bytes) => URL_SAFE_NO_PAD.encode(bytes),
+        super::SealedContent::Sealed(sealed) => {
+            let mut bytes = sealed.nonce.to_vec();
+            bytes.extend_from_slice(&sealed.ciphertext);
+            URL_SAFE_NO_PAD.encode(bytes)
+        }
+    };
+    json!({
+        "generation": record.content.generation(),
+        "content": content,
+        "head": record.head.map(|head| URL_SAFE_NO_PAD.encode(head.0)),
+    })
+}
+
 impl From<Value> for Payload {
     fn from(value: Value) -> Self {
         Self::new(value)
@@ -155,6 +180,7 @@ impl Serialize for Payload {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match &self.repr {
             PayloadRepr::Json(value) => value.serialize(serializer),
+            PayloadRepr::Sealed(record) => sealed_value(record).serialize(serializer),
             PayloadRepr::Intent(intent) => {
                 use serde::ser::SerializeMap;
                 let mut map = serializer.serialize_map(Some(4))?;

@@ -24,6 +24,8 @@ pub enum FoldTier {
     Registry,
     /// Execution intents, folded under the fencing rules F4–F7.
     Leased,
+    /// Sealed records: not folded until opened.
+    Sealed,
 }
 
 /// What a record is about; decides how it folds ([`Surface::fold_tier`]).
@@ -42,6 +44,10 @@ pub enum Surface {
         /// Which registry.
         kind: Arc<str>,
     },
+    /// A protected ledger's record as the relay carries it ([`SealedRecord`](super::SealedRecord),
+    /// made by [`OpRecord::sealed`]): never folded as it is, only as the record its content
+    /// opens to.
+    Sealed,
 }
 
 impl Surface {
@@ -61,6 +67,7 @@ impl Surface {
             Surface::Intent => FoldTier::Leased,
             Surface::Log { .. } => FoldTier::GrowOnly,
             Surface::Registry { .. } => FoldTier::Registry,
+            Surface::Sealed => FoldTier::Sealed,
         }
     }
 }
@@ -94,6 +101,9 @@ impl OpRecord {
     /// Computes it whatever the record's size; [`LogHead`](super::LogHead) and [`DeviceLog`](super::DeviceLog) check the record
     /// limits first ([`checked_content_id`](Self::checked_content_id)).
     pub fn content_id(&self) -> OpId {
+        if let (Surface::Sealed, PayloadRepr::Sealed(record)) = (&self.surface, &self.payload.repr) {
+            return super::sealed::sealed_content_id(self, record);
+        }
         let mut preimage = Vec::with_capacity(256);
         self.write_header(&mut preimage);
         self.payload.write_canonical_json(&mut preimage);
@@ -111,6 +121,18 @@ impl OpRecord {
             seq: self.seq,
             detail,
         };
+        match (&self.surface, &self.payload.repr) {
+            (Surface::Sealed, PayloadRepr::Sealed(record)) => {
+                return match super::sealed::sealed_shape_problem(self, record) {
+                    Some(problem) => Err(over(problem)),
+                    None => Ok(super::sealed::sealed_content_id(self, record)),
+                };
+            }
+            (Surface::Sealed, _) => {
+                return Err(over("a sealed record's body is sealed content".to_owned()));
+            }
+            _ => {}
+        }
         if let Surface::Log { kind } | Surface::Registry { kind } = &self.surface {
             if kind.len() > MAX_SURFACE_KIND_BYTES {
                 return Err(over(format!(
@@ -180,6 +202,7 @@ impl OpRecord {
                 out.push(2);
                 push_text(out, kind);
             }
+            Surface::Sealed => out.push(3),
         }
     }
 
@@ -191,7 +214,9 @@ impl OpRecord {
     /// Appends the wire form (the compact form, see the [module docs](crate::oplog#wire-form)) and a
     /// newline to `out`.
     pub fn write_json_line(&self, out: &mut Vec<u8>) {
-        if super::line::has_compact_form(self) {
+        if let (Surface::Sealed, Some(record)) = (&self.surface, self.sealed_record()) {
+            super::sealed::write_sealed_line(self, record, out);
+        } else if super::line::has_compact_form(self) {
             super::line::write_compact(self, out);
         } else {
             let written = serde_json::to_writer(&mut *out, self);
@@ -225,6 +250,11 @@ impl OpRecord {
             serde_json::from_slice(bytes)
         };
         let record: OpRecord = decoded.map_err(|error| DecodeError::Json(error.to_string()))?;
+        if record.surface == Surface::Sealed && record.sealed_record().is_none() {
+            return Err(DecodeError::Json(
+                "a sealed record is read from a format-3 line only".to_owned(),
+            ));
+        }
         // The expected device's id was checked when it was first read.
         for id in [&record.device_id, &record.hlc.device_id] {
             if !device.is_some_and(|device| Arc::ptr_eq(id, device)) {

@@ -38,6 +38,9 @@ pub struct LedgerState {
     pub(super) attested: BTreeSet<(String, u64, OpId)>,
 }
 
+/// Why a sealed record handed to an unprotected reading is damage.
+const SEALED_UNREAD: &str = "it is a protected ledger's record (sealed, format 3), which this host cannot read: the ledger is protected and this host is not one of its members";
+
 impl LedgerState {
     /// An empty view.
     pub fn new() -> Self {
@@ -68,6 +71,9 @@ impl LedgerState {
     /// chain, limits), so a forged record never reaches the fold, whose laws assume records whose
     /// ids match their content. A record that does not verify is damage of its device; the
     /// frontier stays before it.
+    ///
+    /// A sealed record (a protected ledger's, format 3) is damage of its device here: this
+    /// state folds records as they are, and a sealed one is read only by a member of its ledger.
     pub fn absorb<'ops>(&mut self, ops: &'ops [OpRecord]) -> Vec<&'ops OpRecord> {
         self.absorb_from(ops, false)
     }
@@ -96,10 +102,14 @@ impl LedgerState {
             if self.rejected.contains_key(device) && op.seq > head.next_seq() {
                 continue; // after a record that did not verify
             }
-            let accepted = if identified {
-                head.accept_identified(op)
+            let accepted = if op.surface == Surface::Sealed {
+                // A protected ledger's record reaches this state only opened: sealed, it would
+                // fold to nothing, and a commit in it would be read as absent.
+                Err(SEALED_UNREAD.to_owned())
+            } else if identified {
+                head.accept_identified(op).map_err(|error| error.to_string())
             } else {
-                head.accept(op)
+                head.accept(op).map_err(|error| error.to_string())
             };
             match accepted {
                 Ok(()) => {
@@ -116,7 +126,7 @@ impl LedgerState {
                     verified.push(op);
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "the relay handed over a record that does not verify");
+                    tracing::warn!(error, "the relay handed over a record that does not verify");
                     self.rejected.insert(
                         device.to_owned(),
                         RelayProblem {

@@ -35,12 +35,16 @@
 //! ```
 
 use std::collections::BTreeSet;
+use std::num::NonZeroU32;
 
 use serde_json::json;
 
 use crate::clock::{HlcConfig, ManualClock};
-use crate::oplog::{verify_log, DeviceLog, LogError, OpRecord, Surface};
+use crate::id::DeviceId;
+use crate::identity::{DeviceKey, LedgerId};
+use crate::oplog::{verify_log, DeviceLog, LogError, OpRecord, SealedContent, Surface};
 use crate::relay::{Frontier, ProblemKind, Relay, RelayError};
+use crate::seal::LedgerKey;
 
 /// Opens a handle on one relay store.
 pub type RelayOpener = Box<dyn Fn() -> Box<dyn Relay> + Send + Sync>;
@@ -88,6 +92,16 @@ impl std::fmt::Debug for RelayStore {
 pub trait RelayHarness: Sync {
     /// A new, empty store.
     fn fresh_store(&self) -> RelayStore;
+
+    /// Whether the records the suite pushes are a protected ledger's (sealed, with signed
+    /// heads, [`OpRecord::sealed`]) instead of plain ones: a relay carries both alike, and hands
+    /// sealed records back byte for byte. Concurrent writers append plain records either way
+    /// (they test the claim, not the content).
+    ///
+    /// The default: `false`.
+    fn sealed(&self) -> bool {
+        false
+    }
 }
 
 /// Runs every rule function that applies to any relay (all but the damage rule).
@@ -99,13 +113,53 @@ pub fn run_all(harness: &dyn RelayHarness) {
     r1_writers_sharing_a_device_id_interleave_and_never_fork(harness);
 }
 
-/// `count` records of `device`'s log, from its start.
-fn records(device: &str, count: usize) -> Vec<OpRecord> {
+/// `count` records of `device`'s log, from its start: plain, or sealed and signed when the
+/// harness says so ([`RelayHarness::sealed`]).
+fn records(harness: &dyn RelayHarness, device: &str, count: usize) -> Vec<OpRecord> {
     let clock = ManualClock::new(10_000);
     let mut log = DeviceLog::new(device, clock.wall_clock()).expect("a valid device id");
-    (0..count)
-        .map(|n| log.append(Surface::log("note"), json!({"n": n, "device": device})))
-        .collect()
+    let plain = (0..count).map(|n| log.append(Surface::log("note"), json!({"n": n, "device": device})));
+    if !harness.sealed() {
+        return plain.collect();
+    }
+    let ledger = LedgerId([7; 32]);
+    let key = LedgerKey::new(NonZeroU32::MIN, [3; 32]);
+    let device_id = DeviceId::new(device).expect("a valid device id");
+    let signer = DeviceKey::from_secrets(device_id, [5; 32], [6; 32]);
+    let mut sealed: Vec<OpRecord> = Vec::with_capacity(count);
+    for (n, mut op) in plain.enumerate() {
+        op.prev = sealed.last().map(|last| last.op_id);
+        // A nonce is never used twice with one key: the record's number and its device.
+        let mut nonce = [0u8; 24];
+        nonce[..8].copy_from_slice(&(n as u64).to_be_bytes());
+        for (at, byte) in device.bytes().take(16).enumerate() {
+            nonce[8 + at] = byte;
+        }
+        let record = op
+            .seal_with_nonce(&key, ledger, nonce)
+            .expect("a small record seals");
+        let origin = sealed.first().map_or(record.op_id, |first| first.op_id);
+        sealed.push(record.signed(&signer, &ledger, &origin));
+    }
+    sealed
+}
+
+/// `op` with its content changed and its `op_id` kept.
+fn tampered(op: &OpRecord) -> OpRecord {
+    let mut tampered = op.clone();
+    match op.sealed_record() {
+        Some(record) => {
+            let mut content = record.content.clone();
+            if let SealedContent::Sealed(sealed) = &mut content {
+                sealed.ciphertext[0] ^= 1;
+            }
+            let mut changed = OpRecord::sealed(op.device_id.clone(), op.seq, op.prev, content);
+            changed.op_id = op.op_id;
+            tampered = changed;
+        }
+        None => tampered.payload = json!({"n": "changed"}).into(),
+    }
+    tampered
 }
 
 fn ids(ops: &[OpRecord]) -> Vec<String> {
@@ -124,7 +178,7 @@ fn of_device(ops: &[OpRecord], device: &str) -> Vec<OpRecord> {
 pub fn r1_push_is_idempotent(harness: &dyn RelayHarness) {
     let store = harness.fresh_store();
     let relay = (store.open)();
-    let laptop = records("laptop", 30);
+    let laptop = records(harness, "laptop", 30);
     let first = relay.push(&laptop[..20]).expect("R1: a valid push is stored");
     assert_eq!(
         (first.appended, first.already_present),
@@ -166,6 +220,12 @@ pub fn r1_push_is_idempotent(harness: &dyn RelayHarness) {
         "R1: no problem on a sound store: {:?}",
         all.problems
     );
+    if harness.sealed() {
+        assert_eq!(
+            all.ops, laptop,
+            "R1: sealed records come back as they were pushed, heads and all"
+        );
+    }
 }
 
 /// R1: a push whose records do not continue their device's chain (a gap, a tampered record, a
@@ -174,9 +234,9 @@ pub fn r1_push_is_idempotent(harness: &dyn RelayHarness) {
 pub fn r1_push_verifies_chains_and_a_refused_push_stores_nothing(harness: &dyn RelayHarness) {
     let store = harness.fresh_store();
     let relay = (store.open)();
-    let laptop = records("laptop", 6);
+    let laptop = records(harness, "laptop", 6);
     relay.push(&laptop[..2]).expect("R1: a valid push is stored");
-    let phone = records("phone", 3);
+    let phone = records(harness, "phone", 3);
 
     let mut gap = phone.clone();
     gap.push(laptop[3].clone());
@@ -197,11 +257,9 @@ pub fn r1_push_verifies_chains_and_a_refused_push_stores_nothing(harness: &dyn R
         "R1: a refused push stores nothing, not even another device's valid records"
     );
 
-    let mut tampered = laptop[2].clone();
-    tampered.payload = json!({"n": "changed"}).into();
     assert!(
         matches!(
-            relay.push(&[tampered]),
+            relay.push(&[tampered(&laptop[2])]),
             Err(RelayError::Log(LogError::BadId { .. }))
         ),
         "R1: a record whose content does not match its id is refused"
@@ -246,8 +304,8 @@ pub fn r1_push_verifies_chains_and_a_refused_push_stores_nothing(harness: &dyn R
 pub fn r1_pull_returns_exactly_what_the_frontier_lacks(harness: &dyn RelayHarness) {
     let store = harness.fresh_store();
     let relay = (store.open)();
-    let laptop = records("laptop", 10);
-    let phone = records("phone", 5);
+    let laptop = records(harness, "laptop", 10);
+    let phone = records(harness, "phone", 5);
     let mut mixed: Vec<OpRecord> = laptop.iter().chain(&phone).cloned().collect();
     mixed.reverse();
     assert_eq!(
@@ -279,7 +337,7 @@ pub fn r1_pull_returns_exactly_what_the_frontier_lacks(harness: &dyn RelayHarnes
         "R1: nothing once the caller has everything"
     );
     let mut ahead = Frontier::new();
-    ahead.observe(&records("laptop", 50)[49]);
+    ahead.observe(&records(harness, "laptop", 50)[49]);
     assert_eq!(
         ids(&reader
             .pull(&ahead)
@@ -303,8 +361,8 @@ pub fn r1_damage_of_one_device_is_isolated_and_reported(harness: &dyn RelayHarne
         .as_ref()
         .expect("this rule needs a store with a damage hook (RelayStore::with_damage)");
     let relay = (store.open)();
-    let laptop = records("laptop", 6);
-    let phone = records("phone", 5);
+    let laptop = records(harness, "laptop", 6);
+    let phone = records(harness, "phone", 5);
     relay.push(&laptop[..5]).expect("R1: a valid push is stored");
     relay.push(&phone[..4]).expect("R1: a valid push is stored");
     damage("laptop");
@@ -481,8 +539,8 @@ pub fn r1_writers_sharing_a_device_id_interleave_and_never_fork(harness: &dyn Re
 pub fn k5_a_pruned_log_is_read_from_where_it_begins(harness: &dyn RelayHarness) {
     let store = harness.fresh_store();
     let relay = (store.open)();
-    let laptop = records("laptop", 12);
-    let phone = records("phone", 3);
+    let laptop = records(harness, "laptop", 12);
+    let phone = records(harness, "phone", 3);
     relay.push(&laptop[..10]).expect("K5: a valid push is stored");
     relay.push(&phone).expect("K5: a valid push is stored");
     // A relay may prune only what its handle read (a folder's file: from its start).

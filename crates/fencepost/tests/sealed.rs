@@ -1,0 +1,295 @@
+//! Rule S1: a protected ledger's record as relays carry it (issue 39): sealed content, an id and
+//! links over the ciphertext, a head its device signs, a line of format 3 that an unprotected
+//! reading refuses as damage.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use fencepost::clock::ManualClock;
+use fencepost::id::DeviceId;
+use fencepost::identity::{DeviceKey, LedgerId};
+use fencepost::ledger::Ledger;
+use fencepost::oplog::{
+    verify_log, DeviceLog, OpId, OpRecord, OpenError, SealedContent, Surface, CLEAR_GENERATION,
+};
+use fencepost::relay::{InMemoryRelay, Relay};
+use fencepost::run_id::deterministic_run_id;
+use fencepost::seal::LedgerKey;
+use proptest::prelude::*;
+use serde_json::json;
+
+const LEDGER: LedgerId = LedgerId([7; 32]);
+
+fn key(generation: u32) -> LedgerKey {
+    LedgerKey::new(NonZeroU32::new(generation).unwrap(), [3; 32])
+}
+
+fn signer(device: &str) -> DeviceKey {
+    DeviceKey::from_secrets(DeviceId::new(device).unwrap(), [5; 32], [6; 32])
+}
+
+/// `plain` sealed in a chain of its device, every record signed, with nonces drawn.
+fn sealed_chain(plain: &[OpRecord], key: &LedgerKey) -> Vec<OpRecord> {
+    let signer = signer(&plain[0].device_id);
+    let mut sealed: Vec<OpRecord> = Vec::new();
+    for op in plain {
+        let mut op = op.clone();
+        op.prev = sealed.last().map(|last| last.op_id);
+        let record = op.seal(key, LEDGER).unwrap();
+        let origin = sealed.first().map_or(record.op_id, |first| first.op_id);
+        sealed.push(record.signed(&signer, &LEDGER, &origin));
+    }
+    sealed
+}
+
+fn line_of(op: &OpRecord) -> Vec<u8> {
+    let mut line = Vec::new();
+    op.write_json_line(&mut line);
+    line.pop();
+    line
+}
+
+fn intents(agent: &str, runs: usize) -> Vec<OpRecord> {
+    let clock = ManualClock::new(1_764_400_000_000);
+    let mut log = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
+    (0..runs)
+        .map(|n| {
+            let run = deterministic_run_id(agent, "send", &format!("2026-12-{n:02}")).unwrap();
+            let status = if n % 2 == 0 { "pending" } else { "committed" };
+            log.append(
+                Surface::Intent,
+                json!({"agent_id": agent, "epoch": 1_764_400_123_456u64 + n as u64, "id": run, "status": status}),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// S1: every record, of every surface, opens to the stamp, surface and payload it sealed,
+    /// through its line, at its place; its id is over what the relay carries.
+    #[test]
+    fn s1_a_sealed_record_opens_to_the_record_it_sealed(
+        agent in "[a-z0-9-]{1,40}",
+        run in prop_oneof!["run-[0-9a-f]{32}", "[a-zA-Z0-9 ]{1,60}"],
+        epoch in 0u64..=(1 << 63) - 1,
+        status in 0..3usize,
+        kind in "[a-z]{1,12}",
+        text in "\\PC{0,80}",
+        counter in any::<u32>(),
+    ) {
+        let clock = ManualClock::new(1_764_400_000_000);
+        let mut log = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
+        let status = ["pending", "committed", "failed"][status];
+        let plain = vec![
+            log.append(Surface::Intent, json!({"agent_id": agent, "epoch": epoch, "id": run, "status": status})),
+            log.append(Surface::Intent, json!({"agent_id": agent, "epoch": epoch, "note": text})),
+            log.append(Surface::log(kind.clone()), json!({"text": text, "n": counter})),
+            log.append(Surface::registry(kind), json!({"key": text, "value": [1, {"a": null}]})),
+        ];
+        let key = key(2);
+        let sealed = sealed_chain(&plain, &key);
+        prop_assert_eq!(verify_log(&sealed), Ok(()));
+        for (sealed, plain) in sealed.iter().zip(&plain) {
+            let read = OpRecord::from_json(&line_of(sealed)).unwrap();
+            prop_assert_eq!(&read, sealed);
+            prop_assert_eq!(read.content_id(), sealed.op_id);
+            let opened = read.open(&key, LEDGER).unwrap();
+            prop_assert_eq!(&opened.hlc, &plain.hlc);
+            prop_assert_eq!(&opened.surface, &plain.surface);
+            prop_assert_eq!(opened.payload.value(), plain.payload.value());
+            prop_assert_eq!((opened.op_id, opened.seq, opened.prev), (sealed.op_id, sealed.seq, sealed.prev));
+        }
+    }
+
+    /// S1: any bytes sealed as content by a member open to a record or to an error, never a
+    /// panic; any line decodes to a record or an error.
+    #[test]
+    fn s1_malformed_content_and_lines_are_errors_never_panics(
+        content in proptest::collection::vec(any::<u8>(), 0..120),
+        line in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        let key = key(1);
+        let place = fencepost::seal::Place { ledger: LEDGER, device: "laptop", seq: 0 };
+        let sealed = key.seal(&place, &content).unwrap();
+        let record = OpRecord::sealed("laptop".into(), 0, None, SealedContent::Sealed(sealed));
+        match record.open(&key, LEDGER) {
+            Ok(opened) => prop_assert_eq!(opened.op_id, record.op_id),
+            Err(error) => prop_assert!(matches!(error, OpenError::Content { .. }), "{error}"),
+        }
+        let mut framed = b"[3,\"laptop\",0,null,1,\"".to_vec();
+        framed.extend_from_slice(URL_SAFE_NO_PAD.encode(&line).as_bytes());
+        framed.extend_from_slice(b"\",null]");
+        let _ = OpRecord::from_json(&framed);
+        let _ = OpRecord::from_json(&line);
+    }
+}
+
+/// S1: nothing the relay carries of a sealed intent tells its agent, run, epoch or salt: not
+/// as text, hex or base64, not in the id; the same content sealed twice has two ids; an intent's
+/// line is at most 300 bytes.
+#[test]
+fn s1_a_sealed_line_names_no_agent_run_epoch_or_salt_and_an_intent_line_is_at_most_300_bytes() {
+    let key = key(1);
+    let plain = intents("milo-the-agent", 4);
+    let sealed = sealed_chain(&plain, &key);
+    let text_of = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let lines: Vec<String> = sealed.iter().map(|op| text_of(&line_of(op))).collect();
+    for (op, line) in plain.iter().zip(&lines) {
+        let intent = op.payload.intent().unwrap();
+        let hex_run = intent.run_id.trim_start_matches("run-").to_owned();
+        let mut needles = vec![
+            intent.agent_id.clone(),
+            intent.run_id.clone(),
+            hex_run.clone(),
+            intent.epoch.to_string(),
+            format!("{:x}", intent.epoch),
+            "2026-12-0".to_owned(),
+            "send".to_owned(),
+        ];
+        for secret in [
+            intent.agent_id.as_bytes(),
+            &intent.epoch.to_be_bytes()[2..],
+            intent.run_id.as_bytes(),
+        ] {
+            needles.push(URL_SAFE_NO_PAD.encode(secret)[..8].to_owned());
+            needles.push(STANDARD.encode(secret)[..8].to_owned());
+        }
+        for needle in &needles {
+            assert!(
+                !line.contains(needle.as_str()),
+                "S1: {needle:?} is in the line {line}"
+            );
+        }
+        let bytes = line.len() + 1; // and its newline
+        assert!(bytes <= 300, "S1: an intent's line is {bytes} bytes");
+    }
+    let again = sealed_chain(&plain, &key);
+    assert_ne!(again[0].op_id, sealed[0].op_id, "S1: another nonce, another id");
+    assert_eq!(
+        again[0].open(&key, LEDGER).unwrap().payload,
+        sealed[0].open(&key, LEDGER).unwrap().payload
+    );
+}
+
+/// S1: a head verifies under its device's key, for its ledger, its record and its log's record
+/// 0 only; a record without one, or changed in any way, has none that verifies.
+#[test]
+fn s1_a_head_covers_its_record_for_one_ledger_key_and_log() {
+    let key = key(1);
+    let sealed = sealed_chain(&intents("milo", 3), &key);
+    let public = signer("laptop").public();
+    let origin = sealed[0].op_id;
+    for op in &sealed {
+        assert!(op.has_valid_head(&public, &LEDGER, &origin), "S1: seq {}", op.seq);
+        assert!(
+            !op.has_valid_head(&public, &LedgerId([8; 32]), &origin),
+            "S1: another ledger"
+        );
+        assert!(
+            !op.has_valid_head(&public, &LEDGER, &OpId([1; 32])),
+            "S1: another log"
+        );
+        let other = DeviceKey::from_secrets(DeviceId::new("laptop").unwrap(), [9; 32], [6; 32]);
+        assert!(
+            !op.has_valid_head(&other.public(), &LEDGER, &origin),
+            "S1: another key"
+        );
+    }
+    let last = &sealed[2];
+    let unsigned = OpRecord::sealed(
+        Arc::clone(&last.device_id),
+        last.seq,
+        last.prev,
+        last.sealed_record().unwrap().content.clone(),
+    );
+    assert_eq!(unsigned.op_id, last.op_id, "S1: the head is not in the id");
+    assert!(
+        !unsigned.has_valid_head(&public, &LEDGER, &origin),
+        "S1: no head, none valid"
+    );
+    let head = last.sealed_record().unwrap().head.unwrap();
+    let moved = OpRecord::sealed(
+        Arc::clone(&last.device_id),
+        last.seq,
+        Some(OpId([2; 32])),
+        unsigned.sealed_record().unwrap().content.clone(),
+    )
+    .with_head(head);
+    assert!(
+        !moved.has_valid_head(&public, &LEDGER, &origin),
+        "S1: another link, another id"
+    );
+    // Every byte of the line changed: the record is refused, or it is another record whose head
+    // does not verify.
+    let line = line_of(last);
+    for at in 0..line.len() {
+        let mut changed = line.clone();
+        changed[at] ^= 0x01;
+        if let Ok(read) = OpRecord::from_json(&changed) {
+            let same = read == *last;
+            assert!(
+                same || !read.has_valid_head(&public, &LEDGER, &origin) || read.open(&key, LEDGER).is_err(),
+                "S1: byte {at} changed, and the record still verifies"
+            );
+        }
+    }
+}
+
+/// S1: a record in the clear (generation 0: a device's identity, a membership change) carries
+/// its bytes as they are and does not open as sealed content; another generation's key opens
+/// nothing.
+#[test]
+fn s1_clear_content_and_other_generations_do_not_open() {
+    let clear = OpRecord::sealed(
+        "laptop".into(),
+        0,
+        None,
+        SealedContent::Clear(b"identity".to_vec().into()),
+    );
+    let read = OpRecord::from_json(&line_of(&clear)).unwrap();
+    assert_eq!(read, clear);
+    assert_eq!(
+        read.sealed_record().unwrap().content.generation(),
+        CLEAR_GENERATION
+    );
+    assert!(matches!(
+        clear.open(&key(1), LEDGER),
+        Err(OpenError::NotSealed { .. })
+    ));
+    let sealed = sealed_chain(&intents("milo", 1), &key(1));
+    assert!(matches!(
+        sealed[0].open(&key(2), LEDGER),
+        Err(OpenError::Seal { .. })
+    ));
+    assert!(matches!(
+        sealed[0].open(&key(1), LedgerId([8; 32])),
+        Err(OpenError::Seal { .. })
+    ));
+}
+
+/// S1: a ledger that is not protected reads a sealed record as damage of its device, never as
+/// a record that folds to nothing: a sealed commit is never taken for an absent one.
+#[test]
+fn s1_an_unprotected_ledger_reads_a_sealed_record_as_damage() {
+    let relay = Arc::new(InMemoryRelay::new());
+    let plain = intents("milo", 2);
+    let sealed = sealed_chain(&plain, &key(1));
+    relay.push(&sealed).unwrap();
+    let clock = ManualClock::new(1_764_500_000_000);
+    let mut ledger = Ledger::open("phone", clock.wall_clock(), relay as Arc<dyn Relay>).unwrap();
+    ledger.sync().unwrap();
+    let damage = ledger.damage();
+    assert!(
+        damage
+            .iter()
+            .any(|problem| problem.device_id.as_deref() == Some("laptop")
+                && problem.detail.contains("protected ledger")),
+        "S1: {damage:?}"
+    );
+    let intent = plain[1].payload.intent().unwrap();
+    assert!(ledger.committed_run(&intent.agent_id, &intent.run_id).is_none());
+}
