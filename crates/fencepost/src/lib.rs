@@ -155,7 +155,7 @@ mod tools;
 pub(crate) use crate::core::hex;
 #[cfg(any(feature = "conformance", feature = "simulate"))]
 pub(crate) use crate::core::rng;
-pub use crate::core::{fence, fold, genesis, id, lease, oplog, roster, run_id, seal, session};
+pub use crate::core::{fence, fold, genesis, id, lease, oplog, protected, roster, run_id, seal, session};
 pub(crate) use crate::core::{intent, tenure};
 pub use crate::edge::run::run_once;
 pub use crate::edge::{backend, checkpoint, dispatch, keeper, ledger, metrics, relay, run, snapshot};

@@ -14,6 +14,7 @@ pub mod identity;
 pub mod intent;
 pub mod lease;
 pub mod oplog;
+pub mod protected;
 #[cfg(any(feature = "conformance", feature = "simulate"))]
 pub mod rng;
 pub mod roster;

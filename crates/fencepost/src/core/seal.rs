@@ -80,6 +80,7 @@ pub struct Sealed {
 }
 
 /// One generation of a ledger's content key. Wiped from memory when dropped.
+#[derive(Clone)]
 pub struct LedgerKey {
     generation: u32,
     cipher: XChaCha20Poly1305,

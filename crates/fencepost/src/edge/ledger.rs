@@ -24,6 +24,7 @@ mod compose;
 mod damage;
 mod options;
 mod outbox;
+mod protected;
 mod seen;
 mod snapshot_lock;
 mod snapshot_use;
@@ -32,6 +33,7 @@ mod went_back;
 
 pub use options::{CompactOptions, LedgerOptions, Retention};
 pub use outbox::{read_outbox, QueuedRecord};
+pub use protected::Protected;
 pub use went_back::WentBackRepair;
 
 use seen::{Seen, SeenFile};
@@ -175,6 +177,8 @@ pub struct Ledger {
     outbox: Option<std::path::PathBuf>,
     /// How many queued records the open stored from the outbox.
     stored_from_outbox: usize,
+    /// The protected ledger this one is ([`LedgerOptions::protected`]).
+    protected: Option<Arc<Protected>>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -260,7 +264,9 @@ impl Ledger {
             stored_checkpoints: std::cell::Cell::new(None),
             outbox: options.outbox.clone(),
             stored_from_outbox: 0,
+            protected: options.protected.clone(),
         };
+        ledger.view.protected = options.protected.as_deref().map(Protected::logs);
         if !relay.checks_records() {
             // This device's records are verified here (a log that does not verify is an error),
             // then the ledger folds what the relay handed over, checking it again.
@@ -286,7 +292,7 @@ impl Ledger {
         // A relay that checks its records hands over checked chains: they are folded as they are
         // read (no need to hold them all), and this device's log continues from where the fold's
         // check of it ends. With a snapshot that matches the relay, only what follows it is read.
-        if let Some(path) = options.snapshot {
+        if let Some(path) = options.snapshot.filter(|_| ledger.protected.is_none()) {
             // In use, the snapshot is locked shared, so that no other process replaces it (see
             // `snapshot_lock`). A new site's first processes: one makes the snapshot (from the
             // checkpoint) with the lock exclusive, the others wait for it (`import_checkpoint`).
@@ -298,7 +304,7 @@ impl Ledger {
             ledger.snapshot = lock.and_then(|lock| SnapshotUse::open(path, device_id, lock));
         }
         ledger.resume_snapshot()?;
-        if ledger.view.frontier.iter().next().is_none() {
+        if ledger.view.frontier.iter().next().is_none() && ledger.protected.is_none() {
             // Nothing restored: where device files begin after a checkpoint (pruned), from the
             // checkpoint that covers what they lack.
             ledger.start_after_pruning()?;
@@ -442,6 +448,7 @@ impl Ledger {
         }
         let mut draft: Option<DeviceLog> = None;
         let (log, unsent) = (&self.log, &self.unsent);
+        let (protected, logs) = (self.protected.as_deref(), self.view.protected.as_ref());
         let stopwatch = crate::clock::Stopwatch::start();
         let appended = self.relay.append(
             log.device_id(),
@@ -449,10 +456,16 @@ impl Ledger {
             &mut |tail: &[OpRecord]| {
                 let mut next = log.clone();
                 next.catch_up(tail)?;
-                let made = unsent
-                    .iter()
-                    .map(|(surface, payload)| next.try_append(surface.clone(), payload.clone()))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let made = match protected {
+                    Some(protected) => {
+                        let origin = protected.own_origin(logs, tail)?;
+                        protected.make(&mut next, origin, unsent)?
+                    }
+                    None => unsent
+                        .iter()
+                        .map(|(surface, payload)| next.try_append(surface.clone(), payload.clone()))
+                        .collect::<Result<Vec<_>, _>>()?,
+                };
                 draft = Some(next);
                 Ok(made)
             },

@@ -116,6 +116,17 @@ pub enum LogError {
         /// This record's stamp.
         found: Hlc,
     },
+    /// A protected ledger's record could not be made: it does not seal (over the sealing
+    /// limit, no random nonce), or the device's log begins with another key than this device's.
+    #[error("device {device_id:?} seq {seq}: cannot write a protected record: {detail}")]
+    Unsealable {
+        /// The device.
+        device_id: String,
+        /// The record's seq.
+        seq: u64,
+        /// Why.
+        detail: String,
+    },
     /// The device id breaks rule L8.
     #[error(transparent)]
     InvalidDeviceId(#[from] IdError),

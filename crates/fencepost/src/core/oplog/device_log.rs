@@ -100,6 +100,18 @@ impl DeviceLog {
     /// read it back; [`LogError::HlcExhausted`] when the last record carries the largest HLC stamp
     /// there is. Nothing is appended.
     pub fn try_append(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, LogError> {
+        let op = self.draft(surface, payload)?;
+        self.head.advance_unchecked(&op);
+        Ok(op)
+    }
+
+    /// The record [`try_append`](Self::try_append) would append, without appending it: a
+    /// protected ledger seals it, then appends the sealed record ([`append_made`](Self::append_made)).
+    /// The stamp is taken from the clock either way.
+    ///
+    /// # Errors
+    /// As [`try_append`](Self::try_append).
+    pub fn draft(&mut self, surface: Surface, payload: Value) -> Result<OpRecord, LogError> {
         let Some(hlc) = self.clock.try_tick() else {
             return Err(LogError::HlcExhausted {
                 device_id: self.head.device_id().to_string(),
@@ -123,8 +135,16 @@ impl DeviceLog {
         };
         op.op_id = op.checked_content_id()?;
         debug_assert_eq!(self.head.check_next(&op), Ok(()));
-        self.head.advance_unchecked(&op);
         Ok(op)
+    }
+
+    /// Appends `op`, a record made elsewhere (a [`draft`](Self::draft) sealed, a log's record 0),
+    /// which must continue the log ([`LogHead::accept`]).
+    ///
+    /// # Errors
+    /// [`LogError`] when it does not continue the log: nothing is appended.
+    pub fn append_made(&mut self, op: &OpRecord) -> Result<(), LogError> {
+        self.head.accept(op)
     }
 
     /// Continues past `ops`, records of this device that another writer (another process with the

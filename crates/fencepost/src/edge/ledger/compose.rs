@@ -34,6 +34,7 @@ impl LedgerState {
             pending_epochs,
             forgotten: _,
             attested,
+            protected: _,
         } = other;
         for (device, head) in heads {
             let ahead = self

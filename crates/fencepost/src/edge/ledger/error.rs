@@ -121,6 +121,10 @@ pub enum CheckpointError {
     /// The ledger has no records to write a checkpoint of.
     #[error("cannot write a checkpoint: the ledger has no records yet")]
     NoRecords,
+    /// The ledger is protected: its checkpoints are not written yet (issue 39, under way; a
+    /// checkpoint in the clear would give away what its records seal).
+    #[error("cannot write a checkpoint: the ledger is protected, and fencepost does not write sealed checkpoints yet")]
+    Protected,
     /// The checkpoints' folder could not be created.
     #[error("cannot write a checkpoint: cannot create {}: {source}", path.display())]
     CreateFolder {

@@ -29,6 +29,11 @@ pub struct LedgerOptions {
     /// does, before it returns, and fails while it cannot, so that nothing is decided on a
     /// ledger that lacks them. Shared by the site's processes (under a file lock).
     pub outbox: Option<std::path::PathBuf>,
+    /// The ledger is protected (issue 39, under way: the keys and the members are given here
+    /// until the ledger carries them): every record this ledger writes is sealed and its
+    /// appends signed, and only records a member's head covers are folded (rule S2). No snapshot
+    /// or checkpoint is used or written with it yet.
+    pub protected: Option<std::sync::Arc<super::Protected>>,
 }
 
 impl LedgerOptions {
@@ -41,6 +46,12 @@ impl LedgerOptions {
     /// Remember what was seen in `path` (see [`LedgerOptions::seen_file`]).
     pub fn seen_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.seen_file = Some(path.into());
+        self
+    }
+
+    /// Read and write a protected ledger (see [`LedgerOptions::protected`]).
+    pub fn protected(mut self, protected: super::Protected) -> Self {
+        self.protected = Some(std::sync::Arc::new(protected));
         self
     }
 

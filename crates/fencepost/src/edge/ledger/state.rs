@@ -1,6 +1,8 @@
 //! [`LedgerState`]: the folded view of a ledger's records, without I/O (what a checkpoint or a
 //! snapshot saves, and what the [`Ledger`](super::Ledger) keeps up to date).
 
+use std::borrow::Cow;
+
 use super::*;
 
 /// What a ledger knows, as a value with no I/O: the folded state of the records it was given,
@@ -36,7 +38,13 @@ pub struct LedgerState {
     /// records were pruned (its heads and its line's): what [`holds`](Self::holds) accepts
     /// where the records themselves are no longer in the relay.
     pub(super) attested: BTreeSet<(String, u64, OpId)>,
+    /// A protected ledger's logs as this reading opened them (issue 39): `None` for a ledger
+    /// that is not protected, where a sealed record is damage.
+    pub(super) protected: Option<crate::protected::ProtectedLogs>,
 }
+
+/// Why a record in the clear of format 2 handed to a protected reading is damage.
+const CLEAR_IN_PROTECTED: &str = "it is a record in the clear (format 2) in a protected ledger, where every record is sealed: written by a fencepost that is no member, or put there by hand";
 
 /// Why a sealed record handed to an unprotected reading is damage.
 const SEALED_UNREAD: &str = "it is a protected ledger's record (sealed, format 3), which this host cannot read: the ledger is protected and this host is not one of its members";
@@ -74,7 +82,7 @@ impl LedgerState {
     ///
     /// A sealed record (a protected ledger's, format 3) is damage of its device here: this
     /// state folds records as they are, and a sealed one is read only by a member of its ledger.
-    pub fn absorb<'ops>(&mut self, ops: &'ops [OpRecord]) -> Vec<&'ops OpRecord> {
+    pub fn absorb<'ops>(&mut self, ops: &'ops [OpRecord]) -> Vec<Cow<'ops, OpRecord>> {
         self.absorb_from(ops, false)
     }
 
@@ -85,8 +93,8 @@ impl LedgerState {
         &mut self,
         ops: &'ops [OpRecord],
         identified: bool,
-    ) -> Vec<&'ops OpRecord> {
-        let mut verified: Vec<&OpRecord> = Vec::with_capacity(ops.len());
+    ) -> Vec<Cow<'ops, OpRecord>> {
+        let mut verified: Vec<Cow<'ops, OpRecord>> = Vec::with_capacity(ops.len());
         for op in ops {
             let device = &*op.device_id;
             let head = match self.heads.get_mut(device) {
@@ -102,7 +110,10 @@ impl LedgerState {
             if self.rejected.contains_key(device) && op.seq > head.next_seq() {
                 continue; // after a record that did not verify
             }
-            let accepted = if op.surface == Surface::Sealed {
+            let protected = self.protected.is_some();
+            let accepted = if protected && op.surface != Surface::Sealed {
+                Err(CLEAR_IN_PROTECTED.to_owned())
+            } else if !protected && op.surface == Surface::Sealed {
                 // A protected ledger's record reaches this state only opened: sealed, it would
                 // fold to nothing, and a commit in it would be read as absent.
                 Err(SEALED_UNREAD.to_owned())
@@ -120,10 +131,23 @@ impl LedgerState {
                         Some((_, ids)) => ids.push(op.op_id),
                         None => drop(self.ids.insert(device.to_owned(), (op.seq, vec![op.op_id]))),
                     }
-                    if op.surface != Surface::Intent {
-                        self.other_records.push(op.clone());
+                    match self.protected.as_mut() {
+                        None => {
+                            if op.surface != Surface::Intent {
+                                self.other_records.push(op.clone());
+                            }
+                            verified.push(Cow::Borrowed(op));
+                        }
+                        Some(logs) => {
+                            let released = logs.offer(op.clone());
+                            for opened in released.fold {
+                                if opened.surface != Surface::Intent {
+                                    self.other_records.push(opened.clone());
+                                }
+                                verified.push(Cow::Owned(opened));
+                            }
+                        }
                     }
-                    verified.push(op);
                 }
                 Err(error) => {
                     tracing::warn!(error, "the relay handed over a record that does not verify");
@@ -140,8 +164,15 @@ impl LedgerState {
                 }
             }
         }
-        self.frontier.observe_all(verified.iter().copied());
-        self.state.apply_all(verified.iter().copied());
+        match &self.protected {
+            None => self.frontier.observe_all(verified.iter().map(|op| &**op)),
+            Some(logs) => {
+                for (device, next, last) in logs.settled() {
+                    self.frontier.raise_to(device, next, Some(last));
+                }
+            }
+        }
+        self.state.apply_all(verified.iter().map(|op| &**op));
         for op in &verified {
             // Only intent records are attempts: a record of another surface with the same fields
             // (an audit mirror, say) settles nothing, exactly as the fold ignores it.

@@ -35,6 +35,9 @@ impl Ledger {
     /// As [`compact`](Self::compact).
     pub fn compact_with(&mut self, options: &CompactOptions) -> Result<CheckpointInfo, LedgerError> {
         let dir = self.relay.checkpoints_dir().ok_or(CheckpointError::NotKept)?;
+        if self.protected.is_some() {
+            return Err(CheckpointError::Protected.into());
+        }
         if self.resumed_from_snapshot() {
             // Its records read before are not read again: damage among them would not be seen.
             return Err(CheckpointError::CompactAfterSnapshot.into());

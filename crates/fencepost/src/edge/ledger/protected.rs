@@ -1,0 +1,135 @@
+//! Writing a protected ledger (issue 39, rule S1): what [`Protected`] says about this device,
+//! and the records an append makes: the log's record 0 when it is empty, each record sealed
+//! with the newest generation of the ledger key this device holds, the last one signed.
+
+use serde_json::Value;
+
+use crate::identity::{DeviceKey, LedgerId};
+use crate::oplog::{DeviceLog, LogError, OpId, OpRecord, SealedContent, Surface};
+use crate::protected::{Origin, ProtectedLogs, Protection};
+use crate::roster::{MembershipChange, Roster};
+use crate::seal::LedgerKey;
+
+/// A protected ledger as one device reads and writes it ([`LedgerOptions::protected`](super::LedgerOptions::protected)).
+pub struct Protected {
+    /// The ledger's id (its genesis's SHA-256).
+    pub ledger: LedgerId,
+    /// This device's key: signs its appends.
+    pub device_key: DeviceKey,
+    /// What this device's log begins with: its identity, or the genesis for the founder.
+    pub origin: Origin,
+    /// The generations of the ledger key this device holds.
+    pub keys: Vec<LedgerKey>,
+    /// The membership changes beyond the genesis (the founder's admission, which the founder's
+    /// log holds): given here until membership records are written to the ledger.
+    pub members: Vec<MembershipChange>,
+}
+
+impl std::fmt::Debug for Protected {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Protected")
+            .field("ledger", &self.ledger)
+            .field("device", self.device_key.device())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Protected {
+    /// What a reading of the ledger starts from: its id, the keys, the members given.
+    pub(super) fn logs(&self) -> ProtectedLogs {
+        let mut protection = Protection::new(self.ledger, Roster::default());
+        for key in &self.keys {
+            protection.hold(key.clone());
+        }
+        ProtectedLogs::new(protection, self.members.clone())
+    }
+
+    /// The id of this device's record 0, from what the reading read (`logs`) or the records of
+    /// this device it has not read yet (`tail`); `None` when its log is empty. An error when
+    /// the log begins with another key than this device's: its heads would cover nothing.
+    pub(super) fn own_origin(
+        &self,
+        logs: Option<&ProtectedLogs>,
+        tail: &[OpRecord],
+    ) -> Result<Option<OpId>, LogError> {
+        let device = self.device_key.device().as_str();
+        let read = logs.and_then(|logs| logs.origin_of(device)).cloned();
+        let read = read.or_else(|| tail.first().filter(|op| op.seq == 0).map(Origin::of_record));
+        match read {
+            None => Ok(None),
+            Some(Ok((id, origin))) if origin.signer() == &self.device_key.public() => Ok(Some(id)),
+            Some(Ok(_)) => Err(self.refused("this device's log begins with another key than this device's (another host under this device id?)")),
+            Some(Err(why)) => Err(self.refused(&format!("this device's log begins with a record 0 that names no key: {why}"))),
+        }
+    }
+
+    fn refused(&self, detail: &str) -> LogError {
+        LogError::Unsealable {
+            device_id: self.device_key.device().to_string(),
+            seq: 0,
+            detail: detail.to_owned(),
+        }
+    }
+
+    /// The records that store `unsent` after `next` (which holds this device's log up to now):
+    /// record 0 first when the log is empty, each record sealed with the newest generation held,
+    /// the last one signed. `origin` is the id of the log's record 0 when known.
+    pub(super) fn make(
+        &self,
+        next: &mut DeviceLog,
+        origin: Option<OpId>,
+        unsent: &[(Surface, Value)],
+    ) -> Result<Vec<OpRecord>, LogError> {
+        let device = std::sync::Arc::clone(next.head().device_id());
+        let refuse = |seq: u64, detail: String| LogError::Unsealable {
+            device_id: device.to_string(),
+            seq,
+            detail,
+        };
+        let mut made = Vec::with_capacity(unsent.len() + 1);
+        let origin = match origin {
+            Some(origin) => origin,
+            None if next.head().next_seq() == 0 => {
+                let first = OpRecord::sealed(
+                    std::sync::Arc::clone(&device),
+                    0,
+                    None,
+                    SealedContent::Clear(self.origin.to_bytes().into()),
+                );
+                next.append_made(&first)?;
+                let origin = first.op_id;
+                made.push(first);
+                origin
+            }
+            None => {
+                return Err(refuse(
+                    next.head().next_seq(),
+                    "its log's record 0 was not read".to_owned(),
+                ))
+            }
+        };
+        let key: &LedgerKey = self
+            .keys
+            .iter()
+            .max_by_key(|key| key.generation())
+            .ok_or_else(|| {
+                refuse(
+                    next.head().next_seq(),
+                    "this device holds no ledger key".to_owned(),
+                )
+            })?;
+        for (surface, payload) in unsent {
+            let draft = next.draft(surface.clone(), payload.clone())?;
+            let sealed = draft
+                .seal(key, self.ledger)
+                .map_err(|error| refuse(draft.seq, error.to_string()))?;
+            next.append_made(&sealed)?;
+            made.push(sealed);
+        }
+        if let Some(last) = made.pop() {
+            made.push(last.signed(&self.device_key, &self.ledger, &origin));
+        }
+        Ok(made)
+    }
+}
