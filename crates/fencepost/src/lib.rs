@@ -184,6 +184,16 @@ pub mod clock {
     pub use crate::edge::clock::{monotonic_clock, system_clock, RealTimeLimit, Stopwatch};
 }
 
+/// Wrapping a ledger key to a member (issue 39): HPKE (RFC 9180, X25519, HKDF-SHA256,
+/// ChaCha20-Poly1305) bound to the ledger, the generation and the recipient's device id.
+/// [`wrap_with_seed`](wrap::wrap_with_seed) and [`unwrap`](wrap::unwrap) are the core's
+/// (`core/wrap.rs`); [`wrap`](wrap::wrap) draws the ephemeral key from the operating system
+/// (`edge/sealing.rs`).
+pub mod wrap {
+    pub use crate::core::wrap::{unwrap, wrap_with_seed, WrapError, Wrapped, WRAPPED_BYTES};
+    pub use crate::edge::sealing::wrap;
+}
+
 /// A device's identity (issue 39): its signing key (Ed25519) and its key-agreement key
 /// (X25519), and the key file that keeps them in the data directory.
 ///

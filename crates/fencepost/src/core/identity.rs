@@ -130,6 +130,11 @@ impl DeviceKey {
         }
     }
 
+    /// The agreement key's secret bytes, for unwrapping a key wrapped to this device.
+    pub(crate) fn agreement_secret(&self) -> Zeroizing<[u8; 32]> {
+        Zeroizing::new(self.agreement.to_bytes())
+    }
+
     /// The device these keys belong to.
     pub fn device(&self) -> &DeviceId {
         &self.device

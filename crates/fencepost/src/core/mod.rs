@@ -22,3 +22,4 @@ pub mod run_id;
 pub mod seal;
 pub mod session;
 pub mod tenure;
+pub mod wrap;

@@ -28,7 +28,7 @@
 
 use std::num::NonZeroU32;
 
-use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+use chacha20poly1305::aead::{AeadInOut, KeyInit};
 use chacha20poly1305::{Key, Tag, XChaCha20Poly1305, XNonce};
 use thiserror::Error;
 use zeroize::Zeroizing;
@@ -103,7 +103,7 @@ impl LedgerKey {
         let key = Zeroizing::new(key);
         Self {
             generation: generation.get(),
-            cipher: XChaCha20Poly1305::new(Key::from_slice(&*key)),
+            cipher: XChaCha20Poly1305::new(&Key::from(*key)),
         }
     }
 
@@ -143,7 +143,7 @@ impl LedgerKey {
         place.write(&mut associated, AAD_DOMAIN, self.generation);
         let tag = self
             .cipher
-            .encrypt_in_place_detached(XNonce::from_slice(&nonce), &associated, &mut buffer)
+            .encrypt_inout_detached(&XNonce::from(nonce), &associated, buffer.as_mut_slice().into())
             .map_err(|_| SealError::Encrypt)?;
         buffer.extend_from_slice(&tag);
         Ok(Sealed {
@@ -172,12 +172,13 @@ impl LedgerKey {
         let mut buffer = Zeroizing::new(body.to_vec());
         let mut associated = Vec::with_capacity(96);
         place.write(&mut associated, AAD_DOMAIN, self.generation);
+        let tag = Tag::try_from(tag).map_err(|_| SealError::NotAuthentic)?;
         self.cipher
-            .decrypt_in_place_detached(
-                XNonce::from_slice(&sealed.nonce),
+            .decrypt_inout_detached(
+                &XNonce::from(sealed.nonce),
                 &associated,
-                &mut buffer,
-                Tag::from_slice(tag),
+                buffer.as_mut_slice().into(),
+                &tag,
             )
             .map_err(|_| SealError::NotAuthentic)?;
         unpad(buffer)

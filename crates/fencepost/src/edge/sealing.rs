@@ -4,6 +4,7 @@
 use crate::core::identity::LedgerId;
 use crate::core::seal::{LedgerKey, Place, SealError, Sealed};
 use crate::oplog::OpRecord;
+use crate::wrap::WrapError;
 
 impl LedgerKey {
     /// Seals `content` at `place` with a fresh random nonce (see
@@ -32,4 +33,23 @@ impl OpRecord {
         getrandom::fill(&mut nonce).map_err(|error| SealError::Random(error.to_string()))?;
         self.seal_with_nonce(key, ledger, nonce)
     }
+}
+
+/// `key` wrapped for `recipient` in `ledger` at `generation` (see
+/// [`wrap_with_seed`](crate::wrap::wrap_with_seed)), with an ephemeral key drawn from the
+/// operating system.
+///
+/// # Errors
+/// As [`wrap_with_seed`](crate::wrap::wrap_with_seed), and [`WrapError::Random`] when the
+/// operating system gives no random bytes.
+pub fn wrap(
+    key: &[u8; 32],
+    ledger: &LedgerId,
+    generation: u32,
+    recipient: &crate::id::DeviceId,
+    public: &crate::identity::PublicIdentity,
+) -> Result<crate::wrap::Wrapped, WrapError> {
+    let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+    getrandom::fill(&mut *seed).map_err(|error| WrapError::Random(error.to_string()))?;
+    crate::wrap::wrap_with_seed(key, ledger, generation, recipient, public, *seed)
 }
