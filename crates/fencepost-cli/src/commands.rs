@@ -6,6 +6,7 @@ mod device;
 mod lease;
 mod ledger;
 mod outcome;
+mod protect;
 mod run;
 mod simulate;
 
@@ -15,6 +16,7 @@ pub use lease::{lease, LeaseCommand};
 pub use ledger::{ledger, LedgerCommand};
 pub(crate) use ledger::{run_rows, RunRow};
 use outcome::*;
+pub use protect::admit;
 use run::*;
 pub use run::{run_reporting, RunArgs};
 pub use simulate::{simulate, SimulateArgs};
@@ -83,6 +85,9 @@ fn open_ledger_with(
         );
     }
     let mut options = LedgerOptions::default().seen_file(settings.seen_file()?);
+    if let Some(protected) = settings.protected()? {
+        options = options.protected(protected);
+    }
     if access == Access::Write {
         // What this host could not write before (an outcome while the database was away) is
         // written first, and nothing is decided while it cannot be.
@@ -103,6 +108,12 @@ fn open_ledger_with(
         // Opening pulls everything once; a sync right after it would pull again for nothing.
         let ledger = Ledger::open_with(&settings.device, system_clock(), relay, options.clone())
             .with_context(|| format!("cannot open the ledger in {}", settings.ledger_label()))?;
+        if ledger.is_protected() && ledger.genesis().is_none() {
+            bail!(
+                "{} is a protected ledger this host is a member of, but its founder's log (the genesis) is not in it: nothing of it can be read, so nothing runs (not synced yet? a ledger emptied or replaced?)",
+                settings.ledger_label()
+            );
+        }
         if !reopen_if_pruned || !only_lagging(&ledger) || attempt == PRUNED_READINGS - 1 {
             return Ok(ledger);
         }

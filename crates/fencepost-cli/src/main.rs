@@ -8,6 +8,7 @@ mod commands;
 mod config;
 mod exit;
 mod holder;
+mod membership;
 mod report;
 mod settings;
 mod status;
@@ -294,6 +295,27 @@ fn main() {
         Command::Ledger { global, command } => in_span("ledger", &global.or(before), |settings| {
             commands::ledger(settings, command)
         }),
+        Command::Device {
+            global,
+            command: commands::DeviceCommand::Admit { key },
+        } => {
+            // `device admit KEY --device ID`: the --device after the subcommand names the
+            // admitted device; this host's id comes from before it, the variable or the config.
+            // (clap hands a global option given after the subcommand to the top level too.)
+            let admitted = global.device.clone();
+            let before = settings::Global {
+                device: before.device.filter(|device| Some(device) != admitted.as_ref()),
+                ..before
+            };
+            let host = settings::Global {
+                device: None,
+                ..global
+            }
+            .or(before);
+            in_span("device", &host, |settings| {
+                commands::admit(settings, &key, admitted.as_deref())
+            })
+        }
         Command::Device { global, command } => in_span("device", &global.or(before), |settings| {
             commands::device(settings, command)
         }),

@@ -169,8 +169,8 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
             "location": settings.ledger_label(), "kind": ledger_kind,
             "devices": ledger.view().frontier().iter().count(),
             "healthy": healthy, "damage": damage,
-            // No ledger is protected yet (issue 39): the relay is trusted.
-            "protected": false,
+            "protected": ledger.is_protected(),
+            "fingerprint": ledger.fingerprint().map(|fingerprint| fingerprint.to_string()),
         },
         "coordinator_now_ms": now_ms,
         "agents": agent_values,
@@ -324,6 +324,11 @@ fn print_agents(report: &Value, wall_now_ms: u64) {
     );
     if ledger["protected"].as_bool() == Some(false) {
         out!("protection:  none: whoever can write the ledger can read its records and forge them (docs/security.md)");
+    } else {
+        out!(
+            "protection:  sealed and signed, fingerprint {}: only members' records count",
+            ledger["fingerprint"].as_str().unwrap_or("not read yet")
+        );
     }
     let agents = report["agents"].as_array().map_or(&[][..], Vec::as_slice);
     if agents.is_empty() {

@@ -155,7 +155,9 @@ mod tools;
 pub(crate) use crate::core::hex;
 #[cfg(any(feature = "conformance", feature = "simulate"))]
 pub(crate) use crate::core::rng;
-pub use crate::core::{fence, fold, genesis, id, lease, oplog, protected, roster, run_id, seal, session};
+pub use crate::core::{
+    fence, fold, genesis, id, lease, membership, oplog, protected, roster, run_id, seal, session,
+};
 pub(crate) use crate::core::{intent, tenure};
 pub use crate::edge::run::run_once;
 pub use crate::edge::{backend, checkpoint, dispatch, keeper, ledger, metrics, relay, run, snapshot};
@@ -220,7 +222,7 @@ pub mod identity {
     pub use crate::core::identity::{
         DeviceKey, KeyTextError, LedgerId, ParsePublicError, PublicIdentity, Signature, SignatureContext,
     };
-    pub use crate::edge::key_file::{key_path, load, load_or_create, KeyFileError};
+    pub use crate::edge::key_file::{key_path, load, load_or_create, save_new, KeyFileError};
 }
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests, so

@@ -320,7 +320,7 @@ fn protected(
     };
     fencepost::ledger::Protected {
         ledger: founded.genesis.ledger_id(),
-        device_key: device,
+        device_key: Arc::new(device),
         origin,
         keys: vec![founded.key.clone()],
         members,
@@ -471,4 +471,142 @@ fn s2_a_protected_ledger_folds_only_what_its_members_sealed_and_signed() {
                 .any(|problem| problem.detail.contains("in the clear")),
         "S2: the clear line is the phone's damage, the non-member's log none: {damage:?}"
     );
+}
+
+fn member(
+    folder: &std::path::Path,
+    device: Arc<DeviceKey>,
+    origin: Origin,
+    ledger: LedgerId,
+) -> fencepost::ledger::Ledger {
+    use fencepost::ledger::{Ledger, LedgerOptions, Protected};
+    use fencepost::relay::{FsRelay, Relay};
+    let name = device.device().to_string();
+    let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(folder).unwrap());
+    let clock = ManualClock::new(1_764_400_000_000);
+    let protected = Protected {
+        ledger,
+        device_key: device,
+        origin,
+        keys: Vec::new(),
+        members: Vec::new(),
+    };
+    Ledger::open_with(
+        &name,
+        clock.wall_clock(),
+        relay,
+        LedgerOptions::default().protected(protected),
+    )
+    .unwrap()
+}
+
+/// S2, M1: a ledger founded by one device (the genesis, then the first generation of its key
+/// wrapped to the founder and to the recovery key), another admitted by it: each reads the
+/// other's sealed records with keys it unwraps from the ledger itself, nothing given; a device
+/// not admitted holds no key and writes nothing; founding a ledger with records is refused.
+#[test]
+fn s2_m1_a_founded_ledger_gives_its_key_to_the_devices_it_admits_only() {
+    use fencepost::lease::{Intent, IntentStatus};
+    use fencepost::ledger::{Ledger, LedgerError, LedgerOptions};
+    use fencepost::relay::{FsRelay, Relay};
+
+    let folder = tempfile::tempdir().unwrap();
+    let laptop = Arc::new(device_key("laptop", 1));
+    let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(folder.path()).unwrap());
+    let clock = ManualClock::new(1_764_400_000_000);
+    let (mut founder, founded) = Ledger::found(
+        Arc::clone(&laptop),
+        clock.wall_clock(),
+        relay,
+        LedgerOptions::default(),
+    )
+    .unwrap();
+    let ledger_id = founded.genesis.ledger_id();
+    assert_eq!(founder.fingerprint(), Some(founded.genesis.fingerprint()));
+    founder
+        .record(&Intent::new("milo", "run-1", 3, IntentStatus::Committed))
+        .unwrap();
+
+    let again = Ledger::found(
+        Arc::clone(&laptop),
+        clock.wall_clock(),
+        Arc::new(FsRelay::open(folder.path()).unwrap()),
+        LedgerOptions::default(),
+    );
+    assert!(matches!(again, Err(LedgerError::NotEmpty)), "S2: {again:?}");
+
+    // Reopened with no key given: the founder unwraps its own from the ledger.
+    let origin = Origin::Genesis(founded.genesis.clone());
+    let mut reopened = member(folder.path(), Arc::clone(&laptop), origin.clone(), ledger_id);
+    assert!(
+        reopened.committed_run("milo", "run-1").is_some(),
+        "S2: {:?}",
+        reopened.damage()
+    );
+
+    // A device not admitted: no key, nothing folded, nothing written.
+    let phone = Arc::new(device_key("phone", 11));
+    let phone_origin = Origin::Identity(phone.public());
+    let mut outsider = member(folder.path(), Arc::clone(&phone), phone_origin.clone(), ledger_id);
+    assert!(
+        outsider.committed_run("milo", "run-1").is_none(),
+        "S2: no key, no commit"
+    );
+    assert!(outsider
+        .record(&Intent::new("milo", "run-2", 4, IntentStatus::Pending))
+        .is_err());
+
+    reopened.admit(phone.device(), &phone.public()).unwrap();
+    let mut on_phone = member(folder.path(), Arc::clone(&phone), phone_origin, ledger_id);
+    assert!(
+        on_phone.committed_run("milo", "run-1").is_some(),
+        "M1: the admitted device reads: {:?}",
+        on_phone.damage()
+    );
+    assert_eq!(on_phone.fingerprint(), Some(founded.genesis.fingerprint()));
+    on_phone
+        .record(&Intent::new("milo", "run-2", 4, IntentStatus::Committed))
+        .unwrap();
+    let mut back = member(folder.path(), Arc::clone(&laptop), origin, ledger_id);
+    assert!(
+        back.committed_run("milo", "run-2").is_some(),
+        "M1: the admitted device writes: {:?}",
+        back.damage()
+    );
+    assert!(back.damage().is_empty(), "{:?}", back.damage());
+}
+
+proptest! {
+    /// M1: a membership record reads back as it was written, whatever it holds; any bytes read
+    /// as one or say why not, never a panic.
+    #[test]
+    fn m1_membership_records_round_trip_and_any_bytes_are_an_error_or_a_record(
+        generation in any::<u32>(),
+        cut in any::<u64>(),
+        wraps in 0usize..4,
+        signed in any::<bool>(),
+        noise in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        use fencepost::membership::{Membership, MembershipRecord};
+        use fencepost::wrap::{Wrapped, WRAPPED_BYTES};
+        let phone = device_key("phone", 11);
+        let device = phone.device().clone();
+        let wrapped = |n: usize| Wrapped([n as u8; WRAPPED_BYTES]);
+        for change in [
+            Membership::Rotate { generation, wraps: (0..wraps).map(|n| (device.clone(), wrapped(n))).collect() },
+            Membership::Admit {
+                device: device.clone(),
+                key: KeyId([3; 32]),
+                identity: phone.public(),
+                wraps: (0..wraps).map(|n| (n as u32, wrapped(n))).collect(),
+            },
+            Membership::Revoke { device: device.clone(), cut },
+        ] {
+            let by_recovery = signed.then(|| phone.sign(fencepost::identity::SignatureContext::Membership, &LEDGER, &change.to_bytes()));
+            let record = MembershipRecord { change, by_recovery };
+            prop_assert_eq!(MembershipRecord::from_bytes(&record.to_bytes()), Ok(record.clone()));
+            prop_assert_eq!(record.signed_by_recovery(&phone.public(), &LEDGER), signed);
+        }
+        let _ = MembershipRecord::from_bytes(&noise);
+    }
 }

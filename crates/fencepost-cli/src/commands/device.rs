@@ -9,6 +9,22 @@ pub enum DeviceCommand {
     /// an X25519 key-agreement key, kept in the data directory's `keys` folder, mode 0600, one
     /// per device id). Give the line to a member of a ledger, who admits the device with it.
     Key,
+    /// Admit a device to the protected ledger this host is a member of: `device admit KEY
+    /// --device ID`, KEY the line `fencepost device key` printed on it, ID its device id (this
+    /// host's own id then comes from FENCEPOST_DEVICE, the config file, a --device before
+    /// `device`, or the default). Every generation of the ledger key is wrapped to it; its
+    /// records count once its log begins with that key.
+    Admit {
+        /// The device's public key line (`fpdev1.…`).
+        key: String,
+    },
+    /// Join the protected ledger whose fingerprint (`fencepost ledger fingerprint` on a member)
+    /// is FINGERPRINT: this host then reads the ledger as protected, and its records count once
+    /// a member admits it.
+    Join {
+        /// The ledger's fingerprint (40 hex digits; case, dashes and spaces ignored).
+        fingerprint: String,
+    },
 }
 
 /// `fencepost device …`.
@@ -27,5 +43,8 @@ pub fn device(settings: &Settings, command: DeviceCommand) -> Result<i32> {
             out!("{}", key.public());
             Ok(EXIT_RAN_OK)
         }
+        // main.rs takes the --device after `admit` for the admitted device's id.
+        DeviceCommand::Admit { key } => super::protect::admit(settings, &key, None),
+        DeviceCommand::Join { fingerprint } => super::protect::join(settings, &fingerprint),
     }
 }

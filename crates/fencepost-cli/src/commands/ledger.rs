@@ -9,6 +9,17 @@ use verify::verify;
 /// `fencepost ledger …`.
 #[derive(Debug, clap::Subcommand)]
 pub enum LedgerCommand {
+    /// Make the ledger (empty) protected, with this device its first member: its records are
+    /// then sealed and signed, readable by members only. Prints the ledger's fingerprint (give
+    /// it to each device that joins) and writes a recovery key to a file (mode 0600) to keep
+    /// offline.
+    Init {
+        /// Where to write the recovery key (default: the data directory's keys folder).
+        #[arg(long, value_name = "PATH")]
+        recovery_key_file: Option<PathBuf>,
+    },
+    /// Print the fingerprint of the protected ledger this host is a member of, one line.
+    Fingerprint,
     /// Agents with their fencing epochs and counts of runs, committed and in doubt (exit 1, and
     /// what is damaged, on a damaged ledger).
     Show {
@@ -271,6 +282,8 @@ pub(crate) fn run_rows(
 
 pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
     match command {
+        LedgerCommand::Init { recovery_key_file } => super::protect::init(settings, recovery_key_file),
+        LedgerCommand::Fingerprint => super::protect::fingerprint(settings),
         LedgerCommand::Verify { json } => verify(settings, json),
         LedgerCommand::Flush { json } => flush(settings, json),
         LedgerCommand::Repair => {

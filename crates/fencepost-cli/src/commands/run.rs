@@ -471,10 +471,19 @@ pub(super) fn ledger_behind_message(
     missing: &[MissingRecords],
     settings: &Settings,
 ) -> String {
+    let protected = settings.membership_file().is_ok_and(|path| path.exists());
+    let unread = if protected {
+        format!(
+            ". The ledger is protected: records this host cannot open are missing too. If device {} is not admitted yet, a member runs `fencepost device admit KEY --device {}` with the line `fencepost device key` prints here; `fencepost ledger verify` says why each record is not counted",
+            settings.device, settings.device
+        )
+    } else {
+        String::new()
+    };
     format!(
         "fencepost: not run: this host's ledger has not yet received what the previous holder of {agent} recorded (missing: {}), so {run_id} could have run or be running elsewhere. \
 Check that {} is the ledger every host shares (FENCEPOST_LEDGER) and that it syncs or is reachable, then run again, or wait longer with --wait \
-(if those records are lost for good, --accept-damaged DEVICE runs without them, and what they recorded may run again)",
+(if those records are lost for good, --accept-damaged DEVICE runs without them, and what they recorded may run again){unread}",
         describe_missing(missing),
         settings.ledger_label()
     )

@@ -13,6 +13,7 @@ pub mod id;
 pub mod identity;
 pub mod intent;
 pub mod lease;
+pub mod membership;
 pub mod oplog;
 pub mod protected;
 #[cfg(any(feature = "conformance", feature = "simulate"))]

@@ -25,9 +25,13 @@ use std::sync::Arc;
 
 use crate::core::genesis::{Genesis, GenesisError};
 use crate::core::identity::{LedgerId, PublicIdentity};
-use crate::core::roster::{Change, KeyId, MembershipChange, Position, Roster, Standing};
+use crate::core::roster::{KeyId, Roster, Standing};
 use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, OpenError, SealedContent, CLEAR_GENERATION};
+
+mod logs;
+
+pub use logs::{ProtectedLogs, Released};
 
 /// What content in the clear starts with: a device's identity (record 0 of its log).
 const TAG_IDENTITY: u8 = 0;
@@ -183,6 +187,16 @@ impl Protection {
         self.keys.insert(key.generation(), key);
     }
 
+    /// The generations of the ledger key this reader holds, oldest first.
+    pub fn keys(&self) -> impl Iterator<Item = &LedgerKey> {
+        self.keys.values()
+    }
+
+    /// Whether this reader holds generation `generation`.
+    pub fn holds(&self, generation: u32) -> bool {
+        self.keys.contains_key(&generation)
+    }
+
     /// The newest generation held.
     pub fn newest_key(&self) -> Option<&LedgerKey> {
         self.keys.values().next_back()
@@ -292,194 +306,4 @@ fn read_origin(op: &OpRecord) -> Result<(OpId, Origin), String> {
         )),
         None => Err("it is not a protected ledger's record".to_owned()),
     }
-}
-
-/// What [`ProtectedLogs::offer`] released.
-#[derive(Debug, Default)]
-pub struct Released {
-    /// Records to fold (opened).
-    pub fold: Vec<OpRecord>,
-    /// Covered records in the clear (identities, membership changes), for the roster.
-    pub clear: Vec<OpRecord>,
-    /// Records of a device cut before them: held, not folded.
-    pub void: Vec<OpRecord>,
-}
-
-/// Every device's protected log as one reader read it: a [`LogReader`] per device, the covered
-/// records not foldable yet (retried when keys or the roster change), and per device how far
-/// from its start every record is settled (folded, in the clear or void): the reader's frontier,
-/// which a published frontier is compared with.
-#[derive(Debug)]
-pub struct ProtectedLogs {
-    protection: Protection,
-    readers: BTreeMap<String, LogReader>,
-    unresolved: BTreeMap<String, Vec<(OpRecord, Missing)>>,
-    settled: BTreeMap<String, (u64, OpId)>,
-    /// Per device, records settled past the first one that is not.
-    ahead: BTreeMap<String, BTreeMap<u64, OpId>>,
-    /// The membership changes read (the genesis's founding admission) or given.
-    changes: Vec<MembershipChange>,
-}
-
-impl ProtectedLogs {
-    /// No log read yet, of the ledger `protection` describes; its roster is computed from
-    /// `changes` and what the logs hold (a genesis founds its founder).
-    pub fn new(protection: Protection, changes: Vec<MembershipChange>) -> Self {
-        let mut protection = protection;
-        protection.set_roster(Roster::compute(&changes));
-        Self {
-            protection,
-            readers: BTreeMap::new(),
-            unresolved: BTreeMap::new(),
-            settled: BTreeMap::new(),
-            ahead: BTreeMap::new(),
-            changes,
-        }
-    }
-
-    /// What record 0 of `device`'s log says, once read.
-    pub fn origin_of(&self, device: &str) -> Option<&Result<(OpId, Origin), String>> {
-        self.readers.get(device).and_then(LogReader::origin)
-    }
-
-    /// The ledger as this reader sees it.
-    pub fn protection(&self) -> &Protection {
-        &self.protection
-    }
-
-    /// The next record of its device's log (the caller checked its chain).
-    pub fn offer(&mut self, op: OpRecord) -> Released {
-        let device = op.device_id.to_string();
-        let ledger = self.protection.ledger;
-        let reader = self
-            .readers
-            .entry(device.clone())
-            .or_insert_with(|| LogReader::new(Arc::clone(&op.device_id)));
-        let was_read = reader.origin().is_some();
-        let covered = reader.offer(op, &ledger);
-        let Some(Ok((origin, said))) = reader.origin() else {
-            return Released::default();
-        };
-        let origin = *origin;
-        let mut released = Released::default();
-        if !was_read {
-            if let Some(founding) = founding(said, &device, &origin, &ledger) {
-                self.changes.push(founding);
-                released = self.set_roster(Roster::compute(&self.changes));
-            }
-        }
-        for op in covered {
-            let verdict = self.protection.classify(op, &origin);
-            self.settle(&device, verdict, &mut released);
-        }
-        released
-    }
-
-    /// Holds another generation of the ledger key, and releases what it opens.
-    pub fn hold(&mut self, key: LedgerKey) -> Released {
-        self.protection.hold(key);
-        self.retry()
-    }
-
-    /// Adds membership changes to those the roster is computed from, and releases what the
-    /// new roster lets count. (A roster that voids records folded before needs a reading from
-    /// the start: this does not unfold them.)
-    pub fn admit(&mut self, changes: impl IntoIterator<Item = MembershipChange>) -> Released {
-        self.changes.extend(changes);
-        self.set_roster(Roster::compute(&self.changes))
-    }
-
-    /// Replaces the roster, and releases what it lets count.
-    fn set_roster(&mut self, roster: Roster) -> Released {
-        self.protection.set_roster(roster);
-        self.retry()
-    }
-
-    fn retry(&mut self) -> Released {
-        let mut released = Released::default();
-        for (device, waiting) in std::mem::take(&mut self.unresolved) {
-            let Some(Some(Ok((origin, _)))) = self.readers.get(&device).map(LogReader::origin) else {
-                continue;
-            };
-            let origin = *origin;
-            for (op, _) in waiting {
-                let verdict = self.protection.classify(op, &origin);
-                self.settle(&device, verdict, &mut released);
-            }
-        }
-        released
-    }
-
-    fn settle(&mut self, device: &str, verdict: Verdict, released: &mut Released) {
-        let (op, into) = match verdict {
-            Verdict::Folded(op) => (op, &mut released.fold),
-            Verdict::Clear(op) => (op, &mut released.clear),
-            Verdict::Void(op) => (op, &mut released.void),
-            Verdict::Missing(op, why) => {
-                self.unresolved
-                    .entry(device.to_owned())
-                    .or_default()
-                    .push((op, why));
-                return;
-            }
-        };
-        let ahead = self.ahead.entry(device.to_owned()).or_default();
-        ahead.insert(op.seq, op.op_id);
-        let mut settled = self.settled.get(device).copied();
-        let mut next = settled.map_or(0, |(next, _)| next);
-        while let Some(id) = ahead.remove(&next) {
-            settled = Some((next + 1, id));
-            next += 1;
-        }
-        if let Some(settled) = settled {
-            self.settled.insert(device.to_owned(), settled);
-        }
-        into.push(op);
-    }
-
-    /// Per device, how many records from its log's start are settled, and the last one's id.
-    pub fn settled(&self) -> impl Iterator<Item = (&str, u64, OpId)> {
-        self.settled
-            .iter()
-            .map(|(device, (next, last))| (device.as_str(), *next, *last))
-    }
-
-    /// Per device, the first record not settled and why: not covered by a head yet, no origin,
-    /// or covered and not foldable.
-    pub fn missing(&self) -> Vec<(String, u64, Missing)> {
-        let mut missing = Vec::new();
-        for (device, reader) in &self.readers {
-            if let Some((op, why)) = self.unresolved.get(device).and_then(|waiting| waiting.first()) {
-                missing.push((device.clone(), op.seq, why.clone()));
-            } else if let Some(Err(why)) = reader.origin() {
-                missing.push((device.clone(), 0, Missing::NoOrigin(why.clone())));
-            } else if let Some(first) = reader.held().first() {
-                missing.push((device.clone(), first.seq, Missing::NotCovered));
-            }
-        }
-        missing
-    }
-}
-
-/// The admission a genesis makes: its founder, under the key of the log it begins, when it is
-/// this ledger's genesis and begins its founder's log.
-fn founding(said: &Origin, device: &str, origin: &OpId, ledger: &LedgerId) -> Option<MembershipChange> {
-    let Origin::Genesis(genesis) = said else {
-        return None;
-    };
-    if genesis.ledger_id() != *ledger || genesis.founder.as_str() != device {
-        return None;
-    }
-    let key = KeyId(origin.0);
-    Some(MembershipChange::by_recovery(
-        Position {
-            device: genesis.founder.clone(),
-            seq: 0,
-        },
-        key,
-        Change::Admit {
-            device: genesis.founder.clone(),
-            key,
-        },
-    ))
 }

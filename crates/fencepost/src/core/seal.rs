@@ -84,6 +84,8 @@ pub struct Sealed {
 pub struct LedgerKey {
     generation: u32,
     cipher: XChaCha20Poly1305,
+    /// The key's bytes, to wrap it to a member.
+    bytes: Zeroizing<[u8; 32]>,
 }
 
 impl std::fmt::Debug for LedgerKey {
@@ -104,12 +106,18 @@ impl LedgerKey {
         Self {
             generation: generation.get(),
             cipher: XChaCha20Poly1305::new(&Key::from(*key)),
+            bytes: key,
         }
     }
 
     /// Its generation.
     pub fn generation(&self) -> u32 {
         self.generation
+    }
+
+    /// Its bytes, to wrap it to a member ([`wrap`](crate::wrap::wrap)).
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.bytes
     }
 
     /// Seals `content` (at most [`MAX_SEALED_CONTENT_BYTES`]) at `place` with `nonce`, which

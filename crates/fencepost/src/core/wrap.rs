@@ -110,7 +110,10 @@ pub fn wrap_with_seed(
     seed: [u8; 32],
 ) -> Result<Wrapped, WrapError> {
     let (wrapped, served) = wrap_counting(key, ledger, generation, recipient, public, seed)?;
-    debug_assert_eq!(served, 32, "the X25519 KEM takes one private key's worth of randomness");
+    debug_assert_eq!(
+        served, 32,
+        "the X25519 KEM takes one private key's worth of randomness"
+    );
     Ok(wrapped)
 }
 
@@ -128,15 +131,16 @@ fn wrap_counting(
         bytes: Zeroizing::new(seed),
         served: 0,
     };
-    let (encapped, ciphertext) = hpke::single_shot_seal_with_rng::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(
-        &OpModeS::Base,
-        &recipient_key,
-        &info(ledger, generation, recipient),
-        key,
-        &[],
-        &mut rng,
-    )
-    .map_err(|_| WrapError::Recipient)?;
+    let (encapped, ciphertext) =
+        hpke::single_shot_seal_with_rng::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(
+            &OpModeS::Base,
+            &recipient_key,
+            &info(ledger, generation, recipient),
+            key,
+            &[],
+            &mut rng,
+        )
+        .map_err(|_| WrapError::Recipient)?;
     let mut wrapped = [0u8; WRAPPED_BYTES];
     let encapped = encapped.to_bytes();
     if encapped.len() + ciphertext.len() != WRAPPED_BYTES {
@@ -198,8 +202,14 @@ mod tests {
         assert_eq!(*unwrap(&wrapped, &ledger, 3, &phone).unwrap(), [9; 32]);
         assert!(unwrap(&wrapped, &LedgerId([8; 32]), 3, &phone).is_err());
         assert!(unwrap(&wrapped, &ledger, 4, &phone).is_err());
-        assert!(unwrap(&wrapped, &ledger, 3, &device("laptop", 1)).is_err(), "another device id");
-        assert!(unwrap(&wrapped, &ledger, 3, &device("phone", 3)).is_err(), "another key");
+        assert!(
+            unwrap(&wrapped, &ledger, 3, &device("laptop", 1)).is_err(),
+            "another device id"
+        );
+        assert!(
+            unwrap(&wrapped, &ledger, 3, &device("phone", 3)).is_err(),
+            "another key"
+        );
         for at in 0..WRAPPED_BYTES {
             let mut altered = wrapped.clone();
             altered.0[at] ^= 1;

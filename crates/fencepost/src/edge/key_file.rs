@@ -104,6 +104,23 @@ pub fn load(folder: &Path, device: &DeviceId) -> Result<DeviceKey, KeyFileError>
     Ok(key)
 }
 
+/// Writes `key` to a new file at `path` (mode 0600, in a folder made 0700 when missing), never
+/// over an existing one: a ledger's recovery key, say. Returns `false`, writing nothing, when
+/// `path` exists.
+///
+/// # Errors
+/// [`KeyFileError::Io`] when the folder or the file could not be made.
+pub fn save_new(path: &Path, key: &DeviceKey) -> Result<bool, KeyFileError> {
+    if let Some(folder) = path.parent() {
+        create_owner_only_dir(folder).map_err(|source| KeyFileError::Io {
+            path: folder.to_path_buf(),
+            action: "create the folder of",
+            source,
+        })?;
+    }
+    write_new(path, &key.to_file_text())
+}
+
 /// Fresh keys for `device` from the operating system's random source.
 fn generate(device: DeviceId) -> std::io::Result<DeviceKey> {
     let mut signing = Zeroizing::new([0u8; 32]);

@@ -22,6 +22,7 @@ pub use error::{CheckpointError, LedgerError};
 mod checkpoints;
 mod compose;
 mod damage;
+mod membership;
 mod options;
 mod outbox;
 mod protected;
@@ -31,6 +32,7 @@ mod snapshot_use;
 mod state;
 mod went_back;
 
+pub use membership::{identity_key, Founded};
 pub use options::{CompactOptions, LedgerOptions, Retention};
 pub use outbox::{read_outbox, QueuedRecord};
 pub use protected::Protected;
@@ -179,6 +181,8 @@ pub struct Ledger {
     stored_from_outbox: usize,
     /// The protected ledger this one is ([`LedgerOptions::protected`]).
     protected: Option<Arc<Protected>>,
+    /// Membership records to store (in the clear), with the queued records.
+    clear_unsent: Vec<Vec<u8>>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -265,6 +269,7 @@ impl Ledger {
             outbox: options.outbox.clone(),
             stored_from_outbox: 0,
             protected: options.protected.clone(),
+            clear_unsent: Vec::new(),
         };
         ledger.view.protected = options.protected.as_deref().map(Protected::logs);
         if !relay.checks_records() {
@@ -433,7 +438,7 @@ impl Ledger {
 
     /// Stores the queued records under the relay's claim on this device's log.
     fn write_queued(&mut self) -> Result<Vec<OpRecord>, LedgerError> {
-        if self.unsent.is_empty() {
+        if self.unsent.is_empty() && self.clear_unsent.is_empty() {
             return Ok(Vec::new());
         }
         // Records of this device that other writers (processes sharing its id) appended and
@@ -447,7 +452,7 @@ impl Ledger {
             }
         }
         let mut draft: Option<DeviceLog> = None;
-        let (log, unsent) = (&self.log, &self.unsent);
+        let (log, unsent, clear) = (&self.log, &self.unsent, &self.clear_unsent);
         let (protected, logs) = (self.protected.as_deref(), self.view.protected.as_ref());
         let stopwatch = crate::clock::Stopwatch::start();
         let appended = self.relay.append(
@@ -459,7 +464,8 @@ impl Ledger {
                 let made = match protected {
                     Some(protected) => {
                         let origin = protected.own_origin(logs, tail)?;
-                        protected.make(&mut next, origin, unsent)?
+                        let key = logs.and_then(|logs| logs.protection().newest_key());
+                        protected.make(&mut next, origin, key, unsent, clear)?
                     }
                     None => unsent
                         .iter()
@@ -480,6 +486,7 @@ impl Ledger {
             self.log = next;
         }
         self.unsent.clear();
+        self.clear_unsent.clear();
         self.others_appended = appended
             .tail
             .iter()

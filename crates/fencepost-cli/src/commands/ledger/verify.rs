@@ -46,6 +46,12 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
         checkpoints_bad += 1;
         findings.push(("damaged", problem.to_string()));
     }
+    for (device, seq, why) in ledger.not_counted() {
+        findings.push((
+            "ignored",
+            format!("device {device:?} from record {seq}: not counted: {why}"),
+        ));
+    }
     findings.sort();
     findings.dedup();
     let bad = findings.iter().filter(|(kind, _)| *kind != "ignored").count();
@@ -56,7 +62,7 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
             .collect();
         out!(
             "{}",
-            json!({"ledger": settings.ledger_label(), "intact": bad == 0, "protected": false, "devices": devices, "problems": findings})
+            json!({"ledger": settings.ledger_label(), "intact": bad == 0, "protected": ledger.is_protected(), "fingerprint": ledger.fingerprint().map(|fingerprint| fingerprint.to_string()), "devices": devices, "problems": findings})
         );
         return Ok(if bad == 0 { EXIT_RAN_OK } else { EXIT_RAN_FAILED });
     }
@@ -132,9 +138,11 @@ fn print_verified(
     for (kind, detail) in findings {
         out!("{kind}: {detail}");
     }
-    // No ledger is protected yet (issue 39): intact means no record was damaged, not that a
-    // member wrote each one.
-    out!("not protected: records are neither signed nor encrypted, so intact says nothing of who wrote them (docs/security.md)");
+    match ledger.fingerprint() {
+        Some(fingerprint) => out!("protected, fingerprint {fingerprint}: only records sealed and signed by members count"),
+        None if ledger.is_protected() => out!("protected, but its genesis (the founder's first record) is not in the ledger: no record counts"),
+        None => out!("not protected: records are neither signed nor encrypted, so intact says nothing of who wrote them (docs/security.md)"),
+    }
     if bad == 0 {
         out!(
             "ledger {} is intact ({})",

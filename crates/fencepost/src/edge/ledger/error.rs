@@ -51,6 +51,12 @@ pub enum LedgerError {
     /// A checkpoint could not be written or the checkpoints could not be checked.
     #[error(transparent)]
     Checkpoint(Box<CheckpointError>),
+    /// A protected ledger is founded only on a relay that holds no record.
+    #[error("cannot make this ledger protected: it holds records already (a protected ledger starts empty)")]
+    NotEmpty,
+    /// A membership change asked of a ledger that is not protected.
+    #[error("this ledger is not protected: it has no members")]
+    NotProtected,
     /// The seen file ([`LedgerOptions::seen_file`](super::LedgerOptions::seen_file)) could not be
     /// read or written.
     #[error("cannot use the seen file {path}")]

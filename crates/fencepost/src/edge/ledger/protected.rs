@@ -2,6 +2,8 @@
 //! and the records an append makes: the log's record 0 when it is empty, each record sealed
 //! with the newest generation of the ledger key this device holds, the last one signed.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::identity::{DeviceKey, LedgerId};
@@ -14,11 +16,13 @@ use crate::seal::LedgerKey;
 pub struct Protected {
     /// The ledger's id (its genesis's SHA-256).
     pub ledger: LedgerId,
-    /// This device's key: signs its appends.
-    pub device_key: DeviceKey,
+    /// This device's key: signs its appends, and unwraps the ledger key's generations wrapped
+    /// to it.
+    pub device_key: Arc<DeviceKey>,
     /// What this device's log begins with: its identity, or the genesis for the founder.
     pub origin: Origin,
-    /// The generations of the ledger key this device holds.
+    /// Generations of the ledger key this device holds already (the ones wrapped to it in the
+    /// ledger are unwrapped as they are read).
     pub keys: Vec<LedgerKey>,
     /// The membership changes beyond the genesis (the founder's admission, which the founder's
     /// log holds): given here until membership records are written to the ledger.
@@ -42,7 +46,11 @@ impl Protected {
         for key in &self.keys {
             protection.hold(key.clone());
         }
-        ProtectedLogs::new(protection, self.members.clone())
+        ProtectedLogs::new(
+            protection,
+            self.members.clone(),
+            Some(Arc::clone(&self.device_key)),
+        )
     }
 
     /// The id of this device's record 0, from what the reading read (`logs`) or the records of
@@ -79,9 +87,11 @@ impl Protected {
         &self,
         next: &mut DeviceLog,
         origin: Option<OpId>,
+        key: Option<&LedgerKey>,
         unsent: &[(Surface, Value)],
+        clear: &[Vec<u8>],
     ) -> Result<Vec<OpRecord>, LogError> {
-        let device = std::sync::Arc::clone(next.head().device_id());
+        let device = Arc::clone(next.head().device_id());
         let refuse = |seq: u64, detail: String| LogError::Unsealable {
             device_id: device.to_string(),
             seq,
@@ -92,7 +102,7 @@ impl Protected {
             Some(origin) => origin,
             None if next.head().next_seq() == 0 => {
                 let first = OpRecord::sealed(
-                    std::sync::Arc::clone(&device),
+                    Arc::clone(&device),
                     0,
                     None,
                     SealedContent::Clear(self.origin.to_bytes().into()),
@@ -109,16 +119,27 @@ impl Protected {
                 ))
             }
         };
-        let key: &LedgerKey = self
-            .keys
-            .iter()
-            .max_by_key(|key| key.generation())
-            .ok_or_else(|| {
-                refuse(
+        for content in clear {
+            let record = OpRecord::sealed(
+                Arc::clone(&device),
+                next.head().next_seq(),
+                next.head().last_op_id(),
+                SealedContent::Clear(content.clone().into()),
+            );
+            next.append_made(&record)?;
+            made.push(record);
+        }
+        let key = match key {
+            Some(key) => key,
+            None if unsent.is_empty() => return Ok(self.sign_last(made, &origin)),
+            None => {
+                return Err(refuse(
                     next.head().next_seq(),
-                    "this device holds no ledger key".to_owned(),
-                )
-            })?;
+                    "this device holds no generation of the ledger key (no member wrapped one to it yet)"
+                        .to_owned(),
+                ))
+            }
+        };
         for (surface, payload) in unsent {
             let draft = next.draft(surface.clone(), payload.clone())?;
             let sealed = draft
@@ -127,9 +148,14 @@ impl Protected {
             next.append_made(&sealed)?;
             made.push(sealed);
         }
+        Ok(self.sign_last(made, &origin))
+    }
+
+    /// `made` with its last record signed: the head that covers the append.
+    fn sign_last(&self, mut made: Vec<OpRecord>, origin: &OpId) -> Vec<OpRecord> {
         if let Some(last) = made.pop() {
-            made.push(last.signed(&self.device_key, &self.ledger, &origin));
+            made.push(last.signed(&self.device_key, &self.ledger, origin));
         }
-        Ok(made)
+        made
     }
 }

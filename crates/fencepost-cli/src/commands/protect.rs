@@ -1,0 +1,169 @@
+//! A protected ledger's membership from the command line (issue 39): `ledger init`, `ledger
+//! fingerprint`, `device admit`, `device join`.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::membership::{membership_file_text, read_membership_file};
+use fencepost::genesis::{Fingerprint, Genesis};
+use fencepost::id::DeviceId;
+use fencepost::identity::PublicIdentity;
+use fencepost::protected::Origin;
+
+/// Writes the host's membership file for `genesis`, never over one of another ledger.
+fn remember(settings: &Settings, genesis: &Genesis) -> Result<PathBuf> {
+    let path = settings.membership_file()?;
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let known = read_membership_file(&text).with_context(|| format!("{} is damaged", path.display()))?;
+        if known != *genesis {
+            crate::exit::usage!(
+                "this host is already a member of another protected ledger at {} ({}, in {})",
+                settings.ledger_label(),
+                known.fingerprint(),
+                path.display()
+            );
+        }
+        return Ok(path);
+    }
+    let folder = path.parent().context("the membership file has a folder")?;
+    std::fs::create_dir_all(folder).with_context(|| format!("cannot create {}", folder.display()))?;
+    let written = tempfile::NamedTempFile::new_in(folder)
+        .and_then(|mut file| {
+            std::io::Write::write_all(&mut file, membership_file_text(genesis).as_bytes())?;
+            file.as_file().sync_all()?;
+            file.persist_noclobber(&path).map_err(|error| error.error)
+        })
+        .with_context(|| format!("cannot write {}", path.display()));
+    match written {
+        Ok(_) => Ok(path),
+        // Another process wrote it first: the same ledger, or not.
+        Err(_) if path.exists() => remember(settings, genesis),
+        Err(error) => Err(error),
+    }
+}
+
+/// `fencepost ledger init`.
+pub fn init(settings: &Settings, recovery_file: Option<PathBuf>) -> Result<i32> {
+    if settings.protected()?.is_some() {
+        crate::exit::usage!(
+            "this host is already a member of a protected ledger at {}: `fencepost ledger fingerprint` prints it",
+            settings.ledger_label()
+        );
+    }
+    let device = DeviceId::new(&settings.device)?;
+    let (key, _) = fencepost::identity::load_or_create(&crate::settings::keys_dir()?, &device)?;
+    let relay = settings.relay(Access::Write)?;
+    let options = LedgerOptions::default().seen_file(settings.seen_file()?);
+    let (ledger, founded) = match Ledger::found(Arc::new(key), system_clock(), relay, options) {
+        Err(LedgerError::NotEmpty) => crate::exit::usage!(
+            "{} holds records already: `ledger init` makes an empty ledger protected (copy an unprotected one into a protected one once `ledger import` can)",
+            settings.ledger_label()
+        ),
+        other => other.with_context(|| format!("cannot make {} protected", settings.ledger_label()))?,
+    };
+    drop(ledger);
+    let fingerprint = founded.genesis.fingerprint();
+    let recovery_file = match recovery_file {
+        Some(path) => path,
+        None => crate::settings::keys_dir()?.join(format!(
+            "recovery-{}.key",
+            fingerprint.to_string().replace('-', "")
+        )),
+    };
+    if !fencepost::identity::save_new(&recovery_file, &founded.recovery)? {
+        bail!(
+            "{} exists: the ledger is protected, but its recovery key was not written (run `ledger init` on an empty ledger with another --recovery-key-file)",
+            recovery_file.display()
+        );
+    }
+    let path = remember(settings, &founded.genesis)?;
+    err!(
+        "{} is protected, with device {device} its first member (this host remembers it in {}). Its recovery key is in {}: move it offline, it admits and revokes devices and reads every record. Give the fingerprint below to each device that joins.",
+        settings.ledger_label(),
+        path.display(),
+        recovery_file.display()
+    );
+    out!("{fingerprint}");
+    Ok(EXIT_RAN_OK)
+}
+
+/// `fencepost ledger fingerprint`.
+pub fn fingerprint(settings: &Settings) -> Result<i32> {
+    let path = settings.membership_file()?;
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        crate::exit::usage!(
+            "this host is a member of no protected ledger at {} (`ledger init` makes one, `device join FINGERPRINT` joins one)",
+            settings.ledger_label()
+        );
+    };
+    let genesis = read_membership_file(&text).with_context(|| format!("{} is damaged", path.display()))?;
+    out!("{}", genesis.fingerprint());
+    Ok(EXIT_RAN_OK)
+}
+
+/// `fencepost device admit KEY --device ID`: `device` is the ID (the `--device` given after
+/// `admit`; this host's own id is `settings.device`).
+pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32> {
+    let Some(device) = device else {
+        crate::exit::usage!("name the device to admit: `fencepost device admit KEY --device ID`");
+    };
+    let identity: PublicIdentity = key
+        .parse()
+        .context("the device's key (the line `fencepost device key` printed on it)")?;
+    let device = DeviceId::new(device)?;
+    if device.as_str() == settings.device {
+        crate::exit::usage!(
+            "device {device} is this host's own id: give this host's id with FENCEPOST_DEVICE, the config file or a --device before `device`, and the admitted one after `admit`"
+        );
+    }
+    if settings.protected()?.is_none() {
+        crate::exit::usage!(
+            "this host is a member of no protected ledger at {}: only a member admits",
+            settings.ledger_label()
+        );
+    }
+    let mut ledger = open_ledger_to(settings, Access::Write)?;
+    refuse_damage(&ledger, settings)?;
+    ledger.admit(&device, &identity)?;
+    err!(
+        "admitted device {device} to {}: on it, run `fencepost device join {}`",
+        settings.ledger_label(),
+        ledger
+            .fingerprint()
+            .map_or_else(String::new, |fingerprint| fingerprint.to_string())
+    );
+    Ok(EXIT_RAN_OK)
+}
+
+/// `fencepost device join FINGERPRINT`: finds the genesis with that fingerprint in the ledger
+/// (never taking the ledger's word for which ledger it is) and remembers it.
+pub fn join(settings: &Settings, fingerprint: &str) -> Result<i32> {
+    let wanted: Fingerprint = fingerprint.parse().context("the fingerprint")?;
+    let device = DeviceId::new(&settings.device)?;
+    let (key, _) = fencepost::identity::load_or_create(&crate::settings::keys_dir()?, &device)?;
+    let relay = settings.relay(Access::ReadOnly)?;
+    let batch = relay.pull(&Frontier::new())?;
+    let genesis = batch
+        .ops
+        .iter()
+        .filter(|op| op.seq == 0)
+        .filter_map(|op| Origin::of_record(op).ok())
+        .find_map(|(_, origin)| match origin {
+            Origin::Genesis(genesis) if wanted.matches(&genesis.ledger_id()) => Some(genesis),
+            _ => None,
+        });
+    let Some(genesis) = genesis else {
+        bail!(
+            "no protected ledger with the fingerprint {wanted} in {} (not synced here yet, or another ledger)",
+            settings.ledger_label()
+        );
+    };
+    let path = remember(settings, &genesis)?;
+    err!(
+        "device {device} joined the protected ledger {wanted} at {} (remembered in {}); its records count once a member ran `fencepost device admit {} --device {device}`",
+        settings.ledger_label(),
+        path.display(),
+        key.public()
+    );
+    Ok(EXIT_RAN_OK)
+}

@@ -1,0 +1,280 @@
+//! A protected ledger through the built binary (issue 39, rules S1, S2, M1): `ledger init`,
+//! `device join`, `device admit`, runs on it, and what a writer of the ledger folder can and
+//! cannot do to it. Each host has a data directory of its own, as real hosts do.
+
+mod common;
+
+use std::process::Output;
+
+use common::{text, Shared};
+use fencepost::relay::device_file_name;
+
+/// `fencepost ARGS` as host `device`, with its own data directory.
+fn host(shared: &Shared, device: &str, args: &[&str]) -> Output {
+    shared
+        .command(device, args)
+        .env("XDG_DATA_HOME", shared.path(&format!("data-{device}")))
+        .output()
+        .unwrap()
+}
+
+/// A run of occurrence `salt` of the daily send, appending `device` to `effects`.
+fn send(shared: &Shared, device: &str, salt: &str) -> Output {
+    let effect = format!("echo {device} >> '{}'", shared.path("effects").display());
+    host(
+        shared,
+        device,
+        &[
+            "run",
+            "--agent",
+            "milo-the-agent",
+            "--intent",
+            "send",
+            "--salt",
+            salt,
+            "--",
+            "sh",
+            "-c",
+            &effect,
+        ],
+    )
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+fn device_file(shared: &Shared, device: &str) -> std::path::PathBuf {
+    shared
+        .path("ledger")
+        .join("devices")
+        .join(device_file_name(device))
+}
+
+/// Founds the ledger on `laptop` and admits `phone` (which joins first): returns the
+/// fingerprint.
+fn founded_with_phone(shared: &Shared) -> String {
+    let init = host(shared, "laptop", &["ledger", "init"]);
+    assert_eq!(code(&init), 0, "{}", text(&init.stderr));
+    let fingerprint = text(&init.stdout).trim().to_owned();
+    let key = host(shared, "phone", &["device", "key"]);
+    let key = text(&key.stdout).trim().to_owned();
+    let join = host(shared, "phone", &["device", "join", &fingerprint]);
+    assert_eq!(code(&join), 0, "{}", text(&join.stderr));
+    let admit = host(shared, "laptop", &["device", "admit", &key, "--device", "phone"]);
+    assert_eq!(code(&admit), 0, "{}", text(&admit.stderr));
+    fingerprint
+}
+
+/// S1, S2, M1: `ledger init` makes the ledger protected and prints its fingerprint (the
+/// recovery key goes to a file of mode 0600, never to the output); a device that joined but is
+/// not admitted yet reads nothing and runs nothing (exit 7: it waits); once admitted, each
+/// host runs an occurrence once whoever ran it; the folder holds no agent id, intent or salt;
+/// `status` and `ledger verify` say it is protected, with its fingerprint; `ledger fingerprint`
+/// prints it on every member.
+#[test]
+fn s2_m1_init_join_admit_and_runs_once_across_members_through_the_binary() {
+    let shared = Shared::sqlite();
+    let init = host(&shared, "laptop", &["ledger", "init"]);
+    assert_eq!(code(&init), 0, "{}", text(&init.stderr));
+    let fingerprint = text(&init.stdout).trim().to_owned();
+    assert_eq!(
+        fingerprint.len(),
+        49,
+        "40 hex digits in groups of 4: {fingerprint}"
+    );
+    let keys = shared.path("data-laptop").join("fencepost").join("keys");
+    let recovery: Vec<_> = std::fs::read_dir(&keys)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.to_string_lossy().contains("recovery-"))
+        .collect();
+    assert_eq!(recovery.len(), 1, "{recovery:?}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&recovery[0]).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let secret = std::fs::read_to_string(&recovery[0]).unwrap();
+    assert!(!text(&init.stdout).contains(secret.lines().last().unwrap()));
+
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+    let key = text(&host(&shared, "phone", &["device", "key"]).stdout)
+        .trim()
+        .to_owned();
+    let join = host(&shared, "phone", &["device", "join", &fingerprint]);
+    assert_eq!(code(&join), 0, "{}", text(&join.stderr));
+    let early = send(&shared, "phone", "monday");
+    assert_eq!(
+        code(&early),
+        7,
+        "S2: not admitted yet, it waits: {}",
+        text(&early.stderr)
+    );
+    assert!(
+        text(&early.stderr).contains("device admit"),
+        "{}",
+        text(&early.stderr)
+    );
+    let admit = host(&shared, "laptop", &["device", "admit", &key, "--device", "phone"]);
+    assert_eq!(code(&admit), 0, "{}", text(&admit.stderr));
+    assert_eq!(
+        code(&send(&shared, "phone", "monday")),
+        3,
+        "M1: the commit is read"
+    );
+    assert_eq!(code(&send(&shared, "phone", "tuesday")), 0);
+    assert_eq!(
+        code(&send(&shared, "laptop", "tuesday")),
+        3,
+        "M1: the phone's commit counts"
+    );
+    assert_eq!(shared.effects(), vec!["laptop", "phone"]);
+
+    for device in ["laptop", "phone"] {
+        let file = std::fs::read_to_string(device_file(&shared, device)).unwrap();
+        for secret in ["milo", "send", "monday", "tuesday", "committed", "pending"] {
+            assert!(
+                !file.contains(secret),
+                "S1: {secret:?} in {device}'s file: {file}"
+            );
+        }
+        let printed = host(&shared, device, &["ledger", "fingerprint"]);
+        assert_eq!(text(&printed.stdout).trim(), fingerprint);
+    }
+    let status = host(&shared, "phone", &["status"]);
+    assert!(
+        text(&status.stdout).contains(&format!("fingerprint {fingerprint}")),
+        "{}",
+        text(&status.stdout)
+    );
+    let verify = host(&shared, "phone", &["ledger", "verify", "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&verify.stdout).unwrap();
+    assert_eq!(
+        (report["protected"].as_bool(), report["intact"].as_bool()),
+        (Some(true), Some(true)),
+        "{report}"
+    );
+}
+
+/// S2 (issue 39, item 6): what a writer of the folder can do. A `committed` line in the clear
+/// appended to a member's file is damage (exit 10, nothing runs, never a commit); a log under
+/// a non-member id, sealed and signed with its own key, counts for nothing and stops nothing
+/// (the occurrence it claims committed runs, once; `ledger verify` names it as not counted); a
+/// host whose membership file was deleted does not read the ledger as unprotected (exit 10);
+/// `ledger init` on a ledger with records is refused; `device join` with another fingerprint
+/// finds nothing.
+#[test]
+fn s2_forged_lines_foreign_logs_and_a_deleted_membership_never_run_twice_or_hide_a_commit() {
+    use fencepost::clock::ManualClock;
+    use fencepost::id::DeviceId;
+    use fencepost::identity::DeviceKey;
+    use fencepost::oplog::{DeviceLog, OpRecord, SealedContent, Surface};
+    use fencepost::protected::Origin;
+
+    let shared = Shared::sqlite();
+    let fingerprint = founded_with_phone(&shared);
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+
+    // A non-member's log, sealed and signed by its own key for this ledger, claiming Tuesday
+    // committed.
+    let ledger = ledger_id(&shared);
+    let thief = DeviceKey::from_secrets(DeviceId::new("host-7").unwrap(), [7; 32], [8; 32]);
+    let first = OpRecord::sealed(
+        "host-7".into(),
+        0,
+        None,
+        SealedContent::Clear(Origin::Identity(thief.public()).to_bytes().into()),
+    );
+    let origin = first.op_id;
+    let clock = ManualClock::new(1_764_400_000_000);
+    let mut log = DeviceLog::new("host-7", clock.wall_clock()).unwrap();
+    log.append(Surface::log("origin"), serde_json::json!(0));
+    let run = fencepost::run_id::deterministic_run_id("milo-the-agent", "send", "tuesday").unwrap();
+    let mut claim = log.append(
+        Surface::Intent,
+        serde_json::json!({"agent_id": "milo-the-agent", "epoch": 1, "id": run, "status": "committed"}),
+    );
+    claim.prev = Some(origin);
+    let key = fencepost::seal::LedgerKey::new(std::num::NonZeroU32::MIN, [9; 32]);
+    let claim = claim.seal(&key, ledger).unwrap().signed(&thief, &ledger, &origin);
+    let mut lines = Vec::new();
+    first.write_json_line(&mut lines);
+    claim.write_json_line(&mut lines);
+    std::fs::write(device_file(&shared, "host-7"), &lines).unwrap();
+    assert_eq!(
+        code(&send(&shared, "phone", "tuesday")),
+        0,
+        "S2: a non-member's log hides nothing"
+    );
+    assert_eq!(code(&send(&shared, "laptop", "tuesday")), 3);
+    let verify = host(&shared, "laptop", &["ledger", "verify"]);
+    assert_eq!(
+        code(&verify),
+        0,
+        "S2: a non-member's log does not stop the ledger: {}",
+        text(&verify.stdout)
+    );
+    assert!(
+        text(&verify.stdout).contains("host-7"),
+        "{}",
+        text(&verify.stdout)
+    );
+
+    // A committed line in the clear appended to the laptop's file.
+    let mut forger = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
+    let forged = forger.append(
+        Surface::Intent,
+        serde_json::json!({"agent_id": "milo-the-agent", "epoch": 1, "id": "run-wednesday", "status": "committed"}),
+    );
+    let clean = std::fs::read(device_file(&shared, "laptop")).unwrap();
+    let mut changed = clean.clone();
+    forged.write_json_line(&mut changed);
+    std::fs::write(device_file(&shared, "laptop"), &changed).unwrap();
+    for device in ["laptop", "phone"] {
+        let run = send(&shared, device, "wednesday");
+        assert_eq!(code(&run), 10, "S2: {device}: {}", text(&run.stderr));
+    }
+    std::fs::write(device_file(&shared, "laptop"), &clean).unwrap();
+
+    // The phone forgets it is a member: the ledger is not read as unprotected.
+    let membership: Vec<_> = std::fs::read_dir(shared.path("data-phone").join("fencepost").join("ledgers"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(membership.len(), 1);
+    std::fs::remove_file(&membership[0]).unwrap();
+    let downgraded = send(&shared, "phone", "wednesday");
+    assert_eq!(code(&downgraded), 10, "S1: {}", text(&downgraded.stderr));
+    assert_eq!(
+        shared.effects(),
+        vec!["laptop", "phone"],
+        "nothing ran twice, nothing forged ran"
+    );
+
+    let again = host(&shared, "laptop", &["ledger", "init"]);
+    assert_ne!(code(&again), 0, "{}", text(&again.stderr));
+    let mut another = fingerprint.clone();
+    let first_digit = if another.starts_with('0') { "1" } else { "0" };
+    another.replace_range(0..1, first_digit);
+    let other = host(&shared, "tablet", &["device", "join", &another]);
+    assert_ne!(code(&other), 0, "{}", text(&other.stderr));
+}
+
+/// The ledger's id, from the founder's membership file (its genesis).
+fn ledger_id(shared: &Shared) -> fencepost::identity::LedgerId {
+    use base64::Engine;
+    let folder = shared.path("data-laptop").join("fencepost").join("ledgers");
+    let path = std::fs::read_dir(folder).unwrap().next().unwrap().unwrap().path();
+    let text = std::fs::read_to_string(path).unwrap();
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("genesis "))
+        .unwrap();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(line)
+        .unwrap();
+    fencepost::genesis::Genesis::from_bytes(&bytes)
+        .unwrap()
+        .ledger_id()
+}

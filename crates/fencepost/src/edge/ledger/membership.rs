@@ -1,0 +1,186 @@
+//! A protected ledger's membership, as a member changes it (issue 39): founding the ledger
+//! ([`Ledger::found`]), admitting a device ([`Ledger::admit`]), and the records in the clear
+//! that carry them ([`Ledger::append_membership`]).
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use super::{Ledger, LedgerError, LedgerOptions, Protected};
+use crate::clock::WallClock;
+use crate::genesis::{Fingerprint, Genesis};
+use crate::id::DeviceId;
+use crate::identity::{DeviceKey, PublicIdentity};
+use crate::membership::{Membership, MembershipRecord, RECOVERY};
+use crate::oplog::{LogError, OpRecord, SealedContent};
+use crate::protected::Origin;
+use crate::relay::Relay;
+use crate::roster::KeyId;
+use crate::seal::LedgerKey;
+
+/// What founding a protected ledger made ([`Ledger::found`]).
+#[derive(Debug)]
+pub struct Founded {
+    /// The genesis: its fingerprint is what joining devices are given.
+    pub genesis: Genesis,
+    /// The recovery key: admits and revokes with the highest authority and unwraps every
+    /// generation of the ledger key. Keep it offline.
+    pub recovery: DeviceKey,
+}
+
+fn random<const N: usize>() -> Result<[u8; N], LedgerError> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|error| {
+        LedgerError::Log(LogError::Unsealable {
+            device_id: String::new(),
+            seq: 0,
+            detail: format!("cannot draw random bytes: {error}"),
+        })
+    })?;
+    Ok(bytes)
+}
+
+fn unsealable(device: &DeviceId, detail: String) -> LedgerError {
+    LedgerError::Log(LogError::Unsealable {
+        device_id: device.to_string(),
+        seq: 0,
+        detail,
+    })
+}
+
+/// The id of record 0 of a member's log: its identity in the clear, known before it is written.
+pub fn identity_key(device: &DeviceId, identity: &PublicIdentity) -> KeyId {
+    let record = OpRecord::sealed(
+        Arc::from(device.as_str()),
+        0,
+        None,
+        SealedContent::Clear(Origin::Identity(*identity).to_bytes().into()),
+    );
+    KeyId(record.op_id.0)
+}
+
+impl Ledger {
+    /// Founds a protected ledger on `relay`, which must hold no record: this device (`key`'s)
+    /// is its first member, its log begins with the genesis, then the first generation of the
+    /// ledger key wrapped to it and to a new recovery key. Returns the ledger, opened as this
+    /// device's, and what was made.
+    ///
+    /// # Errors
+    /// [`LedgerError::NotEmpty`] when the relay holds records; as [`Ledger::open_with`] and
+    /// [`append_membership`](Self::append_membership) otherwise.
+    pub fn found(
+        key: Arc<DeviceKey>,
+        wall_clock: WallClock,
+        relay: Arc<dyn Relay>,
+        options: LedgerOptions,
+    ) -> Result<(Ledger, Founded), LedgerError> {
+        let device = key.device().clone();
+        let recovery = DeviceKey::from_secrets(DeviceId::new(RECOVERY)?, random()?, random()?);
+        let genesis = Genesis {
+            nonce: random()?,
+            founder: device.clone(),
+            founder_key: key.public(),
+            recovery_key: recovery.public(),
+        };
+        let ledger_id = genesis.ledger_id();
+        let protected = Protected {
+            ledger: ledger_id,
+            device_key: Arc::clone(&key),
+            origin: Origin::Genesis(genesis.clone()),
+            keys: Vec::new(),
+            members: Vec::new(),
+        };
+        let mut ledger = Ledger::open_with(device.as_str(), wall_clock, relay, options.protected(protected))?;
+        if ledger.view.frontier.iter().next().is_some() || !ledger.view.heads.is_empty() {
+            return Err(LedgerError::NotEmpty);
+        }
+        let first = LedgerKey::new(NonZeroU32::MIN, random()?);
+        let mut wraps = Vec::with_capacity(2);
+        for (recipient, public) in [(&device, key.public()), (recovery.device(), recovery.public())] {
+            let wrapped = crate::wrap::wrap(first.bytes(), &ledger_id, 1, recipient, &public)
+                .map_err(|error| unsealable(&device, error.to_string()))?;
+            wraps.push((recipient.clone(), wrapped));
+        }
+        ledger.append_membership(&MembershipRecord {
+            change: Membership::Rotate { generation: 1, wraps },
+            by_recovery: None,
+        })?;
+        Ok((ledger, Founded { genesis, recovery }))
+    }
+
+    /// Admits `device`, whose public identity is `identity`, to this protected ledger: a
+    /// membership record in this device's log, with every generation of the ledger key this
+    /// device holds wrapped to it. The device's records count once its log begins with that
+    /// identity.
+    ///
+    /// # Errors
+    /// [`LedgerError::NotProtected`]; as [`append_membership`](Self::append_membership).
+    pub fn admit(&mut self, device: &DeviceId, identity: &PublicIdentity) -> Result<OpRecord, LedgerError> {
+        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let protection = logs.protection();
+        let mut wraps = Vec::new();
+        for key in protection.keys() {
+            let wrapped = crate::wrap::wrap(
+                key.bytes(),
+                protection.ledger(),
+                key.generation(),
+                device,
+                identity,
+            )
+            .map_err(|error| unsealable(device, error.to_string()))?;
+            wraps.push((key.generation(), wrapped));
+        }
+        let change = Membership::Admit {
+            device: device.clone(),
+            key: identity_key(device, identity),
+            identity: *identity,
+            wraps,
+        };
+        self.append_membership(&MembershipRecord {
+            change,
+            by_recovery: None,
+        })
+    }
+
+    /// Appends `record`, a membership record in the clear, to this device's log (with the
+    /// records queued before it).
+    ///
+    /// # Errors
+    /// [`LedgerError::NotProtected`]; as [`flush`](Self::flush) (the record is then not kept
+    /// queued: the caller tries again).
+    pub fn append_membership(&mut self, record: &MembershipRecord) -> Result<OpRecord, LedgerError> {
+        if self.protected.is_none() {
+            return Err(LedgerError::NotProtected);
+        }
+        self.clear_unsent.push(record.to_bytes());
+        let stored = self.write_queued();
+        self.clear_unsent.clear();
+        let mut stored = stored?;
+        stored.pop().ok_or(LedgerError::NotProtected)
+    }
+
+    /// The genesis of this protected ledger, once read; `None` for a ledger that is not
+    /// protected or whose founder's log this ledger has not read.
+    pub fn genesis(&self) -> Option<&Genesis> {
+        self.view.protected.as_ref().and_then(|logs| logs.genesis())
+    }
+
+    /// What of a protected ledger this reading does not count, per device: the first record
+    /// not counted and why (not covered by a head yet, a log under a non-member key, a key
+    /// generation not given to this device, …). Empty for a ledger that is not protected.
+    pub fn not_counted(&self) -> Vec<(String, u64, crate::protected::Missing)> {
+        self.view
+            .protected
+            .as_ref()
+            .map_or_else(Vec::new, |logs| logs.missing())
+    }
+
+    /// Whether this ledger is read as protected.
+    pub fn is_protected(&self) -> bool {
+        self.protected.is_some()
+    }
+
+    /// The fingerprint of this protected ledger (see [`genesis`](Self::genesis)).
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        self.genesis().map(Genesis::fingerprint)
+    }
+}
