@@ -246,6 +246,37 @@ fn s2_forged_lines_foreign_logs_and_a_deleted_membership_never_run_twice_or_hide
     std::fs::remove_file(&membership[0]).unwrap();
     let downgraded = send(&shared, "phone", "wednesday");
     assert_eq!(code(&downgraded), 10, "S1: {}", text(&downgraded.stderr));
+    // Nor does accepting the damage let it write in the clear into the protected ledger (found
+    // by an adversarial test: it ran the occurrence again and wrote format-2 records).
+    let phone_file = std::fs::read(device_file(&shared, "phone")).unwrap();
+    let effect = format!("echo phone >> '{}'", shared.path("effects").display());
+    let accepting = host(
+        &shared,
+        "phone",
+        &[
+            "run",
+            "--agent",
+            "milo-the-agent",
+            "--intent",
+            "send",
+            "--salt",
+            "monday",
+            "--accept-damaged",
+            "laptop",
+            "--accept-damaged",
+            "phone",
+            "--",
+            "sh",
+            "-c",
+            &effect,
+        ],
+    );
+    assert_ne!(code(&accepting), 0, "S1: {}", text(&accepting.stderr));
+    assert_eq!(
+        std::fs::read(device_file(&shared, "phone")).unwrap(),
+        phone_file,
+        "S1: nothing written"
+    );
     assert_eq!(
         shared.effects(),
         vec!["laptop", "phone"],

@@ -610,3 +610,91 @@ proptest! {
         let _ = MembershipRecord::from_bytes(&noise);
     }
 }
+
+/// S2 (found by an adversarial test): two `ledger init`s on one folder (a race, or each side of
+/// a sync) leave two geneses; each founder's reading names the other's log as damage (another
+/// protected ledger's genesis), so nothing runs on a ledger split in two.
+#[test]
+fn s2_two_geneses_in_one_ledger_are_damage() {
+    use fencepost::ledger::{Ledger, LedgerOptions};
+    use fencepost::relay::{FsRelay, Relay};
+    let first = tempfile::tempdir().unwrap();
+    let second = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_764_400_000_000);
+    let found = |folder: &std::path::Path, device: DeviceKey| {
+        let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(folder).unwrap());
+        Ledger::found(
+            Arc::new(device),
+            clock.wall_clock(),
+            relay,
+            LedgerOptions::default(),
+        )
+        .unwrap()
+    };
+    let (_, a) = found(first.path(), device_key("host-a", 1));
+    let (_, _) = found(second.path(), device_key("host-b", 3));
+    let name = fencepost::relay::device_file_name("host-b");
+    std::fs::copy(
+        second.path().join("devices").join(&name),
+        first.path().join("devices").join(&name),
+    )
+    .unwrap();
+    let origin = Origin::Genesis(a.genesis.clone());
+    let reading = member(
+        first.path(),
+        Arc::new(device_key("host-a", 1)),
+        origin,
+        a.genesis.ledger_id(),
+    );
+    let damage = reading.damage();
+    assert!(
+        damage
+            .iter()
+            .any(|problem| problem.device_id.as_deref() == Some("host-b")
+                && problem.detail.contains("another protected ledger")),
+        "S2: {damage:?}"
+    );
+}
+
+/// S1 (found by an adversarial test): a host that reads a protected ledger as no member (its
+/// membership file lost) writes nothing into it, not even the record of accepting its damage:
+/// no record in the clear lands beside sealed ones.
+#[test]
+fn s1_a_host_that_is_no_member_writes_nothing_into_a_protected_ledger() {
+    use fencepost::lease::{Intent, IntentStatus};
+    use fencepost::ledger::{Ledger, LedgerError, LedgerOptions};
+    use fencepost::relay::{FsRelay, Relay};
+    let folder = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_764_400_000_000);
+    let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(folder.path()).unwrap());
+    let (mut founder, _) = Ledger::found(
+        Arc::new(device_key("laptop", 1)),
+        clock.wall_clock(),
+        relay,
+        LedgerOptions::default(),
+    )
+    .unwrap();
+    founder
+        .record(&Intent::new("milo", "run-1", 3, IntentStatus::Committed))
+        .unwrap();
+    for device in ["laptop", "phone"] {
+        let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(folder.path()).unwrap());
+        let mut plain = Ledger::open(device, clock.wall_clock(), relay).unwrap();
+        let accepted = plain.accept_damage("laptop");
+        assert!(
+            matches!(accepted, Err(LedgerError::ProtectedNotMember)),
+            "S1: {device}: {accepted:?}"
+        );
+        let written = plain.record(&Intent::new("milo", "run-1", 4, IntentStatus::Pending));
+        assert!(
+            matches!(written, Err(LedgerError::ProtectedNotMember)),
+            "S1: {device}: {written:?}"
+        );
+    }
+    let files: Vec<_> = std::fs::read_dir(folder.path().join("devices"))
+        .unwrap()
+        .collect();
+    assert_eq!(files.len(), 1, "S1: no other device file was written");
+    let laptop = std::fs::read_to_string(folder.path().join("devices").join("laptop.jsonl")).unwrap();
+    assert!(laptop.lines().all(|line| line.starts_with("[3,")), "{laptop}");
+}

@@ -46,7 +46,7 @@ fn remember(settings: &Settings, genesis: &Genesis) -> Result<PathBuf> {
 pub fn init(settings: &Settings, recovery_file: Option<PathBuf>) -> Result<i32> {
     if settings.protected()?.is_some() {
         crate::exit::usage!(
-            "this host is already a member of a protected ledger at {}: `fencepost ledger fingerprint` prints it",
+            "this host has already joined or founded a protected ledger at {}: `fencepost ledger fingerprint` prints it",
             settings.ledger_label()
         );
     }
@@ -56,7 +56,7 @@ pub fn init(settings: &Settings, recovery_file: Option<PathBuf>) -> Result<i32> 
     let options = LedgerOptions::default().seen_file(settings.seen_file()?);
     let (ledger, founded) = match Ledger::found(Arc::new(key), system_clock(), relay, options) {
         Err(LedgerError::NotEmpty) => crate::exit::usage!(
-            "{} holds records already: `ledger init` makes an empty ledger protected (copy an unprotected one into a protected one once `ledger import` can)",
+            "{} holds records (or files that are not records) already: `ledger init` makes an empty ledger protected (copy an unprotected one into a protected one once `ledger import` can)",
             settings.ledger_label()
         ),
         other => other.with_context(|| format!("cannot make {} protected", settings.ledger_label()))?,
@@ -107,10 +107,16 @@ pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32
     let Some(device) = device else {
         crate::exit::usage!("name the device to admit: `fencepost device admit KEY --device ID`");
     };
-    let identity: PublicIdentity = key
-        .parse()
-        .context("the device's key (the line `fencepost device key` printed on it)")?;
-    let device = DeviceId::new(device)?;
+    let identity: PublicIdentity = match key.parse() {
+        Ok(identity) => identity,
+        Err(error) => {
+            crate::exit::usage!("the device's key (the line `fencepost device key` printed on it): {error}")
+        }
+    };
+    let device = match DeviceId::new(device) {
+        Ok(device) => device,
+        Err(error) => crate::exit::usage!("the device to admit: {error}"),
+    };
     if device.as_str() == settings.device {
         crate::exit::usage!(
             "device {device} is this host's own id: give this host's id with FENCEPOST_DEVICE, the config file or a --device before `device`, and the admitted one after `admit`"
@@ -138,20 +144,35 @@ pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32
 /// `fencepost device join FINGERPRINT`: finds the genesis with that fingerprint in the ledger
 /// (never taking the ledger's word for which ledger it is) and remembers it.
 pub fn join(settings: &Settings, fingerprint: &str) -> Result<i32> {
-    let wanted: Fingerprint = fingerprint.parse().context("the fingerprint")?;
+    let wanted: Fingerprint = match fingerprint.parse() {
+        Ok(wanted) => wanted,
+        Err(error) => crate::exit::usage!("the fingerprint: {error}"),
+    };
     let device = DeviceId::new(&settings.device)?;
     let (key, _) = fencepost::identity::load_or_create(&crate::settings::keys_dir()?, &device)?;
     let relay = settings.relay(Access::ReadOnly)?;
     let batch = relay.pull(&Frontier::new())?;
-    let genesis = batch
+    let origins: Vec<(String, Origin)> = batch
         .ops
         .iter()
         .filter(|op| op.seq == 0)
-        .filter_map(|op| Origin::of_record(op).ok())
-        .find_map(|(_, origin)| match origin {
-            Origin::Genesis(genesis) if wanted.matches(&genesis.ledger_id()) => Some(genesis),
-            _ => None,
-        });
+        .filter_map(|op| {
+            Origin::of_record(op)
+                .ok()
+                .map(|(_, origin)| (op.device_id.to_string(), origin))
+        })
+        .collect();
+    let genesis = origins.iter().find_map(|(_, origin)| match origin {
+        Origin::Genesis(genesis) if wanted.matches(&genesis.ledger_id()) => Some(genesis.clone()),
+        _ => None,
+    });
+    if let Some((_, origin)) = origins.iter().find(|(owner, _)| *owner == device.as_str()) {
+        if origin.signer() != &key.public() {
+            crate::exit::usage!(
+                "the ledger already has a log of device {device} under another key: another host uses this device id. Give this host an id of its own (--device, FENCEPOST_DEVICE)"
+            );
+        }
+    }
     let Some(genesis) = genesis else {
         bail!(
             "no protected ledger with the fingerprint {wanted} in {} (not synced here yet, or another ledger)",

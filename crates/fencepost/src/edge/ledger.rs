@@ -441,6 +441,11 @@ impl Ledger {
         if self.unsent.is_empty() && self.clear_unsent.is_empty() {
             return Ok(Vec::new());
         }
+        if self.protected.is_none() && self.view.sealed_seen {
+            // Found by an adversarial test: a host that lost its membership file and accepted
+            // the damage wrote records in the clear into a protected ledger.
+            return Err(LedgerError::ProtectedNotMember);
+        }
         // Records of this device that other writers (processes sharing its id) appended and
         // that this ledger has read since it opened: the log continues after them, so that the
         // relay need not hand them over again (found by a flaky test: a file pruned since no
@@ -459,6 +464,13 @@ impl Ledger {
             log.device_id(),
             log.head().next_seq(),
             &mut |tail: &[OpRecord]| {
+                if protected.is_none() && tail.iter().any(|op| op.surface == Surface::Sealed) {
+                    return Err(crate::oplog::LogError::Unsealable {
+                        device_id: log.device_id().to_owned(),
+                        seq: log.head().next_seq(),
+                        detail: "this device's log is a protected ledger's, and this host reads the ledger as no member".to_owned(),
+                    });
+                }
                 let mut next = log.clone();
                 next.catch_up(tail)?;
                 let made = match protected {

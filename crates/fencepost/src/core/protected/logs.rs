@@ -21,6 +21,9 @@ pub struct Released {
     pub clear: Vec<OpRecord>,
     /// Records of a device cut before them: held, not folded.
     pub void: Vec<OpRecord>,
+    /// Why the log offered is damage: it begins with another ledger's genesis (two `ledger
+    /// init`s on one ledger), or with a copy of this one's under another device id.
+    pub damage: Option<String>,
 }
 
 /// Every device's protected log as one reader read it: a [`LogReader`] per device, the covered
@@ -128,6 +131,22 @@ impl ProtectedLogs {
         };
         let origin = *origin;
         let mut released = Released::default();
+        let mut damage = None;
+        if !was_read {
+            if let Origin::Genesis(genesis) = said {
+                if genesis.ledger_id() != ledger {
+                    damage = Some(format!(
+                        "its log begins with the genesis of another protected ledger (fingerprint {}): two `ledger init`s made two ledgers in one; keep one, and remove the other's files",
+                        genesis.fingerprint()
+                    ));
+                } else if genesis.founder.as_str() != device {
+                    damage = Some(format!(
+                        "its log begins with this ledger's genesis, which founds device {}: a copy under another id",
+                        genesis.founder
+                    ));
+                }
+            }
+        }
         if !was_read && self.founded.is_none() {
             if let Some(founded) = founding(said, &device, &origin, &ledger) {
                 self.founded = Some(founded);
@@ -138,7 +157,9 @@ impl ProtectedLogs {
             let verdict = self.protection.classify(op, &origin);
             self.settle(&device, verdict, &mut released);
         }
-        self.read_membership(released)
+        let mut released = self.read_membership(released);
+        released.damage = damage;
+        released
     }
 
     /// Reads the membership records among `released.clear` (and those that they, in turn,

@@ -35,6 +35,8 @@ impl LedgerState {
             forgotten: _,
             attested,
             protected: _,
+            sealed_seen: _,
+            protected_damage: _,
         } = other;
         for (device, head) in heads {
             let ahead = self

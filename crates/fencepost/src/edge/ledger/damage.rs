@@ -144,7 +144,7 @@ impl Ledger {
     pub(super) fn recompute_problems(&mut self) {
         self.problems = self.relay_problems.clone();
         self.problems.extend(self.replaced.iter().cloned());
-        self.problems.extend(self.view.rejected.values().cloned());
+        self.problems.extend(self.view.rejected().cloned());
         self.problems.extend(self.snapshot_damage.iter().cloned());
         self.problems.extend(self.checkpoint_damage.iter().cloned());
         let snapshot_marks = self

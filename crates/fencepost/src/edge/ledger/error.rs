@@ -54,6 +54,10 @@ pub enum LedgerError {
     /// A protected ledger is founded only on a relay that holds no record.
     #[error("cannot make this ledger protected: it holds records already (a protected ledger starts empty)")]
     NotEmpty,
+    /// The ledger is protected (it holds sealed records) and this host reads it as a
+    /// non-member: it writes nothing into it, whatever damage it accepted.
+    #[error("the ledger is protected (it holds sealed records) and this host is not one of its members: it writes nothing into it. Join it with `fencepost device join FINGERPRINT`, and have a member admit this device")]
+    ProtectedNotMember,
     /// A membership change asked of a ledger that is not protected.
     #[error("this ledger is not protected: it has no members")]
     NotProtected,

@@ -90,7 +90,8 @@ impl Ledger {
             members: Vec::new(),
         };
         let mut ledger = Ledger::open_with(device.as_str(), wall_clock, relay, options.protected(protected))?;
-        if ledger.view.frontier.iter().next().is_some() || !ledger.view.heads.is_empty() {
+        let damaged = !ledger.relay_problems.is_empty() || !ledger.view.rejected.is_empty();
+        if ledger.view.frontier.iter().next().is_some() || !ledger.view.heads.is_empty() || damaged {
             return Err(LedgerError::NotEmpty);
         }
         let first = LedgerKey::new(NonZeroU32::MIN, random()?);
@@ -117,6 +118,12 @@ impl Ledger {
     pub fn admit(&mut self, device: &DeviceId, identity: &PublicIdentity) -> Result<OpRecord, LedgerError> {
         let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
         let protection = logs.protection();
+        if protection.keys().next().is_none() {
+            return Err(unsealable(
+                self.device(),
+                "this device is not a member yet (no generation of the ledger key was wrapped to it): only a member admits".to_owned(),
+            ));
+        }
         let mut wraps = Vec::new();
         for key in protection.keys() {
             let wrapped = crate::wrap::wrap(

@@ -41,6 +41,12 @@ pub struct LedgerState {
     /// A protected ledger's logs as this reading opened them (issue 39): `None` for a ledger
     /// that is not protected, where a sealed record is damage.
     pub(super) protected: Option<crate::protected::ProtectedLogs>,
+    /// Whether a reading that is not protected was handed a sealed record: the ledger is
+    /// protected, and this host, no member, must never write into it.
+    pub(super) sealed_seen: bool,
+    /// Per device, why its protected log is damage for good (another ledger's genesis): unlike
+    /// [`rejected`](Self::rejected), no later record of the device clears it.
+    pub(super) protected_damage: BTreeMap<String, RelayProblem>,
 }
 
 /// Why a record in the clear of format 2 handed to a protected reading is damage.
@@ -67,7 +73,7 @@ impl LedgerState {
 
     /// The damage found while verifying: per device, the record that did not verify.
     pub fn rejected(&self) -> impl Iterator<Item = &RelayProblem> {
-        self.rejected.values()
+        self.rejected.values().chain(self.protected_damage.values())
     }
 
     /// Verifies `ops` against each device's head, folds those that verify and indexes their
@@ -116,6 +122,7 @@ impl LedgerState {
             } else if !protected && op.surface == Surface::Sealed {
                 // A protected ledger's record reaches this state only opened: sealed, it would
                 // fold to nothing, and a commit in it would be read as absent.
+                self.sealed_seen = true;
                 Err(SEALED_UNREAD.to_owned())
             } else if identified {
                 head.accept_identified(op).map_err(|error| error.to_string())
@@ -140,6 +147,18 @@ impl LedgerState {
                         }
                         Some(logs) => {
                             let released = logs.offer(op.clone());
+                            if let Some(detail) = released.damage {
+                                self.protected_damage.insert(
+                                    device.to_owned(),
+                                    RelayProblem {
+                                        kind: crate::relay::ProblemKind::Damage,
+                                        device_id: Some(device.to_owned()),
+                                        file: None,
+                                        line_number: Some(1),
+                                        detail,
+                                    },
+                                );
+                            }
                             for opened in released.fold {
                                 if opened.surface != Surface::Intent {
                                     self.other_records.push(opened.clone());
