@@ -309,3 +309,23 @@ fn ledger_id(shared: &Shared) -> fencepost::identity::LedgerId {
         .unwrap()
         .ledger_id()
 }
+
+/// S2, M1: a protected ledger in a SQLite file (the relay every host of one machine shares):
+/// init, join, admit and runs, once each; the file holds no agent id, intent or salt.
+#[test]
+fn s2_m1_a_protected_sqlite_ledger_runs_each_occurrence_once() {
+    let shared = Shared::sqlite_ledger();
+    founded_with_phone(&shared);
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+    assert_eq!(code(&send(&shared, "phone", "monday")), 3);
+    assert_eq!(code(&send(&shared, "phone", "tuesday")), 0);
+    assert_eq!(code(&send(&shared, "laptop", "tuesday")), 3);
+    assert_eq!(shared.effects(), vec!["laptop", "phone"]);
+    for file in ["ledger.db", "ledger.db-wal"] {
+        let bytes = std::fs::read(shared.path(file)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        for secret in ["milo-the-agent", "monday", "tuesday"] {
+            assert!(!text.contains(secret), "S1: {secret:?} in {file}");
+        }
+    }
+}
