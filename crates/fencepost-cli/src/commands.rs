@@ -85,7 +85,7 @@ fn open_ledger_with(
         );
     }
     let mut options = LedgerOptions::default().seen_file(settings.seen_file()?);
-    if let Some(protected) = settings.protected()? {
+    if let Some(protected) = crate::membership::protected(settings)? {
         options = options.protected(protected);
     }
     if access == Access::Write {

@@ -1,11 +1,15 @@
 //! The file where a host keeps what it knows of a protected ledger it founded or joined
 //! (`Settings::membership_file`): the fingerprint it was given and the genesis that matches
-//! it. Decoded here, without I/O.
+//! it (decoded without I/O), and the [`protected`] ledger it makes of it.
+
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use fencepost::genesis::{Fingerprint, Genesis};
+
+use crate::settings::Settings;
 
 /// What the file's first line says.
 const HEADER: &str = "# fencepost: this host is a member of a protected ledger. Deleting this file does not make the ledger unprotected: its records are then unreadable here.";
@@ -50,6 +54,37 @@ pub fn read_membership_file(text: &str) -> Result<Genesis> {
         bail!("its genesis does not have its fingerprint");
     }
     Ok(genesis)
+}
+
+/// The protected ledger this host is a member of at this location, with this device's key
+/// (which must exist: a joined device never makes a new one); `None` when it joined none.
+pub fn protected(settings: &Settings) -> Result<Option<fencepost::ledger::Protected>> {
+    let path = settings.membership_file()?;
+    let text = match std::fs::read_to_string(&path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        other => other.with_context(|| format!("cannot read {}", path.display()))?,
+    };
+    let genesis = read_membership_file(&text).with_context(|| format!("{} is damaged", path.display()))?;
+    let device = fencepost::id::DeviceId::new(&settings.device)?;
+    let key = fencepost::identity::load(&crate::settings::keys_dir()?, &device).with_context(|| {
+        format!(
+            "this host is a member of the protected ledger {} ({}), but device {device} has no key",
+            settings.ledger_label(),
+            genesis.fingerprint()
+        )
+    })?;
+    let origin = if genesis.founder == device {
+        fencepost::protected::Origin::Genesis(genesis.clone())
+    } else {
+        fencepost::protected::Origin::Identity(key.public())
+    };
+    Ok(Some(fencepost::ledger::Protected {
+        ledger: genesis.ledger_id(),
+        device_key: Arc::new(key),
+        origin,
+        keys: Vec::new(),
+        members: Vec::new(),
+    }))
 }
 
 #[cfg(test)]

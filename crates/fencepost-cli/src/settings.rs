@@ -400,38 +400,6 @@ impl Settings {
             .join(format!("{}.protected", self.ledger_key())))
     }
 
-    /// The protected ledger this host is a member of at this location, with this device's key
-    /// (which must exist: a joined device never makes a new one); `None` when it joined none.
-    pub fn protected(&self) -> Result<Option<fencepost::ledger::Protected>> {
-        let path = self.membership_file()?;
-        let text = match std::fs::read_to_string(&path) {
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            other => other.with_context(|| format!("cannot read {}", path.display()))?,
-        };
-        let genesis = crate::membership::read_membership_file(&text)
-            .with_context(|| format!("{} is damaged", path.display()))?;
-        let device = fencepost::id::DeviceId::new(&self.device)?;
-        let key = fencepost::identity::load(&keys_dir()?, &device).with_context(|| {
-            format!(
-                "this host is a member of the protected ledger {} ({}), but device {device} has no key",
-                self.ledger_label(),
-                genesis.fingerprint()
-            )
-        })?;
-        let origin = if genesis.founder == device {
-            fencepost::protected::Origin::Genesis(genesis.clone())
-        } else {
-            fencepost::protected::Origin::Identity(key.public())
-        };
-        Ok(Some(fencepost::ledger::Protected {
-            ledger: genesis.ledger_id(),
-            device_key: Arc::new(key),
-            origin,
-            keys: Vec::new(),
-            members: Vec::new(),
-        }))
-    }
-
     /// A short name of the ledger for this host's files about it: the first 8 bytes of the
     /// SHA-256 of its folder or file (canonical) or its URL without the password, in hex.
     fn ledger_key(&self) -> String {

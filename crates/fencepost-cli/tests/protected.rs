@@ -329,3 +329,57 @@ fn s2_m1_a_protected_sqlite_ledger_runs_each_occurrence_once() {
         }
     }
 }
+
+/// S1, R1: four processes of one newly admitted device id run four jobs at once, racing to
+/// write its log's record 0 under the relay's claim: each runs once, the log begins once, and
+/// every member reads every commit.
+#[test]
+fn s1_r1_processes_sharing_a_device_id_begin_its_protected_log_once_and_each_run_once() {
+    let shared = Shared::sqlite();
+    founded_with_phone(&shared);
+    let children: Vec<_> = (0..4)
+        .map(|n| {
+            let effect = format!("echo phone-{n} >> '{}'", shared.path("effects").display());
+            let agent = format!("agent-{n}");
+            shared
+                .command(
+                    "phone",
+                    &[
+                        "run", "--agent", &agent, "--intent", "send", "--salt", "monday", "--", "sh", "-c",
+                        &effect,
+                    ],
+                )
+                .env("XDG_DATA_HOME", shared.path("data-phone"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(code(&output), 0, "{}", text(&output.stderr));
+    }
+    let mut effects = shared.effects();
+    effects.sort();
+    assert_eq!(effects, vec!["phone-0", "phone-1", "phone-2", "phone-3"]);
+    for n in 0..4 {
+        let agent = format!("agent-{n}");
+        let again = host(
+            &shared,
+            "laptop",
+            &[
+                "run", "--agent", &agent, "--intent", "send", "--salt", "monday", "--", "true",
+            ],
+        );
+        assert_eq!(code(&again), 3, "{}", text(&again.stderr));
+    }
+    let log = std::fs::read_to_string(device_file(&shared, "phone")).unwrap();
+    let firsts = log
+        .lines()
+        .filter(|line| line.starts_with("[3,\"phone\",0,"))
+        .count();
+    assert_eq!(firsts, 1, "one record 0: {log}");
+    let verify = host(&shared, "laptop", &["ledger", "verify"]);
+    assert_eq!(code(&verify), 0, "{}", text(&verify.stdout));
+}

@@ -327,18 +327,6 @@ fn protected(
     }
 }
 
-/// The id of record 0 of a member's log: its identity in the clear, so known before it is written.
-fn identity_id(device: &DeviceKey) -> OpId {
-    let name: Arc<str> = Arc::from(device.device().as_str());
-    OpRecord::sealed(
-        name,
-        0,
-        None,
-        SealedContent::Clear(Origin::Identity(device.public()).to_bytes().into()),
-    )
-    .op_id
-}
-
 fn open(folder: &std::path::Path, protected_as: fencepost::ledger::Protected) -> fencepost::ledger::Ledger {
     use fencepost::ledger::{Ledger, LedgerOptions};
     use fencepost::relay::{FsRelay, Relay};
@@ -374,7 +362,7 @@ fn s2_a_protected_ledger_folds_only_what_its_members_sealed_and_signed() {
         KeyId([0; 32]),
         Change::Admit {
             device: DeviceId::new("phone").unwrap(),
-            key: KeyId(identity_id(&phone).0),
+            key: fencepost::ledger::identity_key(phone.device(), &phone.public()),
         },
     );
     let mut writer = open(
@@ -479,25 +467,14 @@ fn member(
     origin: Origin,
     ledger: LedgerId,
 ) -> fencepost::ledger::Ledger {
-    use fencepost::ledger::{Ledger, LedgerOptions, Protected};
-    use fencepost::relay::{FsRelay, Relay};
-    let name = device.device().to_string();
-    let relay: Arc<dyn Relay> = Arc::new(FsRelay::open(folder).unwrap());
-    let clock = ManualClock::new(1_764_400_000_000);
-    let protected = Protected {
+    let protected = fencepost::ledger::Protected {
         ledger,
         device_key: device,
         origin,
         keys: Vec::new(),
         members: Vec::new(),
     };
-    Ledger::open_with(
-        &name,
-        clock.wall_clock(),
-        relay,
-        LedgerOptions::default().protected(protected),
-    )
-    .unwrap()
+    open(folder, protected)
 }
 
 /// S2, M1: a ledger founded by one device (the genesis, then the first generation of its key

@@ -44,7 +44,7 @@ fn remember(settings: &Settings, genesis: &Genesis) -> Result<PathBuf> {
 
 /// `fencepost ledger init`.
 pub fn init(settings: &Settings, recovery_file: Option<PathBuf>) -> Result<i32> {
-    if settings.protected()?.is_some() {
+    if crate::membership::protected(settings)?.is_some() {
         crate::exit::usage!(
             "this host has already joined or founded a protected ledger at {}: `fencepost ledger fingerprint` prints it",
             settings.ledger_label()
@@ -122,7 +122,7 @@ pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32
             "device {device} is this host's own id: give this host's id with FENCEPOST_DEVICE, the config file or a --device before `device`, and the admitted one after `admit`"
         );
     }
-    if settings.protected()?.is_none() {
+    if crate::membership::protected(settings)?.is_none() {
         crate::exit::usage!(
             "this host is a member of no protected ledger at {}: only a member admits",
             settings.ledger_label()

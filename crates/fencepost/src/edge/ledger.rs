@@ -181,8 +181,6 @@ pub struct Ledger {
     stored_from_outbox: usize,
     /// The protected ledger this one is ([`LedgerOptions::protected`]).
     protected: Option<Arc<Protected>>,
-    /// Membership records to store (in the clear), with the queued records.
-    clear_unsent: Vec<Vec<u8>>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -269,7 +267,6 @@ impl Ledger {
             outbox: options.outbox.clone(),
             stored_from_outbox: 0,
             protected: options.protected.clone(),
-            clear_unsent: Vec::new(),
         };
         ledger.view.protected = options.protected.as_deref().map(Protected::logs);
         if !relay.checks_records() {
@@ -438,7 +435,13 @@ impl Ledger {
 
     /// Stores the queued records under the relay's claim on this device's log.
     fn write_queued(&mut self) -> Result<Vec<OpRecord>, LedgerError> {
-        if self.unsent.is_empty() && self.clear_unsent.is_empty() {
+        self.write_queued_and(&[])
+    }
+
+    /// [`write_queued`](Self::write_queued), then `clear`: membership records, content in the
+    /// clear of a protected ledger.
+    fn write_queued_and(&mut self, clear: &[Vec<u8>]) -> Result<Vec<OpRecord>, LedgerError> {
+        if self.unsent.is_empty() && clear.is_empty() {
             return Ok(Vec::new());
         }
         if self.protected.is_none() && self.view.sealed_seen {
@@ -457,7 +460,7 @@ impl Ledger {
             }
         }
         let mut draft: Option<DeviceLog> = None;
-        let (log, unsent, clear) = (&self.log, &self.unsent, &self.clear_unsent);
+        let (log, unsent) = (&self.log, &self.unsent);
         let (protected, logs) = (self.protected.as_deref(), self.view.protected.as_ref());
         let stopwatch = crate::clock::Stopwatch::start();
         let appended = self.relay.append(
@@ -498,7 +501,6 @@ impl Ledger {
             self.log = next;
         }
         self.unsent.clear();
-        self.clear_unsent.clear();
         self.others_appended = appended
             .tail
             .iter()

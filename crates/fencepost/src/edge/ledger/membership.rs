@@ -158,10 +158,7 @@ impl Ledger {
         if self.protected.is_none() {
             return Err(LedgerError::NotProtected);
         }
-        self.clear_unsent.push(record.to_bytes());
-        let stored = self.write_queued();
-        self.clear_unsent.clear();
-        let mut stored = stored?;
+        let mut stored = self.write_queued_and(&[record.to_bytes()])?;
         stored.pop().ok_or(LedgerError::NotProtected)
     }
 
