@@ -171,6 +171,8 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
             "healthy": healthy, "damage": damage,
             "protected": ledger.is_protected(),
             "fingerprint": ledger.fingerprint().map(|fingerprint| fingerprint.to_string()),
+            "members": ledger.members().iter().filter(|(_, cut)| cut.is_none()).map(|(device, _)| device.to_string()).collect::<Vec<_>>(),
+            "revoked": ledger.members().iter().filter_map(|(device, cut)| cut.map(|cut| json!({"device_id": device.to_string(), "from_record": cut}))).collect::<Vec<_>>(),
         },
         "coordinator_now_ms": now_ms,
         "agents": agent_values,
@@ -329,6 +331,28 @@ fn print_agents(report: &Value, wall_now_ms: u64) {
             "protection:  sealed and signed, fingerprint {}: only members' records count",
             ledger["fingerprint"].as_str().unwrap_or("not read yet")
         );
+        let names = |list: &serde_json::Value, show: &dyn Fn(&serde_json::Value) -> String| {
+            list.as_array()
+                .map_or_else(Vec::new, |list| list.iter().map(show).collect::<Vec<_>>())
+                .join(", ")
+        };
+        out!(
+            "members:     {}",
+            names(&ledger["members"], &|member| member
+                .as_str()
+                .unwrap_or_default()
+                .to_owned())
+        );
+        let revoked = names(&ledger["revoked"], &|revoked| {
+            format!(
+                "{} (from record {})",
+                revoked["device_id"].as_str().unwrap_or_default(),
+                revoked["from_record"]
+            )
+        });
+        if !revoked.is_empty() {
+            out!("revoked:     {revoked}");
+        }
     }
     let agents = report["agents"].as_array().map_or(&[][..], Vec::as_slice);
     if agents.is_empty() {

@@ -11,11 +11,7 @@ use fencepost::relay::device_file_name;
 
 /// `fencepost ARGS` as host `device`, with its own data directory.
 fn host(shared: &Shared, device: &str, args: &[&str]) -> Output {
-    shared
-        .command(device, args)
-        .env("XDG_DATA_HOME", shared.path(&format!("data-{device}")))
-        .output()
-        .unwrap()
+    shared.host(device, args)
 }
 
 /// A run of occurrence `salt` of the daily send, appending `device` to `effects`.

@@ -25,6 +25,21 @@ pub enum DeviceCommand {
         /// The ledger's fingerprint (40 hex digits; case, dashes and spaces ignored).
         fingerprint: String,
     },
+    /// Revoke a member of the protected ledger this host is a member of: its records from
+    /// `--from` on count for nothing (by default, from the end of its log as this host read it),
+    /// the runs they name are in doubt (never run again by themselves: `fencepost ledger
+    /// resolve` settles them), the devices it admitted from there on are no members, and a new
+    /// generation of the ledger key seals what the remaining members write next.
+    Revoke {
+        /// The device id to revoke.
+        #[arg(value_name = "ID")]
+        revoked: String,
+        /// The first record of its log to void: a stolen device, say, from before the theft
+        /// (the records of its log are numbered from 0; `ledger verify` lists each log's
+        /// length).
+        #[arg(long, value_name = "SEQ")]
+        from: Option<u64>,
+    },
 }
 
 /// `fencepost device …`.
@@ -46,5 +61,6 @@ pub fn device(settings: &Settings, command: DeviceCommand) -> Result<i32> {
         // main.rs takes the --device after `admit` for the admitted device's id.
         DeviceCommand::Admit { key } => super::protect::admit(settings, &key, None),
         DeviceCommand::Join { fingerprint } => super::protect::join(settings, &fingerprint),
+        DeviceCommand::Revoke { revoked, from } => super::protect::revoke(settings, &revoked, from),
     }
 }

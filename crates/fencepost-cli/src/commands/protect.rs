@@ -1,5 +1,5 @@
 //! A protected ledger's membership from the command line (issue 39): `ledger init`, `ledger
-//! fingerprint`, `device admit`, `device join`.
+//! fingerprint`, `device admit`, `device join`, `device revoke`.
 
 use std::sync::Arc;
 
@@ -137,6 +137,44 @@ pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32
         ledger
             .fingerprint()
             .map_or_else(String::new, |fingerprint| fingerprint.to_string())
+    );
+    Ok(EXIT_RAN_OK)
+}
+
+/// `fencepost device revoke ID [--from SEQ]`.
+pub fn revoke(settings: &Settings, device: &str, from: Option<u64>) -> Result<i32> {
+    let device = match DeviceId::new(device) {
+        Ok(device) => device,
+        Err(error) => crate::exit::usage!("the device to revoke: {error}"),
+    };
+    if crate::membership::protected(settings)?.is_none() {
+        crate::exit::usage!(
+            "this host is a member of no protected ledger at {}: only a member revokes",
+            settings.ledger_label()
+        );
+    }
+    let mut ledger = open_ledger_to(settings, Access::Write)?;
+    refuse_damage(&ledger, settings)?;
+    let revoked = match ledger.revoke(&device, from) {
+        Err(LedgerError::Membership { detail }) => crate::exit::usage!("{detail}"),
+        other => other?,
+    };
+    let in_doubt = ledger.runs_in_doubt();
+    err!(
+        "revoked device {device} from record {} of its log on: what it wrote from there counts for nothing. Generation {} of the ledger key is wrapped to {} (and to the recovery key){}",
+        revoked.cut,
+        revoked.generation,
+        revoked
+            .members
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        if in_doubt == 0 {
+            String::new()
+        } else {
+            format!("; {in_doubt} run(s) are in doubt now (`fencepost ledger runs` lists them, `fencepost ledger resolve` settles each after checking what happened)")
+        }
     );
     Ok(EXIT_RAN_OK)
 }

@@ -295,6 +295,7 @@ pub(super) fn run_attempt(
     let repaired = repair_went_back(&mut ledger, settings, ", and runs on")?;
     accept_damaged(settings, args, &mut ledger, &repaired)?;
     refuse_damage(&ledger, settings)?;
+    ledger.refuse_if_revoked()?;
     refuse_queued_elsewhere(settings, agent, &run_id)?;
     // Known from here on, whatever the run ends with (exit 3, 4, 7 too).
     report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());

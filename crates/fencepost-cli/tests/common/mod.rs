@@ -85,6 +85,15 @@ impl Shared {
         command
     }
 
+    /// `fencepost ARGS` as host `device` with a data directory of its own (`data-DEVICE`), as
+    /// real hosts have: its keys and its membership of a protected ledger are its own.
+    pub fn host(&self, device: &str, args: &[&str]) -> Output {
+        self.command(device, args)
+            .env("XDG_DATA_HOME", self.path(&format!("data-{device}")))
+            .output()
+            .unwrap()
+    }
+
     pub fn run(&self, device: &str, args: &[&str]) -> Output {
         self.command(device, args).output().unwrap()
     }

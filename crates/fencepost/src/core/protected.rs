@@ -13,7 +13,8 @@
 //!   record to fold: its id and links the sealed record's, its stamp, surface and payload the
 //!   content's);
 //! * [`Verdict::Clear`]: the same, for content in the clear (an identity, a membership change);
-//! * [`Verdict::Void`]: its device was cut before it: held, never folded as a truth;
+//! * [`Verdict::Void`]: its device was cut before it: held, never folded as a truth (an intent
+//!   reads as a `pending`: its epoch fences and its run is in doubt);
 //! * [`Verdict::Missing`]: not foldable (yet): no key for its generation, not authentic, no
 //!   member's. Never absent: a frontier that names it makes a hand-off wait.
 //!
@@ -207,11 +208,16 @@ impl Protection {
         self.roster = roster;
     }
 
+    /// The roster.
+    pub fn roster(&self) -> &Roster {
+        &self.roster
+    }
+
     /// Where `op`, a covered record of the log whose record 0 is `origin`, stands.
     pub fn classify(&self, op: OpRecord, origin: &OpId) -> Verdict {
         match self.roster.standing(&op.device_id, KeyId(origin.0), op.seq) {
             Standing::Member => {}
-            Standing::Void => return Verdict::Void(op),
+            Standing::Void => return Verdict::Void(self.void(op)),
             Standing::NotMember => return Verdict::Missing(op, Missing::NotAMember),
         }
         let generation = match op.sealed_record().map(|record| &record.content) {
@@ -225,6 +231,32 @@ impl Protection {
             Ok(opened) => Verdict::Folded(opened),
             Err(error) => Verdict::Missing(op, Missing::NotOpened(error)),
         }
+    }
+}
+
+impl Protection {
+    /// `op`, a void record, as it is held: opened when this reader holds its generation, an
+    /// intent reading as a `pending` whatever status it says (its epoch fences, and its run is in
+    /// doubt: never run again by itself, never taken as committed); sealed otherwise.
+    fn void(&self, op: OpRecord) -> OpRecord {
+        let generation = match op.sealed_record().map(|record| &record.content) {
+            Some(SealedContent::Sealed(sealed)) => sealed.generation,
+            _ => return op,
+        };
+        let Some(mut opened) = self
+            .keys
+            .get(&generation)
+            .and_then(|key| op.open(key, self.ledger).ok())
+        else {
+            return op;
+        };
+        if opened.surface == crate::oplog::Surface::Intent {
+            if let Some(mut intent) = opened.payload.intent() {
+                intent.status = crate::intent::IntentStatus::Pending;
+                opened.payload = crate::oplog::Payload::new(intent.payload());
+            }
+        }
+        opened
     }
 }
 

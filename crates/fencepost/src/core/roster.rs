@@ -12,7 +12,9 @@
 //!    before the revoke's position; a device's cut is the lowest that counts;
 //! 3. a member admit counts when its author is a member at that position (admitted, and the
 //!    position below its cut), so a revocation also revokes the devices the revoked one
-//!    admitted after the cut;
+//!    admitted after the cut: their logs are void, held and counted for nothing, as the
+//!    records of a cut device are (the runs they name are in doubt, never run again by
+//!    themselves);
 //! 4. a device's log counts under the key of its record 0 ([`KeyId`]) only: an admit of its id
 //!    under another key (by a thief, say) admits a log that does not exist, and takes nothing
 //!    from the real one (two logs under one id are the log reader's equivocation, not the
@@ -122,8 +124,8 @@ impl MembershipChange {
 pub enum Standing {
     /// It counts: the log's key is admitted, and the record is below the device's cut.
     Member,
-    /// Its device was cut at or before it: it is held but counts for nothing, and the runs it
-    /// names are in doubt.
+    /// Its device was cut at or before it, or admitted only by an admit made after its
+    /// author's cut: it is held but counts for nothing, and the runs it names are in doubt.
     Void,
     /// No admission of the log's key counts (not read yet, or none).
     NotMember,
@@ -137,6 +139,9 @@ pub struct Roster {
     keys: BTreeMap<DeviceId, BTreeSet<KeyId>>,
     /// Per device, the lowest cut that counts.
     cuts: BTreeMap<DeviceId, u64>,
+    /// Per device, the keys that an admit made whatever the cuts, and no admit that counts:
+    /// their logs are void (admitted after their admitter's cut).
+    voided: BTreeMap<DeviceId, BTreeSet<KeyId>>,
 }
 
 impl Roster {
@@ -160,18 +165,33 @@ impl Roster {
         }
         // Rule 3: members, with every cut.
         let keys = admitted(&changes, |change| below(&cuts, &change.position));
-        Self { keys, cuts }
+        let mut voided = admitted(&changes, |_| true);
+        for (device, admitted) in &mut voided {
+            if let Some(counted) = keys.get(device) {
+                admitted.retain(|key| !counted.contains(key));
+            }
+        }
+        voided.retain(|_, keys| !keys.is_empty());
+        Self { keys, cuts, voided }
     }
 
     /// Where the record at `seq` of the log of `device` whose record 0 is `key` stands.
     pub fn standing(&self, device: &str, key: KeyId, seq: u64) -> Standing {
         if !self.keys.get(device).is_some_and(|keys| keys.contains(&key)) {
+            if self.voided.get(device).is_some_and(|keys| keys.contains(&key)) {
+                return Standing::Void;
+            }
             return Standing::NotMember;
         }
         if self.cuts.get(device).is_some_and(|cut| seq >= *cut) {
             return Standing::Void;
         }
         Standing::Member
+    }
+
+    /// The cut of `device` that counts, if any: its first record voided.
+    pub fn cut(&self, device: &str) -> Option<u64> {
+        self.cuts.get(device).copied()
     }
 
     /// The members, each with the keys admitted under its id and its cut, if any.

@@ -26,6 +26,7 @@ mod membership;
 mod options;
 mod outbox;
 mod protected;
+mod revocation;
 mod seen;
 mod snapshot_lock;
 mod snapshot_use;
@@ -36,6 +37,7 @@ pub use membership::{identity_key, Founded};
 pub use options::{CompactOptions, LedgerOptions, Retention};
 pub use outbox::{read_outbox, QueuedRecord};
 pub use protected::Protected;
+pub use revocation::Revoked;
 pub use went_back::WentBackRepair;
 
 use seen::{Seen, SeenFile};
@@ -325,6 +327,7 @@ impl Ledger {
             pulled,
         );
         ledger.take_problems(problems)?;
+        ledger.read_again_if_stale()?;
         if let Some(head) = ledger.view.heads.get(device_id) {
             ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
         }
@@ -449,6 +452,7 @@ impl Ledger {
             // the damage wrote records in the clear into a protected ledger.
             return Err(LedgerError::ProtectedNotMember);
         }
+        self.refuse_if_revoked()?;
         // Records of this device that other writers (processes sharing its id) appended and
         // that this ledger has read since it opened: the log continues after them, so that the
         // relay need not hand them over again (found by a flaky test: a file pruned since no
@@ -509,6 +513,10 @@ impl Ledger {
             .collect();
         self.absorb(&appended.tail);
         self.absorb(&appended.appended);
+        if let Err(error) = self.read_again_if_stale() {
+            // Stored already: the next pull reads again.
+            tracing::warn!(%error, "cannot read the protected ledger again after a revocation");
+        }
         self.recompute_problems();
         self.save_seen()?;
         self.save_snapshot();
@@ -572,7 +580,8 @@ impl Ledger {
     /// Folds a pull, keeps its problems, and checks and updates the seen file.
     fn take_pull(&mut self, batch: crate::relay::PullBatch) -> Result<(), LedgerError> {
         self.absorb(&batch.ops);
-        self.take_problems(batch.problems)
+        self.take_problems(batch.problems)?;
+        self.read_again_if_stale()
     }
 
     fn save_seen(&mut self) -> Result<(), LedgerError> {

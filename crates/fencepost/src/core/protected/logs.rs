@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::{LogReader, Missing, Origin, Protection, Verdict};
 use crate::core::identity::{DeviceKey, LedgerId};
 use crate::core::membership::{Membership, MembershipRecord};
-use crate::core::roster::{Change, KeyId, MembershipChange, Position, Roster};
+use crate::core::roster::{Change, KeyId, MembershipChange, Position, Roster, Standing};
 use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, SealedContent};
 
@@ -17,19 +17,41 @@ use crate::oplog::{OpId, OpRecord, SealedContent};
 pub struct Released {
     /// Records to fold (opened).
     pub fold: Vec<OpRecord>,
-    /// Covered records in the clear (identities, membership changes), for the roster.
+    /// Covered records in the clear (identities, membership changes) of members.
     pub clear: Vec<OpRecord>,
-    /// Records of a device cut before them: held, not folded.
+    /// Records of a device cut before them (or admitted after its admitter's cut): held, never
+    /// folded as a truth. Opened when this reader holds their generation, an intent reading as
+    /// a `pending` whatever it says (its epoch fences, its run is in doubt); sealed otherwise.
     pub void: Vec<OpRecord>,
     /// Why the log offered is damage: it begins with another ledger's genesis (two `ledger
     /// init`s on one ledger), or with a copy of this one's under another device id.
     pub damage: Option<String>,
 }
 
+/// A membership record as read: where it sits, under which log key, whether the recovery key
+/// signed it, and whether the generations it wraps to this device were taken.
+#[derive(Debug)]
+struct ReadChange {
+    position: Position,
+    log_key: KeyId,
+    record: MembershipRecord,
+    by_recovery: bool,
+    /// Whether its wraps to this device were looked at.
+    taken: bool,
+    /// Whether it gave this device a generation of the ledger key.
+    gave: bool,
+}
+
 /// Every device's protected log as one reader read it: a [`LogReader`] per device, the covered
 /// records not foldable yet (retried when keys or the roster change), and per device how far
 /// from its start every record is settled (folded, in the clear or void): the reader's frontier,
 /// which a published frontier is compared with.
+///
+/// The roster is computed from every membership record covered in a log with a valid record 0,
+/// whatever that log's standing (the roster's rules say which count), so readers that read the
+/// same records in any order agree. A roster that voids what this reading folded before (a
+/// revocation with a cut in the past) makes the reading [stale](Self::stale): its caller reads
+/// the ledger again from the start, giving it [the changes read](Self::changes).
 #[derive(Debug)]
 pub struct ProtectedLogs {
     protection: Protection,
@@ -42,10 +64,14 @@ pub struct ProtectedLogs {
     given: Vec<MembershipChange>,
     /// The founding admission and the genesis, once the founder's record 0 is read.
     founded: Option<(MembershipChange, crate::core::genesis::Genesis)>,
-    /// The membership records read, where they sit and under which log key.
-    memberships: Vec<(Position, KeyId, MembershipRecord)>,
+    /// The membership records read.
+    memberships: Vec<ReadChange>,
     /// This device's keys: unwraps what is wrapped to it.
     recipient: Option<Arc<DeviceKey>>,
+    /// Per device and log key, the highest sequence number folded as a member's.
+    folded: BTreeMap<(String, KeyId), u64>,
+    /// Whether the roster now voids a record folded, or a wrap taken, before.
+    stale: bool,
 }
 
 impl ProtectedLogs {
@@ -71,19 +97,20 @@ impl ProtectedLogs {
             founded: None,
             memberships: Vec::new(),
             recipient,
+            folded: BTreeMap::new(),
+            stale: false,
         }
     }
 
     /// The roster's changes: those given, the founding admission, and the membership records
-    /// read (a member's, or the recovery key's when it signed).
-    fn changes(&self) -> Vec<MembershipChange> {
+    /// read (each a member's, or the recovery key's when it signed).
+    pub fn changes(&self) -> Vec<MembershipChange> {
         let mut changes = self.given.clone();
-        let recovery = self.founded.as_ref().map(|(founding, genesis)| {
+        if let Some((founding, _)) = &self.founded {
             changes.push(founding.clone());
-            genesis.recovery_key
-        });
-        for (position, log_key, record) in &self.memberships {
-            let change = match &record.change {
+        }
+        for read in &self.memberships {
+            let change = match &read.record.change {
                 Membership::Admit { device, key, .. } => Change::Admit {
                     device: device.clone(),
                     key: *key,
@@ -94,16 +121,21 @@ impl ProtectedLogs {
                 },
                 Membership::Rotate { .. } => continue,
             };
-            let by_recovery = recovery
-                .as_ref()
-                .is_some_and(|recovery| record.signed_by_recovery(recovery, &self.protection.ledger));
-            changes.push(if by_recovery {
-                MembershipChange::by_recovery(position.clone(), *log_key, change)
-            } else {
-                MembershipChange::by_member(position.clone(), *log_key, change)
+            changes.push(MembershipChange {
+                position: read.position.clone(),
+                log_key: read.log_key,
+                by_recovery: read.by_recovery,
+                change,
             });
         }
         changes
+    }
+
+    /// Whether the roster read since voids a record this reading folded, or a generation of
+    /// the ledger key it took from a membership record that no longer counts: the ledger is to
+    /// be read again from the start, with [`changes`](Self::changes) given.
+    pub fn stale(&self) -> bool {
+        self.stale
     }
 
     /// What record 0 of `device`'s log says, once read.
@@ -114,6 +146,43 @@ impl ProtectedLogs {
     /// The ledger as this reader sees it.
     pub fn protection(&self) -> &Protection {
         &self.protection
+    }
+
+    /// The current members (admitted, not cut) with their public identities, as the admits
+    /// and the genesis read name them, once `extra` (a change about to be written) counts too:
+    /// whom a new generation of the ledger key is wrapped to.
+    pub fn current_members(
+        &self,
+        extra: Option<MembershipChange>,
+    ) -> Vec<(crate::id::DeviceId, crate::core::identity::PublicIdentity)> {
+        let mut identities = BTreeMap::new();
+        if let Some((founding, genesis)) = &self.founded {
+            identities.insert((genesis.founder.clone(), founding.log_key), genesis.founder_key);
+        }
+        for read in &self.memberships {
+            if let Membership::Admit {
+                device,
+                key,
+                identity,
+                ..
+            } = &read.record.change
+            {
+                identities.insert((device.clone(), *key), *identity);
+            }
+        }
+        let mut changes = self.changes();
+        changes.extend(extra);
+        let roster = Roster::compute(&changes);
+        roster
+            .members()
+            .filter(|(_, _, cut)| cut.is_none())
+            .flat_map(|(device, keys, _)| keys.iter().map(move |key| (device, key)))
+            .filter_map(|(device, key)| {
+                identities
+                    .get(&(device.clone(), *key))
+                    .map(|identity| (device.clone(), *identity))
+            })
+            .collect()
     }
 
     /// The next record of its device's log (the caller checked its chain).
@@ -130,62 +199,38 @@ impl ProtectedLogs {
             return Released::default();
         };
         let origin = *origin;
-        let mut released = Released::default();
+        let mut changed = false;
         let mut damage = None;
         if !was_read {
-            if let Origin::Genesis(genesis) = said {
-                if genesis.ledger_id() != ledger {
-                    damage = Some(format!(
-                        "its log begins with the genesis of another protected ledger (fingerprint {}): two `ledger init`s made two ledgers in one; keep one, and remove the other's files",
-                        genesis.fingerprint()
-                    ));
-                } else if genesis.founder.as_str() != device {
-                    damage = Some(format!(
-                        "its log begins with this ledger's genesis, which founds device {}: a copy under another id",
-                        genesis.founder
-                    ));
+            damage = wrong_genesis(said, &device, &ledger);
+            if self.founded.is_none() {
+                if let Some(founded) = founding(said, &device, &origin, &ledger) {
+                    self.founded = Some(founded);
+                    changed = true;
                 }
             }
         }
-        if !was_read && self.founded.is_none() {
-            if let Some(founded) = founding(said, &device, &origin, &ledger) {
-                self.founded = Some(founded);
-                released = self.set_roster(Roster::compute(&self.changes()));
-            }
+        for op in &covered {
+            changed |= self.read_change(op, &origin);
         }
+        if changed {
+            self.refresh();
+        }
+        let mut released = Released::default();
         for op in covered {
             let verdict = self.protection.classify(op, &origin);
-            self.settle(&device, verdict, &mut released);
+            self.settle(&device, &origin, verdict, &mut released);
         }
-        let mut released = self.read_membership(released);
+        if changed {
+            self.retry(&mut released);
+        }
         released.damage = damage;
         released
     }
 
-    /// Reads the membership records among `released.clear` (and those that they, in turn,
-    /// let count), holding the keys wrapped to this device and recomputing the roster; returns
-    /// everything released.
-    fn read_membership(&mut self, mut released: Released) -> Released {
-        let mut all = Released::default();
-        loop {
-            let clear = std::mem::take(&mut released.clear);
-            all.fold.append(&mut released.fold);
-            all.void.append(&mut released.void);
-            let mut changed = false;
-            for op in &clear {
-                changed |= self.read_clear(op);
-            }
-            all.clear.extend(clear);
-            if !changed {
-                return all;
-            }
-            released = self.set_roster(Roster::compute(&self.changes()));
-        }
-    }
-
-    /// Reads one covered record in the clear: a membership record (a log's record 0 is its
-    /// origin, read already). Whether the roster or the keys held changed.
-    fn read_clear(&mut self, op: &OpRecord) -> bool {
+    /// Reads `op`, a covered record of the log whose record 0 is `origin`, when it is a
+    /// membership record; whether it was one.
+    fn read_change(&mut self, op: &OpRecord, origin: &OpId) -> bool {
         if op.seq == 0 {
             return false;
         }
@@ -196,70 +241,96 @@ impl ProtectedLogs {
             tracing::warn!(device = %op.device_id, seq = op.seq, "a record in the clear that is no membership record: ignored");
             return false;
         };
-        let Some(Some(Ok((log_key, _)))) = self.readers.get(&*op.device_id).map(LogReader::origin) else {
-            return false;
-        };
-        let log_key = KeyId(log_key.0);
         let Ok(device) = crate::id::DeviceId::new(&*op.device_id) else {
             return false;
         };
-        let mut changed = self.take_wraps(&record.change);
-        changed |= !matches!(record.change, Membership::Rotate { .. });
-        self.memberships
-            .push((Position { device, seq: op.seq }, log_key, record));
-        changed
+        let by_recovery = self.founded.as_ref().is_some_and(|(_, genesis)| {
+            record.signed_by_recovery(&genesis.recovery_key, &self.protection.ledger)
+        });
+        self.memberships.push(ReadChange {
+            position: Position { device, seq: op.seq },
+            log_key: KeyId(origin.0),
+            record,
+            by_recovery,
+            taken: false,
+            gave: false,
+        });
+        true
     }
 
-    /// Holds the generations `change` wraps to this device; whether it held a new one.
-    fn take_wraps(&mut self, change: &Membership) -> bool {
-        let Some(recipient) = self.recipient.clone() else {
-            return false;
-        };
-        let me = recipient.device();
-        let wraps: Vec<(u32, &crate::core::wrap::Wrapped)> = match change {
-            Membership::Rotate { generation, wraps } => wraps
-                .iter()
-                .filter(|(device, _)| device == me)
-                .map(|(_, wrapped)| (*generation, wrapped))
-                .collect(),
-            Membership::Admit { device, wraps, .. } if device == me => wraps
-                .iter()
-                .map(|(generation, wrapped)| (*generation, wrapped))
-                .collect(),
-            _ => Vec::new(),
-        };
-        let mut held = false;
-        for (generation, wrapped) in wraps {
-            let Some(number) = std::num::NonZeroU32::new(generation) else {
-                continue;
-            };
-            if self.protection.holds(generation) {
-                continue;
-            }
-            if let Ok(key) =
-                crate::core::wrap::unwrap(wrapped, &self.protection.ledger, generation, &recipient)
-            {
-                self.protection.hold(LedgerKey::new(number, *key));
-                held = true;
+    /// Computes the roster again from the changes read, takes the generations wrapped to this
+    /// device by the changes that count, and notes whether the reading went stale.
+    fn refresh(&mut self) {
+        // A recovery signature is checked once the genesis is read.
+        if let Some((_, genesis)) = &self.founded {
+            for read in &mut self.memberships {
+                read.by_recovery = read.by_recovery
+                    || read
+                        .record
+                        .signed_by_recovery(&genesis.recovery_key, &self.protection.ledger);
             }
         }
-        held
+        self.protection.set_roster(Roster::compute(&self.changes()));
+        let roster = self.protection.roster();
+        let counts =
+            |device: &str, key: KeyId, seq: u64| roster.standing(device, key, seq) == Standing::Member;
+        let voids_folded = self
+            .folded
+            .iter()
+            .any(|((device, key), seq)| !counts(device, *key, *seq));
+        let voids_taken = self.memberships.iter().any(|read| {
+            read.gave
+                && !read.by_recovery
+                && !counts(read.position.device.as_str(), read.log_key, read.position.seq)
+        });
+        self.stale |= voids_folded || voids_taken;
+        let eligible: Vec<usize> = (0..self.memberships.len())
+            .filter(|index| {
+                let read = &self.memberships[*index];
+                let position = &read.position;
+                !read.taken
+                    && (read.by_recovery || counts(position.device.as_str(), read.log_key, position.seq))
+            })
+            .collect();
+        let Some(recipient) = self.recipient.clone() else {
+            return;
+        };
+        for index in eligible {
+            self.memberships[index].taken = true;
+            for (generation, wrapped) in wraps_to(&self.memberships[index].record.change, recipient.device())
+            {
+                let Some(number) = std::num::NonZeroU32::new(generation) else {
+                    continue;
+                };
+                if self.protection.holds(generation) {
+                    continue;
+                }
+                if let Ok(key) =
+                    crate::core::wrap::unwrap(&wrapped, &self.protection.ledger, generation, &recipient)
+                {
+                    self.protection.hold(LedgerKey::new(number, *key));
+                    self.memberships[index].gave = true;
+                }
+            }
+        }
     }
 
     /// Holds another generation of the ledger key, and releases what it opens.
     pub fn hold(&mut self, key: LedgerKey) -> Released {
         self.protection.hold(key);
-        let released = self.retry();
-        self.read_membership(released)
+        let mut released = Released::default();
+        self.retry(&mut released);
+        released
     }
 
     /// Adds membership changes to those the roster is computed from, and releases what the
-    /// new roster lets count. (A roster that voids records folded before needs a reading from
-    /// the start: this does not unfold them.)
+    /// new roster lets count.
     pub fn admit(&mut self, changes: impl IntoIterator<Item = MembershipChange>) -> Released {
         self.given.extend(changes);
-        let released = self.set_roster(Roster::compute(&self.changes()));
-        self.read_membership(released)
+        self.refresh();
+        let mut released = Released::default();
+        self.retry(&mut released);
+        released
     }
 
     /// The genesis, once the founder's record 0 is read.
@@ -267,14 +338,7 @@ impl ProtectedLogs {
         self.founded.as_ref().map(|(_, genesis)| genesis)
     }
 
-    /// Replaces the roster, and releases what it lets count.
-    fn set_roster(&mut self, roster: Roster) -> Released {
-        self.protection.set_roster(roster);
-        self.retry()
-    }
-
-    fn retry(&mut self) -> Released {
-        let mut released = Released::default();
+    fn retry(&mut self, released: &mut Released) {
         for (device, waiting) in std::mem::take(&mut self.unresolved) {
             let Some(Some(Ok((origin, _)))) = self.readers.get(&device).map(LogReader::origin) else {
                 continue;
@@ -282,15 +346,21 @@ impl ProtectedLogs {
             let origin = *origin;
             for (op, _) in waiting {
                 let verdict = self.protection.classify(op, &origin);
-                self.settle(&device, verdict, &mut released);
+                self.settle(&device, &origin, verdict, released);
             }
         }
-        released
     }
 
-    fn settle(&mut self, device: &str, verdict: Verdict, released: &mut Released) {
+    fn settle(&mut self, device: &str, origin: &OpId, verdict: Verdict, released: &mut Released) {
         let (op, into) = match verdict {
-            Verdict::Folded(op) => (op, &mut released.fold),
+            Verdict::Folded(op) => {
+                let highest = self
+                    .folded
+                    .entry((device.to_owned(), KeyId(origin.0)))
+                    .or_default();
+                *highest = (*highest).max(op.seq);
+                (op, &mut released.fold)
+            }
             Verdict::Clear(op) => (op, &mut released.clear),
             Verdict::Void(op) => (op, &mut released.void),
             Verdict::Missing(op, why) => {
@@ -337,6 +407,39 @@ impl ProtectedLogs {
         }
         missing
     }
+}
+
+/// The generations `change` wraps to `me`.
+fn wraps_to(change: &Membership, me: &crate::id::DeviceId) -> Vec<(u32, crate::core::wrap::Wrapped)> {
+    match change {
+        Membership::Rotate { generation, wraps } => wraps
+            .iter()
+            .filter(|(device, _)| device == me)
+            .map(|(_, wrapped)| (*generation, wrapped.clone()))
+            .collect(),
+        Membership::Admit { device, wraps, .. } if device == me => wraps.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Why a log whose record 0 says `said` is damage of `device`: another ledger's genesis, or
+/// this one's under another id.
+fn wrong_genesis(said: &Origin, device: &str, ledger: &LedgerId) -> Option<String> {
+    let Origin::Genesis(genesis) = said else {
+        return None;
+    };
+    if genesis.ledger_id() != *ledger {
+        return Some(format!(
+            "its log begins with the genesis of another protected ledger (fingerprint {}): two `ledger init`s made two ledgers in one; keep one, and remove the other's files",
+            genesis.fingerprint()
+        ));
+    }
+    (genesis.founder.as_str() != device).then(|| {
+        format!(
+            "its log begins with this ledger's genesis, which founds device {}: a copy under another id",
+            genesis.founder
+        )
+    })
 }
 
 /// The admission a genesis makes: its founder, under the key of the log it begins, when it is

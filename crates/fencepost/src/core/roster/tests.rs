@@ -92,7 +92,9 @@ fn m1_a_revocation_voids_the_records_from_its_cut_and_the_admissions_made_after_
     assert_eq!(roster.standing("phone", key(2), 4), Standing::Member);
     assert_eq!(roster.standing("phone", key(2), 5), Standing::Void);
     assert_eq!(roster.standing("early", key(3), 0), Standing::Member);
-    assert_eq!(roster.standing("late", key(4), 0), Standing::NotMember);
+    // Admitted after its admitter's cut: its log is void, held, never a member's.
+    assert_eq!(roster.standing("late", key(4), 0), Standing::Void);
+    assert_eq!(roster.standing("late", key(5), 0), Standing::NotMember);
 }
 
 #[test]

@@ -58,6 +58,23 @@ pub enum LedgerError {
     /// non-member: it writes nothing into it, whatever damage it accepted.
     #[error("the ledger is protected (it holds sealed records) and this host is not one of its members: it writes nothing into it. Join it with `fencepost device join FINGERPRINT`, and have a member admit this device")]
     ProtectedNotMember,
+    /// A member revoked this device from record `cut` of its log on: what it would write
+    /// counts for nothing, so it writes nothing (nothing ran). A member admits it again,
+    /// under a new device id.
+    #[error("this device ({device}) was revoked from record {cut} of its log on: it writes nothing into the protected ledger, and nothing ran. To use this host again, have a member admit it under a new device id")]
+    Revoked {
+        /// This device.
+        device: String,
+        /// The first record voided.
+        cut: u64,
+    },
+    /// A membership change that cannot be made (revoking oneself, a device that is no member,
+    /// a change asked of a device that is no member yet). Nothing was written.
+    #[error("{detail}")]
+    Membership {
+        /// What is wrong.
+        detail: String,
+    },
     /// A membership change asked of a ledger that is not protected.
     #[error("this ledger is not protected: it has no members")]
     NotProtected,

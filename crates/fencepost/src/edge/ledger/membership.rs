@@ -178,6 +178,18 @@ impl Ledger {
             .map_or_else(Vec::new, |logs| logs.missing())
     }
 
+    /// The devices admitted to this protected ledger as this reading read it, each with its cut
+    /// (the first record voided) when it was revoked; empty for a ledger that is not protected.
+    pub fn members(&self) -> Vec<(DeviceId, Option<u64>)> {
+        self.view.protected.as_ref().map_or_else(Vec::new, |logs| {
+            logs.protection()
+                .roster()
+                .members()
+                .map(|(device, _, cut)| (device.clone(), cut))
+                .collect()
+        })
+    }
+
     /// Whether this ledger is read as protected.
     pub fn is_protected(&self) -> bool {
         self.protected.is_some()

@@ -165,6 +165,10 @@ impl LedgerState {
                                 }
                                 verified.push(Cow::Owned(opened));
                             }
+                            // A void intent reads as a `pending`: its epoch fences and its
+                            // run is in doubt. Nothing else of a void record is folded.
+                            let void = released.void.into_iter();
+                            verified.extend(void.filter(|op| op.surface == Surface::Intent).map(Cow::Owned));
                         }
                     }
                 }

@@ -1,0 +1,195 @@
+//! Revoking a member of a protected ledger through the built binary (issue 39, rule M2): `device
+//! revoke ID [--from SEQ]`. Each host has a data directory of its own, as real hosts do.
+
+mod common;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::{text, Shared};
+use fencepost::relay::device_file_name;
+
+/// `fencepost ARGS` as host `device`, with its own data directory.
+fn host(shared: &Shared, device: &str, args: &[&str]) -> Output {
+    shared.host(device, args)
+}
+
+const AGENT: &str = "milo-the-agent";
+
+/// The arguments of a run of occurrence `salt` of the daily send, appending `device` to
+/// `effects`, then running `then`.
+fn send_args(shared: &Shared, device: &str, salt: &str, then: &str) -> Vec<String> {
+    let effect = format!("echo {device} >> '{}'; {then}", shared.path("effects").display());
+    [
+        "run", "--agent", AGENT, "--intent", "send", "--salt", salt, "--", "sh", "-c", &effect,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+fn send(shared: &Shared, device: &str, salt: &str) -> Output {
+    let args = send_args(shared, device, salt, "true");
+    host(
+        shared,
+        device,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().unwrap_or(-1)
+}
+
+fn run_id(salt: &str) -> String {
+    fencepost::run_id::deterministic_run_id(AGENT, "send", salt).unwrap()
+}
+
+/// Founds the ledger on `laptop` and admits each of `others` (which join first).
+fn founded_with(shared: &Shared, others: &[&str]) {
+    let init = host(shared, "laptop", &["ledger", "init"]);
+    assert_eq!(code(&init), 0, "{}", text(&init.stderr));
+    let fingerprint = text(&init.stdout).trim().to_owned();
+    for other in others {
+        let key = text(&host(shared, other, &["device", "key"]).stdout)
+            .trim()
+            .to_owned();
+        let join = host(shared, other, &["device", "join", &fingerprint]);
+        assert_eq!(code(&join), 0, "{}", text(&join.stderr));
+        let admit = host(shared, "laptop", &["device", "admit", &key, "--device", other]);
+        assert_eq!(code(&admit), 0, "{}", text(&admit.stderr));
+    }
+}
+
+/// M2 (issue 39, item 6: a revoked device writing on): the phone is revoked while its command
+/// runs. Its outcome, written past the cut, is no commit: the tablet finds the occurrence in
+/// doubt (exit 5) and never runs it again, until an operator resolves it. The revoked phone
+/// then runs nothing (exit 10, naming the revocation); the laptop's next records are sealed
+/// with a new generation of the ledger key, which the tablet reads and the phone cannot.
+#[test]
+fn m2_a_device_revoked_while_it_runs_writes_no_commit_and_runs_nothing_after() {
+    let shared = Shared::sqlite();
+    founded_with(&shared, &["phone", "tablet"]);
+    let go = shared.path("go");
+    let args = send_args(
+        &shared,
+        "phone",
+        "monday",
+        &format!("while [ ! -e '{}' ]; do sleep 0.05; done", go.display()),
+    );
+    let running = shared
+        .command("phone", &args.iter().map(String::as_str).collect::<Vec<_>>())
+        .env("XDG_DATA_HOME", shared.path("data-phone"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while shared.effects().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the phone's command never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let revoke = host(&shared, "laptop", &["device", "revoke", "phone"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    assert!(
+        text(&revoke.stderr).contains("Generation 2") && text(&revoke.stderr).contains("tablet"),
+        "{}",
+        text(&revoke.stderr)
+    );
+    std::fs::write(&go, "").unwrap();
+    let phone = running.wait_with_output().unwrap();
+    eprintln!(
+        "the revoked phone's run: exit {}: {}",
+        code(&phone),
+        text(&phone.stderr)
+    );
+
+    let tablet = send(&shared, "tablet", "monday");
+    assert_eq!(
+        code(&tablet),
+        5,
+        "M2: the outcome past the cut is no commit, the run is in doubt: {}",
+        text(&tablet.stderr)
+    );
+    assert_eq!(shared.effects(), vec!["phone"], "M2: it ran once");
+
+    let after = send(&shared, "phone", "tuesday");
+    assert_eq!(code(&after), 10, "{}", text(&after.stderr));
+    assert!(text(&after.stderr).contains("revoked"), "{}", text(&after.stderr));
+    assert_eq!(code(&send(&shared, "laptop", "tuesday")), 0);
+    let laptop_file = shared
+        .path("ledger")
+        .join("devices")
+        .join(device_file_name("laptop"));
+    let laptop_file = std::fs::read_to_string(laptop_file).unwrap();
+    let last: serde_json::Value = serde_json::from_str(laptop_file.lines().last().unwrap()).unwrap();
+    assert_eq!(last[4], 2, "M2: sealed with the new generation: {last}");
+    assert_eq!(
+        code(&send(&shared, "tablet", "tuesday")),
+        3,
+        "M2: the tablet holds the new generation"
+    );
+    assert_eq!(shared.effects(), vec!["phone", "laptop"]);
+
+    let resolve = host(
+        &shared,
+        "tablet",
+        &[
+            "ledger",
+            "resolve",
+            "--agent",
+            AGENT,
+            "--run",
+            &run_id("monday"),
+            "--as",
+            "committed",
+        ],
+    );
+    assert_eq!(code(&resolve), 0, "{}", text(&resolve.stderr));
+    assert_eq!(code(&send(&shared, "tablet", "monday")), 3, "resolved: committed");
+    assert_eq!(shared.effects(), vec!["phone", "laptop"]);
+}
+
+/// M2: a stolen device revoked from before the theft (`--from`): the commits it wrote from
+/// there on are no commits, their runs in doubt (never run again by themselves, exit 5) on
+/// every member, the revoker included, whose reading had counted them; `revoke` says how many
+/// runs are in doubt. Revoking oneself, a device that is no member, or on a host that is no
+/// member is a usage error (exit 2).
+#[test]
+fn m2_a_revocation_from_the_past_puts_the_stolen_devices_commits_in_doubt() {
+    let shared = Shared::sqlite();
+    founded_with(&shared, &["phone"]);
+    assert_eq!(code(&send(&shared, "phone", "monday")), 0);
+    assert_eq!(code(&send(&shared, "phone", "tuesday")), 0);
+    assert_eq!(code(&send(&shared, "laptop", "tuesday")), 3);
+
+    let revoke = host(&shared, "laptop", &["device", "revoke", "phone", "--from", "1"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    assert!(
+        text(&revoke.stderr).contains("2 run(s) are in doubt"),
+        "{}",
+        text(&revoke.stderr)
+    );
+    for salt in ["monday", "tuesday"] {
+        let again = send(&shared, "laptop", salt);
+        assert_eq!(code(&again), 5, "M2: {salt}: {}", text(&again.stderr));
+    }
+    assert_eq!(shared.effects(), vec!["phone", "phone"]);
+    let status = text(&host(&shared, "laptop", &["status"]).stdout);
+    assert!(
+        status.contains("members:     laptop\n") && status.contains("revoked:     phone (from record 1)"),
+        "{status}"
+    );
+
+    for (device, args) in [
+        ("laptop", vec!["device", "revoke", "laptop"]),
+        ("laptop", vec!["device", "revoke", "watch"]),
+        ("laptop", vec!["device", "revoke", "phone"]),
+        ("stranger", vec!["device", "revoke", "phone"]),
+    ] {
+        let refused = host(&shared, device, &args);
+        assert_eq!(code(&refused), 2, "{args:?}: {}", text(&refused.stderr));
+    }
+}

@@ -1,0 +1,215 @@
+//! Revoking a member of a protected ledger (issue 39): [`Ledger::revoke`] writes the cut and a
+//! new generation of the ledger key wrapped to the members that remain; a reading whose roster
+//! now voids what it folded reads the ledger again from the start
+//! ([`read_again_if_stale`](Ledger::read_again_if_stale)), and a revoked device writes nothing
+//! ([`LedgerError::Revoked`]).
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use super::{Ledger, LedgerError, LedgerState};
+use crate::id::DeviceId;
+use crate::membership::{Membership, MembershipRecord, RECOVERY};
+use crate::relay::Frontier;
+use crate::roster::{Change, KeyId, MembershipChange, Position, Standing};
+use crate::seal::LedgerKey;
+
+/// What [`Ledger::revoke`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoked {
+    /// The device revoked.
+    pub device: DeviceId,
+    /// Its first record voided.
+    pub cut: u64,
+    /// The new generation of the ledger key.
+    pub generation: u32,
+    /// The members it was wrapped to (the recovery key aside).
+    pub members: Vec<DeviceId>,
+}
+
+/// How many times a reading starts over in one call before it goes on stale (each start over
+/// reads the changes the one before read, so a second is rare and a third needs a writer that
+/// keeps revoking while this host reads).
+const MAX_READINGS: usize = 8;
+
+fn refused(detail: impl Into<String>) -> LedgerError {
+    LedgerError::Membership {
+        detail: detail.into(),
+    }
+}
+
+impl Ledger {
+    /// Revokes `device`: its records from `cut` on count for nothing (the runs they name are in
+    /// doubt, never run again by themselves), and the devices it admitted from there on are no
+    /// members; then a new generation of the ledger key, wrapped to every member that remains
+    /// and to the recovery key, seals what the members write next. Without `cut`, the cut is
+    /// the length of its log as this ledger read it.
+    ///
+    /// # Errors
+    /// [`LedgerError::NotProtected`]; [`LedgerError::Membership`] when this device is no member
+    /// (it holds no generation of the ledger key), revokes itself, or `device` is no member or
+    /// is cut there already; as [`append_membership`](Self::append_membership) otherwise.
+    pub fn revoke(&mut self, device: &DeviceId, cut: Option<u64>) -> Result<Revoked, LedgerError> {
+        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let protection = logs.protection();
+        let Some(newest) = protection.newest_key() else {
+            return Err(refused("this device is not a member yet (no generation of the ledger key was wrapped to it): only a member revokes"));
+        };
+        if device == self.device() {
+            return Err(refused(
+                "a device does not revoke itself: run `device revoke` on another member",
+            ));
+        }
+        let roster = protection.roster();
+        if !roster.members().any(|(member, _, _)| member == device) {
+            return Err(refused(format!("{device} is not a member of this ledger")));
+        }
+        let read = logs
+            .settled()
+            .find(|(settled, _, _)| *settled == device.as_str())
+            .map_or(0, |(_, next, _)| next);
+        let cut = cut.unwrap_or(read);
+        if let Some(already) = roster.cut(device.as_str()).filter(|already| *already <= cut) {
+            return Err(refused(format!(
+                "{device} is revoked from record {already} on already"
+            )));
+        }
+        let Some(generation) = newest.generation().checked_add(1).and_then(NonZeroU32::new) else {
+            return Err(refused("the ledger key has no generation left"));
+        };
+        let genesis = logs.genesis().ok_or(LedgerError::NotProtected)?;
+        let change = MembershipChange::by_member(
+            Position {
+                device: self.device().clone(),
+                seq: self.log.head().next_seq(),
+            },
+            KeyId(self.own_key_id().map_or([0; 32], |id| id.0)),
+            Change::Revoke {
+                device: device.clone(),
+                cut,
+            },
+        );
+        let members = logs.current_members(Some(change));
+        let key = LedgerKey::new(generation, random_key()?);
+        let ledger_id = *protection.ledger();
+        let recovery = DeviceId::new(RECOVERY)?;
+        let mut wraps = Vec::with_capacity(members.len() + 1);
+        for (member, identity) in members.iter().chain([(recovery, genesis.recovery_key)].iter()) {
+            let wrapped = crate::wrap::wrap(key.bytes(), &ledger_id, generation.get(), member, identity)
+                .map_err(|error| refused(error.to_string()))?;
+            wraps.push((member.clone(), wrapped));
+        }
+        let revoke = MembershipRecord {
+            change: Membership::Revoke {
+                device: device.clone(),
+                cut,
+            },
+            by_recovery: None,
+        };
+        let rotate = MembershipRecord {
+            change: Membership::Rotate {
+                generation: generation.get(),
+                wraps,
+            },
+            by_recovery: None,
+        };
+        self.write_queued_and(&[revoke.to_bytes(), rotate.to_bytes()])?;
+        Ok(Revoked {
+            device: device.clone(),
+            cut,
+            generation: generation.get(),
+            members: members.into_iter().map(|(member, _)| member).collect(),
+        })
+    }
+
+    /// How many runs, of every agent, are in doubt (rule D2): after a revocation, those its
+    /// void records name.
+    pub fn runs_in_doubt(&self) -> usize {
+        self.view
+            .attempts
+            .values()
+            .flat_map(|runs| runs.values())
+            .filter(|attempts| !attempts.unsettled.is_empty())
+            .count()
+    }
+
+    /// The id of this device's log's record 0, as the reading read it.
+    fn own_key_id(&self) -> Option<crate::oplog::OpId> {
+        let logs = self.view.protected.as_ref()?;
+        match logs.origin_of(self.device().as_str()) {
+            Some(Ok((id, _))) => Some(*id),
+            _ => None,
+        }
+    }
+
+    /// Whether this device may still write into its protected ledger: [`LedgerError::Revoked`]
+    /// when the roster this ledger read voids its next record (a member revoked it). Every
+    /// append checks it; a caller checks it before taking a lease it could not use.
+    ///
+    /// # Errors
+    /// [`LedgerError::Revoked`].
+    pub fn refuse_if_revoked(&self) -> Result<(), LedgerError> {
+        let (Some(logs), Some(key)) = (self.view.protected.as_ref(), self.own_key_id()) else {
+            return Ok(());
+        };
+        let roster = logs.protection().roster();
+        let device = self.device().as_str();
+        let next = self.log.head().next_seq();
+        if roster.standing(device, KeyId(key.0), next) == Standing::Void {
+            return Err(LedgerError::Revoked {
+                device: device.to_owned(),
+                cut: roster.cut(device).unwrap_or(0),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads the ledger again from the start when its protected reading went stale (a
+    /// revocation read since voids records it folded): the new reading starts from every
+    /// membership change the old one read, so the records past a cut are void at first sight.
+    ///
+    /// # Errors
+    /// As a pull of the relay; the stale reading is kept then (it takes no void commit for
+    /// absent), and the next pull tries again.
+    pub(super) fn read_again_if_stale(&mut self) -> Result<(), LedgerError> {
+        for _ in 0..MAX_READINGS {
+            let Some(logs) = self.view.protected.as_ref().filter(|logs| logs.stale()) else {
+                return Ok(());
+            };
+            let Some(protected) = self.protected.as_deref() else {
+                return Ok(());
+            };
+            tracing::info!(
+                "a revocation voids records this host had read: reading the ledger again from the start"
+            );
+            let changes = logs.changes();
+            let mut fresh = protected.logs();
+            let released = fresh.admit(changes);
+            debug_assert!(released.fold.is_empty());
+            let fresh = LedgerState {
+                protected: Some(fresh),
+                ..LedgerState::default()
+            };
+            let stale = std::mem::replace(&mut self.view, fresh);
+            let relay = Arc::clone(&self.relay);
+            match relay.pull_in_batches(&Frontier::new(), &mut |ops| self.absorb(&ops)) {
+                Ok(problems) => self.take_problems(problems)?,
+                Err(error) => {
+                    // Never a half reading: the stale one holds every commit it read.
+                    self.view = stale;
+                    return Err(error.into());
+                }
+            }
+        }
+        tracing::warn!(
+            "a reading of the protected ledger went stale {MAX_READINGS} times: going on with the last one"
+        );
+        Ok(())
+    }
+}
+
+fn random_key() -> Result<[u8; 32], LedgerError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|error| refused(format!("cannot draw random bytes: {error}")))?;
+    Ok(bytes)
+}

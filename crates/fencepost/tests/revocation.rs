@@ -1,0 +1,236 @@
+//! Rule M2: revoking a member of a protected ledger. Its records from the cut on are void (held,
+//! never a truth: a commit there is no commit, its run is in doubt), a reading that had folded
+//! them reads the ledger again, the devices it admitted after the cut are void too, the ledger
+//! key rotates to the members that remain, and a revoked device writes nothing.
+
+use std::sync::Arc;
+
+use fencepost::clock::ManualClock;
+use fencepost::id::DeviceId;
+use fencepost::identity::{DeviceKey, LedgerId};
+use fencepost::lease::{Intent, IntentStatus};
+use fencepost::ledger::{Ledger, LedgerError, LedgerOptions};
+use fencepost::protected::{Missing, Origin};
+use fencepost::relay::{FsRelay, Relay};
+
+fn device_key(device: &str, secret: u8) -> Arc<DeviceKey> {
+    Arc::new(DeviceKey::from_secrets(
+        DeviceId::new(device).unwrap(),
+        [secret; 32],
+        [secret + 1; 32],
+    ))
+}
+
+fn relay(folder: &std::path::Path) -> Arc<dyn Relay> {
+    Arc::new(FsRelay::open(folder).unwrap())
+}
+
+/// A ledger of the protected ledger `ledger` in `folder`, as `key`'s device (`origin` its
+/// record 0), with no key or member given: all of it is read from the ledger.
+fn open(folder: &std::path::Path, key: &Arc<DeviceKey>, origin: Origin, ledger: LedgerId) -> Ledger {
+    let protected = fencepost::ledger::Protected {
+        ledger,
+        device_key: Arc::clone(key),
+        origin,
+        keys: Vec::new(),
+        members: Vec::new(),
+    };
+    let clock = ManualClock::new(1_764_400_000_000);
+    Ledger::open_with(
+        key.device().as_str(),
+        clock.wall_clock(),
+        relay(folder),
+        LedgerOptions::default().protected(protected),
+    )
+    .unwrap()
+}
+
+struct Members {
+    folder: tempfile::TempDir,
+    ledger: LedgerId,
+    genesis: Origin,
+    laptop: Arc<DeviceKey>,
+}
+
+impl Members {
+    /// `laptop` founds a ledger and admits each of `others`.
+    fn found(others: &[&Arc<DeviceKey>]) -> (Self, Ledger) {
+        let folder = tempfile::tempdir().unwrap();
+        let laptop = device_key("laptop", 1);
+        let clock = ManualClock::new(1_764_400_000_000);
+        let (mut founder, founded) = Ledger::found(
+            Arc::clone(&laptop),
+            clock.wall_clock(),
+            relay(folder.path()),
+            LedgerOptions::default(),
+        )
+        .unwrap();
+        for other in others {
+            founder.admit(other.device(), &other.public()).unwrap();
+        }
+        let members = Self {
+            folder,
+            ledger: founded.genesis.ledger_id(),
+            genesis: Origin::Genesis(founded.genesis),
+            laptop,
+        };
+        (members, founder)
+    }
+
+    fn open(&self, key: &Arc<DeviceKey>) -> Ledger {
+        let origin = if key.device() == self.laptop.device() {
+            self.genesis.clone()
+        } else {
+            Origin::Identity(key.public())
+        };
+        open(self.folder.path(), key, origin, self.ledger)
+    }
+
+    fn file(&self, device: &str) -> String {
+        let name = fencepost::relay::device_file_name(device);
+        std::fs::read_to_string(self.folder.path().join("devices").join(name)).unwrap()
+    }
+}
+
+fn run(ledger: &mut Ledger, run: &str, epoch: u64) {
+    for status in [IntentStatus::Pending, IntentStatus::Committed] {
+        ledger.record(&Intent::new("milo", run, epoch, status)).unwrap();
+    }
+}
+
+fn in_doubt(ledger: &Ledger, epoch: u64) -> Vec<String> {
+    ledger
+        .in_doubt("milo", epoch)
+        .into_iter()
+        .map(|run| run.run_id)
+        .collect()
+}
+
+/// M2: a revocation without a cut voids what the revoked device writes from then on: the
+/// revoker rotates the ledger key to the members that remain (not to the revoked one, which
+/// cannot open what they write next), the revoked device writes nothing once it has read its
+/// revocation, and what it wrote without having read it (a relay that withheld it) is void at
+/// every member: never a commit, its run in doubt; what it wrote before stays.
+#[test]
+fn m2_a_revoked_device_writes_nothing_that_counts_and_reads_nothing_new() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, "before", 3);
+    founder.sync().unwrap();
+
+    let revoked = founder.revoke(phone.device(), None).unwrap();
+    assert_eq!(revoked.cut, 3, "M2: the phone's length as read: record 0 and two");
+    assert_eq!(revoked.generation, 2);
+    assert_eq!(
+        revoked.members,
+        vec![members.laptop.device().clone(), tablet.device().clone()],
+        "M2: the new generation goes to the members that remain"
+    );
+    run(&mut founder, "after", 4);
+    let last = members.file("laptop");
+    let last = last.lines().last().unwrap();
+    assert!(last.starts_with("[3,\"laptop\","), "{last}");
+    let fields: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(fields[4], 2, "M2: sealed with the new generation: {last}");
+
+    // The phone wrote on before it read the revocation (its ledger opened before it).
+    run(&mut on_phone, "written-after-the-cut", 5);
+
+    let mut on_tablet = members.open(&tablet);
+    assert!(
+        on_tablet.committed_run("milo", "before").is_some(),
+        "M2: before the cut stays"
+    );
+    assert!(
+        on_tablet.committed_run("milo", "after").is_some(),
+        "M2: the tablet holds generation 2"
+    );
+    assert!(
+        on_tablet.committed_run("milo", "written-after-the-cut").is_none(),
+        "M2: a commit past the cut is no commit"
+    );
+    assert_eq!(
+        in_doubt(&on_tablet, 6),
+        vec!["written-after-the-cut".to_owned()],
+        "M2: its run is in doubt, never run again by itself"
+    );
+    assert!(on_tablet.damage().is_empty(), "{:?}", on_tablet.damage());
+
+    let mut reopened = members.open(&phone);
+    let refused = reopened.record(&Intent::new("milo", "again", 7, IntentStatus::Pending));
+    assert!(
+        matches!(refused, Err(LedgerError::Revoked { cut: 3, .. })),
+        "M2: a revoked device writes nothing: {refused:?}"
+    );
+    assert!(
+        reopened.committed_run("milo", "after").is_none(),
+        "M2: the revoked device cannot open what is sealed after its revocation"
+    );
+    assert!(
+        reopened
+            .not_counted()
+            .iter()
+            .any(|(device, _, why)| device == "laptop" && *why == Missing::KeyNotHeld { generation: 2 }),
+        "{:?}",
+        reopened.not_counted()
+    );
+    let revoke_again = founder.revoke(phone.device(), None);
+    assert!(
+        matches!(revoke_again, Err(LedgerError::Membership { .. })),
+        "{revoke_again:?}"
+    );
+    let myself = founder.revoke(members.laptop.device(), None);
+    assert!(
+        matches!(myself, Err(LedgerError::Membership { .. })),
+        "{myself:?}"
+    );
+}
+
+/// M2: a cut in the past (a stolen device, revoked from the theft on) voids records a member
+/// had folded already: its reading starts over, and the commits past the cut become runs in
+/// doubt, as they are for a member that reads the ledger afresh; a device the revoked one
+/// admitted after the cut is void too, its commits with it. The frontier still counts the void
+/// records (held), so a hand-off that names them does not wait.
+#[test]
+fn m2_a_cut_in_the_past_turns_folded_commits_into_runs_in_doubt() {
+    let phone = device_key("phone", 11);
+    let watch = device_key("watch", 31);
+    let (members, mut founder) = Members::found(&[&phone]);
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, "kept", 3); // records 1, 2
+    run(&mut on_phone, "stolen", 4); // records 3, 4
+    on_phone.sync().unwrap();
+    on_phone.admit(watch.device(), &watch.public()).unwrap(); // record 5
+    let mut on_watch = members.open(&watch);
+    run(&mut on_watch, "by-the-watch", 5);
+
+    founder.sync().unwrap();
+    assert!(founder.committed_run("milo", "stolen").is_some());
+    assert!(founder.committed_run("milo", "by-the-watch").is_some());
+
+    founder.revoke(phone.device(), Some(3)).unwrap();
+    for (who, reading) in [
+        ("the revoker", &mut founder),
+        ("a new reading", &mut members.open(&members.laptop)),
+    ] {
+        assert!(reading.committed_run("milo", "kept").is_some(), "M2: {who}");
+        assert!(
+            reading.committed_run("milo", "stolen").is_none(),
+            "M2: {who}: a commit past the cut is no commit"
+        );
+        assert!(
+            reading.committed_run("milo", "by-the-watch").is_none(),
+            "M2: {who}: admitted after the cut, the watch counts for nothing"
+        );
+        assert_eq!(
+            in_doubt(reading, 6),
+            vec!["by-the-watch".to_owned(), "stolen".to_owned()],
+            "M2: {who}"
+        );
+        let frontier = reading.view().frontier();
+        assert_eq!(frontier.next_seq("phone"), 6, "M2: {who}: void records are held");
+        assert_eq!(frontier.next_seq("watch"), 3, "M2: {who}");
+    }
+}
