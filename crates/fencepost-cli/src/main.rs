@@ -297,7 +297,11 @@ fn main() {
         }),
         Command::Device {
             global,
-            command: commands::DeviceCommand::Admit { key },
+            command:
+                commands::DeviceCommand::Admit {
+                    key,
+                    recovery_key_file,
+                },
         } => {
             // `device admit KEY --device ID`: the --device after the subcommand names the
             // admitted device; this host's id comes from before it, the variable or the config.
@@ -313,7 +317,7 @@ fn main() {
             }
             .or(before);
             in_span("device", &host, |settings| {
-                commands::admit(settings, &key, admitted.as_deref())
+                commands::admit(settings, &key, admitted.as_deref(), recovery_key_file.as_deref())
             })
         }
         Command::Device { global, command } => in_span("device", &global.or(before), |settings| {

@@ -193,3 +193,74 @@ fn m2_a_revocation_from_the_past_puts_the_stolen_devices_commits_in_doubt() {
         assert_eq!(code(&refused), 2, "{args:?}: {}", text(&refused.stderr));
     }
 }
+
+/// M3: the only member's data directory is lost. A new host joins, admits itself with the
+/// recovery key file `ledger init` wrote (`device admit KEY --device ID --recovery-key-file`),
+/// reads every commit (the occurrence the lost host ran is not run again) and runs the next;
+/// it revokes the lost device with the recovery key. Another ledger's recovery key, or
+/// admitting itself without one, is a usage error (exit 2).
+#[test]
+fn m3_a_new_host_recovers_a_ledger_whose_only_member_is_lost_with_the_recovery_key() {
+    let shared = Shared::sqlite();
+    let recovery = shared.path("recovery.key").display().to_string();
+    let init = host(
+        &shared,
+        "laptop",
+        &["ledger", "init", "--recovery-key-file", &recovery],
+    );
+    assert_eq!(code(&init), 0, "{}", text(&init.stderr));
+    let fingerprint = text(&init.stdout).trim().to_owned();
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+    std::fs::remove_dir_all(shared.path("data-laptop")).unwrap();
+
+    let key = text(&host(&shared, "spare", &["device", "key"]).stdout)
+        .trim()
+        .to_owned();
+    let join = host(&shared, "spare", &["device", "join", &fingerprint]);
+    assert_eq!(code(&join), 0, "{}", text(&join.stderr));
+    let alone = host(&shared, "spare", &["device", "admit", &key, "--device", "spare"]);
+    assert_eq!(code(&alone), 2, "{}", text(&alone.stderr));
+    // The recovery key of another ledger.
+    let wrong = shared.path("wrong.key").display().to_string();
+    std::fs::create_dir(shared.path("other-ledger")).unwrap();
+    let made = shared
+        .command("other", &["ledger", "init", "--recovery-key-file", &wrong])
+        .env("XDG_DATA_HOME", shared.path("data-other"))
+        .env("FENCEPOST_LEDGER", shared.path("other-ledger"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&made), 0, "{}", text(&made.stderr));
+    let admit_itself = |recovery: &str| {
+        let args = [
+            "device",
+            "admit",
+            &key,
+            "--device",
+            "spare",
+            "--recovery-key-file",
+            recovery,
+        ];
+        host(&shared, "spare", &args)
+    };
+    let forged = admit_itself(&wrong);
+    assert_eq!(code(&forged), 2, "{}", text(&forged.stderr));
+
+    let admit = admit_itself(&recovery);
+    assert_eq!(code(&admit), 0, "{}", text(&admit.stderr));
+    assert_eq!(
+        code(&send(&shared, "spare", "monday")),
+        3,
+        "M3: the commit is read"
+    );
+    assert_eq!(code(&send(&shared, "spare", "tuesday")), 0);
+    let revoke = host(
+        &shared,
+        "spare",
+        &["device", "revoke", "laptop", "--recovery-key-file", &recovery],
+    );
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    assert_eq!(code(&send(&shared, "spare", "wednesday")), 0);
+    assert_eq!(shared.effects(), vec!["laptop", "spare", "spare"]);
+    let status = text(&host(&shared, "spare", &["status"]).stdout);
+    assert!(status.contains("members:     spare\n"), "{status}");
+}

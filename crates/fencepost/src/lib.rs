@@ -222,7 +222,7 @@ pub mod identity {
     pub use crate::core::identity::{
         DeviceKey, KeyTextError, LedgerId, ParsePublicError, PublicIdentity, Signature, SignatureContext,
     };
-    pub use crate::edge::key_file::{key_path, load, load_or_create, save_new, KeyFileError};
+    pub use crate::edge::key_file::{key_path, load, load_file, load_or_create, save_new, KeyFileError};
 }
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests, so

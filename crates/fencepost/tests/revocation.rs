@@ -50,6 +50,7 @@ struct Members {
     ledger: LedgerId,
     genesis: Origin,
     laptop: Arc<DeviceKey>,
+    recovery: DeviceKey,
 }
 
 impl Members {
@@ -73,6 +74,7 @@ impl Members {
             ledger: founded.genesis.ledger_id(),
             genesis: Origin::Genesis(founded.genesis),
             laptop,
+            recovery: founded.recovery,
         };
         (members, founder)
     }
@@ -233,4 +235,59 @@ fn m2_a_cut_in_the_past_turns_folded_commits_into_runs_in_doubt() {
         assert_eq!(frontier.next_seq("phone"), 6, "M2: {who}: void records are held");
         assert_eq!(frontier.next_seq("watch"), 3, "M2: {who}");
     }
+}
+
+/// M3: the recovery key changes the members from any host that reads the ledger. The only
+/// member's key is lost: a new device, no member and holding no key, admits itself with the
+/// recovery key (which unwraps every generation wrapped to it), then reads every commit and
+/// writes; it revokes the lost device with the recovery key too, and the new generation goes to
+/// it alone. A key that is not the ledger's recovery key changes nothing.
+#[test]
+fn m3_the_recovery_key_admits_a_new_device_when_the_only_members_key_is_lost() {
+    let (members, mut founder) = Members::found(&[]);
+    run(&mut founder, "before", 3);
+    drop(founder); // its key is lost
+
+    let spare = device_key("spare", 41);
+    let mut on_spare = members.open(&spare);
+    assert!(on_spare.committed_run("milo", "before").is_none(), "no key yet");
+    let forged = DeviceKey::from_secrets(DeviceId::new("recovery").unwrap(), [5; 32], [6; 32]);
+    let refused = on_spare.admit_by_recovery(spare.device(), &spare.public(), &forged);
+    assert!(
+        matches!(refused, Err(LedgerError::Membership { .. })),
+        "M3: {refused:?}"
+    );
+    let refused = on_spare.admit(spare.device(), &spare.public());
+    assert!(
+        matches!(refused, Err(LedgerError::Membership { .. })),
+        "M3: {refused:?}"
+    );
+
+    on_spare
+        .admit_by_recovery(spare.device(), &spare.public(), &members.recovery)
+        .unwrap();
+    let mut on_spare = members.open(&spare);
+    assert!(
+        on_spare.committed_run("milo", "before").is_some(),
+        "M3: the recovered device holds generation 1: {:?}",
+        on_spare.not_counted()
+    );
+    run(&mut on_spare, "recovered", 4);
+
+    let revoked = on_spare
+        .revoke_by_recovery(members.laptop.device(), None, &members.recovery)
+        .unwrap();
+    assert_eq!(revoked.members, vec![spare.device().clone()]);
+    assert_eq!(revoked.generation, 2);
+    run(&mut on_spare, "after", 5);
+    let mut again = members.open(&spare);
+    for run in ["before", "recovered", "after"] {
+        assert!(again.committed_run("milo", run).is_some(), "M3: {run}");
+    }
+    let members_now = again.members();
+    assert!(
+        members_now.contains(&(members.laptop.device().clone(), Some(4)))
+            && members_now.contains(&(spare.device().clone(), None)),
+        "M3: {members_now:?}"
+    );
 }

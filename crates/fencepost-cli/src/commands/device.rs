@@ -17,6 +17,11 @@ pub enum DeviceCommand {
     Admit {
         /// The device's public key line (`fpdev1.…`).
         key: String,
+        /// Admit it with the ledger's recovery key (the file `ledger init` wrote), from any host
+        /// that joined the ledger, a member or not: when the only member's key is lost, the new
+        /// device admits itself this way, and gets every generation of the ledger key.
+        #[arg(long, value_name = "FILE")]
+        recovery_key_file: Option<PathBuf>,
     },
     /// Join the protected ledger whose fingerprint (`fencepost ledger fingerprint` on a member)
     /// is FINGERPRINT: this host then reads the ledger as protected, and its records count once
@@ -39,6 +44,11 @@ pub enum DeviceCommand {
         /// length).
         #[arg(long, value_name = "SEQ")]
         from: Option<u64>,
+        /// Revoke it with the ledger's recovery key (the file `ledger init` wrote), from any
+        /// host that joined the ledger: the cut counts wherever it is, and takes the device's
+        /// power to revoke others from there on too.
+        #[arg(long, value_name = "FILE")]
+        recovery_key_file: Option<PathBuf>,
     },
 }
 
@@ -59,8 +69,15 @@ pub fn device(settings: &Settings, command: DeviceCommand) -> Result<i32> {
             Ok(EXIT_RAN_OK)
         }
         // main.rs takes the --device after `admit` for the admitted device's id.
-        DeviceCommand::Admit { key } => super::protect::admit(settings, &key, None),
+        DeviceCommand::Admit {
+            key,
+            recovery_key_file,
+        } => super::protect::admit(settings, &key, None, recovery_key_file.as_deref()),
         DeviceCommand::Join { fingerprint } => super::protect::join(settings, &fingerprint),
-        DeviceCommand::Revoke { revoked, from } => super::protect::revoke(settings, &revoked, from),
+        DeviceCommand::Revoke {
+            revoked,
+            from,
+            recovery_key_file,
+        } => super::protect::revoke(settings, &revoked, from, recovery_key_file.as_deref()),
     }
 }

@@ -101,9 +101,18 @@ pub fn fingerprint(settings: &Settings) -> Result<i32> {
     Ok(EXIT_RAN_OK)
 }
 
-/// `fencepost device admit KEY --device ID`: `device` is the ID (the `--device` given after
-/// `admit`; this host's own id is `settings.device`).
-pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32> {
+/// The recovery key in `path` (`--recovery-key-file`).
+fn recovery_key(path: &Path) -> Result<fencepost::identity::DeviceKey> {
+    let recovery = DeviceId::new(fencepost::membership::RECOVERY)?;
+    match fencepost::identity::load_file(path, &recovery) {
+        Ok(key) => Ok(key),
+        Err(error) => crate::exit::usage!("--recovery-key-file: {error}"),
+    }
+}
+
+/// `fencepost device admit KEY --device ID [--recovery-key-file FILE]`: `device` is the ID
+/// (the `--device` given after `admit`; this host's own id is `settings.device`).
+pub fn admit(settings: &Settings, key: &str, device: Option<&str>, recovery: Option<&Path>) -> Result<i32> {
     let Some(device) = device else {
         crate::exit::usage!("name the device to admit: `fencepost device admit KEY --device ID`");
     };
@@ -117,20 +126,28 @@ pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32
         Ok(device) => device,
         Err(error) => crate::exit::usage!("the device to admit: {error}"),
     };
-    if device.as_str() == settings.device {
+    if device.as_str() == settings.device && recovery.is_none() {
         crate::exit::usage!(
-            "device {device} is this host's own id: give this host's id with FENCEPOST_DEVICE, the config file or a --device before `device`, and the admitted one after `admit`"
+            "device {device} is this host's own id: give this host's id with FENCEPOST_DEVICE, the config file or a --device before `device`, and the admitted one after `admit` (a device admits itself only with --recovery-key-file)"
         );
     }
     if crate::membership::protected(settings)?.is_none() {
         crate::exit::usage!(
-            "this host is a member of no protected ledger at {}: only a member admits",
+            "this host has joined no protected ledger at {}: only a member, or a host that joined with the recovery key, admits",
             settings.ledger_label()
         );
     }
+    let recovery = recovery.map(recovery_key).transpose()?;
     let mut ledger = open_ledger_to(settings, Access::Write)?;
     refuse_damage(&ledger, settings)?;
-    ledger.admit(&device, &identity)?;
+    let admitted = match &recovery {
+        Some(recovery) => ledger.admit_by_recovery(&device, &identity, recovery),
+        None => ledger.admit(&device, &identity),
+    };
+    if let Err(LedgerError::Membership { detail }) = admitted {
+        crate::exit::usage!("{detail}");
+    }
+    admitted?;
     err!(
         "admitted device {device} to {}: on it, run `fencepost device join {}`",
         settings.ledger_label(),
@@ -142,20 +159,25 @@ pub fn admit(settings: &Settings, key: &str, device: Option<&str>) -> Result<i32
 }
 
 /// `fencepost device revoke ID [--from SEQ]`.
-pub fn revoke(settings: &Settings, device: &str, from: Option<u64>) -> Result<i32> {
+pub fn revoke(settings: &Settings, device: &str, from: Option<u64>, recovery: Option<&Path>) -> Result<i32> {
     let device = match DeviceId::new(device) {
         Ok(device) => device,
         Err(error) => crate::exit::usage!("the device to revoke: {error}"),
     };
     if crate::membership::protected(settings)?.is_none() {
         crate::exit::usage!(
-            "this host is a member of no protected ledger at {}: only a member revokes",
+            "this host has joined no protected ledger at {}: only a member, or a host that joined with the recovery key, revokes",
             settings.ledger_label()
         );
     }
+    let recovery = recovery.map(recovery_key).transpose()?;
     let mut ledger = open_ledger_to(settings, Access::Write)?;
     refuse_damage(&ledger, settings)?;
-    let revoked = match ledger.revoke(&device, from) {
+    let revoked = match &recovery {
+        Some(recovery) => ledger.revoke_by_recovery(&device, from, recovery),
+        None => ledger.revoke(&device, from),
+    };
+    let revoked = match revoked {
         Err(LedgerError::Membership { detail }) => crate::exit::usage!("{detail}"),
         other => other?,
     };

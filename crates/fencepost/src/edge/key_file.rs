@@ -61,7 +61,21 @@ pub fn load_or_create(folder: &Path, device: &DeviceId) -> Result<(DeviceKey, bo
 /// # Errors
 /// [`KeyFileError::Missing`] when there is none; the other variants as [`load_or_create`].
 pub fn load(folder: &Path, device: &DeviceId) -> Result<DeviceKey, KeyFileError> {
-    let path = key_path(folder, device);
+    load_file(&key_path(folder, device), device)
+}
+
+/// The key of `device` in the file `path` (a ledger's recovery key, say, whose device id is
+/// [`RECOVERY`](crate::membership::RECOVERY)), with the checks of [`load`] on the file and its
+/// folder.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_file(path: &Path, device: &DeviceId) -> Result<DeviceKey, KeyFileError> {
+    let path = path.to_path_buf();
+    let folder = match path.parent() {
+        Some(folder) if !folder.as_os_str().is_empty() => folder.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
     let io = |source: std::io::Error| KeyFileError::Io {
         path: path.clone(),
         action: "read",
@@ -81,7 +95,7 @@ pub fn load(folder: &Path, device: &DeviceId) -> Result<DeviceKey, KeyFileError>
         return Err(KeyFileError::NotAFile { path });
     }
     check_owner_only(&path, &metadata)?;
-    check_folder(folder)?;
+    check_folder(&folder)?;
     let mut bytes = Zeroizing::new(Vec::with_capacity(512));
     std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
     let text = std::str::from_utf8(&bytes).map_err(|_| KeyFileError::Malformed {

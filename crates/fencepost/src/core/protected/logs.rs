@@ -185,6 +185,30 @@ impl ProtectedLogs {
             .collect()
     }
 
+    /// The generations of the ledger key wrapped to `recipient` (a device id, or
+    /// [`RECOVERY`](crate::membership::RECOVERY)) by the membership records that count (a
+    /// member's at its position, or the recovery key's): what the recovery key unwraps when no
+    /// member is left to.
+    pub fn wrapped_to(&self, recipient: &crate::id::DeviceId) -> Vec<(u32, crate::core::wrap::Wrapped)> {
+        self.memberships
+            .iter()
+            .filter(|read| self.counts(read))
+            .flat_map(|read| wraps_to(&read.record.change, recipient))
+            .collect()
+    }
+
+    /// Whether a membership record read counts: the recovery key's, or a member's at its
+    /// position.
+    fn counts(&self, read: &ReadChange) -> bool {
+        let position = &read.position;
+        read.by_recovery
+            || self
+                .protection
+                .roster()
+                .standing(position.device.as_str(), read.log_key, position.seq)
+                == Standing::Member
+    }
+
     /// The next record of its device's log (the caller checked its chain).
     pub fn offer(&mut self, op: OpRecord) -> Released {
         let device = op.device_id.to_string();
@@ -278,19 +302,13 @@ impl ProtectedLogs {
             .folded
             .iter()
             .any(|((device, key), seq)| !counts(device, *key, *seq));
-        let voids_taken = self.memberships.iter().any(|read| {
-            read.gave
-                && !read.by_recovery
-                && !counts(read.position.device.as_str(), read.log_key, read.position.seq)
-        });
+        let voids_taken = self
+            .memberships
+            .iter()
+            .any(|read| read.gave && !self.counts(read));
         self.stale |= voids_folded || voids_taken;
         let eligible: Vec<usize> = (0..self.memberships.len())
-            .filter(|index| {
-                let read = &self.memberships[*index];
-                let position = &read.position;
-                !read.taken
-                    && (read.by_recovery || counts(position.device.as_str(), read.log_key, position.seq))
-            })
+            .filter(|index| !self.memberships[*index].taken && self.counts(&self.memberships[*index]))
             .collect();
         let Some(recipient) = self.recipient.clone() else {
             return;

@@ -9,7 +9,7 @@ use super::{Ledger, LedgerError, LedgerOptions, Protected};
 use crate::clock::WallClock;
 use crate::genesis::{Fingerprint, Genesis};
 use crate::id::DeviceId;
-use crate::identity::{DeviceKey, PublicIdentity};
+use crate::identity::{DeviceKey, PublicIdentity, SignatureContext};
 use crate::membership::{Membership, MembershipRecord, RECOVERY};
 use crate::oplog::{LogError, OpRecord, SealedContent};
 use crate::protected::Origin;
@@ -37,6 +37,12 @@ fn random<const N: usize>() -> Result<[u8; N], LedgerError> {
         })
     })?;
     Ok(bytes)
+}
+
+pub(super) fn membership(detail: &str) -> LedgerError {
+    LedgerError::Membership {
+        detail: detail.to_owned(),
+    }
 }
 
 fn unsealable(device: &DeviceId, detail: String) -> LedgerError {
@@ -114,26 +120,43 @@ impl Ledger {
     /// identity.
     ///
     /// # Errors
-    /// [`LedgerError::NotProtected`]; as [`append_membership`](Self::append_membership).
+    /// [`LedgerError::NotProtected`]; [`LedgerError::Membership`] when this device is no
+    /// member (it holds no generation of the ledger key); as
+    /// [`append_membership`](Self::append_membership) otherwise.
     pub fn admit(&mut self, device: &DeviceId, identity: &PublicIdentity) -> Result<OpRecord, LedgerError> {
-        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
-        let protection = logs.protection();
-        if protection.keys().next().is_none() {
-            return Err(unsealable(
-                self.device(),
-                "this device is not a member yet (no generation of the ledger key was wrapped to it): only a member admits".to_owned(),
-            ));
-        }
+        self.admit_as(device, identity, None)
+    }
+
+    /// [`admit`](Self::admit) with the recovery key's authority, from any host that reads the
+    /// ledger (a member or not, the device admitted itself when the only member's key was
+    /// lost): the change is signed by `recovery`, which also unwraps every generation of the
+    /// ledger key wrapped to it, so the admitted device gets them all.
+    ///
+    /// # Errors
+    /// As [`admit`](Self::admit), and [`LedgerError::Membership`] when `recovery` is not this
+    /// ledger's recovery key.
+    pub fn admit_by_recovery(
+        &mut self,
+        device: &DeviceId,
+        identity: &PublicIdentity,
+        recovery: &DeviceKey,
+    ) -> Result<OpRecord, LedgerError> {
+        self.admit_as(device, identity, Some(recovery))
+    }
+
+    fn admit_as(
+        &mut self,
+        device: &DeviceId,
+        identity: &PublicIdentity,
+        recovery: Option<&DeviceKey>,
+    ) -> Result<OpRecord, LedgerError> {
+        let generations = self.generations(recovery)?;
+        let ledger = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let ledger = *ledger.protection().ledger();
         let mut wraps = Vec::new();
-        for key in protection.keys() {
-            let wrapped = crate::wrap::wrap(
-                key.bytes(),
-                protection.ledger(),
-                key.generation(),
-                device,
-                identity,
-            )
-            .map_err(|error| unsealable(device, error.to_string()))?;
+        for key in &generations {
+            let wrapped = crate::wrap::wrap(key.bytes(), &ledger, key.generation(), device, identity)
+                .map_err(|error| unsealable(device, error.to_string()))?;
             wraps.push((key.generation(), wrapped));
         }
         let change = Membership::Admit {
@@ -142,10 +165,64 @@ impl Ledger {
             identity: *identity,
             wraps,
         };
-        self.append_membership(&MembershipRecord {
-            change,
-            by_recovery: None,
-        })
+        let record = self.membership_record(change, recovery)?;
+        self.append_membership(&record)
+    }
+
+    /// A membership record of `change`, signed by `recovery` when given.
+    pub(super) fn membership_record(
+        &self,
+        change: Membership,
+        recovery: Option<&DeviceKey>,
+    ) -> Result<MembershipRecord, LedgerError> {
+        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let by_recovery = recovery.map(|recovery| {
+            recovery.sign(
+                SignatureContext::Membership,
+                logs.protection().ledger(),
+                &change.to_bytes(),
+            )
+        });
+        Ok(MembershipRecord { change, by_recovery })
+    }
+
+    /// The generations of the ledger key this device can give: those it holds, and with
+    /// `recovery`, every one wrapped to the recovery key. Never empty.
+    ///
+    /// # Errors
+    /// [`LedgerError::Membership`] when there is none (this device is no member and no
+    /// recovery key is given), or `recovery` is not this ledger's recovery key.
+    pub(super) fn generations(&self, recovery: Option<&DeviceKey>) -> Result<Vec<LedgerKey>, LedgerError> {
+        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let protection = logs.protection();
+        let mut generations: std::collections::BTreeMap<u32, LedgerKey> = protection
+            .keys()
+            .map(|key| (key.generation(), key.clone()))
+            .collect();
+        if let Some(recovery) = recovery {
+            let genesis = logs.genesis().ok_or_else(|| {
+                membership("the ledger's genesis was not read: is the founder's log here yet?")
+            })?;
+            if recovery.public() != genesis.recovery_key {
+                return Err(membership("this is not the recovery key of this ledger"));
+            }
+            for (generation, wrapped) in logs.wrapped_to(recovery.device()) {
+                let (Some(number), false) =
+                    (NonZeroU32::new(generation), generations.contains_key(&generation))
+                else {
+                    continue;
+                };
+                if let Ok(key) = crate::wrap::unwrap(&wrapped, protection.ledger(), generation, recovery) {
+                    generations.insert(generation, LedgerKey::new(number, *key));
+                }
+            }
+        }
+        if generations.is_empty() {
+            return Err(membership(
+                "this device is not a member yet (no generation of the ledger key was wrapped to it): only a member, or the recovery key, changes the members",
+            ));
+        }
+        Ok(generations.into_values().collect())
     }
 
     /// Appends `record`, a membership record in the clear, to this device's log (with the

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use super::{Ledger, LedgerError, LedgerState};
 use crate::id::DeviceId;
-use crate::membership::{Membership, MembershipRecord, RECOVERY};
+use crate::identity::DeviceKey;
+use crate::membership::{Membership, RECOVERY};
 use crate::relay::Frontier;
 use crate::roster::{Change, KeyId, MembershipChange, Position, Standing};
 use crate::seal::LedgerKey;
@@ -49,18 +50,47 @@ impl Ledger {
     /// [`LedgerError::NotProtected`]; [`LedgerError::Membership`] when this device is no member
     /// (it holds no generation of the ledger key), revokes itself, or `device` is no member or
     /// is cut there already; as [`append_membership`](Self::append_membership) otherwise.
+    ///
+    /// A member revoked while it revokes others (two members revoking each other at once):
+    /// both cuts count (rule M1), each from where its author read the other.
     pub fn revoke(&mut self, device: &DeviceId, cut: Option<u64>) -> Result<Revoked, LedgerError> {
-        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
-        let protection = logs.protection();
-        let Some(newest) = protection.newest_key() else {
-            return Err(refused("this device is not a member yet (no generation of the ledger key was wrapped to it): only a member revokes"));
-        };
+        self.revoke_as(device, cut, None)
+    }
+
+    /// [`revoke`](Self::revoke) with the recovery key's authority, from any host that reads the
+    /// ledger: the cut counts wherever it is (a member's revoke cannot take a recovery-revoked
+    /// device's power to revoke others, this can), and the new generation is signed by it too.
+    ///
+    /// # Errors
+    /// As [`revoke`](Self::revoke), and [`LedgerError::Membership`] when `recovery` is not this
+    /// ledger's recovery key.
+    pub fn revoke_by_recovery(
+        &mut self,
+        device: &DeviceId,
+        cut: Option<u64>,
+        recovery: &DeviceKey,
+    ) -> Result<Revoked, LedgerError> {
+        self.revoke_as(device, cut, Some(recovery))
+    }
+
+    fn revoke_as(
+        &mut self,
+        device: &DeviceId,
+        cut: Option<u64>,
+        recovery: Option<&DeviceKey>,
+    ) -> Result<Revoked, LedgerError> {
+        let newest = self
+            .generations(recovery)?
+            .into_iter()
+            .map(|key| key.generation())
+            .max();
         if device == self.device() {
             return Err(refused(
                 "a device does not revoke itself: run `device revoke` on another member",
             ));
         }
-        let roster = protection.roster();
+        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let roster = logs.protection().roster();
         if !roster.members().any(|(member, _, _)| member == device) {
             return Err(refused(format!("{device} is not a member of this ledger")));
         }
@@ -74,45 +104,50 @@ impl Ledger {
                 "{device} is revoked from record {already} on already"
             )));
         }
-        let Some(generation) = newest.generation().checked_add(1).and_then(NonZeroU32::new) else {
+        let Some(generation) = newest
+            .and_then(|newest| newest.checked_add(1))
+            .and_then(NonZeroU32::new)
+        else {
             return Err(refused("the ledger key has no generation left"));
         };
         let genesis = logs.genesis().ok_or(LedgerError::NotProtected)?;
-        let change = MembershipChange::by_member(
-            Position {
-                device: self.device().clone(),
-                seq: self.log.head().next_seq(),
-            },
-            KeyId(self.own_key_id().map_or([0; 32], |id| id.0)),
-            Change::Revoke {
-                device: device.clone(),
-                cut,
-            },
-        );
+        let position = Position {
+            device: self.device().clone(),
+            seq: self.log.head().next_seq(),
+        };
+        let log_key = KeyId(self.own_key_id().map_or([0; 32], |id| id.0));
+        let change = Change::Revoke {
+            device: device.clone(),
+            cut,
+        };
+        let change = match recovery {
+            Some(_) => MembershipChange::by_recovery(position, log_key, change),
+            None => MembershipChange::by_member(position, log_key, change),
+        };
         let members = logs.current_members(Some(change));
         let key = LedgerKey::new(generation, random_key()?);
-        let ledger_id = *protection.ledger();
-        let recovery = DeviceId::new(RECOVERY)?;
+        let ledger_id = *logs.protection().ledger();
+        let recovery_id = DeviceId::new(RECOVERY)?;
         let mut wraps = Vec::with_capacity(members.len() + 1);
-        for (member, identity) in members.iter().chain([(recovery, genesis.recovery_key)].iter()) {
+        for (member, identity) in members.iter().chain([(recovery_id, genesis.recovery_key)].iter()) {
             let wrapped = crate::wrap::wrap(key.bytes(), &ledger_id, generation.get(), member, identity)
                 .map_err(|error| refused(error.to_string()))?;
             wraps.push((member.clone(), wrapped));
         }
-        let revoke = MembershipRecord {
-            change: Membership::Revoke {
+        let revoke = self.membership_record(
+            Membership::Revoke {
                 device: device.clone(),
                 cut,
             },
-            by_recovery: None,
-        };
-        let rotate = MembershipRecord {
-            change: Membership::Rotate {
+            recovery,
+        )?;
+        let rotate = self.membership_record(
+            Membership::Rotate {
                 generation: generation.get(),
                 wraps,
             },
-            by_recovery: None,
-        };
+            recovery,
+        )?;
         self.write_queued_and(&[revoke.to_bytes(), rotate.to_bytes()])?;
         Ok(Revoked {
             device: device.clone(),
