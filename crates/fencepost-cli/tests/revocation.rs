@@ -155,12 +155,12 @@ fn m2_a_device_revoked_while_it_runs_writes_no_commit_and_runs_nothing_after() {
 /// M2: a stolen device revoked from before the theft (`--from`): the commits it wrote from
 /// there on are no commits, their runs in doubt (never run again by themselves, exit 5) on
 /// every member, the revoker included, whose reading had counted them; `revoke` says how many
-/// runs are in doubt. Revoking oneself, a device that is no member, or on a host that is no
+/// runs are in doubt. A device revoked before it wrote anything runs nothing (exit 10). Revoking oneself, a device that is no member, or on a host that is no
 /// member is a usage error (exit 2).
 #[test]
 fn m2_a_revocation_from_the_past_puts_the_stolen_devices_commits_in_doubt() {
     let shared = Shared::sqlite();
-    founded_with(&shared, &["phone"]);
+    founded_with(&shared, &["phone", "watch"]);
     assert_eq!(code(&send(&shared, "phone", "monday")), 0);
     assert_eq!(code(&send(&shared, "phone", "tuesday")), 0);
     assert_eq!(code(&send(&shared, "laptop", "tuesday")), 3);
@@ -177,6 +177,12 @@ fn m2_a_revocation_from_the_past_puts_the_stolen_devices_commits_in_doubt() {
         assert_eq!(code(&again), 5, "M2: {salt}: {}", text(&again.stderr));
     }
     assert_eq!(shared.effects(), vec!["phone", "phone"]);
+    // Found by an adversarial test: a device revoked before it wrote anything ran its command.
+    let revoke = host(&shared, "laptop", &["device", "revoke", "watch"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    let watch = send(&shared, "watch", "friday");
+    assert_eq!(code(&watch), 10, "{}", text(&watch.stderr));
+    assert_eq!(shared.effects(), vec!["phone", "phone"], "M2: nothing ran");
     let status = text(&host(&shared, "laptop", &["status"]).stdout);
     assert!(
         status.contains("members:     laptop\n") && status.contains("revoked:     phone (from record 1)"),

@@ -6,6 +6,9 @@
 //!   host (`Ledger::open` with its own device id, so its log is resumed too).
 //! * `ledger_open/cold/json_object_format`: the same records written in the JSON object form of
 //!   earlier versions, which readers still accept.
+//! * `ledger_open/cold/protected`: the same occurrences in a protected ledger (issue 39's target:
+//!   ≥ 1 M records/s): sealed (XChaCha20-Poly1305) and signed (a head on the last record of each
+//!   append of 10 000), opened by its founder: every head verified, every record opened, folded.
 //!
 //! The bytes per record of each form are printed before the runs.
 //!
@@ -17,9 +20,14 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fencepost::clock::ManualClock;
-use fencepost::ledger::Ledger;
-use fencepost::oplog::{DeviceLog, OpRecord, Surface};
+use fencepost::genesis::Genesis;
+use fencepost::id::DeviceId;
+use fencepost::identity::DeviceKey;
+use fencepost::ledger::{Ledger, LedgerOptions, Protected};
+use fencepost::oplog::{DeviceLog, OpRecord, SealedContent, Surface};
+use fencepost::protected::Origin;
 use fencepost::relay::{device_file_name, FsRelay, Relay};
+use fencepost::seal::LedgerKey;
 use serde_json::json;
 
 const DEVICE: &str = "vm-0035969e";
@@ -37,6 +45,94 @@ fn occurrences() -> usize {
 fn occurrence_batches(clock: &ManualClock, count: usize, mut each: impl FnMut(&[OpRecord])) {
     let mut log = DeviceLog::new(DEVICE, clock.wall_clock()).unwrap();
     let mut batch = Vec::with_capacity(BATCH);
+    occurrence_payloads(count, |payload| {
+        clock.advance(5);
+        batch.push(log.append(Surface::Intent, payload));
+        if batch.len() >= BATCH {
+            each(&batch);
+            batch.clear();
+        }
+    });
+    if !batch.is_empty() {
+        each(&batch);
+    }
+}
+
+/// A protected ledger's founder, its genesis and the first generation of its key.
+struct Founder {
+    key: Arc<DeviceKey>,
+    genesis: Genesis,
+    ledger_key: LedgerKey,
+}
+
+impl Founder {
+    fn new() -> Self {
+        let device = DeviceId::new(DEVICE).unwrap();
+        let key = Arc::new(DeviceKey::from_secrets(device.clone(), [1; 32], [2; 32]));
+        let recovery = DeviceKey::from_secrets(DeviceId::new("recovery").unwrap(), [4; 32], [5; 32]);
+        let genesis = Genesis {
+            nonce: [3; 16],
+            founder: device,
+            founder_key: key.public(),
+            recovery_key: recovery.public(),
+        };
+        let ledger_key = LedgerKey::new(std::num::NonZeroU32::MIN, [6; 32]);
+        Self {
+            key,
+            genesis,
+            ledger_key,
+        }
+    }
+
+    /// How the founder opens its ledger: the key given, as a host that unwrapped it holds it.
+    fn protected(&self) -> Protected {
+        Protected {
+            ledger: self.genesis.ledger_id(),
+            device_key: Arc::clone(&self.key),
+            origin: Origin::Genesis(self.genesis.clone()),
+            keys: vec![self.ledger_key.clone()],
+            members: Vec::new(),
+        }
+    }
+
+    /// Writes `count` occurrences into `relay` as `Ledger::record` would (record 0, the
+    /// genesis, then each record sealed), a head on the last record of each batch.
+    fn write(&self, relay: &FsRelay, clock: &ManualClock, count: usize) {
+        let ledger = self.genesis.ledger_id();
+        let first = OpRecord::sealed(
+            Arc::from(DEVICE),
+            0,
+            None,
+            SealedContent::Clear(Origin::Genesis(self.genesis.clone()).to_bytes().into()),
+        );
+        let origin = first.op_id;
+        let mut log = DeviceLog::new(DEVICE, clock.wall_clock()).unwrap();
+        log.append_made(&first).unwrap();
+        let mut batch = vec![first];
+        let push = |batch: &mut Vec<OpRecord>| {
+            let last = batch.pop().unwrap();
+            batch.push(last.signed(&self.key, &ledger, &origin));
+            relay.push(batch).unwrap();
+            batch.clear();
+        };
+        occurrence_payloads(count, |payload| {
+            clock.advance(5);
+            let draft = log.draft(Surface::Intent, payload).unwrap();
+            let sealed = draft.seal(&self.ledger_key, ledger).unwrap();
+            log.append_made(&sealed).unwrap();
+            batch.push(sealed);
+            if batch.len() >= BATCH {
+                push(&mut batch);
+            }
+        });
+        if !batch.is_empty() {
+            push(&mut batch);
+        }
+    }
+}
+
+/// The payloads of `count` occurrences of one job: a `pending` and a `committed` each.
+fn occurrence_payloads(count: usize, mut each: impl FnMut(serde_json::Value)) {
     for occurrence in 0..count {
         let run = format!(
             "run-{:032x}",
@@ -44,19 +140,8 @@ fn occurrence_batches(clock: &ManualClock, count: usize, mut each: impl FnMut(&[
         );
         let epoch = occurrence as u64 + 1;
         for status in ["pending", "committed"] {
-            clock.advance(5);
-            batch.push(log.append(
-                Surface::Intent,
-                json!({"id": run, "agent_id": "demo", "epoch": epoch, "status": status}),
-            ));
+            each(json!({"id": run, "agent_id": "demo", "epoch": epoch, "status": status}));
         }
-        if batch.len() >= BATCH {
-            each(&batch);
-            batch.clear();
-        }
-    }
-    if !batch.is_empty() {
-        each(&batch);
     }
 }
 
@@ -90,7 +175,19 @@ fn cold_open(criterion: &mut Criterion) {
         }
     });
     file.into_inner().unwrap().sync_all().unwrap();
-    for (name, dir) in [("current_format", &current), ("json_object_format", &object)] {
+    // A protected ledger of the same occurrences.
+    let founder = Founder::new();
+    let protected = tempfile::tempdir().unwrap();
+    founder.write(
+        &FsRelay::open(protected.path()).unwrap(),
+        &ManualClock::new(1_796_085_755_970),
+        count,
+    );
+    for (name, dir) in [
+        ("current_format", &current),
+        ("json_object_format", &object),
+        ("protected", &protected),
+    ] {
         println!(
             "ledger_open/cold/{name}: {records} records, {} bytes, {:.1} bytes per record",
             folder_size(dir.path()),
@@ -111,6 +208,25 @@ fn cold_open(criterion: &mut Criterion) {
             })
         });
     }
+    // Every record counted, once, outside the timing.
+    let relay = Arc::new(FsRelay::open(protected.path()).unwrap());
+    let options = LedgerOptions::default().protected(founder.protected());
+    let opened = Ledger::open_with(DEVICE, clock.wall_clock(), relay, options).unwrap();
+    assert!(opened.damage().is_empty(), "{:?}", opened.damage());
+    assert_eq!(
+        opened.state().agent("demo").map(|agent| agent.runs().len()),
+        Some(count)
+    );
+    drop(opened);
+    group.bench_function("protected", |bencher| {
+        bencher.iter(|| {
+            let relay = Arc::new(FsRelay::open(protected.path()).unwrap());
+            let options = LedgerOptions::default().protected(founder.protected());
+            let ledger = Ledger::open_with(DEVICE, clock.wall_clock(), relay, options).unwrap();
+            assert_eq!(ledger.view().frontier().next_seq(DEVICE), records + 1);
+            ledger
+        })
+    });
     group.finish();
 }
 

@@ -291,3 +291,154 @@ fn m3_the_recovery_key_admits_a_new_device_when_the_only_members_key_is_lost() {
         "M3: {members_now:?}"
     );
 }
+
+/// M2 (found by an adversarial test): a member whose log is empty revokes: the new generation
+/// goes to the members that remain, never to the device revoked (it had counted its own revoke
+/// as a stranger's); a device revoked from record 0 before it wrote anything writes nothing
+/// (its revocation was checked against no log, and its command ran); a cut past the end of the
+/// log as read is refused (it left the device its powers), and so is admitting a revoked id
+/// again (every generation was wrapped to it, and it stayed revoked).
+#[test]
+fn m2_an_empty_log_revokes_and_is_revoked_and_cuts_stay_within_what_was_read() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let watch = device_key("watch", 31);
+    let (members, mut founder) = Members::found(&[&phone, &tablet, &watch]);
+    let mut on_tablet = members.open(&tablet);
+    let revoked = on_tablet.revoke(phone.device(), None).unwrap();
+    assert_eq!(
+        revoked.members,
+        vec![
+            members.laptop.device().clone(),
+            tablet.device().clone(),
+            watch.device().clone()
+        ],
+        "M2: the new generation goes to the members that remain"
+    );
+    founder.sync().unwrap();
+    run(&mut founder, "after", 4);
+    let mut on_phone = members.open(&phone);
+    assert!(
+        on_phone.committed_run("milo", "after").is_none(),
+        "M2: sealed with generation 2"
+    );
+
+    let mut on_phone = members.open(&phone);
+    let refused = on_phone.record(&Intent::new("milo", "never", 5, IntentStatus::Pending));
+    assert!(
+        matches!(refused, Err(LedgerError::Revoked { cut: 0, .. })),
+        "M2: {refused:?}"
+    );
+    assert!(
+        !members.folder.path().join("devices").join("phone.jsonl").exists(),
+        "M2: not even its record 0"
+    );
+
+    let mut on_watch = members.open(&watch);
+    run(&mut on_watch, "by-the-watch", 6);
+    founder.sync().unwrap();
+    let past = founder.revoke(watch.device(), Some(4));
+    assert!(
+        matches!(past, Err(LedgerError::Membership { .. })),
+        "M2: {past:?}"
+    );
+    let again = founder.admit(phone.device(), &phone.public());
+    assert!(
+        matches!(again, Err(LedgerError::Membership { .. })),
+        "M2: {again:?}"
+    );
+    let again = founder.admit_by_recovery(phone.device(), &phone.public(), &members.recovery);
+    assert!(
+        matches!(again, Err(LedgerError::Membership { .. })),
+        "M2: {again:?}"
+    );
+}
+
+/// M2 (found by an adversarial test): a cut before a rotation the revoked device made leaves
+/// what the members sealed with that generation readable (they count, only the revoked device's
+/// records are void): nothing is lost, no reading is damaged. Nothing is sealed with a
+/// generation that only a revoked device's change gave.
+#[test]
+fn m2_a_cut_before_a_rotation_keeps_what_members_sealed_with_it() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let watch = device_key("watch", 31);
+    let (members, mut founder) = Members::found(&[&phone, &tablet, &watch]);
+    let mut on_phone = members.open(&phone);
+    assert_eq!(on_phone.revoke(watch.device(), None).unwrap().generation, 2);
+    let mut on_tablet = members.open(&tablet);
+    run(&mut on_tablet, "sealed-with-2", 3);
+
+    founder.sync().unwrap();
+    let revoked = founder.revoke(phone.device(), Some(0)).unwrap();
+    assert_eq!(revoked.generation, 3);
+    for (who, reading) in [
+        ("the revoker", &mut founder),
+        ("a new reading", &mut members.open(&members.laptop)),
+        ("the tablet", &mut members.open(&tablet)),
+    ] {
+        assert!(
+            reading.committed_run("milo", "sealed-with-2").is_some(),
+            "M2: {who}"
+        );
+        assert!(reading.damage().is_empty(), "M2: {who}: {:?}", reading.damage());
+        assert!(
+            reading.not_counted().is_empty(),
+            "M2: {who}: {:?}",
+            reading.not_counted()
+        );
+    }
+    let mut on_tablet = members.open(&tablet);
+    run(&mut on_tablet, "sealed-with-3", 4);
+    let file = members.file("tablet");
+    let last: serde_json::Value = serde_json::from_str(file.lines().last().unwrap()).unwrap();
+    assert_eq!(last[4], 3, "M2: sealed with the revoker's generation");
+}
+
+/// M2 (found by an adversarial test): two members revoke one device at once (each side of a
+/// lagging sync): two rotations make two keys of generation 2. Every member holds both, and what
+/// each sealed counts everywhere once the sync brings the files together.
+#[test]
+fn m2_two_rotations_to_one_generation_both_open() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    let copy = tempfile::tempdir().unwrap();
+    let devices = copy.path().join("devices");
+    std::fs::create_dir_all(&devices).unwrap();
+    let copy_file = |from: &std::path::Path, to: &std::path::Path, device: &str| {
+        let name = fencepost::relay::device_file_name(device);
+        std::fs::copy(from.join("devices").join(&name), to.join("devices").join(&name)).unwrap();
+    };
+    copy_file(members.folder.path(), copy.path(), "laptop");
+    let mut on_tablet = open(
+        copy.path(),
+        &tablet,
+        Origin::Identity(tablet.public()),
+        members.ledger,
+    );
+    assert_eq!(on_tablet.revoke(phone.device(), None).unwrap().generation, 2);
+    run(&mut on_tablet, "by-the-tablet", 3);
+    assert_eq!(founder.revoke(phone.device(), None).unwrap().generation, 2);
+    run(&mut founder, "by-the-laptop", 4);
+    copy_file(copy.path(), members.folder.path(), "tablet");
+    copy_file(members.folder.path(), copy.path(), "laptop");
+    for folder in [members.folder.path(), copy.path()] {
+        for key in [&members.laptop, &tablet] {
+            let origin = if key.device() == members.laptop.device() {
+                members.genesis.clone()
+            } else {
+                Origin::Identity(key.public())
+            };
+            let mut reading = open(folder, key, origin, members.ledger);
+            for run in ["by-the-tablet", "by-the-laptop"] {
+                assert!(
+                    reading.committed_run("milo", run).is_some(),
+                    "M2: {} reads {run}: {:?}",
+                    key.device(),
+                    reading.not_counted()
+                );
+            }
+        }
+    }
+}

@@ -150,11 +150,13 @@ pub enum Verdict {
     Missing(OpRecord, Missing),
 }
 
-/// A protected ledger as one reader sees it: its id, the generations of its key this reader
-/// holds, and its roster.
+/// A protected ledger as one reader sees it: its id, the keys of the ledger key's generations
+/// this reader holds (to open; more than one per generation when two members rotated at once),
+/// the key it seals with, and its roster.
 pub struct Protection {
     ledger: LedgerId,
-    keys: BTreeMap<u32, LedgerKey>,
+    keys: BTreeMap<u32, Vec<LedgerKey>>,
+    sealing: Option<LedgerKey>,
     roster: Roster,
 }
 
@@ -174,6 +176,7 @@ impl Protection {
         Self {
             ledger,
             keys: BTreeMap::new(),
+            sealing: None,
             roster,
         }
     }
@@ -183,24 +186,50 @@ impl Protection {
         &self.ledger
     }
 
-    /// Holds `key` (a generation unwrapped for this reader).
+    /// Holds `key` (a generation given to this reader by its caller, or by a membership record
+    /// that counts): it opens records, and the newest such key seals.
     pub fn hold(&mut self, key: LedgerKey) {
-        self.keys.insert(key.generation(), key);
+        if self
+            .sealing
+            .as_ref()
+            .is_none_or(|sealing| key.generation() >= sealing.generation())
+        {
+            self.sealing = Some(key.clone());
+        }
+        self.hold_to_open(key);
     }
 
-    /// The generations of the ledger key this reader holds, oldest first.
+    /// Holds `key` to open records only (a generation that a record which no longer counts
+    /// gave, a revoked device's rotation say: what members sealed with it still opens, nothing
+    /// is sealed with it). Whether it was new.
+    pub fn hold_to_open(&mut self, key: LedgerKey) -> bool {
+        let held = self.keys.entry(key.generation()).or_default();
+        if held.iter().any(|other| other.bytes() == key.bytes()) {
+            return false;
+        }
+        held.push(key);
+        true
+    }
+
+    /// Seals with `key` from now on (`None`: with none), which must be held.
+    pub fn seal_with(&mut self, key: Option<LedgerKey>) {
+        self.sealing = key;
+    }
+
+    /// Every key this reader holds, by generation, oldest first.
     pub fn keys(&self) -> impl Iterator<Item = &LedgerKey> {
-        self.keys.values()
+        self.keys.values().flatten()
     }
 
-    /// Whether this reader holds generation `generation`.
+    /// Whether this reader holds a key of generation `generation`.
     pub fn holds(&self, generation: u32) -> bool {
         self.keys.contains_key(&generation)
     }
 
-    /// The newest generation held.
+    /// The key this reader seals with: the newest generation given by its caller or by a
+    /// membership record that counts.
     pub fn newest_key(&self) -> Option<&LedgerKey> {
-        self.keys.values().next_back()
+        self.sealing.as_ref()
     }
 
     /// Replaces the roster (after membership changes were read).
@@ -211,6 +240,19 @@ impl Protection {
     /// The roster.
     pub fn roster(&self) -> &Roster {
         &self.roster
+    }
+
+    /// `op` opened with a key of its generation; `None` when no key of it is held.
+    fn open(&self, op: &OpRecord, generation: u32) -> Option<Result<OpRecord, OpenError>> {
+        let keys = self.keys.get(&generation)?;
+        let mut last = None;
+        for key in keys {
+            match op.open(key, self.ledger) {
+                Ok(opened) => return Some(Ok(opened)),
+                Err(error) => last = Some(Err(error)),
+            }
+        }
+        last
     }
 
     /// Where `op`, a covered record of the log whose record 0 is `origin`, stands.
@@ -224,12 +266,10 @@ impl Protection {
             Some(SealedContent::Sealed(sealed)) => sealed.generation,
             _ => return Verdict::Clear(op),
         };
-        let Some(key) = self.keys.get(&generation) else {
-            return Verdict::Missing(op, Missing::KeyNotHeld { generation });
-        };
-        match op.open(key, self.ledger) {
-            Ok(opened) => Verdict::Folded(opened),
-            Err(error) => Verdict::Missing(op, Missing::NotOpened(error)),
+        match self.open(&op, generation) {
+            None => Verdict::Missing(op, Missing::KeyNotHeld { generation }),
+            Some(Ok(opened)) => Verdict::Folded(opened),
+            Some(Err(error)) => Verdict::Missing(op, Missing::NotOpened(error)),
         }
     }
 }
@@ -243,11 +283,7 @@ impl Protection {
             Some(SealedContent::Sealed(sealed)) => sealed.generation,
             _ => return op,
         };
-        let Some(mut opened) = self
-            .keys
-            .get(&generation)
-            .and_then(|key| op.open(key, self.ledger).ok())
-        else {
+        let Some(Ok(mut opened)) = self.open(&op, generation) else {
             return op;
         };
         if opened.surface == crate::oplog::Surface::Intent {

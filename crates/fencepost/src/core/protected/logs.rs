@@ -29,7 +29,7 @@ pub struct Released {
 }
 
 /// A membership record as read: where it sits, under which log key, whether the recovery key
-/// signed it, and whether the generations it wraps to this device were taken.
+/// signed it, and the generations it wrapped to this device.
 #[derive(Debug)]
 struct ReadChange {
     position: Position,
@@ -38,8 +38,8 @@ struct ReadChange {
     by_recovery: bool,
     /// Whether its wraps to this device were looked at.
     taken: bool,
-    /// Whether it gave this device a generation of the ledger key.
-    gave: bool,
+    /// The generations of the ledger key it gave this device.
+    keys: Vec<LedgerKey>,
 }
 
 /// Every device's protected log as one reader read it: a [`LogReader`] per device, the covered
@@ -70,8 +70,11 @@ pub struct ProtectedLogs {
     recipient: Option<Arc<DeviceKey>>,
     /// Per device and log key, the highest sequence number folded as a member's.
     folded: BTreeMap<(String, KeyId), u64>,
-    /// Whether the roster now voids a record folded, or a wrap taken, before.
+    /// Whether the roster now voids a record folded before.
     stale: bool,
+    /// The generations of the ledger key the caller gave (and [`hold`](Self::hold) added):
+    /// sealed with, whatever the membership records say.
+    given_keys: Vec<LedgerKey>,
 }
 
 impl ProtectedLogs {
@@ -87,6 +90,7 @@ impl ProtectedLogs {
     ) -> Self {
         let mut protection = protection;
         protection.set_roster(Roster::compute(&changes));
+        let given_keys = protection.keys().cloned().collect();
         Self {
             protection,
             readers: BTreeMap::new(),
@@ -99,6 +103,7 @@ impl ProtectedLogs {
             recipient,
             folded: BTreeMap::new(),
             stale: false,
+            given_keys,
         }
     }
 
@@ -131,9 +136,8 @@ impl ProtectedLogs {
         changes
     }
 
-    /// Whether the roster read since voids a record this reading folded, or a generation of
-    /// the ledger key it took from a membership record that no longer counts: the ledger is to
-    /// be read again from the start, with [`changes`](Self::changes) given.
+    /// Whether the roster read since voids a record this reading folded: the ledger is to be
+    /// read again from the start, with [`changes`](Self::changes) given.
     pub fn stale(&self) -> bool {
         self.stale
     }
@@ -277,7 +281,7 @@ impl ProtectedLogs {
             record,
             by_recovery,
             taken: false,
-            gave: false,
+            keys: Vec::new(),
         });
         true
     }
@@ -296,45 +300,65 @@ impl ProtectedLogs {
         }
         self.protection.set_roster(Roster::compute(&self.changes()));
         let roster = self.protection.roster();
-        let counts =
-            |device: &str, key: KeyId, seq: u64| roster.standing(device, key, seq) == Standing::Member;
-        let voids_folded = self
+        self.stale |= self
             .folded
             .iter()
-            .any(|((device, key), seq)| !counts(device, *key, *seq));
-        let voids_taken = self
+            .any(|((device, key), seq)| roster.standing(device, *key, *seq) != Standing::Member);
+        self.take_wraps();
+        // Seal with the newest generation given by the caller or by a change that counts now:
+        // never with one that only a revoked device's change gave (its author may know it).
+        let counting = self
             .memberships
             .iter()
-            .any(|read| read.gave && !self.counts(read));
-        self.stale |= voids_folded || voids_taken;
-        let eligible: Vec<usize> = (0..self.memberships.len())
-            .filter(|index| !self.memberships[*index].taken && self.counts(&self.memberships[*index]))
-            .collect();
+            .filter(|read| self.counts(read))
+            .flat_map(|read| read.keys.iter());
+        let sealing = self
+            .given_keys
+            .iter()
+            .chain(counting)
+            .max_by_key(|key| key.generation())
+            .cloned();
+        self.protection.seal_with(sealing);
+    }
+
+    /// Unwraps the generations wrapped to this device by the membership records not looked at
+    /// yet that an admitted key signed (a member's, or a cut device's: what members sealed with
+    /// them still opens) or the recovery key did; a log no admission names gives nothing.
+    fn take_wraps(&mut self) {
         let Some(recipient) = self.recipient.clone() else {
             return;
         };
-        for index in eligible {
-            self.memberships[index].taken = true;
-            for (generation, wrapped) in wraps_to(&self.memberships[index].record.change, recipient.device())
-            {
+        for index in 0..self.memberships.len() {
+            let read = &self.memberships[index];
+            let position = &read.position;
+            let standing =
+                self.protection
+                    .roster()
+                    .standing(position.device.as_str(), read.log_key, position.seq);
+            if read.taken || (standing == Standing::NotMember && !read.by_recovery) {
+                continue;
+            }
+            let mut keys = Vec::new();
+            for (generation, wrapped) in wraps_to(&read.record.change, recipient.device()) {
                 let Some(number) = std::num::NonZeroU32::new(generation) else {
                     continue;
                 };
-                if self.protection.holds(generation) {
-                    continue;
-                }
                 if let Ok(key) =
                     crate::core::wrap::unwrap(&wrapped, &self.protection.ledger, generation, &recipient)
                 {
-                    self.protection.hold(LedgerKey::new(number, *key));
-                    self.memberships[index].gave = true;
+                    let key = LedgerKey::new(number, *key);
+                    self.protection.hold_to_open(key.clone());
+                    keys.push(key);
                 }
             }
+            self.memberships[index].taken = true;
+            self.memberships[index].keys = keys;
         }
     }
 
     /// Holds another generation of the ledger key, and releases what it opens.
     pub fn hold(&mut self, key: LedgerKey) -> Released {
+        self.given_keys.push(key.clone());
         self.protection.hold(key);
         let mut released = Released::default();
         self.retry(&mut released);

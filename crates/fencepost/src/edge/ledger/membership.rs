@@ -152,6 +152,13 @@ impl Ledger {
     ) -> Result<OpRecord, LedgerError> {
         let generations = self.generations(recovery)?;
         let ledger = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        if let Some(cut) = ledger.protection().roster().cut(device.as_str()) {
+            // Found by an adversarial test: the admit was written, every generation wrapped to
+            // the revoked device, which stayed revoked (a cut is of the device id).
+            return Err(membership(&format!(
+                "device {device} was revoked (from record {cut} of its log on): admit the host under a new device id"
+            )));
+        }
         let ledger = *ledger.protection().ledger();
         let mut wraps = Vec::new();
         for key in &generations {

@@ -53,6 +53,17 @@ impl Protected {
         )
     }
 
+    /// The id of the record 0 this device's log begins with (its origin in the clear).
+    pub fn origin_id(&self) -> OpId {
+        OpRecord::sealed(
+            Arc::from(self.device_key.device().as_str()),
+            0,
+            None,
+            SealedContent::Clear(self.origin.to_bytes().into()),
+        )
+        .op_id
+    }
+
     /// The id of this device's record 0, from what the reading read (`logs`) or the records of
     /// this device it has not read yet (`tail`); `None` when its log is empty. An error when
     /// the log begins with another key than this device's: its heads would cover nothing.

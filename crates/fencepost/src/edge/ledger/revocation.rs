@@ -99,6 +99,12 @@ impl Ledger {
             .find(|(settled, _, _)| *settled == device.as_str())
             .map_or(0, |(_, next, _)| next);
         let cut = cut.unwrap_or(read);
+        if cut > read {
+            // Found by an adversarial test: a cut past the end left the device its powers.
+            return Err(refused(format!(
+                "record {cut} is past the end of {device}'s log as this host read it ({read} records): a cut voids records read, from the one given (--from {read} voids what it writes from now on)"
+            )));
+        }
         if let Some(already) = roster.cut(device.as_str()).filter(|already| *already <= cut) {
             return Err(refused(format!(
                 "{device} is revoked from record {already} on already"
@@ -120,11 +126,10 @@ impl Ledger {
             device: device.clone(),
             cut,
         };
-        let change = match recovery {
-            Some(_) => MembershipChange::by_recovery(position, log_key, change),
-            None => MembershipChange::by_member(position, log_key, change),
-        };
-        let members = logs.current_members(Some(change));
+        // Whom the new generation goes to: the members once this revocation counts, as it will
+        // (found by an adversarial test: a revoker whose log was empty counted it as a stranger's,
+        // and wrapped the new generation to the device it revoked).
+        let members = logs.current_members(Some(MembershipChange::by_recovery(position, log_key, change)));
         let key = LedgerKey::new(generation, random_key()?);
         let ledger_id = *logs.protection().ledger();
         let recovery_id = DeviceId::new(RECOVERY)?;
@@ -168,12 +173,16 @@ impl Ledger {
             .count()
     }
 
-    /// The id of this device's log's record 0, as the reading read it.
+    /// The id of this device's log's record 0: as the reading read it, or, for a log not
+    /// begun yet, the one it will begin with.
     fn own_key_id(&self) -> Option<crate::oplog::OpId> {
         let logs = self.view.protected.as_ref()?;
         match logs.origin_of(self.device().as_str()) {
             Some(Ok((id, _))) => Some(*id),
-            _ => None,
+            Some(Err(_)) => None,
+            // Found by an adversarial test: a device revoked from record 0 before it wrote
+            // anything ran its command (its revocation was checked against no log).
+            None => self.protected.as_deref().map(super::Protected::origin_id),
         }
     }
 
