@@ -32,7 +32,7 @@ use crate::oplog::{OpId, OpRecord, OpenError, SealedContent, CLEAR_GENERATION};
 
 mod logs;
 
-pub use logs::{ProtectedLogs, Released};
+pub use logs::{ProtectedLogs, ProtectedMark, Released};
 
 /// What content in the clear starts with: a device's identity (record 0 of its log).
 const TAG_IDENTITY: u8 = 0;
@@ -314,6 +314,17 @@ impl LogReader {
             origin: None,
             held: Vec::new(),
             covered: 0,
+        }
+    }
+
+    /// A reader of `device`'s log whose record 0 is `origin`, resumed after its first
+    /// `covered` records (a snapshot's).
+    pub(crate) fn restored(device: Arc<str>, origin: (OpId, Origin), covered: u64) -> Self {
+        Self {
+            device,
+            origin: Some(Ok(origin)),
+            held: Vec::new(),
+            covered,
         }
     }
 

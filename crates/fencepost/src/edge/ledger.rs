@@ -296,7 +296,7 @@ impl Ledger {
         // A relay that checks its records hands over checked chains: they are folded as they are
         // read (no need to hold them all), and this device's log continues from where the fold's
         // check of it ends. With a snapshot that matches the relay, only what follows it is read.
-        if let Some(path) = options.snapshot.filter(|_| ledger.protected.is_none()) {
+        if let Some(path) = options.snapshot {
             // In use, the snapshot is locked shared, so that no other process replaces it (see
             // `snapshot_lock`). A new site's first processes: one makes the snapshot (from the
             // checkpoint) with the lock exclusive, the others wait for it (`import_checkpoint`).
@@ -611,9 +611,11 @@ impl Ledger {
     /// Folds `ops` (stored in the relay) into the view, then checks the records that verified
     /// against the seen file.
     fn absorb(&mut self, ops: &[OpRecord]) {
+        let verified = self.view.accept_from(ops, self.relay.checks_records());
         if self.snapshot.as_ref().is_some_and(|snapshot| snapshot.queried) {
-            // The runs these records continue: their stored entries first.
-            for op in ops {
+            // The runs these records continue: their stored entries first (a protected
+            // ledger's records name their runs once opened, so after they are accepted).
+            for op in &verified {
                 if let Some(intent) = op
                     .payload
                     .compact_intent()
@@ -624,7 +626,7 @@ impl Ledger {
                 }
             }
         }
-        let verified = self.view.absorb_from(ops, self.relay.checks_records());
+        self.view.fold_accepted(&verified);
         if let Some(dirty) = self
             .snapshot
             .as_mut()

@@ -111,6 +111,10 @@ pub(crate) struct SnapshotBase {
     /// retention measures age by; absent in a site's own snapshot.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) compactions: Vec<CompactionMark>,
+    /// A protected ledger's reading (issue 39): its logs' record 0s and membership records,
+    /// no key; absent for a ledger that is not protected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) protected: Option<crate::protected::ProtectedMark>,
 }
 
 impl SnapshotBase {

@@ -12,6 +12,10 @@ use crate::core::roster::{Change, KeyId, MembershipChange, Position, Roster, Sta
 use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, SealedContent};
 
+mod mark;
+
+pub use mark::ProtectedMark;
+
 /// What [`ProtectedLogs::offer`] released.
 #[derive(Debug, Default)]
 pub struct Released {

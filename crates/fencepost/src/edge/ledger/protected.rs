@@ -42,15 +42,20 @@ impl std::fmt::Debug for Protected {
 impl Protected {
     /// What a reading of the ledger starts from: its id, the keys, the members given.
     pub(super) fn logs(&self) -> ProtectedLogs {
+        ProtectedLogs::new(
+            self.protection(),
+            self.members.clone(),
+            Some(Arc::clone(&self.device_key)),
+        )
+    }
+
+    /// The ledger with the keys given, before any log is read.
+    fn protection(&self) -> Protection {
         let mut protection = Protection::new(self.ledger, Roster::default());
         for key in &self.keys {
             protection.hold(key.clone());
         }
-        ProtectedLogs::new(
-            protection,
-            self.members.clone(),
-            Some(Arc::clone(&self.device_key)),
-        )
+        protection
     }
 
     /// The id of the record 0 this device's log begins with (its origin in the clear).
@@ -62,6 +67,27 @@ impl Protected {
             SealedContent::Clear(self.origin.to_bytes().into()),
         )
         .op_id
+    }
+
+    /// A reading resumed from a snapshot's `mark`, at its `heads`.
+    ///
+    /// # Errors
+    /// A line saying what in `mark` does not read.
+    pub(super) fn restore_logs(
+        &self,
+        mark: &crate::protected::ProtectedMark,
+        heads: &std::collections::BTreeMap<String, crate::oplog::LogHead>,
+    ) -> Result<ProtectedLogs, String> {
+        let settled = heads
+            .iter()
+            .filter_map(|(device, head)| Some((device.clone(), head.next_seq(), head.last_op_id()?)));
+        ProtectedLogs::restore(
+            self.protection(),
+            self.members.clone(),
+            Some(Arc::clone(&self.device_key)),
+            mark,
+            settled,
+        )
     }
 
     /// The id of this device's record 0, from what the reading read (`logs`) or the records of

@@ -230,12 +230,23 @@ impl Ledger {
             let mut fresh = protected.logs();
             let released = fresh.admit(changes);
             debug_assert!(released.fold.is_empty());
+            // The snapshot holds the void records' runs as they were folded (a save merges, it
+            // never unfolds): it starts over, and no stored run is merged into the new reading.
+            if let Some(path) = self
+                .snapshot
+                .as_ref()
+                .map(|snapshot| snapshot.store.path().to_path_buf())
+            {
+                self.start_snapshot_over(path, "a revocation voids records it holds");
+            }
             let fresh = LedgerState {
                 protected: Some(fresh),
                 ..LedgerState::default()
             };
             let stale = std::mem::replace(&mut self.view, fresh);
             let relay = Arc::clone(&self.relay);
+            // A relay resumed from the snapshot's cursor would hand over only what follows it.
+            relay.read_from_start();
             match relay.pull_in_batches(&Frontier::new(), &mut |ops| self.absorb(&ops)) {
                 Ok(problems) => self.take_problems(problems)?,
                 Err(error) => {

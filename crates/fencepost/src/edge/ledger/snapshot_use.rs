@@ -38,7 +38,10 @@ impl Ledger {
         // The fencing epochs of a snapshot given up for a checkpoint that forgets more (K2: kept
         // whatever the checkpoint says).
         let mut given_up = Vec::new();
-        if let Ok(Some(base)) = &saved {
+        // A protected ledger has no checkpoint (compaction is refused): one in its folder is
+        // nobody's to start from.
+        let checkpoints = self.protected.is_none();
+        if let Ok(Some(base)) = saved.as_ref().map(|base| base.as_ref().filter(|_| checkpoints)) {
             if self.move_to_forgetting_checkpoint(base) {
                 empty = true;
                 given_up.clone_from(&base.fencing);
@@ -50,7 +53,7 @@ impl Ledger {
                 self.snapshot_marks.clone_from(&base.heads);
             }
         }
-        if empty {
+        if empty && checkpoints {
             // Nothing saved yet (a new site, or a snapshot started over): from the shared
             // checkpoint, if there is one.
             from_checkpoint = self.import_checkpoint();
@@ -74,7 +77,20 @@ impl Ledger {
                 return Ok(());
             }
         };
-        let view = match LedgerState::restored(&base) {
+        let view = LedgerState::restored(&base).and_then(|mut view| {
+            view.protected = match (self.protected.as_deref(), &base.protected) {
+                (None, None) => None,
+                (Some(protected), Some(mark)) => Some(protected.restore_logs(mark, &view.heads)?),
+                (None, Some(_)) => {
+                    return Err("it is a protected ledger's, read here as unprotected".to_owned())
+                }
+                (Some(_), None) => {
+                    return Err("it is an unprotected ledger's, read here as protected".to_owned())
+                }
+            };
+            Ok(view)
+        });
+        let view = match view {
             Ok(view) => view,
             Err(reason) => {
                 self.start_snapshot_over(path, &reason);
@@ -207,6 +223,11 @@ impl Ledger {
             return;
         };
         let base = self.view.base_mark(cursor);
+        if self.protected.is_some() && base.protected.is_none() {
+            // A protected reading with records not settled yet (held for a head, missing) is
+            // not saved: a resume would skip them.
+            return;
+        }
         let view = &self.view;
         let runs = match &snapshot.dirty {
             None => view.state.run_count(),

@@ -100,6 +100,20 @@ impl LedgerState {
         ops: &'ops [OpRecord],
         identified: bool,
     ) -> Vec<Cow<'ops, OpRecord>> {
+        let verified = self.accept_from(ops, identified);
+        self.fold_accepted(&verified);
+        verified
+    }
+
+    /// The first half of [`absorb_from`](Self::absorb_from): verifies `ops` against each
+    /// device's head and returns the records to fold (a protected ledger's opened), folding
+    /// none yet ([`fold_accepted`](Self::fold_accepted) does), so that a caller can load what
+    /// they continue first.
+    pub(crate) fn accept_from<'ops>(
+        &mut self,
+        ops: &'ops [OpRecord],
+        identified: bool,
+    ) -> Vec<Cow<'ops, OpRecord>> {
         let mut verified: Vec<Cow<'ops, OpRecord>> = Vec::with_capacity(ops.len());
         for op in ops {
             let device = &*op.device_id;
@@ -187,6 +201,12 @@ impl LedgerState {
                 }
             }
         }
+        verified
+    }
+
+    /// The second half of [`absorb_from`](Self::absorb_from): folds the records
+    /// [`accept_from`](Self::accept_from) returned and indexes their attempts.
+    pub(crate) fn fold_accepted(&mut self, verified: &[Cow<'_, OpRecord>]) {
         match &self.protected {
             None => self.frontier.observe_all(verified.iter().map(|op| &**op)),
             Some(logs) => {
@@ -196,7 +216,7 @@ impl LedgerState {
             }
         }
         self.state.apply_all(verified.iter().map(|op| &**op));
-        for op in &verified {
+        for op in verified {
             // Only intent records are attempts: a record of another surface with the same fields
             // (an audit mirror, say) settles nothing, exactly as the fold ignores it.
             if op.surface != Surface::Intent {
@@ -257,7 +277,6 @@ impl LedgerState {
                 attempts.unsettled.remove(&intent.epoch);
             }
         }
-        verified
     }
 
     /// The runs of `agent_id` in doubt for a holder at `held_epoch` (rule D2): no `committed`
@@ -478,7 +497,9 @@ impl LedgerState {
                 .heads
                 .get(&*op.device_id)
                 .is_some_and(|head| op.seq < head.next_seq());
-            if op.surface == Surface::Intent || !folded || !op.has_valid_id() {
+            // A protected ledger's records are kept opened: their ids are the sealed records'.
+            let identified = base.protected.is_some() || op.has_valid_id();
+            if op.surface == Surface::Intent || !folded || !identified {
                 return Err("a stored record is not one of the other surfaces' verified records".to_owned());
             }
             view.state.apply(&op);
@@ -534,6 +555,10 @@ impl LedgerState {
             cursor,
             forgotten: self.forgotten.clone(),
             compactions: Vec::new(),
+            protected: self
+                .protected
+                .as_ref()
+                .and_then(crate::protected::ProtectedLogs::mark),
         }
     }
 }

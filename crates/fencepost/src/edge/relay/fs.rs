@@ -254,6 +254,11 @@ impl Relay for FsRelay {
         Ok(())
     }
 
+    /// Forgets every file's reading state: the next pull reads each from its start.
+    fn read_from_start(&self) {
+        self.lock_files().clear();
+    }
+
     /// Reads the first line of every device file.
     fn log_starts(&self) -> Result<BTreeMap<String, (u64, OpId)>, RelayError> {
         self.file_starts()

@@ -124,6 +124,14 @@ pub trait Relay: Send + Sync {
         Err("this relay does not resume from a cursor".to_owned().into())
     }
 
+    /// Forgets what this relay read, a [resumed](Self::resume) cursor included, so that a
+    /// pull from an empty frontier hands over every record again: a protected ledger whose
+    /// reading a revocation made stale reads it again from the start.
+    ///
+    /// The default: nothing (a relay that keeps no reading state: every pull reads what its
+    /// frontier asks).
+    fn read_from_start(&self) {}
+
     /// The folder where this relay keeps the ledger's shared [checkpoints](crate::checkpoint),
     /// where every site finds them; or, for a relay with a [`checkpoint_store`](Self::checkpoint_store),
     /// this site's folder of copies of the ones it uses. `None` when it keeps none.
