@@ -270,3 +270,41 @@ fn m3_a_new_host_recovers_a_ledger_whose_only_member_is_lost_with_the_recovery_k
     let status = text(&host(&shared, "spare", &["status"]).stdout);
     assert!(status.contains("members:     spare\n"), "{status}");
 }
+
+/// M2, M3 (found by an adversarial test): the laptop revokes the phone, then the recovery key
+/// revokes the laptop from before that revocation: the phone is a member again. What it runs
+/// counts on every host, whatever order each reads the logs in: the tablet finds its run
+/// committed (it had run it a second time), and the laptop, revoked, runs nothing.
+#[test]
+fn m3_a_recovery_cut_before_a_revocation_never_runs_an_occurrence_twice() {
+    let shared = Shared::sqlite();
+    founded_with(&shared, &["phone", "tablet"]);
+    let keys = shared.path("data-laptop").join("fencepost").join("keys");
+    let recovery = std::fs::read_dir(&keys)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().contains("recovery-"))
+        .unwrap();
+    let revoke = host(&shared, "laptop", &["device", "revoke", "phone"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    let recovery = recovery.display().to_string();
+    let cut = host(
+        &shared,
+        "tablet",
+        &[
+            "device",
+            "revoke",
+            "laptop",
+            "--from",
+            "4",
+            "--recovery-key-file",
+            &recovery,
+        ],
+    );
+    assert_eq!(code(&cut), 0, "{}", text(&cut.stderr));
+    assert_eq!(code(&send(&shared, "phone", "monday")), 0);
+    let again = send(&shared, "tablet", "monday");
+    assert_eq!(code(&again), 3, "M3: {}", text(&again.stderr));
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 10);
+    assert_eq!(shared.effects(), vec!["phone"], "M3: it ran once");
+}

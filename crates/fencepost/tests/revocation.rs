@@ -442,3 +442,35 @@ fn m2_two_rotations_to_one_generation_both_open() {
         }
     }
 }
+
+/// M2, M3 (found by an adversarial test): the recovery key revokes a member from before its
+/// revocation of another: that revocation counts no more, the other is a member again, and
+/// what it writes counts on every member (its run ran once: the next host finds it committed).
+#[test]
+fn m3_a_recovery_cut_before_a_members_revocation_makes_the_revoked_one_a_member_again() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    let revoked = founder.revoke(phone.device(), None).unwrap();
+    assert_eq!(revoked.cut, 0);
+    let mut on_tablet = members.open(&tablet);
+    let recovered = on_tablet
+        .revoke_by_recovery(members.laptop.device(), Some(4), &members.recovery)
+        .unwrap();
+    assert_eq!(
+        recovered.members,
+        vec![phone.device().clone(), tablet.device().clone()],
+        "M3: the phone is a member again"
+    );
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, "once", 3);
+    for (who, key) in [("the phone", &phone), ("the tablet", &tablet)] {
+        let mut reading = members.open(key);
+        assert!(
+            reading.committed_run("milo", "once").is_some(),
+            "M3: {who}: {:?} {:?}",
+            reading.not_counted(),
+            reading.members()
+        );
+    }
+}

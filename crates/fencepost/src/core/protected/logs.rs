@@ -74,7 +74,9 @@ pub struct ProtectedLogs {
     recipient: Option<Arc<DeviceKey>>,
     /// Per device and log key, the highest sequence number folded as a member's.
     folded: BTreeMap<(String, KeyId), u64>,
-    /// Whether the roster now voids a record folded before.
+    /// Per device and log key, the lowest sequence number settled as void.
+    voided: BTreeMap<(String, KeyId), u64>,
+    /// Whether the roster changed the standing of a record settled before.
     stale: bool,
     /// The generations of the ledger key the caller gave (and [`hold`](Self::hold) added):
     /// sealed with, whatever the membership records say.
@@ -106,6 +108,7 @@ impl ProtectedLogs {
             memberships: Vec::new(),
             recipient,
             folded: BTreeMap::new(),
+            voided: BTreeMap::new(),
             stale: false,
             given_keys,
         }
@@ -140,8 +143,9 @@ impl ProtectedLogs {
         changes
     }
 
-    /// Whether the roster read since voids a record this reading folded: the ledger is to be
-    /// read again from the start, with [`changes`](Self::changes) given.
+    /// Whether the roster read since changed the standing of a record this reading settled
+    /// (voids one it folded, or makes one it held void count): the ledger is to be read again
+    /// from the start, with [`changes`](Self::changes) given.
     pub fn stale(&self) -> bool {
         self.stale
     }
@@ -304,10 +308,17 @@ impl ProtectedLogs {
         }
         self.protection.set_roster(Roster::compute(&self.changes()));
         let roster = self.protection.roster();
+        // A settled record whose standing changed: folded and now void, or void and now a
+        // member's again (a recovery cut before the revocation that voided it; found by an
+        // adversarial test: that run ran twice) or no member's.
         self.stale |= self
             .folded
             .iter()
-            .any(|((device, key), seq)| roster.standing(device, *key, *seq) != Standing::Member);
+            .any(|((device, key), seq)| roster.standing(device, *key, *seq) != Standing::Member)
+            || self
+                .voided
+                .iter()
+                .any(|((device, key), seq)| roster.standing(device, *key, *seq) != Standing::Void);
         self.take_wraps();
         // Seal with the newest generation given by the caller or by a change that counts now:
         // never with one that only a revoked device's change gave (its author may know it).
@@ -408,7 +419,14 @@ impl ProtectedLogs {
                 (op, &mut released.fold)
             }
             Verdict::Clear(op) => (op, &mut released.clear),
-            Verdict::Void(op) => (op, &mut released.void),
+            Verdict::Void(op) => {
+                let lowest = self
+                    .voided
+                    .entry((device.to_owned(), KeyId(origin.0)))
+                    .or_insert(op.seq);
+                *lowest = (*lowest).min(op.seq);
+                (op, &mut released.void)
+            }
             Verdict::Missing(op, why) => {
                 self.unresolved
                     .entry(device.to_owned())

@@ -26,6 +26,9 @@ pub struct ProtectedMark {
     memberships: Vec<(String, u64, OpId, String)>,
     /// Per device and the id of its record 0: the highest sequence number folded.
     folded: Vec<(String, OpId, u64)>,
+    /// Per device and the id of its record 0: the lowest sequence number held void.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    voided: Vec<(String, OpId, u64)>,
 }
 
 impl ProtectedLogs {
@@ -60,10 +63,16 @@ impl ProtectedLogs {
             .iter()
             .map(|((device, key), seq)| (device.clone(), OpId(key.0), *seq))
             .collect();
+        let voided = self
+            .voided
+            .iter()
+            .map(|((device, key), seq)| (device.clone(), OpId(key.0), *seq))
+            .collect();
         Some(ProtectedMark {
             origins,
             memberships,
             folded,
+            voided,
         })
     }
 
@@ -113,6 +122,9 @@ impl ProtectedLogs {
         }
         for (device, key, seq) in &mark.folded {
             logs.folded.insert((device.clone(), KeyId(key.0)), *seq);
+        }
+        for (device, key, seq) in &mark.voided {
+            logs.voided.insert((device.clone(), KeyId(key.0)), *seq);
         }
         logs.refresh();
         Ok(logs)
