@@ -445,7 +445,9 @@ fn m2_two_rotations_to_one_generation_both_open() {
 
 /// M2, M3 (found by an adversarial test): the recovery key revokes a member from before its
 /// revocation of another: that revocation counts no more, the other is a member again, and
-/// what it writes counts on every member (its run ran once: the next host finds it committed).
+/// what it writes counts on every member (its run ran once: the next host finds it committed);
+/// the revoker gives it the generation made while it was revoked, so it reads what the others
+/// sealed with it (it waited for good).
 #[test]
 fn m3_a_recovery_cut_before_a_members_revocation_makes_the_revoked_one_a_member_again() {
     let phone = device_key("phone", 11);
@@ -454,6 +456,7 @@ fn m3_a_recovery_cut_before_a_members_revocation_makes_the_revoked_one_a_member_
     let revoked = founder.revoke(phone.device(), None).unwrap();
     assert_eq!(revoked.cut, 0);
     let mut on_tablet = members.open(&tablet);
+    run(&mut on_tablet, "sealed-with-2", 2); // generation 2, never given to the phone
     let recovered = on_tablet
         .revoke_by_recovery(members.laptop.device(), Some(4), &members.recovery)
         .unwrap();
@@ -466,6 +469,11 @@ fn m3_a_recovery_cut_before_a_members_revocation_makes_the_revoked_one_a_member_
     run(&mut on_phone, "once", 3);
     for (who, key) in [("the phone", &phone), ("the tablet", &tablet)] {
         let mut reading = members.open(key);
+        assert!(
+            reading.committed_run("milo", "sealed-with-2").is_some(),
+            "M3: {who}: the revoker gave the phone the generation it lacked: {:?}",
+            reading.not_counted()
+        );
         assert!(
             reading.committed_run("milo", "once").is_some(),
             "M3: {who}: {:?} {:?}",

@@ -166,7 +166,7 @@ impl ProtectedLogs {
     pub fn current_members(
         &self,
         extra: Option<MembershipChange>,
-    ) -> Vec<(crate::id::DeviceId, crate::core::identity::PublicIdentity)> {
+    ) -> Vec<(crate::id::DeviceId, KeyId, crate::core::identity::PublicIdentity)> {
         let mut identities = BTreeMap::new();
         if let Some((founding, genesis)) = &self.founded {
             identities.insert((genesis.founder.clone(), founding.log_key), genesis.founder_key);
@@ -192,8 +192,20 @@ impl ProtectedLogs {
             .filter_map(|(device, key)| {
                 identities
                     .get(&(device.clone(), *key))
-                    .map(|identity| (device.clone(), *identity))
+                    .map(|identity| (device.clone(), *key, *identity))
             })
+            .collect()
+    }
+
+    /// The generations of the ledger key that the membership records read wrapped to `device`
+    /// (any an admitted key or the recovery key signed): what a member that holds more can
+    /// give it.
+    pub fn generations_given_to(&self, device: &crate::id::DeviceId) -> std::collections::BTreeSet<u32> {
+        self.memberships
+            .iter()
+            .filter(|read| read.by_recovery || self.standing_of(read) != Standing::NotMember)
+            .flat_map(|read| wraps_to(&read.record.change, device))
+            .map(|(generation, _)| generation)
             .collect()
     }
 
@@ -212,13 +224,15 @@ impl ProtectedLogs {
     /// Whether a membership record read counts: the recovery key's, or a member's at its
     /// position.
     fn counts(&self, read: &ReadChange) -> bool {
+        read.by_recovery || self.standing_of(read) == Standing::Member
+    }
+
+    /// Where the record that holds a membership change read stands.
+    fn standing_of(&self, read: &ReadChange) -> Standing {
         let position = &read.position;
-        read.by_recovery
-            || self
-                .protection
-                .roster()
-                .standing(position.device.as_str(), read.log_key, position.seq)
-                == Standing::Member
+        self.protection
+            .roster()
+            .standing(position.device.as_str(), read.log_key, position.seq)
     }
 
     /// The next record of its device's log (the caller checked its chain).
@@ -345,12 +359,7 @@ impl ProtectedLogs {
         };
         for index in 0..self.memberships.len() {
             let read = &self.memberships[index];
-            let position = &read.position;
-            let standing =
-                self.protection
-                    .roster()
-                    .standing(position.device.as_str(), read.log_key, position.seq);
-            if read.taken || (standing == Standing::NotMember && !read.by_recovery) {
+            if read.taken || (self.standing_of(read) == Standing::NotMember && !read.by_recovery) {
                 continue;
             }
             let mut keys = Vec::new();

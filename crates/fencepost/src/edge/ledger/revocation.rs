@@ -79,11 +79,8 @@ impl Ledger {
         cut: Option<u64>,
         recovery: Option<&DeviceKey>,
     ) -> Result<Revoked, LedgerError> {
-        let newest = self
-            .generations(recovery)?
-            .into_iter()
-            .map(|key| key.generation())
-            .max();
+        let held = self.generations(recovery)?;
+        let newest = held.iter().map(LedgerKey::generation).max();
         if device == self.device() {
             return Err(refused(
                 "a device does not revoke itself: run `device revoke` on another member",
@@ -134,7 +131,8 @@ impl Ledger {
         let ledger_id = *logs.protection().ledger();
         let recovery_id = DeviceId::new(RECOVERY)?;
         let mut wraps = Vec::with_capacity(members.len() + 1);
-        for (member, identity) in members.iter().chain([(recovery_id, genesis.recovery_key)].iter()) {
+        let recovery_entry = (recovery_id, KeyId([0; 32]), genesis.recovery_key);
+        for (member, _, identity) in members.iter().chain([recovery_entry].iter()) {
             let wrapped = crate::wrap::wrap(key.bytes(), &ledger_id, generation.get(), member, identity)
                 .map_err(|error| refused(error.to_string()))?;
             wraps.push((member.clone(), wrapped));
@@ -153,13 +151,57 @@ impl Ledger {
             },
             recovery,
         )?;
-        self.write_queued_and(&[revoke.to_bytes(), rotate.to_bytes()])?;
+        let mut records = vec![revoke.to_bytes(), rotate.to_bytes()];
+        for given in self.lacking_wraps(&members, &held, recovery)? {
+            records.push(given.to_bytes());
+        }
+        self.write_queued_and(&records)?;
         Ok(Revoked {
             device: device.clone(),
             cut,
             generation: generation.get(),
-            members: members.into_iter().map(|(member, _)| member).collect(),
+            members: members.into_iter().map(|(member, _, _)| member).collect(),
         })
+    }
+
+    /// For each of `members` that lacks a generation of `held` (never wrapped to it: it was
+    /// revoked when another member rotated, and is a member again since), an admit of it
+    /// under its key again, with those generations wrapped to it (found by an adversarial
+    /// test: such a member waited for good on what others sealed with them).
+    fn lacking_wraps(
+        &self,
+        members: &[(DeviceId, KeyId, crate::identity::PublicIdentity)],
+        held: &[LedgerKey],
+        recovery: Option<&DeviceKey>,
+    ) -> Result<Vec<crate::membership::MembershipRecord>, LedgerError> {
+        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let ledger_id = *logs.protection().ledger();
+        let mut records = Vec::new();
+        for (member, key, identity) in members {
+            let given = logs.generations_given_to(member);
+            let mut wraps = Vec::new();
+            for lacking in held.iter().filter(|key| !given.contains(&key.generation())) {
+                let wrapped = crate::wrap::wrap(
+                    lacking.bytes(),
+                    &ledger_id,
+                    lacking.generation(),
+                    member,
+                    identity,
+                )
+                .map_err(|error| refused(error.to_string()))?;
+                wraps.push((lacking.generation(), wrapped));
+            }
+            if !wraps.is_empty() {
+                let change = Membership::Admit {
+                    device: member.clone(),
+                    key: *key,
+                    identity: *identity,
+                    wraps,
+                };
+                records.push(self.membership_record(change, recovery)?);
+            }
+        }
+        Ok(records)
     }
 
     /// How many runs, of every agent, are in doubt (rule D2): after a revocation, those its
