@@ -110,6 +110,35 @@ fn recovery_key(path: &Path) -> Result<fencepost::identity::DeviceKey> {
     }
 }
 
+/// The ledger of a host that changes the members (`admit`, `revoke`: `verb`), refusing damage,
+/// and the recovery key in `recovery` when given. A usage error on a host that joined no
+/// protected ledger.
+fn ledger_to_change(
+    settings: &Settings,
+    recovery: Option<&Path>,
+    verb: &str,
+) -> Result<(Ledger, Option<fencepost::identity::DeviceKey>)> {
+    if crate::membership::protected(settings)?.is_none() {
+        crate::exit::usage!(
+            "this host has joined no protected ledger at {}: only a member, or a host that joined with the recovery key, {verb}",
+            settings.ledger_label()
+        );
+    }
+    let recovery = recovery.map(recovery_key).transpose()?;
+    let ledger = open_ledger_to(settings, Access::Write)?;
+    refuse_damage(&ledger, settings)?;
+    Ok((ledger, recovery))
+}
+
+/// A membership change the ledger refused (revoking oneself, a device that is no member, …)
+/// as a usage error (exit 2).
+fn refused_as_usage<T>(result: std::result::Result<T, LedgerError>) -> Result<T> {
+    match result {
+        Err(LedgerError::Membership { detail }) => crate::exit::usage!("{detail}"),
+        other => Ok(other?),
+    }
+}
+
 /// `fencepost device admit KEY --device ID [--recovery-key-file FILE]`: `device` is the ID
 /// (the `--device` given after `admit`; this host's own id is `settings.device`).
 pub fn admit(settings: &Settings, key: &str, device: Option<&str>, recovery: Option<&Path>) -> Result<i32> {
@@ -131,23 +160,11 @@ pub fn admit(settings: &Settings, key: &str, device: Option<&str>, recovery: Opt
             "device {device} is this host's own id: give this host's id with FENCEPOST_DEVICE, the config file or a --device before `device`, and the admitted one after `admit` (a device admits itself only with --recovery-key-file)"
         );
     }
-    if crate::membership::protected(settings)?.is_none() {
-        crate::exit::usage!(
-            "this host has joined no protected ledger at {}: only a member, or a host that joined with the recovery key, admits",
-            settings.ledger_label()
-        );
-    }
-    let recovery = recovery.map(recovery_key).transpose()?;
-    let mut ledger = open_ledger_to(settings, Access::Write)?;
-    refuse_damage(&ledger, settings)?;
-    let admitted = match &recovery {
+    let (mut ledger, recovery) = ledger_to_change(settings, recovery, "admits")?;
+    refused_as_usage(match &recovery {
         Some(recovery) => ledger.admit_by_recovery(&device, &identity, recovery),
         None => ledger.admit(&device, &identity),
-    };
-    if let Err(LedgerError::Membership { detail }) = admitted {
-        crate::exit::usage!("{detail}");
-    }
-    admitted?;
+    })?;
     err!(
         "admitted device {device} to {}: on it, run `fencepost device join {}`",
         settings.ledger_label(),
@@ -164,23 +181,11 @@ pub fn revoke(settings: &Settings, device: &str, from: Option<u64>, recovery: Op
         Ok(device) => device,
         Err(error) => crate::exit::usage!("the device to revoke: {error}"),
     };
-    if crate::membership::protected(settings)?.is_none() {
-        crate::exit::usage!(
-            "this host has joined no protected ledger at {}: only a member, or a host that joined with the recovery key, revokes",
-            settings.ledger_label()
-        );
-    }
-    let recovery = recovery.map(recovery_key).transpose()?;
-    let mut ledger = open_ledger_to(settings, Access::Write)?;
-    refuse_damage(&ledger, settings)?;
-    let revoked = match &recovery {
+    let (mut ledger, recovery) = ledger_to_change(settings, recovery, "revokes")?;
+    let revoked = refused_as_usage(match &recovery {
         Some(recovery) => ledger.revoke_by_recovery(&device, from, recovery),
         None => ledger.revoke(&device, from),
-    };
-    let revoked = match revoked {
-        Err(LedgerError::Membership { detail }) => crate::exit::usage!("{detail}"),
-        other => other?,
-    };
+    })?;
     let in_doubt = ledger.runs_in_doubt();
     err!(
         "revoked device {device} from record {} of its log on: what it wrote from there counts for nothing. Generation {} of the ledger key is wrapped to {} (and to the recovery key){}",

@@ -201,14 +201,12 @@ impl Protection {
 
     /// Holds `key` to open records only (a generation that a record which no longer counts
     /// gave, a revoked device's rotation say: what members sealed with it still opens, nothing
-    /// is sealed with it). Whether it was new.
-    pub fn hold_to_open(&mut self, key: LedgerKey) -> bool {
+    /// is sealed with it).
+    pub fn hold_to_open(&mut self, key: LedgerKey) {
         let held = self.keys.entry(key.generation()).or_default();
-        if held.iter().any(|other| other.bytes() == key.bytes()) {
-            return false;
+        if !held.iter().any(|other| other.bytes() == key.bytes()) {
+            held.push(key);
         }
-        held.push(key);
-        true
     }
 
     /// Seals with `key` from now on (`None`: with none), which must be held.
@@ -219,11 +217,6 @@ impl Protection {
     /// Every key this reader holds, by generation, oldest first.
     pub fn keys(&self) -> impl Iterator<Item = &LedgerKey> {
         self.keys.values().flatten()
-    }
-
-    /// Whether this reader holds a key of generation `generation`.
-    pub fn holds(&self, generation: u32) -> bool {
-        self.keys.contains_key(&generation)
     }
 
     /// The key this reader seals with: the newest generation given by its caller or by a
