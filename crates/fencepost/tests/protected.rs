@@ -96,6 +96,52 @@ fn folded_runs(verdicts: &[Verdict]) -> Vec<String> {
         .collect()
 }
 
+/// S2: records handed over at once are covered by their last valid head, which covers those
+/// before it: one signature verified, not one per head (a ledger written by `fencepost run`
+/// carries a head on every record). A forged last head is passed over for the valid one before
+/// it; the records after that wait.
+#[test]
+fn s2_records_handed_over_at_once_are_covered_by_their_last_valid_head_alone() {
+    let laptop = device_key("laptop", 1);
+    let origin = Origin::Identity(laptop.public());
+    let log = log_of(&laptop, &origin, &ledger_key(1), &[1, 1, 1, 1, 1]);
+    let heads = log
+        .iter()
+        .filter(|op| op.sealed_record().unwrap().head.is_some())
+        .count();
+    assert_eq!(heads, 6, "every record carries a head");
+    let mut reader = LogReader::new(Arc::clone(&log[0].device_id));
+    let covered = reader.offer_all(log.clone(), &LEDGER);
+    assert_eq!(covered, log, "S2: every record covered, in order");
+    assert_eq!(
+        reader.heads_verified(),
+        1,
+        "S2: one signature verified for six heads"
+    );
+
+    let thief = device_key("laptop", 9);
+    let mut forged = log.clone();
+    let last = forged.pop().unwrap();
+    let origin_id = log[0].op_id;
+    forged.push(last.signed(&thief, &LEDGER, &origin_id));
+    let mut reader = LogReader::new(Arc::clone(&log[0].device_id));
+    let covered = reader.offer_all(forged.clone(), &LEDGER);
+    assert_eq!(covered, log[..5], "S2: covered up to the last valid head");
+    assert_eq!(
+        reader.held(),
+        &forged[5..],
+        "S2: the record under a forged head waits"
+    );
+    assert_eq!(reader.heads_verified(), 2);
+    // Offered one by one, the same records are covered.
+    let mut one_by_one = LogReader::new(Arc::clone(&log[0].device_id));
+    let covered: Vec<OpRecord> = forged
+        .iter()
+        .flat_map(|op| one_by_one.offer(op.clone(), &LEDGER))
+        .collect();
+    assert_eq!(covered, log[..5]);
+}
+
 /// S2: a member's records count once a head of its log's key covers them, in order, opened to
 /// their content with the sealed record's id and links; records after the last head wait.
 #[test]
@@ -340,6 +386,51 @@ fn open(folder: &std::path::Path, protected_as: fencepost::ledger::Protected) ->
         LedgerOptions::default().protected(protected_as),
     )
     .unwrap()
+}
+
+/// S2: a reader handed a long protected log at once (every record under its own head, as
+/// `fencepost run` writes them) opens the records on every core and folds each of them: every
+/// commit counts, in order, and the reader's frontier is the log's end.
+#[test]
+fn s2_a_long_log_read_at_once_folds_every_record() {
+    use fencepost::lease::{Intent, IntentStatus};
+
+    let folder = tempfile::tempdir().unwrap();
+    let laptop = device_key("laptop", 1);
+    let founded = founded(&laptop);
+    let mut writer = open(
+        folder.path(),
+        protected(&founded, device_key("laptop", 1), vec![]),
+    );
+    let occurrences = 400;
+    for occurrence in 0..occurrences {
+        for status in [IntentStatus::Pending, IntentStatus::Committed] {
+            let run = format!("run-{occurrence}");
+            writer
+                .record(&Intent::new("milo", &run, occurrence + 1, status))
+                .unwrap();
+        }
+    }
+    let reader = open(
+        folder.path(),
+        protected(&founded, device_key("laptop", 1), vec![]),
+    );
+    assert!(reader.damage().is_empty(), "{:?}", reader.damage());
+    let agent = reader.state().agent("milo").unwrap();
+    assert_eq!(
+        agent.committed_runs().len(),
+        occurrences as usize,
+        "S2: every commit counts"
+    );
+    for occurrence in 0..occurrences {
+        let run = agent.committed_run(&format!("run-{occurrence}")).unwrap();
+        assert_eq!(run.epoch, occurrence + 1, "S2: run-{occurrence} at its own epoch");
+    }
+    assert_eq!(
+        reader.view().frontier().next_seq("laptop"),
+        2 * occurrences + 1,
+        "S2: record 0 and every intent settled"
+    );
 }
 
 /// S1, S2: a protected ledger in a folder: what a member writes is sealed (no agent or run id

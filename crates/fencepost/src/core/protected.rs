@@ -32,7 +32,7 @@ use crate::oplog::{OpId, OpRecord, OpenError, SealedContent, CLEAR_GENERATION};
 
 mod logs;
 
-pub use logs::{ProtectedLogs, ProtectedMark, Released};
+pub use logs::{OpenMany, ProtectedLogs, ProtectedMark, Released};
 
 /// What content in the clear starts with: a device's identity (record 0 of its log).
 const TAG_IDENTITY: u8 = 0;
@@ -248,8 +248,24 @@ impl Protection {
         last
     }
 
+    /// `op` opened with a key held for its generation, when one opens it: work a caller may do
+    /// ahead of the verdict, on other threads ([`OpenMany`](logs::OpenMany)). The verdict is the
+    /// same: a key opens a record or does not, whenever it is tried.
+    pub fn open_ahead(&self, op: &OpRecord) -> Option<OpRecord> {
+        let Some(SealedContent::Sealed(sealed)) = op.sealed_record().map(|record| &record.content) else {
+            return None;
+        };
+        self.open(op, sealed.generation)?.ok()
+    }
+
     /// Where `op`, a covered record of the log whose record 0 is `origin`, stands.
     pub fn classify(&self, op: OpRecord, origin: &OpId) -> Verdict {
+        self.classify_opened(op, origin, None)
+    }
+
+    /// [`classify`](Self::classify), with `op` already opened when `ahead` is given (by
+    /// [`open_ahead`](Self::open_ahead)).
+    fn classify_opened(&self, op: OpRecord, origin: &OpId, ahead: Option<OpRecord>) -> Verdict {
         match self.roster.standing(&op.device_id, KeyId(origin.0), op.seq) {
             Standing::Member => {}
             Standing::Void => return Verdict::Void(self.void(op)),
@@ -259,7 +275,11 @@ impl Protection {
             Some(SealedContent::Sealed(sealed)) => sealed.generation,
             _ => return Verdict::Clear(op),
         };
-        match self.open(&op, generation) {
+        let opened = match ahead {
+            Some(opened) => Some(Ok(opened)),
+            None => self.open(&op, generation),
+        };
+        match opened {
             None => Verdict::Missing(op, Missing::KeyNotHeld { generation }),
             Some(Ok(opened)) => Verdict::Folded(opened),
             Some(Err(error)) => Verdict::Missing(op, Missing::NotOpened(error)),
@@ -297,6 +317,8 @@ pub struct LogReader {
     origin: Option<Result<(OpId, Origin), String>>,
     held: Vec<OpRecord>,
     covered: u64,
+    /// How many heads' signatures were checked.
+    heads_verified: u64,
 }
 
 impl LogReader {
@@ -307,6 +329,7 @@ impl LogReader {
             origin: None,
             held: Vec::new(),
             covered: 0,
+            heads_verified: 0,
         }
     }
 
@@ -318,7 +341,14 @@ impl LogReader {
             origin: Some(Ok(origin)),
             held: Vec::new(),
             covered,
+            heads_verified: 0,
         }
+    }
+
+    /// How many heads' signatures this reader checked: one per [`offer_all`](Self::offer_all)
+    /// whose last head is valid, however many heads the records carry.
+    pub fn heads_verified(&self) -> u64 {
+        self.heads_verified
     }
 
     /// Record 0's id and what it says, once read; an error when it names no key.
@@ -340,19 +370,38 @@ impl LogReader {
     /// chain) and returns the records a head now covers, in sequence order (none while the log's
     /// record 0 names no key).
     pub fn offer(&mut self, op: OpRecord, ledger: &LedgerId) -> Vec<OpRecord> {
-        debug_assert_eq!(op.device_id, self.device);
-        if op.seq == 0 {
-            self.origin = Some(read_origin(&op));
-        }
-        let head = match &self.origin {
-            Some(Ok((origin, said))) => op.has_valid_head(said.signer(), ledger, origin),
-            _ => false,
-        };
-        self.held.push(op);
-        if !head {
+        self.offer_all(vec![op], ledger)
+    }
+
+    /// Takes the next records of the log, in sequence order (the caller checked the chain), and
+    /// returns the records a head now covers. A valid head covers everything before it, so the
+    /// heads are tried from the last one back and the first valid one ends the search: one
+    /// signature verified per call when the last head is valid.
+    pub fn offer_all(&mut self, ops: Vec<OpRecord>, ledger: &LedgerId) -> Vec<OpRecord> {
+        let Some(first) = ops.first() else {
             return Vec::new();
+        };
+        debug_assert!(ops.iter().all(|op| op.device_id == self.device));
+        if first.seq == 0 {
+            self.origin = Some(read_origin(first));
         }
-        let covered = std::mem::take(&mut self.held);
+        let verified = &mut self.heads_verified;
+        let covered_to = match &self.origin {
+            Some(Ok((origin, said))) => ops.iter().rposition(|op| {
+                let signed = op.sealed_record().is_some_and(|record| record.head.is_some());
+                *verified += u64::from(signed);
+                signed && op.has_valid_head(said.signer(), ledger, origin)
+            }),
+            _ => None,
+        };
+        let mut ops = ops;
+        let Some(last) = covered_to else {
+            self.held.append(&mut ops);
+            return Vec::new();
+        };
+        let rest = ops.split_off(last + 1);
+        let mut covered = std::mem::replace(&mut self.held, rest);
+        covered.append(&mut ops);
         self.covered = covered.last().map_or(self.covered, |last| last.seq + 1);
         covered
     }

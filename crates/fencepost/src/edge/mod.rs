@@ -11,6 +11,7 @@ pub mod keeper;
 pub mod key_file;
 pub mod ledger;
 pub mod metrics;
+pub(crate) mod pieces;
 pub mod relay;
 pub mod run;
 pub mod sealing;

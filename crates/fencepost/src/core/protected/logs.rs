@@ -32,6 +32,11 @@ pub struct Released {
     pub damage: Option<String>,
 }
 
+/// Opens sealed records ahead of their verdicts ([`Protection::open_ahead`] on each, in
+/// order; an entry left out or `None` is opened when its verdict is given): given by a caller
+/// that can do it on several threads ([`ProtectedLogs::open_many_with`]).
+pub type OpenMany = fn(&Protection, &[OpRecord]) -> Vec<Option<OpRecord>>;
+
 /// A membership record as read: where it sits, under which log key, whether the recovery key
 /// signed it, and the generations it wrapped to this device.
 #[derive(Debug)]
@@ -81,6 +86,8 @@ pub struct ProtectedLogs {
     /// The generations of the ledger key the caller gave (and [`hold`](Self::hold) added):
     /// sealed with, whatever the membership records say.
     given_keys: Vec<LedgerKey>,
+    /// How a batch of covered records is opened ahead of their verdicts, if not one by one.
+    open_many: Option<OpenMany>,
 }
 
 impl ProtectedLogs {
@@ -111,6 +118,7 @@ impl ProtectedLogs {
             voided: BTreeMap::new(),
             stale: false,
             given_keys,
+            open_many: None,
         }
     }
 
@@ -237,14 +245,28 @@ impl ProtectedLogs {
 
     /// The next record of its device's log (the caller checked its chain).
     pub fn offer(&mut self, op: OpRecord) -> Released {
-        let device = op.device_id.to_string();
+        self.offer_all(vec![op])
+    }
+
+    /// The next records of one device's log, in sequence order (the caller checked their
+    /// chain): a valid head among them covers those before it too, so a reader verifies one
+    /// signature per call rather than one per head.
+    pub fn offer_all(&mut self, ops: Vec<OpRecord>) -> Released {
+        let Some(first) = ops.first() else {
+            return Released::default();
+        };
+        let device_id = Arc::clone(&first.device_id);
+        let device = &*device_id;
         let ledger = self.protection.ledger;
-        let reader = self
-            .readers
-            .entry(device.clone())
-            .or_insert_with(|| LogReader::new(Arc::clone(&op.device_id)));
+        let reader = match self.readers.get_mut(device) {
+            Some(reader) => reader,
+            None => self
+                .readers
+                .entry(device.to_owned())
+                .or_insert_with(|| LogReader::new(Arc::clone(&device_id))),
+        };
         let was_read = reader.origin().is_some();
-        let covered = reader.offer(op, &ledger);
+        let covered = reader.offer_all(ops, &ledger);
         let Some(Ok((origin, said))) = reader.origin() else {
             return Released::default();
         };
@@ -252,9 +274,9 @@ impl ProtectedLogs {
         let mut changed = false;
         let mut damage = None;
         if !was_read {
-            damage = wrong_genesis(said, &device, &ledger);
+            damage = wrong_genesis(said, device, &ledger);
             if self.founded.is_none() {
-                if let Some(founded) = founding(said, &device, &origin, &ledger) {
+                if let Some(founded) = founding(said, device, &origin, &ledger) {
                     self.founded = Some(founded);
                     changed = true;
                 }
@@ -267,10 +289,18 @@ impl ProtectedLogs {
             self.refresh();
         }
         let mut released = Released::default();
-        for op in covered {
-            let verdict = self.protection.classify(op, &origin);
-            self.settle(&device, &origin, verdict, &mut released);
-        }
+        let mut opened = match self.open_many {
+            Some(open_many) if covered.len() > 1 => open_many(&self.protection, &covered).into_iter(),
+            _ => Vec::new().into_iter(),
+        };
+        let verdicts = covered
+            .into_iter()
+            .map(|op| {
+                let ahead = opened.next().flatten();
+                self.protection.classify_opened(op, &origin, ahead)
+            })
+            .collect();
+        self.settle(device, &origin, verdicts, &mut released);
         if changed {
             self.retry(&mut released);
         }
@@ -410,52 +440,90 @@ impl ProtectedLogs {
                 continue;
             };
             let origin = *origin;
-            for (op, _) in waiting {
-                let verdict = self.protection.classify(op, &origin);
-                self.settle(&device, &origin, verdict, released);
-            }
+            let verdicts = waiting
+                .into_iter()
+                .map(|(op, _)| self.protection.classify(op, &origin))
+                .collect();
+            self.settle(&device, &origin, verdicts, released);
         }
     }
 
-    fn settle(&mut self, device: &str, origin: &OpId, verdict: Verdict, released: &mut Released) {
-        let (op, into) = match verdict {
-            Verdict::Folded(op) => {
-                let highest = self
-                    .folded
-                    .entry((device.to_owned(), KeyId(origin.0)))
-                    .or_default();
-                *highest = (*highest).max(op.seq);
-                (op, &mut released.fold)
-            }
-            Verdict::Clear(op) => (op, &mut released.clear),
-            Verdict::Void(op) => {
-                let lowest = self
-                    .voided
-                    .entry((device.to_owned(), KeyId(origin.0)))
-                    .or_insert(op.seq);
-                *lowest = (*lowest).min(op.seq);
-                (op, &mut released.void)
-            }
-            Verdict::Missing(op, why) => {
-                self.unresolved
-                    .entry(device.to_owned())
-                    .or_default()
-                    .push((op, why));
-                return;
-            }
-        };
-        let ahead = self.ahead.entry(device.to_owned()).or_default();
-        ahead.insert(op.seq, op.op_id);
-        let mut settled = self.settled.get(device).copied();
-        let mut next = settled.map_or(0, |(next, _)| next);
-        while let Some(id) = ahead.remove(&next) {
-            settled = Some((next + 1, id));
-            next += 1;
+    /// Settles the verdicts on records of `device`'s log whose record 0 is `origin`, in order.
+    fn settle(&mut self, device: &str, origin: &OpId, verdicts: Vec<Verdict>, released: &mut Released) {
+        let key = KeyId(origin.0);
+        let mut highest_folded = None;
+        let mut lowest_void: Option<u64> = None;
+        let mut settled = Vec::with_capacity(verdicts.len());
+        for verdict in verdicts {
+            let (op, into) = match verdict {
+                Verdict::Folded(op) => {
+                    highest_folded = highest_folded.max(Some(op.seq));
+                    (op, &mut released.fold)
+                }
+                Verdict::Clear(op) => (op, &mut released.clear),
+                Verdict::Void(op) => {
+                    lowest_void = Some(lowest_void.map_or(op.seq, |lowest| lowest.min(op.seq)));
+                    (op, &mut released.void)
+                }
+                Verdict::Missing(op, why) => {
+                    self.unresolved
+                        .entry(device.to_owned())
+                        .or_default()
+                        .push((op, why));
+                    continue;
+                }
+            };
+            settled.push((op.seq, op.op_id));
+            into.push(op);
         }
-        if let Some(settled) = settled {
-            self.settled.insert(device.to_owned(), settled);
+        if let Some(seq) = highest_folded {
+            let highest = self.folded.entry((device.to_owned(), key)).or_default();
+            *highest = (*highest).max(seq);
         }
-        into.push(op);
+        if let Some(seq) = lowest_void {
+            let lowest = self.voided.entry((device.to_owned(), key)).or_insert(seq);
+            *lowest = (*lowest).min(seq);
+        }
+        self.advance(device, settled);
+    }
+
+    /// Moves `device`'s settled frontier over `settled` records (sequence number and id): as
+    /// far as they and those settled before it reach without a gap.
+    fn advance(&mut self, device: &str, settled: Vec<(u64, OpId)>) {
+        if settled.is_empty() {
+            return;
+        }
+        let mut frontier = self.settled.get(device).copied();
+        let mut next = frontier.map_or(0, |(next, _)| next);
+        let mut later = Vec::new();
+        for (seq, id) in settled {
+            if seq == next {
+                frontier = Some((next + 1, id));
+                next += 1;
+            } else {
+                later.push((seq, id));
+            }
+        }
+        let waiting = self.ahead.get(device).is_some_and(|ahead| !ahead.is_empty());
+        if !later.is_empty() || waiting {
+            let ahead = self.ahead.entry(device.to_owned()).or_default();
+            ahead.extend(later);
+            while let Some(id) = ahead.remove(&next) {
+                frontier = Some((next + 1, id));
+                next += 1;
+            }
+        }
+        match (frontier, self.settled.get_mut(device)) {
+            (Some(frontier), Some(at)) => *at = frontier,
+            (Some(frontier), None) => drop(self.settled.insert(device.to_owned(), frontier)),
+            (None, _) => {}
+        }
+    }
+
+    /// Opens the records a head covers with `open_many` (the edge's, on every core) rather
+    /// than each as its verdict is given.
+    pub fn open_many_with(&mut self, open_many: OpenMany) {
+        self.open_many = Some(open_many);
     }
 
     /// Per device, how many records from its log's start are settled, and the last one's id.

@@ -42,11 +42,13 @@ impl std::fmt::Debug for Protected {
 impl Protected {
     /// What a reading of the ledger starts from: its id, the keys, the members given.
     pub(super) fn logs(&self) -> ProtectedLogs {
-        ProtectedLogs::new(
+        let mut logs = ProtectedLogs::new(
             self.protection(),
             self.members.clone(),
             Some(Arc::clone(&self.device_key)),
-        )
+        );
+        logs.open_many_with(open_in_pieces);
+        logs
     }
 
     /// The ledger with the keys given, before any log is read.
@@ -81,13 +83,15 @@ impl Protected {
         let settled = heads
             .iter()
             .filter_map(|(device, head)| Some((device.clone(), head.next_seq(), head.last_op_id()?)));
-        ProtectedLogs::restore(
+        let mut logs = ProtectedLogs::restore(
             self.protection(),
             self.members.clone(),
             Some(Arc::clone(&self.device_key)),
             mark,
             settled,
-        )
+        )?;
+        logs.open_many_with(open_in_pieces);
+        Ok(logs)
     }
 
     /// The id of this device's record 0, from what the reading read (`logs`) or the records of
@@ -195,4 +199,25 @@ impl Protected {
         }
         made
     }
+}
+
+/// Fewer records than this are opened one by one, each as its verdict is given.
+const OPEN_IN_PIECES_RECORDS: usize = 512;
+/// How many records a thread opens at a time.
+const OPEN_PIECE_RECORDS: usize = 256;
+
+/// Opens many covered records on every core ([`OpenMany`](crate::protected::OpenMany)): a
+/// cold open of a protected ledger spends most of its time opening records. Leaves fewer than
+/// [`OPEN_IN_PIECES_RECORDS`], or any on one core, to be opened one by one.
+fn open_in_pieces(protection: &Protection, ops: &[OpRecord]) -> Vec<Option<OpRecord>> {
+    let cores = crate::edge::pieces::cores();
+    if ops.len() < OPEN_IN_PIECES_RECORDS || cores < 2 {
+        return Vec::new();
+    }
+    crate::edge::pieces::in_pieces(ops.len(), OPEN_PIECE_RECORDS, cores - 1, |range| {
+        ops[range].iter().map(|op| protection.open_ahead(op)).collect()
+    })
+    .into_iter()
+    .flatten()
+    .collect()
 }

@@ -115,6 +115,8 @@ impl LedgerState {
         identified: bool,
     ) -> Vec<Cow<'ops, OpRecord>> {
         let mut verified: Vec<Cow<'ops, OpRecord>> = Vec::with_capacity(ops.len());
+        // A protected ledger's records, offered a device's run at a time (one head verified).
+        let mut batch: Vec<OpRecord> = Vec::new();
         for op in ops {
             let device = &*op.device_id;
             let head = match self.heads.get_mut(device) {
@@ -159,30 +161,11 @@ impl LedgerState {
                             }
                             verified.push(Cow::Borrowed(op));
                         }
-                        Some(logs) => {
-                            let released = logs.offer(op.clone());
-                            if let Some(detail) = released.damage {
-                                self.protected_damage.insert(
-                                    device.to_owned(),
-                                    RelayProblem {
-                                        kind: crate::relay::ProblemKind::Damage,
-                                        device_id: Some(device.to_owned()),
-                                        file: None,
-                                        line_number: Some(1),
-                                        detail,
-                                    },
-                                );
+                        Some(_) => {
+                            if batch.last().is_some_and(|last| last.device_id != op.device_id) {
+                                self.release(std::mem::take(&mut batch), &mut verified);
                             }
-                            for opened in released.fold {
-                                if opened.surface != Surface::Intent {
-                                    self.other_records.push(opened.clone());
-                                }
-                                verified.push(Cow::Owned(opened));
-                            }
-                            // A void intent reads as a `pending`: its epoch fences and its
-                            // run is in doubt. Nothing else of a void record is folded.
-                            let void = released.void.into_iter();
-                            verified.extend(void.filter(|op| op.surface == Surface::Intent).map(Cow::Owned));
+                            batch.push(op.clone());
                         }
                     }
                 }
@@ -201,7 +184,42 @@ impl LedgerState {
                 }
             }
         }
+        self.release(batch, &mut verified);
         verified
+    }
+
+    /// Offers `batch`, accepted records of one device's protected log, and adds what they
+    /// release to `verified`: the records opened, and void intents (read as `pending`s).
+    fn release(&mut self, batch: Vec<OpRecord>, verified: &mut Vec<Cow<'_, OpRecord>>) {
+        let Some(logs) = self.protected.as_mut() else {
+            return;
+        };
+        let Some(device) = batch.first().map(|op| Arc::clone(&op.device_id)) else {
+            return;
+        };
+        let released = logs.offer_all(batch);
+        if let Some(detail) = released.damage {
+            self.protected_damage.insert(
+                device.to_string(),
+                RelayProblem {
+                    kind: crate::relay::ProblemKind::Damage,
+                    device_id: Some(device.to_string()),
+                    file: None,
+                    line_number: Some(1),
+                    detail,
+                },
+            );
+        }
+        for opened in released.fold {
+            if opened.surface != Surface::Intent {
+                self.other_records.push(opened.clone());
+            }
+            verified.push(Cow::Owned(opened));
+        }
+        // A void intent reads as a `pending`: its epoch fences and its run is in doubt.
+        // Nothing else of a void record is folded.
+        let void = released.void.into_iter();
+        verified.extend(void.filter(|op| op.surface == Surface::Intent).map(Cow::Owned));
     }
 
     /// The second half of [`absorb_from`](Self::absorb_from): folds the records

@@ -597,46 +597,10 @@ pub(super) fn decode_lines(chunk: &[u8], ends: &[usize], device: Option<&Arc<str
             })
             .collect()
     };
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
-    if ends.len() < PARALLEL_LINES || cores < 2 {
+    if ends.len() < PARALLEL_LINES || crate::edge::pieces::cores() < 2 {
         return vec![decode(0..ends.len())];
     }
-    let pieces: Vec<std::ops::Range<usize>> = (0..ends.len())
-        .step_by(PIECE_LINES)
-        .map(|start| start..(start + PIECE_LINES).min(ends.len()))
-        .collect();
-    let decoded: Vec<std::sync::OnceLock<Vec<Decoded>>> =
-        pieces.iter().map(|_| std::sync::OnceLock::new()).collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || {
-        while let Some(lines) = pieces.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-            let index = lines.start / PIECE_LINES;
-            let _ = decoded[index].set(decode(lines.clone()));
-        }
-    };
-    std::thread::scope(|scope| {
-        let helpers: Vec<_> = (0..DECODE_HELPERS).map(|_| scope.spawn(work)).collect();
-        work();
-        for helper in helpers {
-            if let Err(panic) = helper.join() {
-                std::panic::resume_unwind(panic);
-            }
-        }
-    });
-    decoded
-        .into_iter()
-        .zip(pieces)
-        .map(|(piece, lines)| {
-            // Every piece was taken and decoded before the helper was joined; a line is never
-            // dropped, even if that were not so.
-            piece.into_inner().unwrap_or_else(|| {
-                lines
-                    .map(|_| Err("the line was not decoded".to_owned()))
-                    .collect()
-            })
-        })
-        .collect()
+    crate::edge::pieces::in_pieces(ends.len(), PIECE_LINES, DECODE_HELPERS, decode)
 }
 
 /// A line without its trailing newline.
