@@ -482,3 +482,174 @@ fn m3_a_recovery_cut_before_a_members_revocation_makes_the_revoked_one_a_member_
         );
     }
 }
+
+/// The membership records in `device`'s file of `members`' ledger, in order.
+fn membership_records(members: &Members, device: &str) -> Vec<fencepost::membership::MembershipRecord> {
+    members
+        .file(device)
+        .lines()
+        .filter_map(|line| {
+            let op = fencepost::oplog::OpRecord::from_json(line.as_bytes()).ok()?;
+            let Some(fencepost::oplog::SealedContent::Clear(bytes)) =
+                op.sealed_record().map(|record| record.content.clone())
+            else {
+                return None;
+            };
+            fencepost::membership::MembershipRecord::from_bytes(&bytes).ok()
+        })
+        .collect()
+}
+
+/// The keys of `generation` wrapped to `to` (a device id) in `records`, opened with `key`.
+fn unwrapped(
+    records: &[fencepost::membership::MembershipRecord],
+    ledger: &LedgerId,
+    generation: u32,
+    to: &str,
+    key: &DeviceKey,
+) -> Vec<[u8; 32]> {
+    use fencepost::membership::Membership;
+    records
+        .iter()
+        .flat_map(|record| match &record.change {
+            Membership::Rotate {
+                generation: made,
+                wraps,
+            } if *made == generation => wraps
+                .iter()
+                .filter(|(device, _)| device.as_str() == to)
+                .map(|(_, wrapped)| wrapped.clone())
+                .collect(),
+            Membership::Admit { device, wraps, .. } if device.as_str() == to => wraps
+                .iter()
+                .filter(|(made, _)| *made == generation)
+                .map(|(_, wrapped)| wrapped.clone())
+                .collect(),
+            _ => Vec::new(),
+        })
+        .filter_map(|wrapped| fencepost::wrap::unwrap(&wrapped, ledger, generation, key).ok())
+        .map(|opened| *opened)
+        .collect()
+}
+
+/// M1, M2, found by a cryptography review: an admit in a log that no admission names (a
+/// writer of the relay's), naming a member's key with the writer's own identity, takes
+/// nothing: the next generation is wrapped to the member's identity, which the admitted key
+/// is the hash of, never to the writer's.
+#[test]
+fn m2_a_strangers_admit_of_a_members_key_is_given_no_generation() {
+    use fencepost::membership::{Membership, MembershipRecord};
+    use fencepost::oplog::{OpRecord, SealedContent};
+
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    // The writer of the relay: a log of its own under a new id, and a key for the id "phone".
+    let stranger = device_key("zzz", 61);
+    let thief = device_key("phone", 71);
+    let first = OpRecord::sealed(
+        Arc::from("zzz"),
+        0,
+        None,
+        SealedContent::Clear(Origin::Identity(stranger.public()).to_bytes().into()),
+    );
+    let admit = MembershipRecord {
+        change: Membership::Admit {
+            device: phone.device().clone(),
+            key: fencepost::ledger::identity_key(phone.device(), &phone.public()),
+            identity: thief.public(),
+            wraps: Vec::new(),
+        },
+        by_recovery: None,
+    };
+    let second = OpRecord::sealed(
+        Arc::from("zzz"),
+        1,
+        Some(first.op_id),
+        SealedContent::Clear(admit.to_bytes().into()),
+    )
+    .signed(&stranger, &members.ledger, &first.op_id);
+    let mut lines = Vec::new();
+    first.write_json_line(&mut lines);
+    second.write_json_line(&mut lines);
+    std::fs::write(members.folder.path().join("devices").join("zzz.jsonl"), lines).unwrap();
+
+    founder.sync().unwrap();
+    let revoked = founder.revoke(tablet.device(), None).unwrap();
+    assert_eq!(revoked.generation, 2);
+    let records = membership_records(&members, "laptop");
+    assert!(
+        unwrapped(&records, &members.ledger, 2, "phone", &thief).is_empty(),
+        "M1: the stranger's identity opens no wrap of the new generation"
+    );
+    assert_eq!(
+        unwrapped(&records, &members.ledger, 2, "phone", &phone).len(),
+        1,
+        "M2: the phone's own identity opens its wrap"
+    );
+}
+
+/// M2, found by a cryptography review: a generation that only a void change gave (a revoked
+/// device's rotation, written before it read its revocation) opens what it sealed, and is
+/// never given to a device admitted later: that device seals with the members' generation,
+/// which the revoked device cannot open.
+#[test]
+fn m2_a_revoked_devices_rotation_is_never_given_to_a_new_member() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, "before", 3);
+    founder.sync().unwrap();
+    founder.revoke(phone.device(), None).unwrap();
+    // The phone has not read its revocation: it revokes the tablet, a rotation to its own
+    // generation 2, void at every member.
+    on_phone.revoke(tablet.device(), None).unwrap();
+    let phones = unwrapped(
+        &membership_records(&members, "phone"),
+        &members.ledger,
+        2,
+        "laptop",
+        &members.laptop,
+    );
+    assert_eq!(
+        phones.len(),
+        1,
+        "the phone wrapped its generation 2 to the laptop"
+    );
+
+    founder.sync().unwrap();
+    let newcomer = device_key("desk", 31);
+    founder.admit(newcomer.device(), &newcomer.public()).unwrap();
+    let given = unwrapped(
+        &membership_records(&members, "laptop"),
+        &members.ledger,
+        2,
+        "desk",
+        &newcomer,
+    );
+    assert_eq!(given.len(), 1, "M2: the desk is given generation 2, once");
+    assert!(
+        !given.contains(&phones[0]),
+        "M2: never the revoked phone's generation 2"
+    );
+}
+
+/// M1, found by a cryptography review: `recovery` names the recovery key in membership
+/// records, so no device is admitted under it (its wraps would mix with the key's), and an
+/// admit of it that a member wrote anyway admits nothing.
+#[test]
+fn m1_no_device_is_admitted_as_recovery() {
+    let (members, mut founder) = Members::found(&[]);
+    let impostor = device_key("recovery", 81);
+    let refused = founder.admit(impostor.device(), &impostor.public()).unwrap_err();
+    assert!(matches!(refused, LedgerError::Membership { .. }), "{refused}");
+    assert!(
+        !members.file("laptop").contains("recovery"),
+        "M1: nothing was written"
+    );
+    assert!(founder
+        .members()
+        .iter()
+        .all(|(device, _)| device.as_str() != "recovery"));
+}

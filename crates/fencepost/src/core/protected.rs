@@ -407,6 +407,19 @@ impl LogReader {
     }
 }
 
+/// The key of a log whose record 0 is `identity`'s (every member's log but the founder's,
+/// whose record 0 is the genesis): the id of that record, known before it is written. An
+/// admission names a device by it, and the identity it carries must hash to it.
+pub fn identity_key(device: &crate::id::DeviceId, identity: &PublicIdentity) -> KeyId {
+    let record = OpRecord::sealed(
+        Arc::from(device.as_str()),
+        0,
+        None,
+        SealedContent::Clear(Origin::Identity(*identity).to_bytes().into()),
+    );
+    KeyId(record.op_id.0)
+}
+
 impl Origin {
     /// What `op`, record 0 of a log, says, and its id.
     ///

@@ -131,6 +131,12 @@ impl ProtectedLogs {
         }
         for read in &self.memberships {
             let change = match &read.record.change {
+                // The recovery key's name: no device's (its wraps would mix with the key's).
+                Membership::Admit { device, .. } | Membership::Revoke { device, .. }
+                    if device.as_str() == crate::membership::RECOVERY =>
+                {
+                    continue
+                }
                 Membership::Admit { device, key, .. } => Change::Admit {
                     device: device.clone(),
                     key: *key,
@@ -179,6 +185,9 @@ impl ProtectedLogs {
         if let Some((founding, genesis)) = &self.founded {
             identities.insert((genesis.founder.clone(), founding.log_key), genesis.founder_key);
         }
+        // Only from admits that count, and whose identity is the key they admit (found by a
+        // cryptography review: an admit in a stranger's log naming a member's key with the
+        // stranger's identity had the next generation wrapped to the stranger).
         for read in &self.memberships {
             if let Membership::Admit {
                 device,
@@ -187,7 +196,9 @@ impl ProtectedLogs {
                 ..
             } = &read.record.change
             {
-                identities.insert((device.clone(), *key), *identity);
+                if self.counts(read) && super::identity_key(device, identity) == *key {
+                    identities.insert((device.clone(), *key), *identity);
+                }
             }
         }
         let mut changes = self.changes();
@@ -366,18 +377,28 @@ impl ProtectedLogs {
         self.take_wraps();
         // Seal with the newest generation given by the caller or by a change that counts now:
         // never with one that only a revoked device's change gave (its author may know it).
+        let sealing = self.counting_keys().into_iter().max_by_key(LedgerKey::generation);
+        self.protection.seal_with(sealing);
+    }
+
+    /// The generations of the ledger key given by the caller or by a membership change that
+    /// counts now: what this device seals with, gives to the devices it admits, and numbers a
+    /// new generation after. Never one that only a void change gave (a revoked device's
+    /// rotation: its author knows it; found by a cryptography review, such a key was given to
+    /// a new member, which sealed with it).
+    pub fn counting_keys(&self) -> Vec<LedgerKey> {
+        let mut keys: Vec<LedgerKey> = Vec::new();
         let counting = self
             .memberships
             .iter()
             .filter(|read| self.counts(read))
             .flat_map(|read| read.keys.iter());
-        let sealing = self
-            .given_keys
-            .iter()
-            .chain(counting)
-            .max_by_key(|key| key.generation())
-            .cloned();
-        self.protection.seal_with(sealing);
+        for key in self.given_keys.iter().chain(counting) {
+            if !keys.iter().any(|held| held.bytes() == key.bytes()) {
+                keys.push(key.clone());
+            }
+        }
+        keys
     }
 
     /// Unwraps the generations wrapped to this device by the membership records not looked at

@@ -11,7 +11,7 @@ use crate::genesis::{Fingerprint, Genesis};
 use crate::id::DeviceId;
 use crate::identity::{DeviceKey, PublicIdentity, SignatureContext};
 use crate::membership::{Membership, MembershipRecord, RECOVERY};
-use crate::oplog::{LogError, OpRecord, SealedContent};
+use crate::oplog::{LogError, OpRecord};
 use crate::protected::Origin;
 use crate::relay::Relay;
 use crate::roster::KeyId;
@@ -55,13 +55,7 @@ fn unsealable(device: &DeviceId, detail: String) -> LedgerError {
 
 /// The id of record 0 of a member's log: its identity in the clear, known before it is written.
 pub fn identity_key(device: &DeviceId, identity: &PublicIdentity) -> KeyId {
-    let record = OpRecord::sealed(
-        Arc::from(device.as_str()),
-        0,
-        None,
-        SealedContent::Clear(Origin::Identity(*identity).to_bytes().into()),
-    );
-    KeyId(record.op_id.0)
+    crate::protected::identity_key(device, identity)
 }
 
 impl Ledger {
@@ -150,6 +144,13 @@ impl Ledger {
         identity: &PublicIdentity,
         recovery: Option<&DeviceKey>,
     ) -> Result<OpRecord, LedgerError> {
+        if device.as_str() == crate::membership::RECOVERY {
+            // Found by a cryptography review: its wraps would mix with the recovery key's.
+            return Err(membership(&format!(
+                "`{}` names the recovery key in membership records: admit the host under another device id",
+                crate::membership::RECOVERY
+            )));
+        }
         let generations = self.generations(recovery)?;
         let ledger = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
         if let Some(cut) = ledger.protection().roster().cut(device.as_str()) {
@@ -202,9 +203,10 @@ impl Ledger {
     pub(super) fn generations(&self, recovery: Option<&DeviceKey>) -> Result<Vec<LedgerKey>, LedgerError> {
         let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
         let protection = logs.protection();
-        let mut generations: std::collections::BTreeMap<u32, LedgerKey> = protection
-            .keys()
-            .map(|key| (key.generation(), key.clone()))
+        let mut generations: std::collections::BTreeMap<u32, LedgerKey> = logs
+            .counting_keys()
+            .into_iter()
+            .map(|key| (key.generation(), key))
             .collect();
         if let Some(recovery) = recovery {
             let genesis = logs.genesis().ok_or_else(|| {
