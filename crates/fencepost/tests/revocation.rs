@@ -653,3 +653,53 @@ fn m1_no_device_is_admitted_as_recovery() {
         .iter()
         .all(|(device, _)| device.as_str() != "recovery"));
 }
+
+/// M2, found by an adversary through the binary: a revoked device that has not read its
+/// revocation rotates to a generation of its own and runs an occurrence under it. A member
+/// admitted later is not given that generation (a revoked device's rotation is given to no
+/// one), so it cannot read that commit: the record is missing to it, never settled unread.
+/// A hand-off whose frontier names it waits (exit 7), where the new member once ran the
+/// occurrence a second time; the members that read it hold the run in doubt.
+#[test]
+fn m2_a_void_record_a_member_cannot_open_is_missing_never_settled_unread() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, "before", 3);
+    founder.sync().unwrap();
+    founder.revoke(phone.device(), None).unwrap();
+    // The phone has not read its revocation: it rotates to its own generation 2 (revoking
+    // the tablet), then runs an occurrence, sealed with it.
+    on_phone.revoke(tablet.device(), None).unwrap();
+    run(&mut on_phone, "stolen", 4);
+    let published = on_phone.pushed();
+
+    founder.sync().unwrap();
+    assert_eq!(
+        in_doubt(&founder, 5),
+        vec!["stolen"],
+        "M2: a member that reads it: in doubt"
+    );
+    let newcomer = device_key("desk", 31);
+    founder.admit(newcomer.device(), &newcomer.public()).unwrap();
+    let mut on_desk = members.open(&newcomer);
+    assert!(on_desk.committed_run("milo", "stolen").is_none());
+    let missing = on_desk.not_counted();
+    assert!(
+        missing
+            .iter()
+            .any(|(device, _, why)| device == "phone" && matches!(why, Missing::NotOpened(_))),
+        "M2: the phone's void records under its own generation 2 (the desk holds the laptop's)
+         are missing, and why: {missing:?}"
+    );
+    let behind = on_desk.behind(&published);
+    assert_eq!(
+        behind
+            .iter()
+            .map(|missing| missing.device_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["phone"],
+        "M2: a hand-off after the phone's run waits for what the desk cannot read"
+    );
+}

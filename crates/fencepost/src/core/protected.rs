@@ -268,7 +268,7 @@ impl Protection {
     fn classify_opened(&self, op: OpRecord, origin: &OpId, ahead: Option<OpRecord>) -> Verdict {
         match self.roster.standing(&op.device_id, KeyId(origin.0), op.seq) {
             Standing::Member => {}
-            Standing::Void => return Verdict::Void(self.void(op)),
+            Standing::Void => return self.void(op),
             Standing::NotMember => return Verdict::Missing(op, Missing::NotAMember),
         }
         let generation = match op.sealed_record().map(|record| &record.content) {
@@ -288,16 +288,22 @@ impl Protection {
 }
 
 impl Protection {
-    /// `op`, a void record, as it is held: opened when this reader holds its generation, an
-    /// intent reading as a `pending` whatever status it says (its epoch fences, and its run is in
-    /// doubt: never run again by itself, never taken as committed); sealed otherwise.
-    fn void(&self, op: OpRecord) -> OpRecord {
+    /// The verdict on `op`, a void record: held in the clear as it is, or opened, an intent reading as
+    /// a `pending` whatever status it says (its epoch fences, and its run is in doubt: never
+    /// run again by itself, never taken as committed). Missing, and why, when this reader
+    /// cannot open it: a void intent it cannot read may be a commit of any run, so it is never
+    /// settled unread (found by an adversary: a member admitted after a revoked device's
+    /// rotation, which it is not given, settled that device's commit unread and ran its run a
+    /// second time).
+    fn void(&self, op: OpRecord) -> Verdict {
         let generation = match op.sealed_record().map(|record| &record.content) {
             Some(SealedContent::Sealed(sealed)) => sealed.generation,
-            _ => return op,
+            _ => return Verdict::Void(op),
         };
-        let Some(Ok(mut opened)) = self.open(&op, generation) else {
-            return op;
+        let mut opened = match self.open(&op, generation) {
+            None => return Verdict::Missing(op, Missing::KeyNotHeld { generation }),
+            Some(Err(error)) => return Verdict::Missing(op, Missing::NotOpened(error)),
+            Some(Ok(opened)) => opened,
         };
         if opened.surface == crate::oplog::Surface::Intent {
             if let Some(mut intent) = opened.payload.intent() {
@@ -305,7 +311,7 @@ impl Protection {
                 opened.payload = crate::oplog::Payload::new(intent.payload());
             }
         }
-        opened
+        Verdict::Void(opened)
     }
 }
 
