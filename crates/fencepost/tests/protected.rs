@@ -766,3 +766,60 @@ fn s1_a_host_that_is_no_member_writes_nothing_into_a_protected_ledger() {
     let laptop = std::fs::read_to_string(folder.path().join("devices").join("laptop.jsonl")).unwrap();
     assert!(laptop.lines().all(|line| line.starts_with("[3,")), "{laptop}");
 }
+
+/// S2, found by an adversary: a member's last record under a head that does not verify (a
+/// forged one) is missing and says so, where a record under no head yet says that instead;
+/// neither counts.
+#[test]
+fn s2_a_forged_head_is_reported_as_such_and_an_absent_one_as_not_yet_written() {
+    use fencepost::lease::{Intent, IntentStatus};
+
+    let folder = tempfile::tempdir().unwrap();
+    let laptop = device_key("laptop", 1);
+    let founded = founded(&laptop);
+    let mut writer = open(
+        folder.path(),
+        protected(&founded, device_key("laptop", 1), vec![]),
+    );
+    for status in [IntentStatus::Pending, IntentStatus::Committed] {
+        writer.record(&Intent::new("milo", "run-1", 5, status)).unwrap();
+    }
+    let file = folder.path().join("devices").join("laptop.jsonl");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let records: Vec<OpRecord> = text
+        .lines()
+        .map(|line| OpRecord::from_json(line.as_bytes()).unwrap())
+        .collect();
+    let last = records.last().unwrap().clone();
+    let ledger = founded.genesis.ledger_id();
+    let forged = last
+        .clone()
+        .signed(&device_key("laptop", 9), &ledger, &records[0].op_id);
+    let unsigned = OpRecord::sealed(
+        Arc::clone(&last.device_id),
+        last.seq,
+        last.prev,
+        last.sealed_record().unwrap().content.clone(),
+    );
+    for (replacement, expected) in [(forged, Missing::HeadNotValid), (unsigned, Missing::NotCovered)] {
+        let mut lines = Vec::new();
+        for op in &records[..records.len() - 1] {
+            op.write_json_line(&mut lines);
+        }
+        replacement.write_json_line(&mut lines);
+        std::fs::write(&file, &lines).unwrap();
+        let mut reader = open(
+            folder.path(),
+            protected(&founded, device_key("laptop", 1), vec![]),
+        );
+        assert_eq!(
+            reader.not_counted(),
+            vec![("laptop".to_owned(), last.seq, expected.clone())],
+            "S2: {expected}"
+        );
+        assert!(
+            reader.committed_run("milo", "run-1").is_none(),
+            "S2: it does not count"
+        );
+    }
+}

@@ -107,6 +107,9 @@ impl Origin {
 pub enum Missing {
     /// No head its device signed covers it yet.
     NotCovered,
+    /// The records from it on carry a head that does not verify (forged, damaged, or another
+    /// ledger's or key's), and no valid head covers them.
+    HeadNotValid,
     /// Record 0 of its log names no key (a log no device made).
     NoOrigin(String),
     /// Its device is not a member under the key of its record 0.
@@ -124,6 +127,9 @@ impl fmt::Display for Missing {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Missing::NotCovered => formatter.write_str("no head its device signed covers it yet"),
+            Missing::HeadNotValid => formatter.write_str(
+                "the head after it does not verify (forged, damaged, or another ledger's or key's), and no valid head covers it",
+            ),
             Missing::NoOrigin(why) => write!(formatter, "record 0 of its log names no key: {why}"),
             Missing::NotAMember => {
                 formatter.write_str("its device is not a member under the key its log names")

@@ -564,7 +564,17 @@ impl ProtectedLogs {
             } else if let Some(Err(why)) = reader.origin() {
                 missing.push((device.clone(), 0, Missing::NoOrigin(why.clone())));
             } else if let Some(first) = reader.held().first() {
-                missing.push((device.clone(), first.seq, Missing::NotCovered));
+                // Found by an adversary: a forged last head read as "not covered yet".
+                let signed = reader
+                    .held()
+                    .iter()
+                    .any(|op| op.sealed_record().is_some_and(|record| record.head.is_some()));
+                let why = if signed {
+                    Missing::HeadNotValid
+                } else {
+                    Missing::NotCovered
+                };
+                missing.push((device.clone(), first.seq, why));
             }
         }
         missing
