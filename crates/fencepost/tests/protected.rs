@@ -388,6 +388,12 @@ fn open(folder: &std::path::Path, protected_as: fencepost::ledger::Protected) ->
     .unwrap()
 }
 
+/// The founder's (`laptop`'s) ledger of `founded` in `folder`, given the first generation and
+/// no other member.
+fn as_founder(folder: &std::path::Path, founded: &Founded) -> fencepost::ledger::Ledger {
+    open(folder, protected(founded, device_key("laptop", 1), vec![]))
+}
+
 /// S2: a reader handed a long protected log at once (every record under its own head, as
 /// `fencepost run` writes them) opens the records on every core and folds each of them: every
 /// commit counts, in order, and the reader's frontier is the log's end.
@@ -398,10 +404,7 @@ fn s2_a_long_log_read_at_once_folds_every_record() {
     let folder = tempfile::tempdir().unwrap();
     let laptop = device_key("laptop", 1);
     let founded = founded(&laptop);
-    let mut writer = open(
-        folder.path(),
-        protected(&founded, device_key("laptop", 1), vec![]),
-    );
+    let mut writer = as_founder(folder.path(), &founded);
     let occurrences = 400;
     for occurrence in 0..occurrences {
         for status in [IntentStatus::Pending, IntentStatus::Committed] {
@@ -411,10 +414,7 @@ fn s2_a_long_log_read_at_once_folds_every_record() {
                 .unwrap();
         }
     }
-    let reader = open(
-        folder.path(),
-        protected(&founded, device_key("laptop", 1), vec![]),
-    );
+    let reader = as_founder(folder.path(), &founded);
     assert!(reader.damage().is_empty(), "{:?}", reader.damage());
     let agent = reader.state().agent("milo").unwrap();
     assert_eq!(
@@ -777,10 +777,7 @@ fn s2_a_forged_head_is_reported_as_such_and_an_absent_one_as_not_yet_written() {
     let folder = tempfile::tempdir().unwrap();
     let laptop = device_key("laptop", 1);
     let founded = founded(&laptop);
-    let mut writer = open(
-        folder.path(),
-        protected(&founded, device_key("laptop", 1), vec![]),
-    );
+    let mut writer = as_founder(folder.path(), &founded);
     for status in [IntentStatus::Pending, IntentStatus::Committed] {
         writer.record(&Intent::new("milo", "run-1", 5, status)).unwrap();
     }
@@ -808,10 +805,7 @@ fn s2_a_forged_head_is_reported_as_such_and_an_absent_one_as_not_yet_written() {
         }
         replacement.write_json_line(&mut lines);
         std::fs::write(&file, &lines).unwrap();
-        let mut reader = open(
-            folder.path(),
-            protected(&founded, device_key("laptop", 1), vec![]),
-        );
+        let mut reader = as_founder(folder.path(), &founded);
         assert_eq!(
             reader.not_counted(),
             vec![("laptop".to_owned(), last.seq, expected.clone())],
