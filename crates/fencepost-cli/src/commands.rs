@@ -36,7 +36,7 @@ use fencepost::ledger::{
     CompactOptions, Ledger, LedgerError, LedgerOptions, MissingRecords, Retention, StaleGrant,
 };
 use fencepost::oplog::OpRecord;
-use fencepost::relay::{Frontier, ProblemKind, RelayError};
+use fencepost::relay::{Frontier, ProblemKind, Relay, RelayError};
 use fencepost::run_id::deterministic_run_id;
 use serde_json::json;
 
@@ -138,6 +138,7 @@ fn refuse_damage(ledger: &Ledger, settings: &Settings) -> Result<()> {
 enum Refusing {
     Run,
     Compaction,
+    Import,
 }
 
 impl Refusing {
@@ -146,6 +147,7 @@ impl Refusing {
         match self {
             Refusing::Run => "not running anything",
             Refusing::Compaction => "not writing a checkpoint",
+            Refusing::Import => "not importing anything",
         }
     }
 }
@@ -204,6 +206,13 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings, refusing: Refusing) -> O
     let accept = match refusing {
         Refusing::Run => format!("or run with --accept-damaged {which:?}"),
         Refusing::Compaction => format!("or accept it with `fencepost run --accept-damaged {which:?}`"),
+        Refusing::Import => {
+            return Some(format!(
+                "the ledger in {} is damaged; {not_doing}: {first}. {} (`fencepost ledger verify` lists the damage), then import again",
+                settings.ledger_label(),
+                settings.repair_hint(went_back(&damage))
+            ))
+        }
     };
     Some(format!(
         "the ledger in {} is damaged, so runs it recorded could run again; {not_doing}: {first}{}. {} (`fencepost ledger verify` lists the damage), {accept} to accept that its runs may repeat",

@@ -16,24 +16,27 @@ fn host(shared: &Shared, device: &str, args: &[&str]) -> Output {
 
 /// A run of occurrence `salt` of the daily send, appending `device` to `effects`.
 fn send(shared: &Shared, device: &str, salt: &str) -> Output {
+    send_with(shared, device, salt, &[])
+}
+
+/// [`send`], with `global` options before the command (`--ledger …`).
+fn send_with(shared: &Shared, device: &str, salt: &str, global: &[&str]) -> Output {
     let effect = format!("echo {device} >> '{}'", shared.path("effects").display());
-    host(
-        shared,
-        device,
-        &[
-            "run",
-            "--agent",
-            "milo-the-agent",
-            "--intent",
-            "send",
-            "--salt",
-            salt,
-            "--",
-            "sh",
-            "-c",
-            &effect,
-        ],
-    )
+    let mut args = global.to_vec();
+    args.extend_from_slice(&[
+        "run",
+        "--agent",
+        "milo-the-agent",
+        "--intent",
+        "send",
+        "--salt",
+        salt,
+        "--",
+        "sh",
+        "-c",
+        &effect,
+    ]);
+    host(shared, device, &args)
 }
 
 fn code(output: &Output) -> i32 {
@@ -378,4 +381,124 @@ fn s1_r1_processes_sharing_a_device_id_begin_its_protected_log_once_and_each_run
     assert_eq!(firsts, 1, "one record 0: {log}");
     let verify = host(&shared, "laptop", &["ledger", "verify"]);
     assert_eq!(code(&verify), 0, "{}", text(&verify.stdout));
+}
+
+/// S4: `ledger import` copies an unprotected ledger with commits into a new protected one: no
+/// occurrence the old ledger committed runs again on any member, the new folder names none of
+/// them; the import is refused onto the old ledger's coordinator and from a damaged ledger
+/// (nothing copied), and made once (run again, it copies nothing).
+#[test]
+fn s4_ledger_import_carries_the_commits_into_a_protected_ledger_through_the_binary() {
+    let shared = Shared::sqlite();
+    // The old ledger: the default folder and coordinator of `shared`.
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+    assert_eq!(code(&send(&shared, "phone", "tuesday")), 0);
+    let new = shared.path("protected");
+    std::fs::create_dir(&new).unwrap();
+    let new_coordinator = format!("sqlite:{}", shared.path("new-leases.db").display());
+    let on_new_ledger = [
+        "--ledger",
+        new.to_str().unwrap(),
+        "--coordinator",
+        &new_coordinator,
+    ];
+    let on_new = |device: &str, coordinator: &str, args: &[&str]| {
+        let mut all = vec!["--ledger", new.to_str().unwrap(), "--coordinator", coordinator];
+        all.extend_from_slice(args);
+        host(&shared, device, &all)
+    };
+    let init = on_new("laptop", &new_coordinator, &["ledger", "init"]);
+    assert_eq!(code(&init), 0, "{}", text(&init.stderr));
+    let fingerprint = text(&init.stdout).trim().to_owned();
+    let old = shared.path("ledger");
+    let old = old.to_str().unwrap();
+
+    let onto_old = on_new("laptop", &shared.coordinator, &["ledger", "import", old]);
+    assert_ne!(code(&onto_old), 0);
+    assert!(
+        text(&onto_old.stderr).contains("coordinator of its own"),
+        "S4: the old ledger's coordinator is refused: {}",
+        text(&onto_old.stderr)
+    );
+    let protected_file = new.join("devices").join(device_file_name("laptop"));
+    let before = std::fs::read_to_string(&protected_file).unwrap();
+
+    // A damaged ledger is not imported.
+    let phone_file = device_file(&shared, "phone");
+    let whole = std::fs::read(&phone_file).unwrap();
+    std::fs::write(&phone_file, &whole[..whole.len() - 20]).unwrap();
+    let damaged = on_new("laptop", &new_coordinator, &["ledger", "import", old]);
+    assert_eq!(
+        code(&damaged),
+        10,
+        "S4: a damaged ledger is refused: {}",
+        text(&damaged.stderr)
+    );
+    assert!(
+        text(&damaged.stderr).contains("not importing anything"),
+        "{}",
+        text(&damaged.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&protected_file).unwrap(),
+        before,
+        "nothing copied"
+    );
+    std::fs::write(&phone_file, &whole).unwrap();
+
+    // The phone joins the new ledger before the import.
+    let key = text(&on_new("phone", &new_coordinator, &["device", "key"]).stdout)
+        .trim()
+        .to_owned();
+    let join = on_new("phone", &new_coordinator, &["device", "join", &fingerprint]);
+    assert_eq!(code(&join), 0, "{}", text(&join.stderr));
+    let admit = on_new(
+        "laptop",
+        &new_coordinator,
+        &["device", "admit", &key, "--device", "phone"],
+    );
+    assert_eq!(code(&admit), 0, "{}", text(&admit.stderr));
+    let admitted = std::fs::read(&protected_file).unwrap();
+
+    let import = on_new("laptop", &new_coordinator, &["ledger", "import", old]);
+    assert_eq!(code(&import), 0, "{}", text(&import.stderr));
+    assert!(
+        text(&import.stdout).contains("imported 4 records"),
+        "{}",
+        text(&import.stdout)
+    );
+    let again = on_new("laptop", &new_coordinator, &["ledger", "import", old]);
+    assert_eq!(code(&again), 0, "{}", text(&again.stderr));
+    assert!(text(&again.stdout).contains("already"), "{}", text(&again.stdout));
+    let copied = std::fs::read(&protected_file).unwrap();
+    let copied_text = String::from_utf8_lossy(&copied);
+    for secret in ["milo", "send", "monday", "tuesday", "committed", "pending"] {
+        assert!(
+            !copied_text.contains(secret),
+            "S4: {secret:?} in the protected file"
+        );
+    }
+
+    // Neither host runs an imported occurrence again.
+    // The phone's copy of the folder lags: the laptop's file as it was before the import. The
+    // hand-off published by the import makes it wait, never run.
+    std::fs::write(&protected_file, &admitted).unwrap();
+    let lagging = send_with(&shared, "phone", "monday", &on_new_ledger);
+    assert_eq!(
+        code(&lagging),
+        7,
+        "S4: H3 over the import: {}",
+        text(&lagging.stderr)
+    );
+    std::fs::write(&protected_file, &copied).unwrap();
+    for (device, salt) in [("phone", "monday"), ("laptop", "tuesday"), ("phone", "tuesday")] {
+        let run = send_with(&shared, device, salt, &on_new_ledger);
+        assert_eq!(
+            code(&run),
+            3,
+            "S4: {salt} committed before the import: {}",
+            text(&run.stderr)
+        );
+    }
+    assert_eq!(shared.effects(), vec!["laptop", "phone"]);
 }

@@ -47,7 +47,9 @@ pub enum LedgerCommand {
     /// Copy every record of another ledger into this one (a folder, sqlite:PATH or a postgres://
     /// URL): to move from a ledger folder to the database. Idempotent (records already there are
     /// skipped) and verified (each device's chain); damaged devices are reported and not copied
-    /// (exit 1).
+    /// (exit 1). Into a protected ledger (run on a member, every host stopped): the whole,
+    /// undamaged ledger is sealed as this device's records, and each agent's hand-off is
+    /// published on this ledger's coordinator, which must be a new one (not the old ledger's).
     Import {
         /// The ledger to copy from, named as --ledger names one.
         #[arg(value_name = "DIR|sqlite:PATH|URL")]
@@ -538,6 +540,9 @@ pub(super) fn import(settings: &Settings, from: &Path) -> Result<i32> {
             devices.join(", ")
         );
     }
+    if crate::membership::protected(settings)?.is_some() {
+        return import_into_protected(settings, &source, source_relay.as_ref());
+    }
     let batch = source_relay
         .pull(&Frontier::new())
         .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
@@ -575,6 +580,62 @@ pub(super) fn import(settings: &Settings, from: &Path) -> Result<i32> {
     } else {
         EXIT_RAN_FAILED
     })
+}
+
+/// `ledger import` into the protected ledger this host is a member of: the whole ledger
+/// `source`, undamaged, copied as this device's records; every agent's frontier published
+/// anew on this ledger's coordinator.
+fn import_into_protected(settings: &Settings, source: &Settings, source_relay: &dyn Relay) -> Result<i32> {
+    // Read whole and checked first: a damaged device would lose the commits after its damage.
+    let checked = open_ledger(source)?;
+    if let Some(damage) = checked.damage().first() {
+        refuse_damage_for(&checked, source, Refusing::Import)?;
+        bail!(
+            "cannot import {}: it is damaged ({damage})",
+            source.ledger_label()
+        );
+    }
+    drop(checked);
+    let batch = source_relay
+        .pull(&Frontier::new())
+        .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
+    if let Some(problem) = batch.problems.iter().find(|problem| problem.is_damage()) {
+        bail!(
+            "cannot import {}: {problem}; nothing was imported",
+            source.ledger_label()
+        );
+    }
+    let mut ledger = open_ledger_to_write(settings)?;
+    refuse_damage_for(&ledger, settings, Refusing::Import)?;
+    let coordinator = settings.coordinator()?;
+    const IMPORT_TTL_MS: u64 = 30_000;
+    let imported = ledger
+        .import(batch.ops, coordinator.shared().as_ref(), IMPORT_TTL_MS)
+        .with_context(|| {
+            format!(
+                "cannot import {} into the protected ledger {}",
+                source.ledger_label(),
+                settings.ledger_label()
+            )
+        })?;
+    if imported.already {
+        out!(
+            "{} was imported into {} already: published the hand-off of {} again",
+            source.ledger_label(),
+            settings.ledger_label(),
+            plural(imported.agents.len() as u64, "agent")
+        );
+    } else {
+        out!(
+            "imported {} of {} into the protected ledger {}, sealed as records of device {}; published the hand-off of {}",
+            plural(imported.records, "record"),
+            source.ledger_label(),
+            settings.ledger_label(),
+            settings.device,
+            plural(imported.agents.len() as u64, "agent")
+        );
+    }
+    Ok(EXIT_RAN_OK)
 }
 
 /// `fencepost ledger compact`.

@@ -341,6 +341,21 @@ impl SyncState {
         Self::default()
     }
 
+    /// What this state holds, in a few words (`3 runs of 2 agents, 1 log`), or `None` when it
+    /// holds no run, log or registry entry.
+    pub fn content_summary(&self) -> Option<String> {
+        let runs: usize = self.agents.values().map(|agent| agent.runs().len()).sum();
+        let registries: usize = self.registries.values().map(BTreeMap::len).sum();
+        if self.agents.is_empty() && self.logs.is_empty() && registries == 0 {
+            return None;
+        }
+        Some(format!(
+            "{runs} run(s) of {} agent(s), {} log(s), {registries} registry entr(y/ies)",
+            self.agents.len(),
+            self.logs.len()
+        ))
+    }
+
     /// Folds one more record in (rule F3: same result as folding everything at once). `op` must be
     /// a verified record (see [Verified records only](self#verified-records-only)).
     pub fn apply(&mut self, op: &OpRecord) {

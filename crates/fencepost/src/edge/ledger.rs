@@ -22,6 +22,7 @@ pub use error::{CheckpointError, LedgerError};
 mod checkpoints;
 mod compose;
 mod damage;
+mod import;
 mod membership;
 mod options;
 mod outbox;
@@ -33,6 +34,7 @@ mod snapshot_use;
 mod state;
 mod went_back;
 
+pub use import::{ImportError, Imported, IMPORT_REGISTRY};
 pub use membership::{identity_key, Founded};
 pub use options::{CompactOptions, LedgerOptions, Retention};
 pub use outbox::{read_outbox, QueuedRecord};

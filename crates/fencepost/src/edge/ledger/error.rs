@@ -75,6 +75,9 @@ pub enum LedgerError {
         /// What is wrong.
         detail: String,
     },
+    /// An import into a protected ledger was refused ([`Ledger::import`](super::Ledger::import)).
+    #[error(transparent)]
+    Import(#[from] super::ImportError),
     /// A membership change asked of a ledger that is not protected.
     #[error("this ledger is not protected: it has no members")]
     NotProtected,

@@ -1,0 +1,248 @@
+//! Rule S4: an unprotected ledger imported into a protected one (`Ledger::import`) keeps the
+//! oracle, the fencing epochs and the runs in doubt, and hands every agent over to the
+//! importing device's log; an import is made once, and refused where it would mix ledgers.
+
+use std::sync::Arc;
+
+use fencepost::clock::ManualClock;
+use fencepost::id::DeviceId;
+use fencepost::identity::DeviceKey;
+use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
+use fencepost::ledger::{ImportError, Ledger, LedgerError, LedgerOptions, IMPORT_REGISTRY};
+use fencepost::oplog::OpRecord;
+use fencepost::protected::Origin;
+use fencepost::relay::{Frontier, FsRelay, Relay};
+
+const NOW_MS: u64 = 1_764_400_000_000;
+
+fn relay(folder: &std::path::Path) -> Arc<dyn Relay> {
+    Arc::new(FsRelay::open(folder).unwrap())
+}
+
+/// An unprotected ledger of two hosts: `send` committed at epochs 1 and 3, a run of `charge`
+/// in doubt at epoch 4 and a failed one; returns its records as the relay holds them.
+fn old_ledger(folder: &std::path::Path) -> Vec<OpRecord> {
+    let clock = ManualClock::new(NOW_MS - 60_000);
+    let mut laptop = Ledger::open("laptop", clock.wall_clock(), relay(folder)).unwrap();
+    let mut server = Ledger::open("server", clock.wall_clock(), relay(folder)).unwrap();
+    let write = |ledger: &mut Ledger, agent: &str, run: &str, epoch: u64, statuses: &[IntentStatus]| {
+        for status in statuses {
+            ledger.record(&Intent::new(agent, run, epoch, *status)).unwrap();
+            clock.advance(1);
+        }
+    };
+    use IntentStatus::{Committed, Failed, Pending};
+    write(&mut laptop, "send", "monday", 1, &[Pending, Committed]);
+    write(&mut server, "send", "tuesday", 3, &[Pending, Committed]);
+    write(&mut server, "charge", "invoice-7", 4, &[Pending]);
+    write(&mut laptop, "charge", "invoice-6", 2, &[Pending, Failed]);
+    relay(folder).pull(&Frontier::new()).unwrap().ops
+}
+
+struct Founded {
+    folder: tempfile::TempDir,
+    key: Arc<DeviceKey>,
+    origin: Origin,
+    ledger: fencepost::identity::LedgerId,
+}
+
+/// A new protected ledger founded by `laptop`.
+fn found() -> (Founded, Ledger) {
+    let folder = tempfile::tempdir().unwrap();
+    let key = Arc::new(DeviceKey::from_secrets(
+        DeviceId::new("laptop").unwrap(),
+        [1; 32],
+        [2; 32],
+    ));
+    let clock = ManualClock::new(NOW_MS);
+    let (ledger, founded) = Ledger::found(
+        Arc::clone(&key),
+        clock.wall_clock(),
+        relay(folder.path()),
+        LedgerOptions::default(),
+    )
+    .unwrap();
+    let founded = Founded {
+        folder,
+        key,
+        ledger: founded.genesis.ledger_id(),
+        origin: Origin::Genesis(founded.genesis),
+    };
+    (founded, ledger)
+}
+
+impl Founded {
+    /// The founder's ledger, opened again from the folder.
+    fn reopen(&self) -> Ledger {
+        let protected = fencepost::ledger::Protected {
+            ledger: self.ledger,
+            device_key: Arc::clone(&self.key),
+            origin: self.origin.clone(),
+            keys: Vec::new(),
+            members: Vec::new(),
+        };
+        Ledger::open_with(
+            "laptop",
+            ManualClock::new(NOW_MS).wall_clock(),
+            relay(self.folder.path()),
+            LedgerOptions::default().protected(protected),
+        )
+        .unwrap()
+    }
+}
+
+fn coordinator() -> InMemoryLeaseCoordinator {
+    InMemoryLeaseCoordinator::new(ManualClock::new(NOW_MS).wall_clock())
+}
+
+/// S4: the imported ledger, read again from its folder, holds every commit, the fencing epoch of
+/// every agent and the run in doubt; its folder names none of them; every agent's frontier names
+/// the importer's log through the import, and the next grant is above the fencing epoch.
+#[test]
+fn s4_an_import_keeps_the_oracle_the_fencing_epochs_and_the_hand_off() {
+    let old = tempfile::tempdir().unwrap();
+    let records = old_ledger(old.path());
+    let source = Ledger::open("reader", ManualClock::new(NOW_MS).wall_clock(), relay(old.path())).unwrap();
+    let (founded, mut ledger) = found();
+    let coordinator = coordinator();
+    let imported = ledger.import(records.clone(), &coordinator, 10_000).unwrap();
+    assert_eq!(imported.records, 7);
+    assert!(!imported.already);
+    assert_eq!(imported.agents, vec!["charge", "send"]);
+
+    let reopened = founded.reopen();
+    for ledger in [&ledger, &reopened] {
+        let state = ledger.state();
+        for (agent, run) in [("send", "monday"), ("send", "tuesday")] {
+            assert_eq!(
+                state.committed_run(agent, run).map(|record| record.epoch),
+                source
+                    .state()
+                    .committed_run(agent, run)
+                    .map(|record| record.epoch),
+                "S4: the commit of {agent}/{run} is kept"
+            );
+        }
+        assert_eq!(state.fencing_epoch("send"), 3);
+        assert_eq!(state.fencing_epoch("charge"), 4);
+        let in_doubt: Vec<String> = ledger
+            .in_doubt("charge", 5)
+            .into_iter()
+            .map(|run| run.run_id)
+            .collect();
+        assert_eq!(in_doubt, vec!["invoice-7"], "S4: the run in doubt stays in doubt");
+        assert_eq!(
+            state.intent("charge", "invoice-6").map(|record| record.status),
+            Some(IntentStatus::Failed)
+        );
+        assert!(state.registry(IMPORT_REGISTRY, &imported.digest).is_some());
+    }
+    let head = reopened.view().frontier().next_seq("laptop");
+    for agent in ["send", "charge"] {
+        let published = coordinator.published_frontier(agent).unwrap();
+        assert_eq!(
+            published.iter().collect::<Vec<_>>(),
+            vec![("laptop", head)],
+            "S4: {agent} is handed over to the importer's log through the import"
+        );
+        assert!(
+            coordinator.current(agent).unwrap().is_none(),
+            "the lease was given back"
+        );
+        let grant = coordinator.acquire(agent, "phone", 10_000).unwrap();
+        assert!(grant.epoch > reopened.state().fencing_epoch(agent));
+    }
+    let file = std::fs::read_to_string(
+        founded
+            .folder
+            .path()
+            .join("devices")
+            .join(fencepost::relay::device_file_name("laptop")),
+    )
+    .unwrap();
+    for secret in ["send", "charge", "monday", "invoice", "committed", "pending"] {
+        assert!(!file.contains(secret), "S4: {secret:?} in the protected folder");
+    }
+}
+
+/// S4: run again (a crash after the copy, before the frontiers), an import copies nothing and
+/// publishes again; into a ledger that holds other runs, from a protected ledger, or onto a
+/// coordinator that holds another ledger's frontiers or a live lease, it copies nothing.
+#[test]
+fn s4_an_import_is_made_once_and_never_mixes_two_ledgers() {
+    let old = tempfile::tempdir().unwrap();
+    let records = old_ledger(old.path());
+
+    let (founded, mut ledger) = found();
+    ledger.import(records.clone(), &coordinator(), 10_000).unwrap();
+    let head = ledger.view().frontier().next_seq("laptop");
+    let fresh = coordinator();
+    let again = founded.reopen().import(records.clone(), &fresh, 10_000).unwrap();
+    assert!(again.already, "S4: the import is found whole");
+    assert_eq!(again.records, 0);
+    assert_eq!(founded.reopen().view().frontier().next_seq("laptop"), head);
+    assert_eq!(fresh.published_frontier("send").unwrap().next_seq("laptop"), head);
+
+    let refused = |ledger: &mut Ledger, records: Vec<OpRecord>, coordinator: &dyn LeaseCoordinator| {
+        let before = ledger.view().frontier().next_seq("laptop");
+        let error = ledger.import(records, coordinator, 10_000).unwrap_err();
+        assert_eq!(
+            ledger.view().frontier().next_seq("laptop"),
+            before,
+            "S4: nothing copied when refused ({error})"
+        );
+        error
+    };
+    // Other records: the import of the old ledger's first records only is another import.
+    let error = refused(&mut founded.reopen(), records[..2].to_vec(), &coordinator());
+    assert!(
+        matches!(error, LedgerError::Import(ImportError::NotEmpty { .. })),
+        "{error}"
+    );
+
+    // The old ledger's coordinator: its frontiers name the old logs.
+    let (_, mut empty) = found();
+    let old_coordinator = coordinator();
+    let lease = old_coordinator.acquire("send", "server", 10_000).unwrap();
+    let mut old_frontier = Frontier::new();
+    old_frontier.raise("server", 4);
+    old_coordinator
+        .release_publishing("send", "server", lease.epoch, &old_frontier)
+        .unwrap();
+    let error = refused(&mut empty, records.clone(), &old_coordinator);
+    assert!(
+        matches!(error, LedgerError::Import(ImportError::FrontierPublished { .. })),
+        "{error}"
+    );
+    // A host holds an agent.
+    let busy = coordinator();
+    busy.acquire("charge", "server", 10_000).unwrap();
+    let error = refused(&mut empty, records.clone(), &busy);
+    assert!(
+        matches!(error, LedgerError::Import(ImportError::Held { .. })),
+        "{error}"
+    );
+    // A protected ledger's records.
+    let sealed = fencepost::relay::FsRelay::open(founded.folder.path())
+        .unwrap()
+        .pull(&Frontier::new())
+        .unwrap()
+        .ops;
+    let error = refused(&mut empty, sealed, &coordinator());
+    assert!(
+        matches!(error, LedgerError::Import(ImportError::SourceProtected)),
+        "{error}"
+    );
+    // An unprotected ledger imports nothing.
+    let plain = tempfile::tempdir().unwrap();
+    let mut plain = Ledger::open(
+        "laptop",
+        ManualClock::new(NOW_MS).wall_clock(),
+        relay(plain.path()),
+    )
+    .unwrap();
+    assert!(matches!(
+        plain.import(records, &coordinator(), 10_000),
+        Err(LedgerError::NotProtected)
+    ));
+}
