@@ -177,6 +177,14 @@ fn damage_refusal(ledger: &Ledger, settings: &Settings, refusing: Refusing) -> O
     }
     let damage = ledger.damage();
     let first = damage.first()?;
+    if ledger.is_protected_elsewhere() {
+        // Not damage a copy repairs: the ledger is protected and this host has not joined it.
+        return Some(format!(
+            "{not_doing}: the ledger in {} is protected (its records are sealed) and this host is not one of its members. Join it with `fencepost device join FINGERPRINT` (a member prints it: `fencepost ledger fingerprint`), then have a member run `fencepost device admit KEY --device {}` with this host's `fencepost device key`",
+            settings.ledger_label(),
+            settings.device
+        ));
+    }
     let lagging = only_lagging(ledger);
     if lagging && damage.iter().any(|problem| problem.kind == ProblemKind::Behind) {
         return Some(format!(

@@ -15,11 +15,14 @@ pub struct ConfigFile {
     pub ledger: Option<std::path::PathBuf>,
     /// This host's device id.
     pub device: Option<String>,
+    /// The fingerprint of the protected ledger the ledger must be (`ledger init` prints it).
+    pub protected: Option<String>,
 }
 
 impl ConfigFile {
     /// Decodes a config file's bytes (read from `path`, named in errors): UTF-8 TOML with at
-    /// most the three keys; a device id must be a valid id (rule L8).
+    /// most the four keys; a device id must be a valid id (rule L8), a fingerprint one that
+    /// `ledger init` prints.
     pub fn parse(bytes: &[u8], path: &std::path::Path) -> Result<Self> {
         let text = std::str::from_utf8(bytes)
             .with_context(|| format!("config file {} is not UTF-8 text", path.display()))?;
@@ -28,6 +31,11 @@ impl ConfigFile {
         if let Some(device) = &config.device {
             fencepost::id::validate_id(fencepost::id::IdKind::Device, device)
                 .with_context(|| format!("config file {}: device", path.display()))?;
+        }
+        if let Some(fingerprint) = &config.protected {
+            fingerprint
+                .parse::<fencepost::genesis::Fingerprint>()
+                .with_context(|| format!("config file {}: protected", path.display()))?;
         }
         Ok(config)
     }

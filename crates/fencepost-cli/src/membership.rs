@@ -58,13 +58,36 @@ pub fn read_membership_file(text: &str) -> Result<Genesis> {
 
 /// The protected ledger this host is a member of at this location, with this device's key
 /// (which must exist: a joined device never makes a new one); `None` when it joined none.
+///
+/// # Errors
+/// Also when the settings name a protected ledger (`--protected`) that this host has not
+/// joined, or another one than it joined: it reads and writes nothing then, whatever the
+/// ledger holds (an empty or unprotected ledger served in its place included).
 pub fn protected(settings: &Settings) -> Result<Option<fencepost::ledger::Protected>> {
     let path = settings.membership_file()?;
     let text = match std::fs::read_to_string(&path) {
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(named) = settings.protected {
+                bail!(
+                    "the ledger {} is the protected ledger {named} (--protected, FENCEPOST_PROTECTED or the config file), and this host has not joined it: nothing read or written. Run `fencepost device join {named}`, then have a member run `fencepost device admit` with this host's `fencepost device key`",
+                    settings.ledger_label()
+                );
+            }
+            return Ok(None);
+        }
         other => other.with_context(|| format!("cannot read {}", path.display()))?,
     };
     let genesis = read_membership_file(&text).with_context(|| format!("{} is damaged", path.display()))?;
+    if let Some(named) = settings
+        .protected
+        .filter(|named| !named.matches(&genesis.ledger_id()))
+    {
+        bail!(
+            "this host is a member of the protected ledger {} at {}, but --protected (FENCEPOST_PROTECTED or the config file) names {named}: nothing read or written",
+            genesis.fingerprint(),
+            settings.ledger_label()
+        );
+    }
     let device = fencepost::id::DeviceId::new(&settings.device)?;
     let key = fencepost::identity::load(&crate::settings::keys_dir()?, &device).with_context(|| {
         format!(

@@ -35,7 +35,12 @@ pub struct Global {
     /// runs. Also FENCEPOST_DEVICE.
     #[arg(long, global = true, value_name = "ID")]
     pub device: Option<String>,
-    /// A TOML file with `coordinator`, `ledger` and `device` keys, used where a flag or variable
+    /// The fingerprint of the protected ledger the ledger must be (what `ledger init` printed):
+    /// this host refuses to read or write it until it has joined that ledger, whatever the
+    /// ledger holds (an empty or unprotected one included). Also FENCEPOST_PROTECTED.
+    #[arg(long, global = true, value_name = "FINGERPRINT")]
+    pub protected: Option<String>,
+    /// A TOML file with `coordinator`, `ledger`, `device` and `protected` keys, used where a flag or variable
     /// does not say. Default: `<config dir>/fencepost/config.toml` when it exists. Also
     /// FENCEPOST_CONFIG.
     #[arg(long, global = true, value_name = "FILE")]
@@ -49,6 +54,7 @@ impl Global {
             coordinator: self.coordinator.or(before.coordinator),
             ledger: self.ledger.or(before.ledger),
             device: self.device.or(before.device),
+            protected: self.protected.or(before.protected),
             config: self.config.or(before.config),
         }
     }
@@ -66,6 +72,9 @@ impl Global {
             device: self
                 .device
                 .or_else(|| variable("FENCEPOST_DEVICE").map(|value| value.to_string_lossy().into_owned())),
+            protected: self.protected.or_else(|| {
+                variable("FENCEPOST_PROTECTED").map(|value| value.to_string_lossy().into_owned())
+            }),
             config: self
                 .config
                 .or_else(|| variable("FENCEPOST_CONFIG").map(PathBuf::from)),
@@ -85,6 +94,8 @@ pub struct Settings {
     /// Whether the ledger folder was named (flag, variable, file): a named folder must exist.
     pub ledger_named: bool,
     pub device: String,
+    /// The protected ledger the ledger must be (`--protected`), if one is named.
+    pub protected: Option<fencepost::genesis::Fingerprint>,
 }
 
 /// What a command does with the ledger.
@@ -146,12 +157,20 @@ impl Settings {
         if let Err(error) = validate_id(IdKind::Device, &device) {
             crate::exit::usage!("device id {device:?}: {error}");
         }
+        let protected = match global.protected.clone().or(file.protected) {
+            Some(text) => match text.parse() {
+                Ok(fingerprint) => Some(fingerprint),
+                Err(error) => crate::exit::usage!("the protected ledger's fingerprint {text:?}: {error}"),
+            },
+            None => None,
+        };
         Ok(Self {
             coordinator,
             ledger,
             ledger_kind,
             ledger_named,
             device,
+            protected,
         })
     }
 

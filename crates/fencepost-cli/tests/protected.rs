@@ -502,3 +502,77 @@ fn s4_ledger_import_carries_the_commits_into_a_protected_ledger_through_the_bina
     }
     assert_eq!(shared.effects(), vec!["laptop", "phone"]);
 }
+
+/// S2: a host told which protected ledger its ledger is (`--protected FINGERPRINT`,
+/// `FENCEPOST_PROTECTED` or `protected` in the config file) reads and writes nothing until it
+/// has joined that ledger: an empty folder served in the ledger's place (no roster to delete,
+/// nothing sealed to see) runs nothing and gets no record; it joins no other ledger, and
+/// `ledger init` is refused while a fingerprint is named.
+#[test]
+fn s2_a_host_that_names_its_protected_ledger_runs_nothing_before_joining_it() {
+    let shared = Shared::sqlite();
+    let fingerprint = founded_with_phone(&shared);
+    let decoy = shared.path("decoy");
+    std::fs::create_dir_all(decoy.join("devices")).unwrap();
+    let decoy = decoy.to_str().unwrap();
+    let named = ["--protected", fingerprint.as_str()];
+
+    // The server has not joined; the relay hands it an empty ledger.
+    let mut on_decoy = vec!["--ledger", decoy];
+    on_decoy.extend_from_slice(&named);
+    let early = send_with(&shared, "server", "monday", &on_decoy);
+    assert_eq!(code(&early), 10, "{}", text(&early.stderr));
+    assert!(
+        text(&early.stderr).contains("device join"),
+        "{}",
+        text(&early.stderr)
+    );
+    assert!(shared.effects().is_empty(), "S2: nothing ran");
+    assert_eq!(
+        std::fs::read_dir(shared.path("decoy").join("devices"))
+            .unwrap()
+            .count(),
+        0
+    );
+
+    // Not named, on the real ledger: its sealed records are no damage a copy repairs.
+    let stranger = send(&shared, "server", "monday");
+    assert_eq!(code(&stranger), 10, "{}", text(&stranger.stderr));
+    assert!(
+        text(&stranger.stderr).contains("device join")
+            && !text(&stranger.stderr).contains("--accept-damaged"),
+        "the advice is to join: {}",
+        text(&stranger.stderr)
+    );
+
+    let other = "0000-0000-0000-0000-0000-0000-0000-0000-0000-0000";
+    let mut join = named.to_vec();
+    join.extend_from_slice(&["device", "join", other]);
+    assert_eq!(
+        code(&host(&shared, "server", &join)),
+        2,
+        "it joins no other ledger"
+    );
+    let mut init = named.to_vec();
+    init.extend_from_slice(&["ledger", "init"]);
+    assert_eq!(code(&host(&shared, "server", &init)), 2, "nor makes one");
+
+    // Named in the config file: the phone, a member, runs; a bad fingerprint there is a clear
+    // error; the laptop, named another ledger, reads nothing.
+    let config = shared.path("config").join("fencepost");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("config.toml"),
+        format!("protected = \"{fingerprint}\"\n"),
+    )
+    .unwrap();
+    assert_eq!(code(&send(&shared, "phone", "monday")), 0);
+    let wrong = send_with(&shared, "laptop", "tuesday", &["--protected", other]);
+    assert_eq!(code(&wrong), 10, "{}", text(&wrong.stderr));
+    assert!(text(&wrong.stderr).contains(other), "{}", text(&wrong.stderr));
+    std::fs::write(config.join("config.toml"), "protected = \"not a fingerprint\"\n").unwrap();
+    let bad = send(&shared, "phone", "tuesday");
+    assert_ne!(code(&bad), 0);
+    assert!(text(&bad.stderr).contains("protected"), "{}", text(&bad.stderr));
+    assert_eq!(shared.effects(), vec!["phone"]);
+}

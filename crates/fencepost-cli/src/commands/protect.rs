@@ -44,6 +44,12 @@ fn remember(settings: &Settings, genesis: &Genesis) -> Result<PathBuf> {
 
 /// `fencepost ledger init`.
 pub fn init(settings: &Settings, recovery_file: Option<PathBuf>) -> Result<i32> {
+    if let Some(named) = settings.protected {
+        crate::exit::usage!(
+            "--protected (FENCEPOST_PROTECTED or the config file) names the protected ledger {named} for {} already: `ledger init` makes a new one (name it once it is made)",
+            settings.ledger_label()
+        );
+    }
     if crate::membership::protected(settings)?.is_some() {
         crate::exit::usage!(
             "this host has already joined or founded a protected ledger at {}: `fencepost ledger fingerprint` prints it",
@@ -56,7 +62,7 @@ pub fn init(settings: &Settings, recovery_file: Option<PathBuf>) -> Result<i32> 
     let options = LedgerOptions::default().seen_file(settings.seen_file()?);
     let (ledger, founded) = match Ledger::found(Arc::new(key), system_clock(), relay, options) {
         Err(LedgerError::NotEmpty) => crate::exit::usage!(
-            "{} holds records (or files that are not records) already: `ledger init` makes an empty ledger protected (copy an unprotected one into a protected one once `ledger import` can)",
+            "{} holds records (or files that are not records) already: `ledger init` makes an empty ledger protected (to protect an unprotected ledger, make a new one protected and copy it in with `fencepost ledger import`)",
             settings.ledger_label()
         ),
         other => other.with_context(|| format!("cannot make {} protected", settings.ledger_label()))?,
@@ -213,6 +219,11 @@ pub fn join(settings: &Settings, fingerprint: &str) -> Result<i32> {
         Ok(wanted) => wanted,
         Err(error) => crate::exit::usage!("the fingerprint: {error}"),
     };
+    if let Some(named) = settings.protected.filter(|named| *named != wanted) {
+        crate::exit::usage!(
+            "--protected (FENCEPOST_PROTECTED or the config file) names the protected ledger {named}, not {wanted}"
+        );
+    }
     let device = DeviceId::new(&settings.device)?;
     let (key, _) = fencepost::identity::load_or_create(&crate::settings::keys_dir()?, &device)?;
     let relay = settings.relay(Access::ReadOnly)?;

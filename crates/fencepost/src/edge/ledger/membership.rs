@@ -281,6 +281,12 @@ impl Ledger {
         self.protected.is_some()
     }
 
+    /// Whether this ledger, read as not protected, holds a protected ledger's sealed records:
+    /// this host is no member of it (they are damage to it, never records of an empty ledger).
+    pub fn is_protected_elsewhere(&self) -> bool {
+        self.protected.is_none() && self.view.sealed_seen
+    }
+
     /// The fingerprint of this protected ledger (see [`genesis`](Self::genesis)).
     pub fn fingerprint(&self) -> Option<Fingerprint> {
         self.genesis().map(Genesis::fingerprint)
