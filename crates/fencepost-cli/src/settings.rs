@@ -157,6 +157,15 @@ impl Settings {
         if let Err(error) = validate_id(IdKind::Device, &device) {
             crate::exit::usage!("device id {device:?}: {error}");
         }
+        // Set and empty (a template that expanded an unset variable) is no ledger named: an
+        // error, not the unprotected default (found by an adversary).
+        if global.protected.is_none()
+            && std::env::var_os("FENCEPOST_PROTECTED").is_some_and(|value| value.is_empty())
+        {
+            crate::exit::usage!(
+                "FENCEPOST_PROTECTED is set and empty: set it to the protected ledger's fingerprint, or unset it"
+            );
+        }
         let protected = match global.protected.clone().or(file.protected) {
             Some(text) => match text.parse() {
                 Ok(fingerprint) => Some(fingerprint),
@@ -183,6 +192,18 @@ impl Settings {
             ledger_named: true,
             ..self.clone()
         })
+    }
+
+    /// These settings with another coordinator, named by `spec` as `--coordinator` names one.
+    pub fn with_coordinator(&self, spec: &str) -> Self {
+        let coordinator = match spec.strip_prefix("sqlite:") {
+            Some(path) => format!("sqlite:{}", expand_home(Path::new(path)).display()),
+            None => spec.to_owned(),
+        };
+        Self {
+            coordinator,
+            ..self.clone()
+        }
     }
 
     /// With a ledger in PostgreSQL (the default with a PostgreSQL coordinator, or named), a

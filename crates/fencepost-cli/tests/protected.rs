@@ -413,7 +413,21 @@ fn s4_ledger_import_carries_the_commits_into_a_protected_ledger_through_the_bina
     let old = shared.path("ledger");
     let old = old.to_str().unwrap();
 
-    let onto_old = on_new("laptop", &shared.coordinator, &["ledger", "import", old]);
+    let from_old = [
+        "ledger",
+        "import",
+        old,
+        "--source-coordinator",
+        &shared.coordinator,
+    ];
+    let unnamed = on_new("laptop", &new_coordinator, &["ledger", "import", old]);
+    assert_eq!(
+        code(&unnamed),
+        2,
+        "the old coordinator is named: {}",
+        text(&unnamed.stderr)
+    );
+    let onto_old = on_new("laptop", &shared.coordinator, &from_old);
     assert_ne!(code(&onto_old), 0);
     assert!(
         text(&onto_old.stderr).contains("coordinator of its own"),
@@ -423,21 +437,34 @@ fn s4_ledger_import_carries_the_commits_into_a_protected_ledger_through_the_bina
     let protected_file = new.join("devices").join(device_file_name("laptop"));
     let before = std::fs::read_to_string(&protected_file).unwrap();
 
-    // A damaged ledger is not imported.
+    // A copy of the old folder that lacks the phone's records, which its coordinator
+    // published, is not imported (found by an adversary: the phone's commit ran again).
     let phone_file = device_file(&shared, "phone");
     let whole = std::fs::read(&phone_file).unwrap();
+    std::fs::remove_file(&phone_file).unwrap();
+    let lagging = on_new("laptop", &new_coordinator, &from_old);
+    assert_eq!(code(&lagging), 10, "S4: {}", text(&lagging.stderr));
+    assert!(
+        text(&lagging.stderr).contains("lacks records"),
+        "{}",
+        text(&lagging.stderr)
+    );
+    std::fs::write(&phone_file, &whole).unwrap();
+
+    // A damaged ledger is not imported.
     std::fs::write(&phone_file, &whole[..whole.len() - 20]).unwrap();
-    let damaged = on_new("laptop", &new_coordinator, &["ledger", "import", old]);
+    let damaged = on_new("laptop", &new_coordinator, &from_old);
     assert_eq!(
         code(&damaged),
         10,
         "S4: a damaged ledger is refused: {}",
         text(&damaged.stderr)
     );
+    let said = text(&damaged.stderr);
     assert!(
-        text(&damaged.stderr).contains("not importing anything"),
-        "{}",
-        text(&damaged.stderr)
+        said.contains("phone")
+            && (said.contains("not importing anything") || said.contains("nothing was imported")),
+        "{said}"
     );
     assert_eq!(
         std::fs::read_to_string(&protected_file).unwrap(),
@@ -460,14 +487,14 @@ fn s4_ledger_import_carries_the_commits_into_a_protected_ledger_through_the_bina
     assert_eq!(code(&admit), 0, "{}", text(&admit.stderr));
     let admitted = std::fs::read(&protected_file).unwrap();
 
-    let import = on_new("laptop", &new_coordinator, &["ledger", "import", old]);
+    let import = on_new("laptop", &new_coordinator, &from_old);
     assert_eq!(code(&import), 0, "{}", text(&import.stderr));
     assert!(
         text(&import.stdout).contains("imported 4 records"),
         "{}",
         text(&import.stdout)
     );
-    let again = on_new("laptop", &new_coordinator, &["ledger", "import", old]);
+    let again = on_new("laptop", &new_coordinator, &from_old);
     assert_eq!(code(&again), 0, "{}", text(&again.stderr));
     assert!(text(&again.stdout).contains("already"), "{}", text(&again.stdout));
     let copied = std::fs::read(&protected_file).unwrap();
@@ -534,6 +561,23 @@ fn s2_a_host_that_names_its_protected_ledger_runs_nothing_before_joining_it() {
             .count(),
         0
     );
+
+    // `ledger verify` touches nothing either (found by an adversary: it made devices/), and an
+    // empty FENCEPOST_PROTECTED is an error, not the unprotected default.
+    let bare = shared.path("bare");
+    std::fs::create_dir(&bare).unwrap();
+    let mut verify = vec!["--ledger", bare.to_str().unwrap()];
+    verify.extend_from_slice(&named);
+    verify.extend_from_slice(&["ledger", "verify"]);
+    assert_eq!(code(&host(&shared, "server", &verify)), 10);
+    assert_eq!(std::fs::read_dir(&bare).unwrap().count(), 0, "nothing written");
+    let empty = shared
+        .command("server", &["--ledger", decoy, "ledger", "show"])
+        .env("XDG_DATA_HOME", shared.path("data-server"))
+        .env("FENCEPOST_PROTECTED", "")
+        .output()
+        .unwrap();
+    assert_eq!(code(&empty), 2, "{}", text(&empty.stderr));
 
     // Not named, on the real ledger: its sealed records are no damage a copy repairs.
     let stranger = send(&shared, "server", "monday");

@@ -98,7 +98,7 @@ impl Founder {
     }
 
     /// Writes `count` occurrences into `relay` as `Ledger::record` would (record 0, the
-    /// genesis, then each record sealed), each record signed as the last of its own append, in
+    /// genesis, the agent's naming, then each intent sealed in one size), each record signed as the last of its own append, in
     /// pushes of [`BATCH`] records (as many appends as one push, for speed).
     fn write(&self, relay: &FsRelay, clock: &ManualClock, count: usize) {
         let ledger = self.genesis.ledger_id();
@@ -116,10 +116,22 @@ impl Founder {
             relay.push(batch).unwrap();
             batch.clear();
         };
+        // The log names the agent once; its intents are of one size (rule S5).
+        let digest: String = fencepost::oplog::agent_digest("demo")
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let naming = json!({"key": digest, "agent": "demo"});
+        let draft = log
+            .draft(Surface::registry(fencepost::oplog::AGENT_NAMES), naming)
+            .unwrap();
+        let sealed = draft.seal(&self.ledger_key, ledger).unwrap();
+        log.append_made(&sealed).unwrap();
+        batch.push(sealed.signed(&self.key, &ledger, &origin));
         occurrence_payloads(count, |payload| {
             clock.advance(5);
             let draft = log.draft(Surface::Intent, payload).unwrap();
-            let sealed = draft.seal(&self.ledger_key, ledger).unwrap();
+            let sealed = draft.seal_named(&self.ledger_key, ledger).unwrap();
             log.append_made(&sealed).unwrap();
             batch.push(sealed.signed(&self.key, &ledger, &origin));
             if batch.len() >= BATCH {
@@ -224,7 +236,8 @@ fn cold_open(criterion: &mut Criterion) {
             let relay = Arc::new(FsRelay::open(protected.path()).unwrap());
             let options = LedgerOptions::default().protected(founder.protected());
             let ledger = Ledger::open_with(DEVICE, clock.wall_clock(), relay, options).unwrap();
-            assert_eq!(ledger.view().frontier().next_seq(DEVICE), records + 1);
+            // Record 0, the naming and the intents.
+            assert_eq!(ledger.view().frontier().next_seq(DEVICE), records + 2);
             ledger
         })
     });

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use fencepost::clock::ManualClock;
 use fencepost::id::DeviceId;
 use fencepost::identity::DeviceKey;
-use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, LeaseCoordinator};
-use fencepost::ledger::{ImportError, Ledger, LedgerError, LedgerOptions, IMPORT_REGISTRY};
+use fencepost::lease::{InMemoryLeaseCoordinator, Intent, IntentStatus, Lease, LeaseCoordinator, LeaseError};
+use fencepost::ledger::{ImportError, ImportSource, Ledger, LedgerError, LedgerOptions, IMPORT_REGISTRY};
 use fencepost::oplog::OpRecord;
 use fencepost::protected::Origin;
 use fencepost::relay::{Frontier, FsRelay, Relay};
@@ -91,6 +91,14 @@ impl Founded {
     }
 }
 
+/// `records` as a source whose coordinator published nothing.
+fn source(records: &[OpRecord]) -> ImportSource {
+    ImportSource {
+        records: records.to_vec(),
+        published: Vec::new(),
+    }
+}
+
 fn coordinator() -> InMemoryLeaseCoordinator {
     InMemoryLeaseCoordinator::new(ManualClock::new(NOW_MS).wall_clock())
 }
@@ -102,10 +110,11 @@ fn coordinator() -> InMemoryLeaseCoordinator {
 fn s4_an_import_keeps_the_oracle_the_fencing_epochs_and_the_hand_off() {
     let old = tempfile::tempdir().unwrap();
     let records = old_ledger(old.path());
-    let source = Ledger::open("reader", ManualClock::new(NOW_MS).wall_clock(), relay(old.path())).unwrap();
+    let old_reading =
+        Ledger::open("reader", ManualClock::new(NOW_MS).wall_clock(), relay(old.path())).unwrap();
     let (founded, mut ledger) = found();
     let coordinator = coordinator();
-    let imported = ledger.import(records.clone(), &coordinator, 10_000).unwrap();
+    let imported = ledger.import(source(&records), &coordinator, 10_000).unwrap();
     assert_eq!(imported.records, 7);
     assert!(!imported.already);
     assert_eq!(imported.agents, vec!["charge", "send"]);
@@ -116,7 +125,7 @@ fn s4_an_import_keeps_the_oracle_the_fencing_epochs_and_the_hand_off() {
         for (agent, run) in [("send", "monday"), ("send", "tuesday")] {
             assert_eq!(
                 state.committed_run(agent, run).map(|record| record.epoch),
-                source
+                old_reading
                     .state()
                     .committed_run(agent, run)
                     .map(|record| record.epoch),
@@ -174,10 +183,10 @@ fn s4_an_import_is_made_once_and_never_mixes_two_ledgers() {
     let records = old_ledger(old.path());
 
     let (founded, mut ledger) = found();
-    ledger.import(records.clone(), &coordinator(), 10_000).unwrap();
+    ledger.import(source(&records), &coordinator(), 10_000).unwrap();
     let head = ledger.view().frontier().next_seq("laptop");
     let fresh = coordinator();
-    let again = founded.reopen().import(records.clone(), &fresh, 10_000).unwrap();
+    let again = founded.reopen().import(source(&records), &fresh, 10_000).unwrap();
     assert!(again.already, "S4: the import is found whole");
     assert_eq!(again.records, 0);
     assert_eq!(founded.reopen().view().frontier().next_seq("laptop"), head);
@@ -185,7 +194,7 @@ fn s4_an_import_is_made_once_and_never_mixes_two_ledgers() {
 
     let refused = |ledger: &mut Ledger, records: Vec<OpRecord>, coordinator: &dyn LeaseCoordinator| {
         let before = ledger.view().frontier().next_seq("laptop");
-        let error = ledger.import(records, coordinator, 10_000).unwrap_err();
+        let error = ledger.import(source(&records), coordinator, 10_000).unwrap_err();
         assert_eq!(
             ledger.view().frontier().next_seq("laptop"),
             before,
@@ -242,7 +251,150 @@ fn s4_an_import_is_made_once_and_never_mixes_two_ledgers() {
     )
     .unwrap();
     assert!(matches!(
-        plain.import(records, &coordinator(), 10_000),
+        plain.import(source(&records), &coordinator(), 10_000),
         Err(LedgerError::NotProtected)
     ));
+}
+
+/// S4 (found by an adversary): a copy of the old ledger that lacks records its coordinator
+/// published (a sync that lags) is refused; an import stopped after it took the leases leaves
+/// every agent's frontier at the count the import was to reach, so a host waits (rule H3) and
+/// never runs an imported occurrence meanwhile; and while one import holds the leases, another
+/// is refused.
+#[test]
+fn s4_an_import_from_a_lagging_copy_or_stopped_midway_runs_nothing_again() {
+    let old = tempfile::tempdir().unwrap();
+    let records = old_ledger(old.path());
+    let (_, ledger_to_refuse) = found();
+    let mut ledger = ledger_to_refuse;
+    let mut published = Frontier::new();
+    published.raise("server", 6); // the server's log holds 3 records
+    let behind = ImportSource {
+        records: records.clone(),
+        published: vec![("send".to_owned(), published)],
+    };
+    let error = ledger.import(behind, &coordinator(), 10_000).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            LedgerError::Import(ImportError::SourceBehind {
+                has: 3,
+                published: 6,
+                ..
+            })
+        ),
+        "S4: {error}"
+    );
+
+    // A record no log holds is refused before anything is written or published.
+    let mut refused = records.clone();
+    let mut huge = records[0].clone();
+    huge.surface = fencepost::oplog::Surface::log("notes");
+    huge.payload = fencepost::oplog::Payload::new(serde_json::json!({"note": "x".repeat(2_000_000)}));
+    refused.push(huge);
+    let untouched = coordinator();
+    let before = ledger.view().frontier().next_seq("laptop");
+    assert!(ledger.import(source(&refused), &untouched, 10_000).is_err());
+    assert_eq!(
+        ledger.view().frontier().next_seq("laptop"),
+        before,
+        "nothing copied"
+    );
+    assert!(
+        untouched.published_frontier("send").unwrap().is_empty(),
+        "nothing published"
+    );
+
+    // Stopped after the copy, before the hand-off (the coordinator fails a renewal): the
+    // frontier published first names the import's end, so a host whose copy lags waits.
+    let (founded, mut ledger) = found();
+    let lagging = founded.reopen();
+    let stopping = RenewalsFail {
+        inner: coordinator(),
+        renewals_left: std::sync::atomic::AtomicU32::new(2), // one per agent, then none
+    };
+    assert!(ledger.import(source(&records), &stopping, 10_000).is_err());
+    let reach = ledger.view().frontier().next_seq("laptop");
+    for agent in ["send", "charge"] {
+        let published = stopping.published_frontier(agent).unwrap();
+        assert_eq!(
+            published.next_seq("laptop"),
+            reach,
+            "S4: the import's end, published first"
+        );
+        assert!(
+            !lagging.behind(&published).is_empty(),
+            "S4: a lagging host waits for it"
+        );
+    }
+    // Run again, the import is found whole and hands over.
+    let again = founded
+        .reopen()
+        .import(source(&records), &stopping.inner, 10_000)
+        .unwrap();
+    assert!(again.already);
+    assert!(stopping
+        .inner
+        .published_frontier("send")
+        .unwrap()
+        .head("laptop")
+        .is_some());
+
+    // Another import holds the leases: this one is refused.
+    let (_, mut other) = found();
+    let busy = coordinator();
+    busy.acquire("charge", "laptop", 10_000).unwrap();
+    let error = other.import(source(&records), &busy, 10_000).unwrap_err();
+    assert!(
+        matches!(error, LedgerError::Import(ImportError::Held { .. })),
+        "{error}"
+    );
+}
+
+/// A coordinator whose renewals fail once `renewals_left` is spent.
+struct RenewalsFail {
+    inner: InMemoryLeaseCoordinator,
+    renewals_left: std::sync::atomic::AtomicU32,
+}
+
+impl LeaseCoordinator for RenewalsFail {
+    fn acquire(&self, agent: &str, device: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        self.inner.acquire(agent, device, ttl_ms)
+    }
+    fn renew(&self, agent: &str, device: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        let left = self.renewals_left.load(std::sync::atomic::Ordering::SeqCst);
+        if left == 0 {
+            return Err(LeaseError::Backend(fencepost::lease::BackendError {
+                backend: "test",
+                message: "renewals fail".to_owned(),
+                may_have_applied: false,
+                transient: false,
+                source: None,
+            }));
+        }
+        self.renewals_left
+            .store(left - 1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.renew(agent, device, epoch, ttl_ms)
+    }
+    fn release(&self, agent: &str, device: &str, epoch: u64) -> Result<(), LeaseError> {
+        self.inner.release(agent, device, epoch)
+    }
+    fn current(&self, agent: &str) -> Result<Option<Lease>, LeaseError> {
+        self.inner.current(agent)
+    }
+    fn raise_epoch_floor(&self, agent: &str, floor: u64) -> Result<(), LeaseError> {
+        self.inner.raise_epoch_floor(agent, floor)
+    }
+    fn publish_frontier(
+        &self,
+        agent: &str,
+        device: &str,
+        epoch: u64,
+        frontier: &Frontier,
+    ) -> Result<(), LeaseError> {
+        self.inner.publish_frontier(agent, device, epoch, frontier)
+    }
+    fn published_frontier(&self, agent: &str) -> Result<Frontier, LeaseError> {
+        self.inner.published_frontier(agent)
+    }
 }

@@ -428,8 +428,8 @@ fn s2_a_long_log_read_at_once_folds_every_record() {
     }
     assert_eq!(
         reader.view().frontier().next_seq("laptop"),
-        2 * occurrences + 1,
-        "S2: record 0 and every intent settled"
+        2 * occurrences + 2,
+        "S2: record 0, the agent's naming (S5) and every intent settled"
     );
 }
 
@@ -468,8 +468,8 @@ fn s2_a_protected_ledger_folds_only_what_its_members_sealed_and_signed() {
     let file = std::fs::read_to_string(folder.path().join("devices").join("laptop.jsonl")).unwrap();
     assert_eq!(
         file.lines().count(),
-        3,
-        "S1: record 0 and two sealed intents: {file}"
+        4,
+        "S1: record 0, the agent's naming (S5) and two sealed intents: {file}"
     );
     assert!(file.lines().all(|line| line.starts_with("[3,")), "S1: {file}");
     for secret in ["milo", "secret", "occurrence", "pending", "committed"] {

@@ -123,7 +123,10 @@ fn m2_a_revoked_device_writes_nothing_that_counts_and_reads_nothing_new() {
     founder.sync().unwrap();
 
     let revoked = founder.revoke(phone.device(), None).unwrap();
-    assert_eq!(revoked.cut, 3, "M2: the phone's length as read: record 0 and two");
+    assert_eq!(
+        revoked.cut, 4,
+        "M2: the phone's length as read: record 0, the agent's naming (S5) and two"
+    );
     assert_eq!(revoked.generation, 2);
     assert_eq!(
         revoked.members,
@@ -163,7 +166,7 @@ fn m2_a_revoked_device_writes_nothing_that_counts_and_reads_nothing_new() {
     let mut reopened = members.open(&phone);
     let refused = reopened.record(&Intent::new("milo", "again", 7, IntentStatus::Pending));
     assert!(
-        matches!(refused, Err(LedgerError::Revoked { cut: 3, .. })),
+        matches!(refused, Err(LedgerError::Revoked { cut: 4, .. })),
         "M2: a revoked device writes nothing: {refused:?}"
     );
     assert!(
@@ -201,10 +204,10 @@ fn m2_a_cut_in_the_past_turns_folded_commits_into_runs_in_doubt() {
     let watch = device_key("watch", 31);
     let (members, mut founder) = Members::found(&[&phone]);
     let mut on_phone = members.open(&phone);
-    run(&mut on_phone, "kept", 3); // records 1, 2
-    run(&mut on_phone, "stolen", 4); // records 3, 4
+    run(&mut on_phone, "kept", 3); // records 2, 3 (1 names the agent: S5)
+    run(&mut on_phone, "stolen", 4); // records 4, 5
     on_phone.sync().unwrap();
-    on_phone.admit(watch.device(), &watch.public()).unwrap(); // record 5
+    on_phone.admit(watch.device(), &watch.public()).unwrap(); // record 6
     let mut on_watch = members.open(&watch);
     run(&mut on_watch, "by-the-watch", 5);
 
@@ -212,7 +215,7 @@ fn m2_a_cut_in_the_past_turns_folded_commits_into_runs_in_doubt() {
     assert!(founder.committed_run("milo", "stolen").is_some());
     assert!(founder.committed_run("milo", "by-the-watch").is_some());
 
-    founder.revoke(phone.device(), Some(3)).unwrap();
+    founder.revoke(phone.device(), Some(4)).unwrap();
     for (who, reading) in [
         ("the revoker", &mut founder),
         ("a new reading", &mut members.open(&members.laptop)),
@@ -232,8 +235,8 @@ fn m2_a_cut_in_the_past_turns_folded_commits_into_runs_in_doubt() {
             "M2: {who}"
         );
         let frontier = reading.view().frontier();
-        assert_eq!(frontier.next_seq("phone"), 6, "M2: {who}: void records are held");
-        assert_eq!(frontier.next_seq("watch"), 3, "M2: {who}");
+        assert_eq!(frontier.next_seq("phone"), 7, "M2: {who}: void records are held");
+        assert_eq!(frontier.next_seq("watch"), 4, "M2: {who}");
     }
 }
 
@@ -286,7 +289,7 @@ fn m3_the_recovery_key_admits_a_new_device_when_the_only_members_key_is_lost() {
     }
     let members_now = again.members();
     assert!(
-        members_now.contains(&(members.laptop.device().clone(), Some(4)))
+        members_now.contains(&(members.laptop.device().clone(), Some(5)))
             && members_now.contains(&(spare.device().clone(), None)),
         "M3: {members_now:?}"
     );
@@ -337,7 +340,7 @@ fn m2_an_empty_log_revokes_and_is_revoked_and_cuts_stay_within_what_was_read() {
     let mut on_watch = members.open(&watch);
     run(&mut on_watch, "by-the-watch", 6);
     founder.sync().unwrap();
-    let past = founder.revoke(watch.device(), Some(4));
+    let past = founder.revoke(watch.device(), Some(5));
     assert!(
         matches!(past, Err(LedgerError::Membership { .. })),
         "M2: {past:?}"

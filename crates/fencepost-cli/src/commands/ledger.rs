@@ -2,8 +2,10 @@
 
 use super::*;
 
+mod import;
 mod verify;
 
+use import::import;
 use verify::verify;
 
 /// `fencepost ledger …`.
@@ -54,6 +56,11 @@ pub enum LedgerCommand {
         /// The ledger to copy from, named as --ledger names one.
         #[arg(value_name = "DIR|sqlite:PATH|URL")]
         from: PathBuf,
+        /// Into a protected ledger: the old ledger's coordinator, named as --coordinator names
+        /// one. The copy read must hold every record its holders published there (a copy of a
+        /// synced folder that lags is refused).
+        #[arg(long, value_name = "SPEC")]
+        source_coordinator: Option<String>,
     },
     /// Write a checkpoint of the ledger (its folded state: every committed run, the fencing
     /// epochs, the runs in doubt, each device's head) into its checkpoints/ folder. A new site
@@ -295,7 +302,10 @@ pub fn ledger(settings: &Settings, command: LedgerCommand) -> Result<i32> {
             }
             Ok(report_damage(&ledger, settings))
         }
-        LedgerCommand::Import { from } => import(settings, &from),
+        LedgerCommand::Import {
+            from,
+            source_coordinator,
+        } => import(settings, &from, source_coordinator.as_deref()),
         LedgerCommand::Compact {
             json,
             forget_commits_older_than,
@@ -506,136 +516,6 @@ pub(super) fn report_damage(ledger: &Ledger, settings: &Settings) -> i32 {
         );
     }
     EXIT_RAN_FAILED
-}
-
-/// `ledger import`: every intact device of `from`, pushed to this host's ledger.
-pub(super) fn import(settings: &Settings, from: &Path) -> Result<i32> {
-    let source = settings.with_ledger(from)?;
-    if source.ledger_label() == settings.ledger_label() {
-        crate::exit::usage!(
-            "ledger import {}: that is this host's ledger already",
-            source.ledger_label()
-        );
-    }
-    // A folder to import from must hold a ledger: an empty or wrong folder would import nothing
-    // and say so quietly, and the operator would then move the real one away.
-    if source.ledger_kind == LedgerKind::Folder && !source.ledger.join("devices").is_dir() {
-        crate::exit::usage!(
-            "ledger import {}: no ledger there (a ledger folder has a devices/ folder; the old default is <data dir>/fencepost/ledger)",
-            source.ledger_label()
-        );
-    }
-    let source_relay = source.relay(Access::ReadOnly)?;
-    // A pruned ledger's first records are only in its checkpoint: copying the rest would make
-    // logs that begin after records the new ledger never gets (found by an adversarial run: the
-    // import copied what was left, and a committed occurrence ran again on the new ledger).
-    let pruned = source_relay
-        .log_starts()
-        .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
-    if !pruned.is_empty() {
-        let devices: Vec<&str> = pruned.keys().map(String::as_str).collect();
-        bail!(
-            "cannot import {}: the logs of {} were pruned (their first records are only in its checkpoints), and a ledger cannot be imported from a checkpoint yet; nothing was imported",
-            source.ledger_label(),
-            devices.join(", ")
-        );
-    }
-    if crate::membership::protected(settings)?.is_some() {
-        return import_into_protected(settings, &source, source_relay.as_ref());
-    }
-    let batch = source_relay
-        .pull(&Frontier::new())
-        .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
-    let damaged: BTreeSet<&str> = batch
-        .problems
-        .iter()
-        .filter(|problem| problem.is_damage())
-        .filter_map(|problem| problem.device_id.as_deref())
-        .collect();
-    // A damaged device's records up to the damage are intact, but its later ones are missing:
-    // copying part of it would make a log that looks whole. It is left out, and named.
-    let records: Vec<OpRecord> = batch
-        .ops
-        .into_iter()
-        .filter(|op| !damaged.contains(&*op.device_id))
-        .collect();
-    let devices: BTreeSet<&str> = records.iter().map(|op| &*op.device_id).collect();
-    let report = settings
-        .relay(Access::Write)?
-        .push(&records)
-        .with_context(|| format!("cannot write to the ledger {}", settings.ledger_label()))?;
-    out!(
-        "imported {} of {} from {} into {} ({} already there)",
-        plural(report.appended as u64, "record"),
-        plural(devices.len() as u64, "device"),
-        source.ledger_label(),
-        settings.ledger_label(),
-        report.already_present
-    );
-    for problem in &batch.problems {
-        err!("fencepost: not imported: {problem}");
-    }
-    Ok(if damaged.is_empty() {
-        EXIT_RAN_OK
-    } else {
-        EXIT_RAN_FAILED
-    })
-}
-
-/// `ledger import` into the protected ledger this host is a member of: the whole ledger
-/// `source`, undamaged, copied as this device's records; every agent's frontier published
-/// anew on this ledger's coordinator.
-fn import_into_protected(settings: &Settings, source: &Settings, source_relay: &dyn Relay) -> Result<i32> {
-    // Read whole and checked first: a damaged device would lose the commits after its damage.
-    let checked = open_ledger(source)?;
-    if let Some(damage) = checked.damage().first() {
-        refuse_damage_for(&checked, source, Refusing::Import)?;
-        bail!(
-            "cannot import {}: it is damaged ({damage})",
-            source.ledger_label()
-        );
-    }
-    drop(checked);
-    let batch = source_relay
-        .pull(&Frontier::new())
-        .with_context(|| format!("cannot read the ledger {}", source.ledger_label()))?;
-    if let Some(problem) = batch.problems.iter().find(|problem| problem.is_damage()) {
-        bail!(
-            "cannot import {}: {problem}; nothing was imported",
-            source.ledger_label()
-        );
-    }
-    let mut ledger = open_ledger_to_write(settings)?;
-    refuse_damage_for(&ledger, settings, Refusing::Import)?;
-    let coordinator = settings.coordinator()?;
-    const IMPORT_TTL_MS: u64 = 30_000;
-    let imported = ledger
-        .import(batch.ops, coordinator.shared().as_ref(), IMPORT_TTL_MS)
-        .with_context(|| {
-            format!(
-                "cannot import {} into the protected ledger {}",
-                source.ledger_label(),
-                settings.ledger_label()
-            )
-        })?;
-    if imported.already {
-        out!(
-            "{} was imported into {} already: published the hand-off of {} again",
-            source.ledger_label(),
-            settings.ledger_label(),
-            plural(imported.agents.len() as u64, "agent")
-        );
-    } else {
-        out!(
-            "imported {} of {} into the protected ledger {}, sealed as records of device {}; published the hand-off of {}",
-            plural(imported.records, "record"),
-            source.ledger_label(),
-            settings.ledger_label(),
-            settings.device,
-            plural(imported.agents.len() as u64, "agent")
-        );
-    }
-    Ok(EXIT_RAN_OK)
 }
 
 /// `fencepost ledger compact`.

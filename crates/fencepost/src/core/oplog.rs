@@ -74,7 +74,7 @@ pub(crate) use chain::HeadMark;
 pub use chain::{verify_log, LogError, LogHead};
 pub use device_log::DeviceLog;
 pub use id::{OpId, ParseOpIdError};
-pub use opened::OpenError;
+pub use opened::{agent_digest, named_agent_digest, OpenError, AGENT_DIGEST_BYTES, AGENT_NAMES};
 pub(crate) use payload::CompactIntent;
 pub use payload::Payload;
 use payload::{write_serde_json, PayloadRepr};

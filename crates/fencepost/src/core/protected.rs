@@ -121,6 +121,12 @@ pub enum Missing {
     },
     /// It does not open: altered, or sealed as no member seals.
     NotOpened(OpenError),
+    /// An intent that names its agent by a digest no record read names yet (its log names the
+    /// agent before it).
+    AgentNotNamed {
+        /// Whether the record is void (read as a `pending` once named).
+        void: bool,
+    },
 }
 
 impl fmt::Display for Missing {
@@ -139,6 +145,8 @@ impl fmt::Display for Missing {
                 "generation {generation} of the ledger key has not been given to this device"
             ),
             Missing::NotOpened(error) => write!(formatter, "it does not open: {error}"),
+            Missing::AgentNotNamed { .. } => formatter
+                .write_str("it names its agent by a digest that no record read names (its log names it before it)"),
         }
     }
 }
@@ -311,12 +319,7 @@ impl Protection {
             Some(Err(error)) => return Verdict::Missing(op, Missing::NotOpened(error)),
             Some(Ok(opened)) => opened,
         };
-        if opened.surface == crate::oplog::Surface::Intent {
-            if let Some(mut intent) = opened.payload.intent() {
-                intent.status = crate::intent::IntentStatus::Pending;
-                opened.payload = crate::oplog::Payload::new(intent.payload());
-            }
-        }
+        opened.read_as_pending();
         Verdict::Void(opened)
     }
 }

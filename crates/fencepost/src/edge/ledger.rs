@@ -34,7 +34,7 @@ mod snapshot_use;
 mod state;
 mod went_back;
 
-pub use import::{ImportError, Imported, IMPORT_REGISTRY};
+pub use import::{ImportError, ImportSource, Imported, IMPORT_REGISTRY};
 pub use membership::{identity_key, Founded};
 pub use options::{CompactOptions, LedgerOptions, Retention};
 pub use outbox::{read_outbox, QueuedRecord};
@@ -486,7 +486,7 @@ impl Ledger {
                     Some(protected) => {
                         let origin = protected.own_origin(logs, tail)?;
                         let key = logs.and_then(|logs| logs.protection().newest_key());
-                        protected.make(&mut next, origin, key, unsent, clear)?
+                        protected.make(&mut next, origin, key, logs, unsent, clear)?
                     }
                     None => unsent
                         .iter()

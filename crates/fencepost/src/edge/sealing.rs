@@ -33,6 +33,17 @@ impl OpRecord {
         getrandom::fill(&mut nonce).map_err(|error| SealError::Random(error.to_string()))?;
         self.seal_with_nonce(key, ledger, nonce)
     }
+
+    /// [`seal`](Self::seal), an intent of one size (see
+    /// [`seal_named_with_nonce`](Self::seal_named_with_nonce)): what a ledger writes.
+    ///
+    /// # Errors
+    /// As [`seal`](Self::seal).
+    pub fn seal_named(&self, key: &LedgerKey, ledger: LedgerId) -> Result<OpRecord, SealError> {
+        let mut nonce = [0u8; 24];
+        getrandom::fill(&mut nonce).map_err(|error| SealError::Random(error.to_string()))?;
+        self.seal_named_with_nonce(key, ledger, nonce)
+    }
 }
 
 /// `key` wrapped for `recipient` in `ledger` at `generation` (see

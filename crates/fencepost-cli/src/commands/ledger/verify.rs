@@ -13,6 +13,9 @@ use crate::settings::{Access, Settings};
 
 /// `ledger verify` (exit 1 when anything is damaged).
 pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
+    // A host named to a protected ledger it has not joined touches nothing, the folder included
+    // (found by an adversary: opening the relay first made its devices/ folder).
+    crate::membership::protected(settings)?;
     let relay = settings.relay(Access::ReadOnly)?;
     // What this site saw before (a file that shrank or was replaced) comes from the ledger; it
     // says where a reading of every record starts (after the checkpoint that device files

@@ -10,10 +10,16 @@
 //!   a 1 byte, a 2-byte length and the text), then the agent id (the rest);
 //! * tag 1, a grow-only log, and tag 2, a registry: the kind (a 2-byte length and the text),
 //!   then the payload's canonical JSON (the rest);
-//! * tag 3, an intent whose payload is not a well-formed intent: its canonical JSON (the rest).
+//! * tag 3, an intent whose payload is not a well-formed intent: its canonical JSON (the rest);
+//! * tag 4, a well-formed intent of one size ([`OpRecord::seal_named_with_nonce`], what a
+//!   ledger writes): its status, its epoch, the [`agent_digest`] of its agent id (16 bytes), its
+//!   run id as tag 0 has it, then zero bytes up to the size of the longest run id of its form.
+//!   A record of its log before it names the agent ([`AGENT_NAMES`]); it opens to an intent whose
+//!   agent id is a stand-in ([`named_agent_digest`] reads it) until the reader puts the name in.
 //!
-//! A well-formed intent takes 49 bytes with an 8-byte agent id, so it seals into 80 bytes
-//! (padded to 64, and the tag).
+//! A well-formed intent of tag 4 takes 55 bytes with a `run-` id of 32 hex digits, whatever its
+//! agent id, so it seals into 80 bytes (padded to 64, and the tag); with a run id of another
+//! form, 297 bytes, sealed into 336.
 
 use std::sync::Arc;
 
@@ -37,6 +43,52 @@ const TAG_INTENT: u8 = 0;
 const TAG_LOG: u8 = 1;
 const TAG_REGISTRY: u8 = 2;
 const TAG_INTENT_JSON: u8 = 3;
+const TAG_INTENT_NAMED: u8 = 4;
+
+/// The registry kind of the records that name agents: `{"key": DIGEST, "agent": AGENT}`, the
+/// digest the [`agent_digest`] of the agent id in hex. A device's log names an agent before its
+/// first intent of tag 4 for it.
+pub const AGENT_NAMES: &str = "fencepost.agent";
+
+/// The bytes of an [`agent_digest`].
+pub const AGENT_DIGEST_BYTES: usize = 16;
+
+/// The digest an intent of one size names its agent by: the first 16 bytes of a SHA-256 of the
+/// agent id (sealed, so it tells the relay nothing).
+pub fn agent_digest(agent: &str) -> [u8; AGENT_DIGEST_BYTES] {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(b"fencepost/agent/v1\0");
+    hasher.update(agent.as_bytes());
+    let mut digest = [0u8; AGENT_DIGEST_BYTES];
+    digest.copy_from_slice(&hasher.finalize()[..AGENT_DIGEST_BYTES]);
+    digest
+}
+
+/// What an intent of tag 4 opens to in place of its agent id: a character no agent id holds
+/// (rule L8), then the digest in base64 (23 bytes: kept inline).
+const STAND_IN: char = '\u{1}';
+
+/// The digest an opened intent's agent id stands in for, when it is a stand-in.
+pub fn named_agent_digest(agent: &str) -> Option<[u8; AGENT_DIGEST_BYTES]> {
+    use base64::Engine;
+    let encoded = agent.strip_prefix(STAND_IN)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(encoded)
+        .ok()?;
+    bytes.try_into().ok()
+}
+
+fn stand_in(digest: &[u8; AGENT_DIGEST_BYTES]) -> CompactString {
+    use base64::Engine;
+    let mut text = CompactString::default();
+    text.push(STAND_IN);
+    text.push_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest));
+    text
+}
+
+/// The longest run id of the text form an intent of tag 4 is padded to.
+const NAMED_TEXT_RUN_BYTES: usize = crate::core::id::MAX_ID_BYTES;
 
 /// A sealed record did not open.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -82,16 +134,7 @@ impl OpRecord {
                 out.push(TAG_INTENT);
                 out.push(status_code(intent.status));
                 out.extend_from_slice(&intent.epoch.to_be_bytes());
-                match &intent.run {
-                    RunKey::Hashed(bytes) => {
-                        out.push(0);
-                        out.extend_from_slice(bytes);
-                    }
-                    RunKey::Text(text) => {
-                        out.push(1);
-                        push_short(text.as_bytes(), &mut out);
-                    }
-                }
+                push_run(&intent.run, &mut out);
                 out.extend_from_slice(intent.agent.as_bytes());
             }
             (Surface::Log { kind } | Surface::Registry { kind }, _) => {
@@ -112,6 +155,39 @@ impl OpRecord {
         out
     }
 
+    /// [`content_bytes`](Self::content_bytes), an intent of one size: its agent named by
+    /// digest (tag 4). Any other record as `content_bytes` has it.
+    pub fn content_bytes_named(&self) -> Vec<u8> {
+        let (Surface::Intent, PayloadRepr::Intent(intent)) = (&self.surface, &self.payload.repr) else {
+            return self.content_bytes();
+        };
+        let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(&self.hlc.wall_ms.to_be_bytes());
+        out.extend_from_slice(&self.hlc.counter.to_be_bytes());
+        out.push(TAG_INTENT_NAMED);
+        out.push(status_code(intent.status));
+        out.extend_from_slice(&intent.epoch.to_be_bytes());
+        out.extend_from_slice(&agent_digest(&intent.agent));
+        push_run(&intent.run, &mut out);
+        if let RunKey::Text(text) = &intent.run {
+            out.resize(out.len() + NAMED_TEXT_RUN_BYTES.saturating_sub(text.len()), 0);
+        }
+        out
+    }
+
+    /// [`seal_with_nonce`](Self::seal_with_nonce) of [`content_bytes_named`](Self::content_bytes_named).
+    ///
+    /// # Errors
+    /// As [`seal_with_nonce`](Self::seal_with_nonce).
+    pub fn seal_named_with_nonce(
+        &self,
+        key: &LedgerKey,
+        ledger: LedgerId,
+        nonce: [u8; 24],
+    ) -> Result<OpRecord, SealError> {
+        self.seal_content(key, ledger, nonce, &Zeroizing::new(self.content_bytes_named()))
+    }
+
     /// This record sealed with `key` for `ledger` and `nonce` (which must be random and never
     /// used again: `OpRecord::seal` draws one): the record of [`Surface::Sealed`] at the same
     /// place, whose `op_id` is over the ciphertext.
@@ -125,13 +201,22 @@ impl OpRecord {
         ledger: LedgerId,
         nonce: [u8; 24],
     ) -> Result<OpRecord, SealError> {
+        self.seal_content(key, ledger, nonce, &Zeroizing::new(self.content_bytes()))
+    }
+
+    fn seal_content(
+        &self,
+        key: &LedgerKey,
+        ledger: LedgerId,
+        nonce: [u8; 24],
+        content: &[u8],
+    ) -> Result<OpRecord, SealError> {
         let place = Place {
             ledger,
             device: &self.device_id,
             seq: self.seq,
         };
-        let content = Zeroizing::new(self.content_bytes());
-        let sealed = key.seal_with_nonce(nonce, &place, &content)?;
+        let sealed = key.seal_with_nonce(nonce, &place, content)?;
         Ok(OpRecord::sealed(
             Arc::clone(&self.device_id),
             self.seq,
@@ -180,11 +265,55 @@ impl OpRecord {
     }
 }
 
+impl OpRecord {
+    /// The digest this opened intent names its agent by (tag 4), while no name is put in.
+    pub(crate) fn agent_stand_in(&self) -> Option<[u8; AGENT_DIGEST_BYTES]> {
+        match (&self.surface, &self.payload.repr) {
+            (Surface::Intent, PayloadRepr::Intent(intent)) => named_agent_digest(&intent.agent),
+            _ => None,
+        }
+    }
+
+    /// Puts `agent` in place of this opened intent's stand-in.
+    pub(crate) fn put_agent(&mut self, agent: &CompactString) {
+        if let PayloadRepr::Intent(intent) = &mut self.payload.repr {
+            intent.agent = agent.clone();
+        }
+    }
+
+    /// This opened intent read as a `pending`, whatever status it says (a void record's).
+    pub(crate) fn read_as_pending(&mut self) {
+        if self.surface != Surface::Intent {
+            return;
+        }
+        if let PayloadRepr::Intent(intent) = &mut self.payload.repr {
+            intent.status = IntentStatus::Pending;
+        } else if let Some(mut intent) = self.payload.intent() {
+            intent.status = IntentStatus::Pending;
+            self.payload = Payload::new(intent.payload());
+        }
+    }
+}
+
 fn status_code(status: IntentStatus) -> u8 {
     match status {
         IntentStatus::Pending => 0,
         IntentStatus::Committed => 1,
         IntentStatus::Failed => 2,
+    }
+}
+
+/// A run id: a 0 byte and the 16 bytes of a `run-` id, or a 1 byte and the text.
+fn push_run(run: &RunKey, out: &mut Vec<u8>) {
+    match run {
+        RunKey::Hashed(bytes) => {
+            out.push(0);
+            out.extend_from_slice(bytes);
+        }
+        RunKey::Text(text) => {
+            out.push(1);
+            push_short(text.as_bytes(), out);
+        }
     }
 }
 
@@ -257,12 +386,34 @@ fn decode_content(content: &[u8], device_id: &Arc<str>) -> Result<(Hlc, Surface,
             (surface, Payload::new(reader.json()?))
         }
         TAG_INTENT_JSON => (Surface::Intent, Payload::new(reader.json()?)),
-        other => return Err(format!("surface tag {other} is none of 0 to 3")),
+        TAG_INTENT_NAMED => (Surface::Intent, decode_named_intent(&mut reader)?),
+        other => return Err(format!("surface tag {other} is none of 0 to 4")),
     };
     Ok((hlc, surface, payload))
 }
 
 fn decode_intent(reader: &mut Reader<'_>) -> Result<Payload, String> {
+    let (status, epoch) = decode_status_and_epoch(reader)?;
+    let run = decode_run(reader)?;
+    let agent = std::str::from_utf8(reader.bytes).map_err(|_| "the agent id is not UTF-8".to_owned())?;
+    if agent.is_empty() {
+        return Err("the agent id is empty".to_owned());
+    }
+    Ok(intent_payload(run, CompactString::from(agent), epoch, status))
+}
+
+/// Tag 4: the agent by digest (a stand-in), the run id, and zero bytes only.
+fn decode_named_intent(reader: &mut Reader<'_>) -> Result<Payload, String> {
+    let (status, epoch) = decode_status_and_epoch(reader)?;
+    let digest: [u8; AGENT_DIGEST_BYTES] = reader.array("the agent's digest")?;
+    let run = decode_run(reader)?;
+    if reader.bytes.iter().any(|byte| *byte != 0) {
+        return Err("bytes that are not zero after the run id".to_owned());
+    }
+    Ok(intent_payload(run, stand_in(&digest), epoch, status))
+}
+
+fn decode_status_and_epoch(reader: &mut Reader<'_>) -> Result<(IntentStatus, u64), String> {
     let [status] = reader.array("the status")?;
     let status = match status {
         0 => IntentStatus::Pending,
@@ -274,28 +425,31 @@ fn decode_intent(reader: &mut Reader<'_>) -> Result<Payload, String> {
     if epoch > MAX_EPOCH {
         return Err(format!("epoch {epoch} is over the largest, {MAX_EPOCH}"));
     }
+    Ok((status, epoch))
+}
+
+fn decode_run(reader: &mut Reader<'_>) -> Result<RunKey, String> {
     let [run_form] = reader.array("the run id")?;
-    let run = match run_form {
-        0 => RunKey::Hashed(reader.array("the run id")?),
+    match run_form {
+        0 => Ok(RunKey::Hashed(reader.array("the run id")?)),
         1 => {
             let text = reader.short_text("the run id")?;
             if text.is_empty() {
                 return Err("the run id is empty".to_owned());
             }
-            RunKey::new(text)
+            Ok(RunKey::new(text))
         }
-        other => return Err(format!("run id form {other} is neither 0 nor 1")),
-    };
-    let agent = std::str::from_utf8(reader.bytes).map_err(|_| "the agent id is not UTF-8".to_owned())?;
-    if agent.is_empty() {
-        return Err("the agent id is empty".to_owned());
+        other => Err(format!("run id form {other} is neither 0 nor 1")),
     }
-    Ok(Payload {
+}
+
+fn intent_payload(run: RunKey, agent: CompactString, epoch: u64, status: IntentStatus) -> Payload {
+    Payload {
         repr: PayloadRepr::Intent(CompactIntent {
             run,
-            agent: CompactString::from(agent),
+            agent,
             epoch,
             status,
         }),
-    })
+    }
 }

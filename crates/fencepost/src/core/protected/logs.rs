@@ -13,6 +13,9 @@ use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, SealedContent};
 
 mod mark;
+mod names;
+
+use names::{AgentNames, Resolved};
 
 pub use mark::ProtectedMark;
 
@@ -88,6 +91,8 @@ pub struct ProtectedLogs {
     given_keys: Vec<LedgerKey>,
     /// How a batch of covered records is opened ahead of their verdicts, if not one by one.
     open_many: Option<OpenMany>,
+    /// The agents the intents of one size name by digest.
+    names: AgentNames,
 }
 
 impl ProtectedLogs {
@@ -119,6 +124,7 @@ impl ProtectedLogs {
             stale: false,
             given_keys,
             open_many: None,
+            names: AgentNames::default(),
         }
     }
 
@@ -254,6 +260,12 @@ impl ProtectedLogs {
             .standing(position.device.as_str(), read.log_key, position.seq)
     }
 
+    /// Whether `device`'s log names `agent` (as read): its intents of one size for the agent
+    /// may follow (see [`AGENT_NAMES`](crate::oplog::AGENT_NAMES)).
+    pub fn names_agent(&self, device: &str, agent: &str) -> bool {
+        self.names.named(device, agent)
+    }
+
     /// The next record of its device's log (the caller checked its chain).
     pub fn offer(&mut self, op: OpRecord) -> Released {
         self.offer_all(vec![op])
@@ -311,8 +323,16 @@ impl ProtectedLogs {
                 self.protection.classify_opened(op, &origin, ahead)
             })
             .collect();
+        let names = self.names.count();
         self.settle(device, &origin, verdicts, &mut released);
-        if changed {
+        // A name read may be one an intent read before waits for.
+        let named = self.names.count() > names
+            && self
+                .unresolved
+                .values()
+                .flatten()
+                .any(|(_, why)| matches!(why, Missing::AgentNotNamed { .. }));
+        if changed || named {
             self.retry(&mut released);
         }
         released.damage = damage;
@@ -463,7 +483,12 @@ impl ProtectedLogs {
             let origin = *origin;
             let verdicts = waiting
                 .into_iter()
-                .map(|(op, _)| self.protection.classify(op, &origin))
+                .map(|(op, why)| match why {
+                    // Opened already: only its agent's name was missing.
+                    Missing::AgentNotNamed { void: true } => Verdict::Void(op),
+                    Missing::AgentNotNamed { void: false } => Verdict::Folded(op),
+                    _ => self.protection.classify(op, &origin),
+                })
                 .collect();
             self.settle(&device, &origin, verdicts, released);
         }
@@ -476,15 +501,13 @@ impl ProtectedLogs {
         let mut lowest_void: Option<u64> = None;
         let mut settled = Vec::with_capacity(verdicts.len());
         for verdict in verdicts {
-            let (op, into) = match verdict {
-                Verdict::Folded(op) => {
-                    highest_folded = highest_folded.max(Some(op.seq));
-                    (op, &mut released.fold)
-                }
-                Verdict::Clear(op) => (op, &mut released.clear),
-                Verdict::Void(op) => {
-                    lowest_void = Some(lowest_void.map_or(op.seq, |lowest| lowest.min(op.seq)));
-                    (op, &mut released.void)
+            let (op, void) = match verdict {
+                Verdict::Folded(op) => (op, false),
+                Verdict::Void(op) => (op, true),
+                Verdict::Clear(op) => {
+                    settled.push((op.seq, op.op_id));
+                    released.clear.push(op);
+                    continue;
                 }
                 Verdict::Missing(op, why) => {
                     self.unresolved
@@ -494,8 +517,27 @@ impl ProtectedLogs {
                     continue;
                 }
             };
-            settled.push((op.seq, op.op_id));
-            into.push(op);
+            let (seq, id) = (op.seq, op.op_id);
+            let op = match self.names.resolve(op) {
+                Resolved::Record(op) => Some(op),
+                Resolved::Naming => None,
+                Resolved::Unnamed(op) => {
+                    let why = Missing::AgentNotNamed { void };
+                    self.unresolved
+                        .entry(device.to_owned())
+                        .or_default()
+                        .push((op, why));
+                    continue;
+                }
+            };
+            if void {
+                lowest_void = Some(lowest_void.map_or(seq, |lowest| lowest.min(seq)));
+                released.void.extend(op);
+            } else {
+                highest_folded = highest_folded.max(Some(seq));
+                released.fold.extend(op);
+            }
+            settled.push((seq, id));
         }
         if let Some(seq) = highest_folded {
             let highest = self.folded.entry((device.to_owned(), key)).or_default();

@@ -1,6 +1,6 @@
-//! Importing an unprotected ledger into a protected one (`Ledger::import`, issue 39): every
-//! record copied, sealed, into this device's log, a record that ends the import, and each
-//! agent's hand-off frontier published anew on the coordinator.
+//! Importing an unprotected ledger into a protected one (`Ledger::import`, issue 39, rule S4):
+//! every record copied, sealed, into this device's log, a record that ends the import, and
+//! each agent's hand-off frontier published anew on the coordinator.
 //!
 //! A protected ledger's logs are its members' own (each signs its log), so the records of the
 //! old ledger's devices cannot be carried as theirs: they become records of the importing
@@ -10,6 +10,12 @@
 //! in the new ledger, so the import wants a coordinator on which the agents have published
 //! nothing, and publishes for each agent the importing device's log through the import: a new
 //! holder waits until its ledger has every imported record (rule H3).
+//!
+//! Found by an adversary, and so: the old ledger's records are checked against what its
+//! coordinator published (a copy of the old folder that lags lost another host's commits); the
+//! import holds every agent's lease while it copies (two imports at once wrote the ledger twice)
+//! and publishes the frontier the import will reach before it copies (an import killed between
+//! the copy and the publication let hosts run the imported occurrences again).
 
 use sha2::{Digest, Sha256};
 
@@ -22,6 +28,15 @@ pub const IMPORT_REGISTRY: &str = "fencepost.import";
 
 /// How many records one append carries: each append signs a head.
 const RECORDS_PER_APPEND: usize = 10_000;
+
+/// The unprotected ledger [`Ledger::import`] copies, read whole with no writer.
+#[derive(Debug, Clone, Default)]
+pub struct ImportSource {
+    /// Every record of its relay.
+    pub records: Vec<OpRecord>,
+    /// What its coordinator published, per agent (rule H1): the records must reach it.
+    pub published: Vec<(String, Frontier)>,
+}
 
 /// What [`Ledger::import`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,8 +61,21 @@ pub enum ImportError {
         "the ledger to import is protected (it holds sealed records): only an unprotected ledger is imported"
     )]
     SourceProtected,
+    /// The records do not reach what the old ledger's coordinator published: the copy read
+    /// lacks records a holder had written (a sync that lags).
+    #[error("the ledger to import has {has} record(s) of device {device:?}, and its coordinator published {published} for agent {agent:?}: this copy of it lacks records (a sync that lags?); import once every host's records are in it")]
+    SourceBehind {
+        /// The agent.
+        agent: String,
+        /// The device.
+        device: String,
+        /// How many records of it the source has.
+        has: u64,
+        /// How many the coordinator published.
+        published: u64,
+    },
     /// This ledger holds runs, logs or registries that no import with these records wrote.
-    #[error("this ledger holds records already that are not this import's ({detail}): import into a ledger just made with `ledger init`")]
+    #[error("this ledger holds records already that are not this import's ({detail}): import into a ledger just made with `ledger init` (an import that was stopped leaves a part of its records: start over with a new ledger)")]
     NotEmpty {
         /// What it holds.
         detail: String,
@@ -62,7 +90,7 @@ pub enum ImportError {
         device: String,
     },
     /// An agent's lease is held: a host runs on this coordinator.
-    #[error("agent {agent:?} is held by {holder:?} (epoch {epoch}): stop every host before the import")]
+    #[error("agent {agent:?} is held by {holder:?} (epoch {epoch}): stop every host before the import (an import holds every agent while it copies, and one that was stopped holds them until their leases end)")]
     Held {
         /// The agent.
         agent: String,
@@ -82,31 +110,43 @@ pub enum ImportError {
 }
 
 impl Ledger {
-    /// Imports `records`, every record of an unprotected ledger (read whole, verified, with no
-    /// writer), into this protected ledger as records of this device, in the order of their
-    /// stamps, then a record that ends the import; then, for each agent, raises the
-    /// coordinator's epoch floor to the agent's fencing epoch and publishes this device's log
-    /// through the import as the agent's hand-off frontier (under a lease taken and given back
-    /// at once). Run again, an import found whole publishes the frontiers again and copies
-    /// nothing.
+    /// Imports `source`, an unprotected ledger read whole with no writer, into this protected
+    /// ledger as records of this device, in the order of their stamps, then a record that ends
+    /// the import. Refused unless the records reach what the source's coordinator published.
+    /// It holds every agent's lease on `coordinator` while it copies (raising each epoch floor
+    /// to the agent's fencing epoch first), publishes first the frontier the import will reach
+    /// (this device's log through it: hosts wait for it, never run meanwhile), then that log
+    /// with its last record's id as it gives the leases back. Run again, an import found whole
+    /// copies nothing and publishes again.
     ///
     /// # Errors
     /// [`LedgerError::NotProtected`] on a ledger that is not protected; [`LedgerError::Import`]
-    /// when the records are sealed, this ledger holds other records, or the coordinator holds
-    /// another ledger's frontiers or a live lease of one of the agents (nothing copied); the
-    /// relay's errors while copying (a part may be copied: the import is then refused on this
-    /// ledger, start over with a new one).
+    /// when the records are sealed or behind their coordinator, this ledger holds other
+    /// records, or the coordinator holds another ledger's frontiers or a live lease of one of
+    /// the agents (nothing copied); the relay's errors while copying (a part may be copied:
+    /// hosts wait for the frontier published, and a new ledger is needed).
     pub fn import(
         &mut self,
-        mut records: Vec<OpRecord>,
+        source: ImportSource,
         coordinator: &dyn LeaseCoordinator,
         ttl_ms: u64,
     ) -> Result<Imported, LedgerError> {
         if self.protected.is_none() {
             return Err(LedgerError::NotProtected);
         }
+        let ImportSource {
+            mut records,
+            published,
+        } = source;
         if records.iter().any(|op| op.surface == Surface::Sealed) {
             return Err(ImportError::SourceProtected.into());
+        }
+        check_reach(&records, &published)?;
+        // A record no log holds is refused before anything is written or published.
+        for op in &records {
+            self.log
+                .clone()
+                .try_append(op.surface.clone(), op.payload.value().into_owned())?;
         }
         records.sort_by(|a, b| (&a.hlc, &a.device_id, a.seq).cmp(&(&b.hlc, &b.device_id, b.seq)));
         let digest = import_digest(&records);
@@ -119,14 +159,31 @@ impl Ledger {
         let agents: BTreeSet<String> = records
             .iter()
             .filter_map(|op| op.payload.intent().map(|intent| intent.agent_id))
+            .chain(published.into_iter().map(|(agent, _)| agent))
             .collect();
-        self.check_coordinator(&agents, coordinator, already)?;
-        let copied = if already {
-            0
+        let device = self.device_id().to_owned();
+        let reach = if already {
+            self.view.frontier.next_seq(&device)
         } else {
-            self.copy_records(&records, &digest)?
+            self.view.frontier.next_seq(&device) + self.records_to_write(&records)
         };
-        self.publish_imported(&agents, coordinator, ttl_ms)?;
+        self.check_coordinator(&agents, coordinator, reach)?;
+        // The fencing epochs the import carries: the old ledger's fold's (this one has not
+        // folded the copies yet).
+        let carried = crate::fold::fold(&records);
+        let held = self.hold_all(&agents, &carried, coordinator, ttl_ms)?;
+        let mut barrier = Frontier::new();
+        barrier.raise(&device, reach);
+        let copied = self.copy_holding(&records, &digest, already, coordinator, (&held, &barrier, ttl_ms));
+        let copied = match copied {
+            Ok(copied) => copied,
+            Err(error) => {
+                // The frontier published stays: hosts wait for the import, never run.
+                release_all(&held, &device, coordinator);
+                return Err(error);
+            }
+        };
+        self.publish_imported(&held, coordinator, reach)?;
         Ok(Imported {
             records: copied,
             agents: agents.into_iter().collect(),
@@ -135,32 +192,42 @@ impl Ledger {
         })
     }
 
+    /// How many records copying `records` appends: each, a naming of each agent this
+    /// device's log does not name yet (rule S5), and the import's end.
+    fn records_to_write(&self, records: &[OpRecord]) -> u64 {
+        let device = self.device_id();
+        let mut named = BTreeSet::new();
+        let logs = self.view.protected.as_ref();
+        for op in records {
+            if let Some(intent) = op.payload.intent() {
+                if !logs.is_some_and(|logs| logs.names_agent(device, &intent.agent_id)) {
+                    named.insert(intent.agent_id);
+                }
+            }
+        }
+        (records.len() + named.len() + 1) as u64
+    }
+
     /// Refuses an import onto a coordinator where an agent's lease is live or its published
-    /// frontier names anything but what this import publishes (`already`: it was made before),
-    /// this device's log through its last record, named by its id. (Found trying it: the old
-    /// ledger's coordinator names this device too, at a count of the old log.)
+    /// frontier names anything but this device's log at `reach`, the count the import reaches
+    /// (published before it copies, or by it: run again). (Found trying it: the old ledger's
+    /// coordinator names this device too, at a count of the old log.)
     fn check_coordinator(
         &self,
         agents: &BTreeSet<String>,
         coordinator: &dyn LeaseCoordinator,
-        already: bool,
+        reach: u64,
     ) -> Result<(), LedgerError> {
-        let own = self.imported_frontier();
         let device = self.device_id();
-        let failed = |agent: &str, error: crate::lease::LeaseError| ImportError::Coordinator {
-            agent: agent.to_owned(),
-            detail: error.to_string(),
-        };
         let now_ms = (self.wall_clock)();
         for agent in agents {
             let frontier = coordinator
                 .published_frontier(agent)
-                .map_err(|error| failed(agent, error))?;
+                .map_err(|error| coordinator_failed(agent, &error))?;
+            let own_head = self.view.frontier.head(device);
             let foreign = frontier.iter().find(|&(named, next)| {
-                !(already
-                    && named == device
-                    && next == own.next_seq(device)
-                    && frontier.head(device) == own.head(device))
+                let head = frontier.head(named);
+                !(named == device && next == reach && (head.is_none() || head == own_head))
             });
             if let Some((device, _)) = foreign {
                 return Err(ImportError::FrontierPublished {
@@ -169,7 +236,9 @@ impl Ledger {
                 }
                 .into());
             }
-            let lease = coordinator.current(agent).map_err(|error| failed(agent, error))?;
+            let lease = coordinator
+                .current(agent)
+                .map_err(|error| coordinator_failed(agent, &error))?;
             if let Some(lease) = lease.filter(|lease| lease.expires_at_ms > now_ms) {
                 return Err(ImportError::Held {
                     agent: agent.clone(),
@@ -182,9 +251,83 @@ impl Ledger {
         Ok(())
     }
 
-    /// Appends `records` as this device's, a few thousand at a time, the last append ending
-    /// with the import's record; returns how many were copied.
-    fn copy_records(&mut self, records: &[OpRecord], digest: &str) -> Result<u64, LedgerError> {
+    /// Every agent's lease, its epoch floor raised to its fencing epoch in `carried` first:
+    /// (agent, epoch). None is kept when one cannot be taken (another import, a host).
+    fn hold_all(
+        &self,
+        agents: &BTreeSet<String>,
+        carried: &SyncState,
+        coordinator: &dyn LeaseCoordinator,
+        ttl_ms: u64,
+    ) -> Result<Vec<(String, u64)>, LedgerError> {
+        let device = self.device_id();
+        let mut held = Vec::with_capacity(agents.len());
+        for agent in agents {
+            let taken = coordinator
+                .raise_epoch_floor(agent, carried.fencing_epoch(agent))
+                .and_then(|()| coordinator.acquire(agent, device, ttl_ms));
+            match taken {
+                Ok(lease) => held.push((agent.clone(), lease.epoch)),
+                Err(error) => {
+                    release_all(&held, device, coordinator);
+                    return Err(coordinator_failed(agent, &error).into());
+                }
+            }
+        }
+        Ok(held)
+    }
+
+    /// With the leases `held` (and their TTL): `barrier` published for each, then the records
+    /// copied (unless `already`), the leases renewed between appends; how many were copied.
+    fn copy_holding(
+        &mut self,
+        records: &[OpRecord],
+        digest: &str,
+        already: bool,
+        coordinator: &dyn LeaseCoordinator,
+        (held, barrier, ttl_ms): (&[(String, u64)], &Frontier, u64),
+    ) -> Result<u64, LedgerError> {
+        let device = self.device_id().to_owned();
+        let renew = |publish: bool| -> Result<(), LedgerError> {
+            for (agent, epoch) in held {
+                coordinator
+                    .renew(agent, &device, *epoch, ttl_ms)
+                    .map_err(|error| coordinator_failed(agent, &error))?;
+                if publish {
+                    coordinator
+                        .publish_frontier(agent, &device, *epoch, barrier)
+                        .map_err(|error| coordinator_failed(agent, &error))?;
+                }
+            }
+            Ok(())
+        };
+        renew(true)?;
+        if already {
+            return Ok(0);
+        }
+        let copied = self.copy_records(records, digest, || renew(false))?;
+        let reached = self.view.frontier.next_seq(&device);
+        if reached != barrier.next_seq(&device) {
+            return Err(ImportError::Coordinator {
+                agent: String::new(),
+                detail: format!(
+                    "the import reached record {reached} of this device's log, not the {} published",
+                    barrier.next_seq(&device)
+                ),
+            }
+            .into());
+        }
+        Ok(copied)
+    }
+
+    /// Appends `records` as this device's, a few thousand at a time (`between` after each
+    /// append), the last append ending with the import's record; returns how many were copied.
+    fn copy_records(
+        &mut self,
+        records: &[OpRecord],
+        digest: &str,
+        mut between: impl FnMut() -> Result<(), LedgerError>,
+    ) -> Result<u64, LedgerError> {
         let end = (
             Surface::registry(IMPORT_REGISTRY),
             serde_json::json!({ "key": digest, "records": records.len() }),
@@ -193,54 +336,44 @@ impl Ledger {
         let mut chunks = records.chunks(RECORDS_PER_APPEND).peekable();
         if chunks.peek().is_none() {
             self.unsent.push(end.clone());
+            self.write_queued()?;
         }
         while let Some(chunk) = chunks.next() {
             for op in chunk {
-                let payload = op.payload.value().into_owned();
-                // A record no log holds is refused before anything is written for it.
-                self.log.clone().try_append(op.surface.clone(), payload.clone())?;
-                self.unsent.push((op.surface.clone(), payload));
+                self.unsent
+                    .push((op.surface.clone(), op.payload.value().into_owned()));
             }
             if chunks.peek().is_none() {
                 self.unsent.push(end.clone());
             }
             self.write_queued()?;
             copied += chunk.len() as u64;
-        }
-        if records.is_empty() {
-            self.write_queued()?;
+            between()?;
         }
         tracing::info!(records = copied, "imported the records of an unprotected ledger");
         Ok(copied)
     }
 
-    /// For each agent: the epoch floor raised to its fencing epoch, then a lease taken, this
-    /// device's log published as its frontier, and the lease given back.
+    /// For each lease `held`: this device's log through its last record (`reach` records, and
+    /// the last one's id) published as the agent's frontier, and the lease given back.
     fn publish_imported(
         &self,
-        agents: &BTreeSet<String>,
+        held: &[(String, u64)],
         coordinator: &dyn LeaseCoordinator,
-        ttl_ms: u64,
+        reach: u64,
     ) -> Result<(), LedgerError> {
         let device = self.device_id();
-        let frontier = self.imported_frontier();
-        for agent in agents {
-            let failed = |error: crate::lease::LeaseError| ImportError::Coordinator {
-                agent: agent.clone(),
-                detail: error.to_string(),
-            };
+        let mut frontier = Frontier::new();
+        frontier.raise_to(device, reach, self.view.frontier.head(device));
+        for (agent, epoch) in held {
             coordinator
-                .raise_epoch_floor(agent, self.state().fencing_epoch(agent))
-                .map_err(failed)?;
-            let lease = coordinator.acquire(agent, device, ttl_ms).map_err(failed)?;
-            coordinator
-                .release_publishing(agent, device, lease.epoch, &frontier)
-                .map_err(failed)?;
+                .release_publishing(agent, device, *epoch, &frontier)
+                .map_err(|error| coordinator_failed(agent, &error))?;
             // A publication that failed is no error of the release: read back.
-            let published = coordinator.published_frontier(agent).map_err(failed)?;
-            if published.next_seq(device) != frontier.next_seq(device)
-                || published.head(device) != frontier.head(device)
-            {
+            let published = coordinator
+                .published_frontier(agent)
+                .map_err(|error| coordinator_failed(agent, &error))?;
+            if published.next_seq(device) != reach {
                 return Err(ImportError::Coordinator {
                     agent: agent.clone(),
                     detail: "the frontier was not published".to_owned(),
@@ -252,17 +385,43 @@ impl Ledger {
     }
 }
 
-impl Ledger {
-    /// The frontier an import publishes: this device's log, through its last record (its id).
-    fn imported_frontier(&self) -> Frontier {
-        let device = self.device_id();
-        let mut frontier = Frontier::new();
-        frontier.raise_to(
-            device,
-            self.view.frontier.next_seq(device),
-            self.view.frontier.head(device),
-        );
-        frontier
+/// Refuses `records` that do not reach a frontier of `published`: per device, as many records
+/// as published.
+fn check_reach(records: &[OpRecord], published: &[(String, Frontier)]) -> Result<(), ImportError> {
+    let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+    for op in records {
+        let count = counts.entry(&op.device_id).or_default();
+        *count = (*count).max(op.seq + 1);
+    }
+    for (agent, frontier) in published {
+        for (device, next) in frontier.iter() {
+            let has = counts.get(device).copied().unwrap_or(0);
+            if has < next {
+                return Err(ImportError::SourceBehind {
+                    agent: agent.clone(),
+                    device: device.to_owned(),
+                    has,
+                    published: next,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives back the leases `held`, as far as the coordinator answers.
+fn release_all(held: &[(String, u64)], device: &str, coordinator: &dyn LeaseCoordinator) {
+    for (agent, epoch) in held {
+        if let Err(error) = coordinator.release(agent, device, *epoch) {
+            tracing::warn!(agent = agent.as_str(), %error, "cannot give back a lease the import took");
+        }
+    }
+}
+
+fn coordinator_failed(agent: &str, error: &crate::lease::LeaseError) -> ImportError {
+    ImportError::Coordinator {
+        agent: agent.to_owned(),
+        detail: error.to_string(),
     }
 }
 

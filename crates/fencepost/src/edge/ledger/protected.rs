@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::identity::{DeviceKey, LedgerId};
-use crate::oplog::{DeviceLog, LogError, OpId, OpRecord, SealedContent, Surface};
+use crate::oplog::{agent_digest, DeviceLog, LogError, OpId, OpRecord, SealedContent, Surface, AGENT_NAMES};
 use crate::protected::{Origin, ProtectedLogs, Protection};
 use crate::roster::{MembershipChange, Roster};
 use crate::seal::LedgerKey;
@@ -123,12 +123,15 @@ impl Protected {
 
     /// The records that store `unsent` after `next` (which holds this device's log up to now):
     /// record 0 first when the log is empty, each record sealed with the newest generation held,
-    /// the last one signed. `origin` is the id of the log's record 0 when known.
+    /// an intent in one size ([`OpRecord::seal_named`]) after a record naming its agent when
+    /// this device's log does not name it yet as `logs` read it, the last one signed. `origin`
+    /// is the id of the log's record 0 when known.
     pub(super) fn make(
         &self,
         next: &mut DeviceLog,
         origin: Option<OpId>,
         key: Option<&LedgerKey>,
+        logs: Option<&ProtectedLogs>,
         unsent: &[(Surface, Value)],
         clear: &[Vec<u8>],
     ) -> Result<Vec<OpRecord>, LogError> {
@@ -181,10 +184,37 @@ impl Protected {
                 ))
             }
         };
+        let mut named_now: Vec<String> = Vec::new();
         for (surface, payload) in unsent {
+            let intent = (*surface == Surface::Intent)
+                .then(|| crate::lease::Intent::from_payload(payload))
+                .flatten();
+            let Some(intent) = intent else {
+                let draft = next.draft(surface.clone(), payload.clone())?;
+                let sealed = draft
+                    .seal(key, self.ledger)
+                    .map_err(|error| refuse(draft.seq, error.to_string()))?;
+                next.append_made(&sealed)?;
+                made.push(sealed);
+                continue;
+            };
+            let agent = intent.agent_id;
+            let named = logs.is_some_and(|logs| logs.names_agent(&device, &agent));
+            if !named && !named_now.contains(&agent) {
+                let mut digest = String::with_capacity(32);
+                crate::core::hex::push_lower_hex(&mut digest, &agent_digest(&agent));
+                let naming = serde_json::json!({ "key": digest, "agent": agent });
+                let draft = next.draft(Surface::registry(AGENT_NAMES), naming)?;
+                let sealed = draft
+                    .seal(key, self.ledger)
+                    .map_err(|error| refuse(draft.seq, error.to_string()))?;
+                next.append_made(&sealed)?;
+                made.push(sealed);
+                named_now.push(agent);
+            }
             let draft = next.draft(surface.clone(), payload.clone())?;
             let sealed = draft
-                .seal(key, self.ledger)
+                .seal_named(key, self.ledger)
                 .map_err(|error| refuse(draft.seq, error.to_string()))?;
             next.append_made(&sealed)?;
             made.push(sealed);

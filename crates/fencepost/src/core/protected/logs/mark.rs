@@ -29,6 +29,9 @@ pub struct ProtectedMark {
     /// Per device and the id of its record 0: the lowest sequence number held void.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     voided: Vec<(String, OpId, u64)>,
+    /// The agents each device's log named (intents of one size name them by digest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    names: Vec<(String, String)>,
 }
 
 impl ProtectedLogs {
@@ -73,6 +76,7 @@ impl ProtectedLogs {
             memberships,
             folded,
             voided,
+            names: self.names.listed(),
         })
     }
 
@@ -125,6 +129,9 @@ impl ProtectedLogs {
         }
         for (device, key, seq) in &mark.voided {
             logs.voided.insert((device.clone(), KeyId(key.0)), *seq);
+        }
+        for (device, agent) in &mark.names {
+            logs.names.insert(device, agent);
         }
         logs.refresh();
         Ok(logs)
