@@ -473,6 +473,29 @@ fn s4_ledger_import_carries_the_commits_into_a_protected_ledger_through_the_bina
     );
     std::fs::write(&phone_file, &whole).unwrap();
 
+    // A misspelt old coordinator is no empty coordinator (found by an adversary), nor is a fresh one.
+    let misspelt = format!("sqlite:{}", shared.path("leases-typo.db").display());
+    let typo = on_new(
+        "laptop",
+        &new_coordinator,
+        &["ledger", "import", old, "--source-coordinator", &misspelt],
+    );
+    assert_eq!(code(&typo), 2, "{}", text(&typo.stderr));
+    assert!(!shared.path("leases-typo.db").exists());
+    let fresh = format!("sqlite:{}", shared.path("fresh.db").display());
+    let made = host(&shared, "laptop", &["--coordinator", &fresh, "lease", "list"]);
+    assert_eq!(code(&made), 0, "{}", text(&made.stderr));
+    let unknown = on_new(
+        "laptop",
+        &new_coordinator,
+        &["ledger", "import", old, "--source-coordinator", &fresh],
+    );
+    assert_eq!(code(&unknown), 10, "{}", text(&unknown.stderr));
+    assert!(
+        text(&unknown.stderr).contains("does not know agent"),
+        "{}",
+        text(&unknown.stderr)
+    );
     // The phone joins the new ledger before the import.
     let key = text(&on_new("phone", &new_coordinator, &["device", "key"]).stdout)
         .trim()

@@ -91,11 +91,17 @@ impl Founded {
     }
 }
 
-/// `records` as a source whose coordinator published nothing.
+/// `records` as a source whose coordinator knows their agents and published nothing.
 fn source(records: &[OpRecord]) -> ImportSource {
+    let mut agents: Vec<String> = records
+        .iter()
+        .filter_map(|op| op.payload.intent().map(|intent| intent.agent_id))
+        .collect();
+    agents.sort();
+    agents.dedup();
     ImportSource {
         records: records.to_vec(),
-        published: Vec::new(),
+        published: agents.into_iter().map(|agent| (agent, Frontier::new())).collect(),
     }
 }
 
@@ -269,10 +275,24 @@ fn s4_an_import_from_a_lagging_copy_or_stopped_midway_runs_nothing_again() {
     let mut ledger = ledger_to_refuse;
     let mut published = Frontier::new();
     published.raise("server", 6); // the server's log holds 3 records
-    let behind = ImportSource {
-        records: records.clone(),
-        published: vec![("send".to_owned(), published)],
-    };
+    let mut behind = source(&records);
+    behind.published[1].1 = published; // send
+                                       // A coordinator that knows none of the agents is not the old ledger's (found by an
+                                       // adversary: a misspelt path made an empty one, and a lagging copy was imported).
+    let error = ledger
+        .import(
+            ImportSource {
+                records: records.clone(),
+                published: Vec::new(),
+            },
+            &coordinator(),
+            10_000,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(error, LedgerError::Import(ImportError::SourceAgentUnknown { .. })),
+        "S4: {error}"
+    );
     let error = ledger.import(behind, &coordinator(), 10_000).unwrap_err();
     assert!(
         matches!(
@@ -312,6 +332,7 @@ fn s4_an_import_from_a_lagging_copy_or_stopped_midway_runs_nothing_again() {
     let stopping = RenewalsFail {
         inner: coordinator(),
         renewals_left: std::sync::atomic::AtomicU32::new(2), // one per agent, then none
+        acquires_fail: false,
     };
     assert!(ledger.import(source(&records), &stopping, 10_000).is_err());
     let reach = ledger.view().frontier().next_seq("laptop");
@@ -351,26 +372,35 @@ fn s4_an_import_from_a_lagging_copy_or_stopped_midway_runs_nothing_again() {
     );
 }
 
-/// A coordinator whose renewals fail once `renewals_left` is spent.
+/// A coordinator whose renewals fail once `renewals_left` is spent, and whose grants fail
+/// with `acquires_fail`.
 struct RenewalsFail {
     inner: InMemoryLeaseCoordinator,
     renewals_left: std::sync::atomic::AtomicU32,
+    acquires_fail: bool,
+}
+
+fn failed() -> LeaseError {
+    LeaseError::Backend(fencepost::lease::BackendError {
+        backend: "test",
+        message: "it fails".to_owned(),
+        may_have_applied: false,
+        transient: false,
+        source: None,
+    })
 }
 
 impl LeaseCoordinator for RenewalsFail {
     fn acquire(&self, agent: &str, device: &str, ttl_ms: u64) -> Result<Lease, LeaseError> {
+        if self.acquires_fail {
+            return Err(failed());
+        }
         self.inner.acquire(agent, device, ttl_ms)
     }
     fn renew(&self, agent: &str, device: &str, epoch: u64, ttl_ms: u64) -> Result<Lease, LeaseError> {
         let left = self.renewals_left.load(std::sync::atomic::Ordering::SeqCst);
         if left == 0 {
-            return Err(LeaseError::Backend(fencepost::lease::BackendError {
-                backend: "test",
-                message: "renewals fail".to_owned(),
-                may_have_applied: false,
-                transient: false,
-                source: None,
-            }));
+            return Err(failed());
         }
         self.renewals_left
             .store(left - 1, std::sync::atomic::Ordering::SeqCst);
@@ -397,4 +427,59 @@ impl LeaseCoordinator for RenewalsFail {
     fn published_frontier(&self, agent: &str) -> Result<Frontier, LeaseError> {
         self.inner.published_frontier(agent)
     }
+}
+
+/// S4 (found by an adversary): the import's beginning is its first record, before any lease:
+/// stopped right after it (the coordinator fails its grants), every hand-off of the ledger
+/// waits for the import, whatever the coordinator published; run again, it completes. A member
+/// whose log is empty imports too (its record 0 counted: it failed after copying everything).
+#[test]
+fn s4_an_import_that_began_is_waited_for_and_a_new_members_import_completes() {
+    let old = tempfile::tempdir().unwrap();
+    let records = old_ledger(old.path());
+    let (founded, mut founder) = found();
+    let phone = Arc::new(DeviceKey::from_secrets(
+        DeviceId::new("phone").unwrap(),
+        [11; 32],
+        [12; 32],
+    ));
+    founder.admit(phone.device(), &phone.public()).unwrap();
+    let on_phone = |founded: &Founded| {
+        let protected = fencepost::ledger::Protected {
+            ledger: founded.ledger,
+            device_key: Arc::clone(&phone),
+            origin: Origin::Identity(phone.public()),
+            keys: Vec::new(),
+            members: Vec::new(),
+        };
+        Ledger::open_with(
+            "phone",
+            ManualClock::new(NOW_MS).wall_clock(),
+            relay(founded.folder.path()),
+            LedgerOptions::default().protected(protected),
+        )
+        .unwrap()
+    };
+    let refusing = RenewalsFail {
+        inner: coordinator(),
+        renewals_left: std::sync::atomic::AtomicU32::new(u32::MAX),
+        acquires_fail: true,
+    };
+    let mut importer = on_phone(&founded);
+    assert!(importer.import(source(&records), &refusing, 10_000).is_err());
+    let waiting = founded.reopen().behind(&Frontier::new());
+    assert_eq!(waiting.len(), 1, "S4: the import is waited for: {waiting:?}");
+    assert_eq!(waiting[0].device_id, "phone");
+
+    let coordinator = coordinator();
+    let imported = on_phone(&founded)
+        .import(source(&records), &coordinator, 10_000)
+        .unwrap();
+    assert_eq!(imported.records, 7);
+    let reader = founded.reopen();
+    assert!(reader.behind(&Frontier::new()).is_empty(), "S4: the import ended");
+    assert!(reader
+        .behind(&coordinator.published_frontier("send").unwrap())
+        .is_empty());
+    assert!(reader.state().committed_run("send", "monday").is_some());
 }

@@ -342,10 +342,15 @@ impl SyncState {
     }
 
     /// What this state holds, in a few words (`3 runs of 2 agents, 1 log`), or `None` when it
-    /// holds no run, log or registry entry.
+    /// holds no run, log or registry entry (fencepost's own registries, `fencepost.…`, aside).
     pub fn content_summary(&self) -> Option<String> {
         let runs: usize = self.agents.values().map(|agent| agent.runs().len()).sum();
-        let registries: usize = self.registries.values().map(BTreeMap::len).sum();
+        let registries: usize = self
+            .registries
+            .iter()
+            .filter(|(kind, _)| !kind.starts_with("fencepost."))
+            .map(|(_, entries)| entries.len())
+            .sum();
         if self.agents.is_empty() && self.logs.is_empty() && registries == 0 {
             return None;
         }
@@ -648,6 +653,14 @@ impl SyncState {
     /// The winning record of `key` in registry `kind`.
     pub fn registry(&self, kind: &str, key: &str) -> Option<&RegistryEntry> {
         self.registries.get(kind)?.get(key)
+    }
+
+    /// Every entry of the registry `kind`, by key.
+    pub fn registry_entries(&self, kind: &str) -> impl Iterator<Item = (&str, &RegistryEntry)> {
+        self.registries
+            .get(kind)
+            .into_iter()
+            .flat_map(|entries| entries.iter().map(|(key, entry)| (key.as_str(), entry)))
     }
 
     /// A digest of the whole state (rule F8): equal for equal states, whatever the arrival order.

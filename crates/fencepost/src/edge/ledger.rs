@@ -34,7 +34,7 @@ mod snapshot_use;
 mod state;
 mod went_back;
 
-pub use import::{ImportError, ImportSource, Imported, IMPORT_REGISTRY};
+pub use import::{ImportError, ImportSource, Imported, IMPORT_BEGIN_REGISTRY, IMPORT_REGISTRY};
 pub use membership::{identity_key, Founded};
 pub use options::{CompactOptions, LedgerOptions, Retention};
 pub use outbox::{read_outbox, QueuedRecord};
@@ -686,6 +686,9 @@ impl Ledger {
     /// dispatch while anything is missing ([`Refusal::LedgerBehind`](crate::dispatch::Refusal::LedgerBehind)):
     /// [`sync`](Self::sync) and ask again.
     pub fn behind(&self, published: &Frontier) -> Vec<MissingRecords> {
+        // An import that began and has not ended is waited for, whatever was published (rule
+        // S4: found by an adversary, an import stopped midway let hosts run what it imports).
+        let importing = self.unfinished_imports();
         published
             .iter()
             .filter_map(|(device, needs)| {
@@ -709,6 +712,7 @@ impl Ledger {
                     differs,
                 })
             })
+            .chain(importing)
             .filter(|missing| {
                 self.waived
                     .get(&missing.device_id)

@@ -46,6 +46,12 @@ pub(in crate::commands) fn import(
             );
         };
         let source = source.with_coordinator(spec);
+        // Opening a SQLite coordinator makes its file: a misspelt path would be an empty one.
+        if let Some(path) = source.coordinator.strip_prefix("sqlite:") {
+            if !Path::new(path).is_file() {
+                crate::exit::usage!("--source-coordinator {spec}: no coordinator there ({path} is no file)");
+            }
+        }
         if source.coordinator == settings.coordinator {
             crate::exit::usage!(
                 "--source-coordinator names this ledger's coordinator: the protected ledger needs a coordinator of its own (--coordinator), the old one's frontiers name the old logs"

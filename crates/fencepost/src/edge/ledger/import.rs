@@ -26,6 +26,12 @@ use crate::lease::LeaseCoordinator;
 /// the ids of the records copied, in their order).
 pub const IMPORT_REGISTRY: &str = "fencepost.import";
 
+/// The registry whose record begins an import, before anything else of it is written (its key
+/// the import's digest; `device` and `reach`, the count of the importer's log the import
+/// reaches): until that log reaches it, or the import's end is read, every hand-off waits
+/// ([`Ledger::behind`]).
+pub const IMPORT_BEGIN_REGISTRY: &str = "fencepost.import-begin";
+
 /// How many records one append carries: each append signs a head.
 const RECORDS_PER_APPEND: usize = 10_000;
 
@@ -61,6 +67,22 @@ pub enum ImportError {
         "the ledger to import is protected (it holds sealed records): only an unprotected ledger is imported"
     )]
     SourceProtected,
+    /// An agent of the records that the old ledger's coordinator does not know: it is not the
+    /// old ledger's coordinator (a new file made by a misspelt path, another deployment's).
+    #[error("the coordinator given as the old ledger's does not know agent {agent:?}, which the ledger to import has records of: it is not that ledger's coordinator")]
+    SourceAgentUnknown {
+        /// The agent.
+        agent: String,
+    },
+    /// The import did not reach the count it published (a part of it written before): this
+    /// ledger cannot take it.
+    #[error("the import reached record {reached} of this device's log, not the {expected} it published: a stopped import wrote a part of its records here; start over with a new protected ledger")]
+    Reach {
+        /// The count reached.
+        reached: u64,
+        /// The count published.
+        expected: u64,
+    },
     /// The records do not reach what the old ledger's coordinator published: the copy read
     /// lacks records a holder had written (a sync that lags).
     #[error("the ledger to import has {has} record(s) of device {device:?}, and its coordinator published {published} for agent {agent:?}: this copy of it lacks records (a sync that lags?); import once every host's records are in it")]
@@ -142,6 +164,13 @@ impl Ledger {
             return Err(ImportError::SourceProtected.into());
         }
         check_reach(&records, &published)?;
+        if let Some(agent) = records
+            .iter()
+            .filter_map(|op| op.payload.intent().map(|intent| intent.agent_id))
+            .find(|agent| !published.iter().any(|(known, _)| known == agent))
+        {
+            return Err(ImportError::SourceAgentUnknown { agent }.into());
+        }
         // A record no log holds is refused before anything is written or published.
         for op in &records {
             self.log
@@ -162,12 +191,19 @@ impl Ledger {
             .chain(published.into_iter().map(|(agent, _)| agent))
             .collect();
         let device = self.device_id().to_owned();
-        let reach = if already {
-            self.view.frontier.next_seq(&device)
-        } else {
-            self.view.frontier.next_seq(&device) + self.records_to_write(&records)
+        let own = self.view.frontier.next_seq(&device);
+        let to_write = self.records_to_write(&records);
+        let begun = self.begun(&digest);
+        let reach = match (already, begun) {
+            (true, _) => own,
+            (false, Some(reach)) => reach,
+            // Record 0 when this log is empty, the import's beginning, then its records.
+            (false, None) => own + u64::from(own == 0) + 1 + to_write,
         };
         self.check_coordinator(&agents, coordinator, reach)?;
+        if !already {
+            self.begin_import(&digest, reach, to_write, begun.is_some())?;
+        }
         // The fencing epochs the import carries: the old ledger's fold's (this one has not
         // folded the copies yet).
         let carried = crate::fold::fold(&records);
@@ -190,6 +226,64 @@ impl Ledger {
             already,
             digest,
         })
+    }
+
+    /// Writes the import's beginning (unless it `began` before): the count `reach` this
+    /// device's log reaches once its `to_write` records follow, which it checks.
+    fn begin_import(
+        &mut self,
+        digest: &str,
+        reach: u64,
+        to_write: u64,
+        began: bool,
+    ) -> Result<(), LedgerError> {
+        if !began {
+            let device = self.device_id();
+            let beginning = serde_json::json!({ "key": digest, "device": device, "reach": reach });
+            self.unsent
+                .push((Surface::registry(IMPORT_BEGIN_REGISTRY), beginning));
+            self.write_queued()?;
+        }
+        let reached = self.view.frontier.next_seq(self.device_id()) + to_write;
+        if reached != reach {
+            return Err(ImportError::Reach {
+                reached,
+                expected: reach,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The count an import with `digest` that began here reaches, when it began.
+    fn begun(&self, digest: &str) -> Option<u64> {
+        let entry = self.state().registry(IMPORT_BEGIN_REGISTRY, digest)?;
+        entry
+            .payload
+            .value()
+            .get("reach")
+            .and_then(serde_json::Value::as_u64)
+    }
+
+    /// The imports that began in this ledger and whose device's log has not reached their end
+    /// yet (their end not read): what every hand-off waits for, the records missing.
+    pub(super) fn unfinished_imports(&self) -> Vec<MissingRecords> {
+        self.state()
+            .registry_entries(IMPORT_BEGIN_REGISTRY)
+            .filter(|(key, _)| self.state().registry(IMPORT_REGISTRY, key).is_none())
+            .filter_map(|(_, entry)| {
+                let value = entry.payload.value();
+                let device = value.get("device")?.as_str()?.to_owned();
+                let needs = value.get("reach")?.as_u64()?;
+                let has = self.view.frontier.next_seq(&device);
+                (has < needs).then_some(MissingRecords {
+                    device_id: device,
+                    has,
+                    needs,
+                    differs: false,
+                })
+            })
+            .collect()
     }
 
     /// How many records copying `records` appends: each, a naming of each agent this
@@ -308,12 +402,9 @@ impl Ledger {
         let copied = self.copy_records(records, digest, || renew(false))?;
         let reached = self.view.frontier.next_seq(&device);
         if reached != barrier.next_seq(&device) {
-            return Err(ImportError::Coordinator {
-                agent: String::new(),
-                detail: format!(
-                    "the import reached record {reached} of this device's log, not the {} published",
-                    barrier.next_seq(&device)
-                ),
+            return Err(ImportError::Reach {
+                reached,
+                expected: barrier.next_seq(&device),
             }
             .into());
         }
