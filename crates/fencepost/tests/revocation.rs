@@ -592,12 +592,10 @@ fn m2_a_strangers_admit_of_a_members_key_is_given_no_generation() {
     );
 }
 
-/// M2, found by a cryptography review: a generation that only a void change gave (a revoked
-/// device's rotation, written before it read its revocation) opens what it sealed, and is
-/// never given to a device admitted later: that device seals with the members' generation,
-/// which the revoked device cannot open.
-#[test]
-fn m2_a_revoked_devices_rotation_is_never_given_to_a_new_member() {
+/// The phone runs, the laptop revokes it, and the phone, which has not read its revocation,
+/// revokes the tablet: a rotation to its own generation 2, void at every member. The members,
+/// the laptop's ledger and the phone's.
+fn revoked_phone_rotates() -> (Members, Ledger, Ledger) {
     let phone = device_key("phone", 11);
     let tablet = device_key("tablet", 21);
     let (members, mut founder) = Members::found(&[&phone, &tablet]);
@@ -605,9 +603,17 @@ fn m2_a_revoked_devices_rotation_is_never_given_to_a_new_member() {
     run(&mut on_phone, "before", 3);
     founder.sync().unwrap();
     founder.revoke(phone.device(), None).unwrap();
-    // The phone has not read its revocation: it revokes the tablet, a rotation to its own
-    // generation 2, void at every member.
     on_phone.revoke(tablet.device(), None).unwrap();
+    (members, founder, on_phone)
+}
+
+/// M2, found by a cryptography review: a generation that only a void change gave (a revoked
+/// device's rotation, written before it read its revocation) opens what it sealed, and is
+/// never given to a device admitted later: that device seals with the members' generation,
+/// which the revoked device cannot open.
+#[test]
+fn m2_a_revoked_devices_rotation_is_never_given_to_a_new_member() {
+    let (members, mut founder, _on_phone) = revoked_phone_rotates();
     let phones = unwrapped(
         &membership_records(&members, "phone"),
         &members.ledger,
@@ -665,16 +671,8 @@ fn m1_no_device_is_admitted_as_recovery() {
 /// occurrence a second time; the members that read it hold the run in doubt.
 #[test]
 fn m2_a_void_record_a_member_cannot_open_is_missing_never_settled_unread() {
-    let phone = device_key("phone", 11);
-    let tablet = device_key("tablet", 21);
-    let (members, mut founder) = Members::found(&[&phone, &tablet]);
-    let mut on_phone = members.open(&phone);
-    run(&mut on_phone, "before", 3);
-    founder.sync().unwrap();
-    founder.revoke(phone.device(), None).unwrap();
-    // The phone has not read its revocation: it rotates to its own generation 2 (revoking
-    // the tablet), then runs an occurrence, sealed with it.
-    on_phone.revoke(tablet.device(), None).unwrap();
+    let (members, mut founder, mut on_phone) = revoked_phone_rotates();
+    // Then it runs an occurrence, sealed with its own generation.
     run(&mut on_phone, "stolen", 4);
     let published = on_phone.pushed();
 

@@ -81,9 +81,14 @@ pub fn named_agent_digest(agent: &str) -> Option<[u8; AGENT_DIGEST_BYTES]> {
 
 fn stand_in(digest: &[u8; AGENT_DIGEST_BYTES]) -> CompactString {
     use base64::Engine;
+    // Encoded on the stack: one per intent opened, on the cold open's path.
+    let mut encoded = [0u8; 22];
+    let written = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode_slice(digest, &mut encoded)
+        .unwrap_or(0);
     let mut text = CompactString::default();
     text.push(STAND_IN);
-    text.push_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest));
+    text.push_str(std::str::from_utf8(&encoded[..written]).unwrap_or_default());
     text
 }
 
