@@ -170,9 +170,10 @@ fn s3_a_protected_ledger_resumes_from_its_snapshot_which_holds_no_key() {
 
 /// S3, M2: a host resumed from a snapshot that holds a commit reads a revocation voiding it
 /// (a cut in the past): its reading starts over, the snapshot with it, and the commit is no
-/// commit, its run in doubt; so it stays for the next process resumed from the new snapshot.
+/// commit, its run in doubt; so it stays for the next process resumed from the new snapshot,
+/// and each would publish the revocation with its head (M4: the snapshot keeps its id).
 #[test]
-fn s3_m2_a_revocation_read_after_a_snapshot_voids_what_it_holds() {
+fn s3_m2_m4_a_revocation_read_after_a_snapshot_voids_what_it_holds() {
     let laptop = device_key("laptop", 1);
     let phone = device_key("phone", 11);
     let tablet = device_key("tablet", 21);
@@ -201,5 +202,11 @@ fn s3_m2_a_revocation_read_after_a_snapshot_voids_what_it_holds() {
             .map(|run| run.run_id)
             .collect();
         assert_eq!(in_doubt, vec!["stolen".to_owned()], "S3, M2: {attempt}");
+        let (published, revoker) = (on_tablet.pushed(), on_laptop.pushed());
+        assert_eq!(
+            (published.next_seq("laptop"), published.head("laptop")),
+            (revoker.next_seq("laptop"), revoker.head("laptop")),
+            "M4: {attempt}: the tablet would publish the laptop's log through the revocation"
+        );
     }
 }

@@ -704,3 +704,80 @@ fn m2_a_void_record_a_member_cannot_open_is_missing_never_settled_unread() {
         "M2: a hand-off after the phone's run waits for what the desk cannot read"
     );
 }
+
+/// M4: a holder publishes, with its own log's head, the membership frontier: per author, its
+/// log through the last membership change read that counts. A revocation the tablet wrote,
+/// which the laptop read after it ran, is waited for by the next holder: a relay that hides
+/// the tablet's log from it cannot make it take the revoked phone's commit for a truth.
+#[test]
+fn m4_a_new_holder_waits_for_every_revocation_its_predecessor_read() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let desk = device_key("desk", 31);
+    let (members, mut founder) = Members::found(&[&phone, &tablet, &desk]);
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, "before", 2);
+    let mut on_tablet = members.open(&tablet);
+    on_tablet.revoke(phone.device(), None).unwrap();
+    // The stolen phone, which has not read its revocation, claims a run done.
+    run(&mut on_phone, "never-ran", 3);
+
+    // The laptop runs, then reads the revocation, and publishes again as it lets go.
+    run(&mut founder, "ran", 4);
+    founder.sync().unwrap();
+    let published = founder.pushed();
+    let tablet_log = members.file("tablet").lines().count() as u64;
+    assert_eq!(
+        published.next_seq("tablet"),
+        tablet_log,
+        "M4: the laptop publishes the tablet's log through the revocation it read"
+    );
+    assert!(published.head("tablet").is_some(), "M4: with the revocation's id");
+    assert_eq!(
+        published.next_seq("phone"),
+        0,
+        "M4: the phone wrote no membership change"
+    );
+
+    // A relay that withholds the tablet's log from the desk.
+    let hidden = tempfile::tempdir().unwrap();
+    copy_folder(members.folder.path(), hidden.path());
+    let name = fencepost::relay::device_file_name("tablet");
+    std::fs::remove_file(hidden.path().join("devices").join(name)).unwrap();
+    let origin = Origin::Identity(desk.public());
+    let mut on_desk = open(hidden.path(), &desk, origin, members.ledger);
+    assert!(
+        on_desk.committed_run("milo", "never-ran").is_some(),
+        "without the revocation the phone's commit reads as one"
+    );
+    let behind = on_desk.behind(&published);
+    assert_eq!(
+        behind
+            .iter()
+            .map(|missing| (missing.device_id.as_str(), missing.needs))
+            .collect::<Vec<_>>(),
+        vec![("tablet", tablet_log)],
+        "M4: the desk waits for the revocation its predecessor read"
+    );
+
+    let mut on_desk = members.open(&desk);
+    assert!(
+        on_desk.behind(&published).is_empty(),
+        "M4: the whole ledger has it"
+    );
+    assert!(on_desk.committed_run("milo", "never-ran").is_none());
+    assert_eq!(in_doubt(&on_desk, 5), vec!["never-ran".to_owned()]);
+}
+
+fn copy_folder(from: &std::path::Path, to: &std::path::Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_folder(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

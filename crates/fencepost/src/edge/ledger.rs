@@ -668,9 +668,17 @@ impl Ledger {
     }
 
     /// What this device has stored in the relay: its own log's next seq, as a frontier of one
-    /// device. What a holder publishes (rule H2; [`LeaseKeeper::pushed`](crate::keeper::LeaseKeeper::pushed)).
+    /// device; on a protected ledger also the membership frontier, per author of a membership
+    /// change read that counts, its log through the last such change (rule M4). What a holder
+    /// publishes (rule H2; [`LeaseKeeper::pushed`](crate::keeper::LeaseKeeper::pushed)), so
+    /// that its successor waits for the records it stored and for every revocation it read.
     pub fn pushed(&self) -> Frontier {
-        let mut frontier = Frontier::new();
+        let mut frontier = self
+            .view
+            .protected
+            .as_ref()
+            .map(crate::protected::ProtectedLogs::membership_frontier)
+            .unwrap_or_default();
         let head = self.log.head();
         if head.next_seq() > 0 {
             frontier.raise_to(self.device_id(), head.next_seq(), head.last_op_id());

@@ -45,6 +45,8 @@ pub type OpenMany = fn(&Protection, &[OpRecord]) -> Vec<Option<OpRecord>>;
 #[derive(Debug)]
 struct ReadChange {
     position: Position,
+    /// The id of the record that holds it: what a holder publishes of it (rule M4).
+    op_id: OpId,
     log_key: KeyId,
     record: MembershipRecord,
     by_recovery: bool,
@@ -246,6 +248,21 @@ impl ProtectedLogs {
             .collect()
     }
 
+    /// The membership frontier (rule M4): per author, how many records of its log hold the
+    /// membership changes read that count (through the last of them) and that record's id. A
+    /// holder publishes it with its own log's head, so that a new holder dispatches nothing
+    /// before it has read every change this one had (a relay cannot hide a revocation from it).
+    pub fn membership_frontier(&self) -> crate::core::frontier::Frontier {
+        let mut frontier = crate::core::frontier::Frontier::new();
+        for read in self.memberships.iter().filter(|read| self.counts(read)) {
+            let Some(count) = read.position.seq.checked_add(1) else {
+                continue;
+            };
+            frontier.raise_to(read.position.device.as_str(), count, Some(read.op_id));
+        }
+        frontier
+    }
+
     /// Whether a membership record read counts: the recovery key's, or a member's at its
     /// position.
     fn counts(&self, read: &ReadChange) -> bool {
@@ -360,6 +377,7 @@ impl ProtectedLogs {
         });
         self.memberships.push(ReadChange {
             position: Position { device, seq: op.seq },
+            op_id: op.op_id,
             log_key: KeyId(origin.0),
             record,
             by_recovery,

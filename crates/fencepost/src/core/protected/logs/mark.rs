@@ -24,6 +24,10 @@ pub struct ProtectedMark {
     /// The membership records read: author, sequence number, the id of the author's record 0,
     /// the record (base64).
     memberships: Vec<(String, u64, OpId, String)>,
+    /// The ids of the records that hold them, in the same order (rule M4: a holder publishes
+    /// them).
+    #[serde(default)]
+    membership_ids: Vec<OpId>,
     /// Per device and the id of its record 0: the highest sequence number folded.
     folded: Vec<(String, OpId, u64)>,
     /// Per device and the id of its record 0: the lowest sequence number held void.
@@ -61,6 +65,7 @@ impl ProtectedLogs {
                 )
             })
             .collect();
+        let membership_ids = self.memberships.iter().map(|read| read.op_id).collect();
         let folded = self
             .folded
             .iter()
@@ -74,6 +79,7 @@ impl ProtectedLogs {
         Some(ProtectedMark {
             origins,
             memberships,
+            membership_ids,
             folded,
             voided,
             names: self.names.listed(),
@@ -112,11 +118,15 @@ impl ProtectedLogs {
         if logs.readers.len() != logs.settled.len() {
             return Err("a head has no origin".to_owned());
         }
-        for (device, seq, log_key, bytes) in &mark.memberships {
+        if mark.membership_ids.len() != mark.memberships.len() {
+            return Err("it names the membership records read without their ids".to_owned());
+        }
+        for ((device, seq, log_key, bytes), op_id) in mark.memberships.iter().zip(&mark.membership_ids) {
             let record = MembershipRecord::from_bytes(&decode(bytes)?)?;
             let device = crate::id::DeviceId::new(device).map_err(|error| error.to_string())?;
             logs.memberships.push(ReadChange {
                 position: Position { device, seq: *seq },
+                op_id: *op_id,
                 log_key: KeyId(log_key.0),
                 record,
                 by_recovery: false,
