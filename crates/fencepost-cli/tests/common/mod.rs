@@ -278,3 +278,59 @@ pub fn killed_host_leaves_an_in_doubt_run(shared: &Shared, salt: &str) {
     let again = shared.run("host-3", &next);
     assert_eq!(again.status.code(), Some(3), "{}", text(&again.stderr));
 }
+
+/// Every form in which `secret` could lie in stored bytes: as text, as hex (lower and upper
+/// case), and as base64 (standard and URL-safe alphabets, at each of the three alignments it can
+/// have inside a longer encoded string: the characters that depend on its bytes alone).
+pub fn stored_forms(secret: &[u8]) -> Vec<String> {
+    use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+    use base64::Engine;
+    let mut forms = vec![String::from_utf8_lossy(secret).into_owned()];
+    let hex: String = secret.iter().map(|byte| format!("{byte:02x}")).collect();
+    forms.push(hex.to_uppercase());
+    forms.push(hex);
+    for offset in 0..3usize {
+        let mut padded = vec![0u8; offset];
+        padded.extend_from_slice(secret);
+        let (start, end) = ((8 * offset).div_ceil(6), 8 * padded.len() / 6);
+        for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
+            let encoded = engine.encode(&padded);
+            forms.push(encoded[start..end].to_owned());
+        }
+    }
+    forms.sort();
+    forms.dedup();
+    forms
+}
+
+/// The secrets of `secrets` found in `stored` in any [stored form](stored_forms), with the form.
+pub fn secrets_found(stored: &[u8], secrets: &[String]) -> Vec<(String, String)> {
+    let stored = String::from_utf8_lossy(stored);
+    secrets
+        .iter()
+        .flat_map(|secret| {
+            stored_forms(secret.as_bytes())
+                .into_iter()
+                .filter(|form| stored.contains(form.as_str()))
+                .map(move |form| (secret.clone(), form))
+        })
+        .collect()
+}
+
+/// Makes `shared`'s ledger protected: `host-1` runs `ledger init` and admits each of `others`,
+/// which join first. Returns the fingerprint.
+pub fn protect(shared: &Shared, others: &[&str]) -> String {
+    let init = shared.run("host-1", &["ledger", "init"]);
+    assert!(init.status.success(), "{}", text(&init.stderr));
+    let fingerprint = text(&init.stdout).trim().to_owned();
+    for host in others {
+        let key = text(&shared.run(host, &["device", "key"]).stdout)
+            .trim()
+            .to_owned();
+        let join = shared.run(host, &["device", "join", &fingerprint]);
+        assert!(join.status.success(), "{}", text(&join.stderr));
+        let admit = shared.run("host-1", &["device", "admit", &key, "--device", host]);
+        assert!(admit.status.success(), "{}", text(&admit.stderr));
+    }
+    fingerprint
+}
