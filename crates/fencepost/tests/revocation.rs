@@ -3,110 +3,16 @@
 //! them reads the ledger again, the devices it admitted after the cut are void too, the ledger
 //! key rotates to the members that remain, and a revoked device writes nothing.
 
+mod members;
+
 use std::sync::Arc;
 
-use fencepost::clock::ManualClock;
 use fencepost::id::DeviceId;
 use fencepost::identity::{DeviceKey, LedgerId};
 use fencepost::lease::{Intent, IntentStatus};
-use fencepost::ledger::{Ledger, LedgerError, LedgerOptions};
+use fencepost::ledger::{Ledger, LedgerError};
 use fencepost::protected::{Missing, Origin};
-use fencepost::relay::{FsRelay, Relay};
-
-fn device_key(device: &str, secret: u8) -> Arc<DeviceKey> {
-    Arc::new(DeviceKey::from_secrets(
-        DeviceId::new(device).unwrap(),
-        [secret; 32],
-        [secret + 1; 32],
-    ))
-}
-
-fn relay(folder: &std::path::Path) -> Arc<dyn Relay> {
-    Arc::new(FsRelay::open(folder).unwrap())
-}
-
-/// A ledger of the protected ledger `ledger` in `folder`, as `key`'s device (`origin` its
-/// record 0), with no key or member given: all of it is read from the ledger.
-fn open(folder: &std::path::Path, key: &Arc<DeviceKey>, origin: Origin, ledger: LedgerId) -> Ledger {
-    let protected = fencepost::ledger::Protected {
-        ledger,
-        device_key: Arc::clone(key),
-        origin,
-        keys: Vec::new(),
-        members: Vec::new(),
-    };
-    let clock = ManualClock::new(1_764_400_000_000);
-    Ledger::open_with(
-        key.device().as_str(),
-        clock.wall_clock(),
-        relay(folder),
-        LedgerOptions::default().protected(protected),
-    )
-    .unwrap()
-}
-
-struct Members {
-    folder: tempfile::TempDir,
-    ledger: LedgerId,
-    genesis: Origin,
-    laptop: Arc<DeviceKey>,
-    recovery: DeviceKey,
-}
-
-impl Members {
-    /// `laptop` founds a ledger and admits each of `others`.
-    fn found(others: &[&Arc<DeviceKey>]) -> (Self, Ledger) {
-        let folder = tempfile::tempdir().unwrap();
-        let laptop = device_key("laptop", 1);
-        let clock = ManualClock::new(1_764_400_000_000);
-        let (mut founder, founded) = Ledger::found(
-            Arc::clone(&laptop),
-            clock.wall_clock(),
-            relay(folder.path()),
-            LedgerOptions::default(),
-        )
-        .unwrap();
-        for other in others {
-            founder.admit(other.device(), &other.public()).unwrap();
-        }
-        let members = Self {
-            folder,
-            ledger: founded.genesis.ledger_id(),
-            genesis: Origin::Genesis(founded.genesis),
-            laptop,
-            recovery: founded.recovery,
-        };
-        (members, founder)
-    }
-
-    fn open(&self, key: &Arc<DeviceKey>) -> Ledger {
-        let origin = if key.device() == self.laptop.device() {
-            self.genesis.clone()
-        } else {
-            Origin::Identity(key.public())
-        };
-        open(self.folder.path(), key, origin, self.ledger)
-    }
-
-    fn file(&self, device: &str) -> String {
-        let name = fencepost::relay::device_file_name(device);
-        std::fs::read_to_string(self.folder.path().join("devices").join(name)).unwrap()
-    }
-}
-
-fn run(ledger: &mut Ledger, run: &str, epoch: u64) {
-    for status in [IntentStatus::Pending, IntentStatus::Committed] {
-        ledger.record(&Intent::new("milo", run, epoch, status)).unwrap();
-    }
-}
-
-fn in_doubt(ledger: &Ledger, epoch: u64) -> Vec<String> {
-    ledger
-        .in_doubt("milo", epoch)
-        .into_iter()
-        .map(|run| run.run_id)
-        .collect()
-}
+use members::{device_key, in_doubt, open, run, Members};
 
 /// M2: a revocation without a cut voids what the revoked device writes from then on: the
 /// revoker rotates the ledger key to the members that remain (not to the revoked one, which
@@ -780,4 +686,28 @@ fn copy_folder(from: &std::path::Path, to: &std::path::Path) {
             std::fs::copy(entry.path(), target).unwrap();
         }
     }
+}
+
+/// M2, found by an adversary through the binary: the phone revokes the tablet, then the laptop
+/// revokes the phone from before that revocation. A member's revocation counts whatever its
+/// author's cut (rule M1), so the tablet stays revoked: the laptop's new generation is not
+/// wrapped to it, and it cannot open what the laptop seals next.
+#[test]
+fn m2_a_device_revoked_by_a_revoked_member_is_given_no_new_generation() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    let mut on_phone = members.open(&phone);
+    on_phone.revoke(tablet.device(), None).unwrap();
+    founder.sync().unwrap();
+    run(&mut founder, "before", 3);
+    let revoked = founder.revoke(phone.device(), Some(1)).unwrap();
+    assert_eq!(
+        revoked.members,
+        vec![members.laptop.device().clone()],
+        "M2: the tablet stays revoked"
+    );
+    run(&mut founder, "after", 4);
+    let mut on_tablet = members.open(&tablet);
+    assert!(on_tablet.committed_run("milo", "after").is_none());
 }

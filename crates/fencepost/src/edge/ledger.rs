@@ -485,6 +485,9 @@ impl Ledger {
                 let made = match protected {
                     Some(protected) => {
                         let origin = protected.own_origin(logs, tail)?;
+                        if let Some(origin) = &origin {
+                            protected.vouch_for(logs, tail, next.head().next_seq(), origin)?;
+                        }
                         let key = logs.and_then(|logs| logs.protection().newest_key());
                         protected.make(&mut next, origin, key, logs, unsent, clear)?
                     }

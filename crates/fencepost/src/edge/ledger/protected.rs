@@ -113,6 +113,44 @@ impl Protected {
         }
     }
 
+    /// Refuses to sign a head over records of this device's log that it cannot vouch for: the
+    /// records before `append_at` (where the next record goes) that `logs` has not settled as
+    /// this device's must end, in `tail` (the log's records this reading had not read), with a
+    /// head this device's key signed. Found by an adversary: a writer of the ledger appended a
+    /// membership record to a member's log, and the member's next append signed over it.
+    pub(super) fn vouch_for(
+        &self,
+        logs: Option<&ProtectedLogs>,
+        tail: &[OpRecord],
+        append_at: u64,
+        origin: &OpId,
+    ) -> Result<(), LogError> {
+        let device = self.device_key.device().as_str();
+        let settled = logs
+            .and_then(|logs| logs.settled().find(|(settled, _, _)| *settled == device))
+            .map_or(0, |(_, next, _)| next);
+        if append_at <= settled {
+            return Ok(());
+        }
+        let public = self.device_key.public();
+        let signed = tail
+            .iter()
+            .rev()
+            .find(|op| op.has_valid_head(&public, &self.ledger, origin))
+            .map_or(settled, |op| op.seq + 1)
+            .max(settled);
+        if signed >= append_at {
+            return Ok(());
+        }
+        Err(LogError::Unsealable {
+            device_id: device.to_owned(),
+            seq: signed,
+            detail: format!(
+                "record {signed} of this device's log carries no head this device signed: it did not write it (a writer of the ledger?), or one of its processes stopped in the middle of an append; this device signs nothing over it: remove this device's records from {signed} on from the ledger (they count for nothing)"
+            ),
+        })
+    }
+
     fn refused(&self, detail: &str) -> LogError {
         LogError::Unsealable {
             device_id: self.device_key.device().to_string(),

@@ -114,19 +114,27 @@ impl Ledger {
             return Err(refused("the ledger key has no generation left"));
         };
         let genesis = logs.genesis().ok_or(LedgerError::NotProtected)?;
+        // Where the revocation lands: after record 0 when this device's log is empty.
         let position = Position {
             device: self.device().clone(),
-            seq: self.log.head().next_seq(),
+            seq: self.log.head().next_seq().max(1),
         };
         let log_key = KeyId(self.own_key_id().map_or([0; 32], |id| id.0));
         let change = Change::Revoke {
             device: device.clone(),
             cut,
         };
-        // Whom the new generation goes to: the members once this revocation counts, as it will
-        // (found by an adversarial test: a revoker whose log was empty counted it as a stranger's,
-        // and wrapped the new generation to the device it revoked).
-        let members = logs.current_members(Some(MembershipChange::by_recovery(position, log_key, change)));
+        // Whom the new generation goes to: the members once this revocation counts, as it will,
+        // with its author's authority (found by an adversarial test: a revoker whose log was
+        // empty counted it as a stranger's, and wrapped the new generation to the device it
+        // revoked; a second one: a member's revocation counted as the recovery key's took the
+        // revoked device's own revocations away, and the device one of them revoked was given
+        // the new generation).
+        let extra = match recovery {
+            Some(_) => MembershipChange::by_recovery(position, log_key, change),
+            None => MembershipChange::by_member(position, log_key, change),
+        };
+        let members = logs.current_members(Some(extra));
         let key = LedgerKey::new(generation, random_key()?);
         let ledger_id = *logs.protection().ledger();
         let recovery_id = DeviceId::new(RECOVERY)?;
