@@ -669,6 +669,7 @@ proptest! {
                 wraps: (0..wraps).map(|n| (n as u32, wrapped(n))).collect(),
             },
             Membership::Revoke { device: device.clone(), cut },
+            Membership::Open { device: device.clone(), wraps: (0..wraps).map(|n| (generation ^ n as u32, wrapped(n))).collect() },
         ] {
             let by_recovery = signed.then(|| phone.sign(fencepost::identity::SignatureContext::Membership, &LEDGER, &change.to_bytes()));
             let record = MembershipRecord { change, by_recovery };

@@ -571,16 +571,19 @@ fn m1_no_device_is_admitted_as_recovery() {
 
 /// M2, found by an adversary through the binary: a revoked device that has not read its
 /// revocation rotates to a generation of its own and runs an occurrence under it. A member
-/// admitted later is not given that generation (a revoked device's rotation is given to no
-/// one), so it cannot read that commit: the record is missing to it, never settled unread.
-/// A hand-off whose frontier names it waits (exit 7), where the new member once ran the
-/// occurrence a second time; the members that read it hold the run in doubt.
+/// admitted before any member read that rotation is not given that generation, so it cannot
+/// read that commit: the record is missing to it, never settled unread, and a hand-off whose
+/// frontier names it waits (exit 7), where the new member once ran the occurrence a second
+/// time. One admitted after the laptop read it is given it to open only (`Membership::Open`):
+/// it reads the commit as void, its run in doubt, as the members that read it hold it.
 #[test]
 fn m2_a_void_record_a_member_cannot_open_is_missing_never_settled_unread() {
     let (members, mut founder, mut on_phone) = revoked_phone_rotates();
     // Then it runs an occurrence, sealed with its own generation.
     run(&mut on_phone, "stolen", 4);
     let published = on_phone.pushed();
+    let early = device_key("desk", 31);
+    founder.admit(early.device(), &early.public()).unwrap();
 
     founder.sync().unwrap();
     assert_eq!(
@@ -588,9 +591,7 @@ fn m2_a_void_record_a_member_cannot_open_is_missing_never_settled_unread() {
         vec!["stolen"],
         "M2: a member that reads it: in doubt"
     );
-    let newcomer = device_key("desk", 31);
-    founder.admit(newcomer.device(), &newcomer.public()).unwrap();
-    let mut on_desk = members.open(&newcomer);
+    let mut on_desk = members.open(&early);
     assert!(on_desk.committed_run("milo", "stolen").is_none());
     let missing = on_desk.not_counted();
     assert!(
@@ -609,6 +610,13 @@ fn m2_a_void_record_a_member_cannot_open_is_missing_never_settled_unread() {
         vec!["phone"],
         "M2: a hand-off after the phone's run waits for what the desk cannot read"
     );
+
+    let late = device_key("shelf", 41);
+    founder.admit(late.device(), &late.public()).unwrap();
+    let mut on_shelf = members.open(&late);
+    assert!(on_shelf.committed_run("milo", "stolen").is_none());
+    assert_eq!(in_doubt(&on_shelf, 5), vec!["stolen"], "M2: read, and void");
+    assert!(on_shelf.behind(&published).is_empty());
 }
 
 /// M4: a holder publishes, with its own log's head, the membership frontier: per author, its
@@ -710,4 +718,39 @@ fn m2_a_device_revoked_by_a_revoked_member_is_given_no_new_generation() {
     run(&mut founder, "after", 4);
     let mut on_tablet = members.open(&tablet);
     assert!(on_tablet.committed_run("milo", "after").is_none());
+}
+
+/// M2, found by an adversary through the binary: the phone (stolen) revokes the tablet, making
+/// generation 2, which the laptop seals a run with; then the laptop revokes the phone from
+/// before that rotation, which no longer counts. A desk admitted afterwards is given generation
+/// 2 to open only (a `Membership::Open` record beside its admission): it reads the run sealed
+/// with it, where its hand-offs once waited for good (and `--accept-damaged` ran it twice),
+/// and it never seals with it (nor with anything the phone knows).
+#[test]
+fn m2_a_member_admitted_after_a_voided_rotation_reads_what_was_sealed_with_it() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, mut founder) = Members::found(&[&phone, &tablet]);
+    let mut on_phone = members.open(&phone);
+    on_phone.revoke(tablet.device(), None).unwrap();
+    founder.sync().unwrap();
+    run(&mut founder, "sealed-with-2", 3);
+    founder.revoke(phone.device(), Some(1)).unwrap();
+    let desk = device_key("desk", 31);
+    founder.admit(desk.device(), &desk.public()).unwrap();
+    run(&mut founder, "sealed-with-3", 4);
+
+    let mut on_desk = members.open(&desk);
+    for run_id in ["sealed-with-2", "sealed-with-3"] {
+        assert!(
+            on_desk.committed_run("milo", run_id).is_some(),
+            "M2: the desk reads {run_id}: {:?}",
+            on_desk.not_counted()
+        );
+    }
+    assert!(on_desk.behind(&founder.pushed()).is_empty());
+    run(&mut on_desk, "by-the-desk", 5);
+    let last = members.file("desk");
+    let fields: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
+    assert_eq!(fields[4], 3, "M2: the desk seals with generation 3, never with 2");
 }

@@ -18,6 +18,7 @@ use crate::id::DeviceId;
 const TAG_ROTATE: u8 = 2;
 const TAG_ADMIT: u8 = 3;
 const TAG_REVOKE: u8 = 4;
+const TAG_OPEN: u8 = 5;
 /// The most wraps one record carries (members of a rotation, generations of an admission).
 pub const MAX_WRAPS: usize = 4096;
 
@@ -45,6 +46,16 @@ pub enum Membership {
         key: KeyId,
         /// Its public identity (what its record 0 holds).
         identity: PublicIdentity,
+        /// Each generation, wrapped to it.
+        wraps: Vec<(u32, Wrapped)>,
+    },
+    /// Generations of the ledger key given to `device` to open records only, never to seal
+    /// with or give on: those that only a change which no longer counts made (a revoked
+    /// device's rotation), with which members sealed records before the revocation. Written
+    /// with an admission, so that a device admitted later reads those records too.
+    Open {
+        /// The device.
+        device: DeviceId,
         /// Each generation, wrapped to it.
         wraps: Vec<(u32, Wrapped)>,
     },
@@ -146,6 +157,15 @@ impl Membership {
                     bytes.extend_from_slice(&wrapped.0);
                 }
             }
+            Membership::Open { device, wraps } => {
+                bytes.push(TAG_OPEN);
+                push_text(device.as_str(), &mut bytes);
+                bytes.extend_from_slice(&(wraps.len() as u32).to_be_bytes());
+                for (generation, wrapped) in wraps {
+                    bytes.extend_from_slice(&generation.to_be_bytes());
+                    bytes.extend_from_slice(&wrapped.0);
+                }
+            }
             Membership::Revoke { device, cut } => {
                 bytes.push(TAG_REVOKE);
                 push_text(device.as_str(), &mut bytes);
@@ -188,12 +208,22 @@ impl Membership {
                     wraps,
                 })
             }
+            TAG_OPEN => {
+                let device = reader.device()?;
+                let count = reader.count()?;
+                let mut wraps = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let generation = u32::from_be_bytes(reader.array("a generation")?);
+                    wraps.push((generation, Wrapped(reader.array("a wrapped key")?)));
+                }
+                Ok(Membership::Open { device, wraps })
+            }
             TAG_REVOKE => {
                 let device = reader.device()?;
                 let cut = u64::from_be_bytes(reader.array("the cut")?);
                 Ok(Membership::Revoke { device, cut })
             }
-            other => Err(format!("membership tag {other} is none of 2, 3, 4")),
+            other => Err(format!("membership tag {other} is none of 2, 3, 4, 5")),
         }
     }
 }

@@ -153,7 +153,7 @@ impl ProtectedLogs {
                     device: device.clone(),
                     cut: *cut,
                 },
-                Membership::Rotate { .. } => continue,
+                Membership::Rotate { .. } | Membership::Open { .. } => continue,
             };
             changes.push(MembershipChange {
                 position: read.position.clone(),
@@ -426,10 +426,13 @@ impl ProtectedLogs {
     /// a new member, which sealed with it).
     pub fn counting_keys(&self) -> Vec<LedgerKey> {
         let mut keys: Vec<LedgerKey> = Vec::new();
+        // A generation given to open only (found by an adversary: a member admitted after a
+        // revocation that voided a rotation could not read what members had sealed with it,
+        // and its hand-offs waited for good) never counts.
         let counting = self
             .memberships
             .iter()
-            .filter(|read| self.counts(read))
+            .filter(|read| self.counts(read) && !matches!(read.record.change, Membership::Open { .. }))
             .flat_map(|read| read.keys.iter());
         for key in self.given_keys.iter().chain(counting) {
             if !keys.iter().any(|held| held.bytes() == key.bytes()) {
@@ -649,7 +652,9 @@ fn wraps_to(change: &Membership, me: &crate::id::DeviceId) -> Vec<(u32, crate::c
             .filter(|(device, _)| device == me)
             .map(|(_, wrapped)| (*generation, wrapped.clone()))
             .collect(),
-        Membership::Admit { device, wraps, .. } if device == me => wraps.clone(),
+        Membership::Admit { device, wraps, .. } | Membership::Open { device, wraps } if device == me => {
+            wraps.clone()
+        }
         _ => Vec::new(),
     }
 }

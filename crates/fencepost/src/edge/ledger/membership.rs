@@ -173,8 +173,47 @@ impl Ledger {
             identity: *identity,
             wraps,
         };
-        let record = self.membership_record(change, recovery)?;
-        self.append_membership(&record)
+        let mut records = vec![self.membership_record(change, recovery)?.to_bytes()];
+        // The generations this device holds to open only (a revoked device's rotation, which
+        // members sealed with before the revocation): the new member reads those records too.
+        let open_only = self.open_only(&generations);
+        if !open_only.is_empty() {
+            let mut wraps = Vec::new();
+            for key in &open_only {
+                let wrapped = crate::wrap::wrap(key.bytes(), &ledger, key.generation(), device, identity)
+                    .map_err(|error| unsealable(device, error.to_string()))?;
+                wraps.push((key.generation(), wrapped));
+            }
+            let change = Membership::Open {
+                device: device.clone(),
+                wraps,
+            };
+            records.push(self.membership_record(change, recovery)?.to_bytes());
+        }
+        if self.protected.is_none() {
+            return Err(LedgerError::NotProtected);
+        }
+        let stored = self.write_queued_and(&records)?;
+        stored
+            .into_iter()
+            .find(|op| {
+                op.sealed_record()
+                    .is_some_and(|sealed| matches!(&sealed.content, crate::oplog::SealedContent::Clear(bytes) if **bytes == *records[0]))
+            })
+            .ok_or(LedgerError::NotProtected)
+    }
+
+    /// The keys this device holds to open records only: every one held that is not among
+    /// `giving` (the generations it gives, which count).
+    fn open_only(&self, giving: &[LedgerKey]) -> Vec<LedgerKey> {
+        let Some(logs) = self.view.protected.as_ref() else {
+            return Vec::new();
+        };
+        logs.protection()
+            .keys()
+            .filter(|key| !giving.iter().any(|given| given.bytes() == key.bytes()))
+            .cloned()
+            .collect()
     }
 
     /// A membership record of `change`, signed by `recovery` when given.
