@@ -5,6 +5,7 @@
 
 mod members;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use fencepost::id::DeviceId;
@@ -753,4 +754,84 @@ fn m2_a_member_admitted_after_a_voided_rotation_reads_what_was_sealed_with_it() 
     let last = members.file("desk");
     let fields: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
     assert_eq!(fields[4], 3, "M2: the desk seals with generation 3, never with 2");
+}
+
+/// M4, found by an adversary through the binary: the phone (stolen) claims an occurrence
+/// committed; the laptop revokes it from before that commit and runs the agent, publishing the
+/// revocation with its head. A desk whose copy of the ledger lacks the revocation once took the
+/// phone's commit at once ("already committed") and never ran the occurrence: a commit is taken
+/// before the lease only when the ledger has what earlier holders published. Here the desk
+/// waits instead (exit 7 in the CLI), and with the revocation read it finds the run in doubt.
+#[test]
+fn m4_a_withheld_revocation_never_lets_a_revoked_commit_stop_the_run() {
+    use fencepost::clock::system_clock;
+    use fencepost::lease::{InMemoryLeaseCoordinator, LeaseCoordinator};
+    use fencepost::run::{run_once, Occurrence, Outcome, RunOptions};
+    let phone = device_key("phone", 11);
+    let desk = device_key("desk", 31);
+    let (members, mut founder) = Members::found(&[&phone, &desk]);
+    let occurrence = Occurrence::new("milo", "send", "monday").unwrap();
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, occurrence.run_id().as_str(), 3);
+    // What the desk's relay serves: the ledger before the revocation.
+    let withheld = tempfile::tempdir().unwrap();
+    copy_folder(members.folder.path(), withheld.path());
+
+    founder.sync().unwrap();
+    founder.revoke(phone.device(), Some(1)).unwrap();
+    let coordinator: Arc<dyn LeaseCoordinator> = Arc::new(InMemoryLeaseCoordinator::new(system_clock()));
+    let other = Occurrence::new("milo", "send", "tuesday").unwrap();
+    let ran = run_once(
+        coordinator.clone(),
+        &mut founder,
+        &other,
+        &RunOptions::new(5_000),
+        |_| Ok::<_, String>(()),
+    )
+    .unwrap();
+    assert!(matches!(ran, Outcome::Committed { .. }), "{ran:?}");
+
+    let mut on_desk = open(
+        withheld.path(),
+        &desk,
+        Origin::Identity(desk.public()),
+        members.ledger,
+    );
+    assert!(on_desk
+        .committed_run("milo", occurrence.run_id().as_str())
+        .is_some());
+    let effects = AtomicUsize::new(0);
+    let waited = run_once(
+        coordinator.clone(),
+        &mut on_desk,
+        &occurrence,
+        &RunOptions::new(5_000),
+        |_| {
+            effects.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(())
+        },
+    )
+    .unwrap();
+    let Outcome::LedgerBehind { missing } = &waited else {
+        panic!("M4: the desk waits for the revocation: {waited:?}");
+    };
+    assert_eq!(missing[0].device_id, "laptop");
+
+    let mut on_desk = members.open(&desk);
+    let read = run_once(
+        coordinator,
+        &mut on_desk,
+        &occurrence,
+        &RunOptions::new(5_000),
+        |_| {
+            effects.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(())
+        },
+    )
+    .unwrap();
+    assert!(
+        matches!(read, Outcome::InDoubt { .. }),
+        "M4: in doubt once read: {read:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 0, "M4: never run by itself");
 }

@@ -299,7 +299,9 @@ pub(super) fn run_attempt(
     refuse_queued_elsewhere(settings, agent, &run_id)?;
     // Known from here on, whatever the run ends with (exit 3, 4, 7 too).
     report.runs_in_doubt = Some(ledger.in_doubt(agent, u64::MAX).len());
-    if ledger.committed_run(agent, &run_id).is_some() {
+    // On a protected ledger the session decides (a commit counts only once the ledger has the
+    // revocations the agent's earlier holders read: rule M4).
+    if !ledger.is_protected() && ledger.committed_run(agent, &run_id).is_some() {
         err!("fencepost: {run_id} of {agent} already committed; not running it again");
         return Ok(EXIT_ALREADY_COMMITTED);
     }

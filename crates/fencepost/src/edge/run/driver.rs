@@ -94,6 +94,25 @@ impl Driver<'_> {
         self.options.stop.as_ref().is_some_and(|stop| stop())
     }
 
+    /// Whether `ledger`, protected, lacks records the agent's earlier holders published (or
+    /// cannot tell): a commit it holds is then not taken before the hand-off (rule M4: found
+    /// by an adversary, a relay that withheld a revocation made a revoked device's commit stop
+    /// the run, where the hand-off would have waited for it). The session then takes the lease,
+    /// waits for those records, and `Ledger::begin` decides. A ledger that is not protected
+    /// has no revocation to wait for: its commit is taken at once.
+    fn behind_what_was_published(&self, ledger: &Ledger) -> bool {
+        if !ledger.is_protected() {
+            return false;
+        }
+        match self.coordinator.published_frontier(self.agent()) {
+            Ok(published) => !ledger.behind(&published).is_empty(),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the published frontier; taking the lease before trusting the commit");
+                true
+            }
+        }
+    }
+
     fn agent(&self) -> &str {
         &self.occurrence.agent_id
     }
@@ -112,7 +131,9 @@ impl Driver<'_> {
             self.tell_hooks(&step);
             match step {
                 SessionStep::AskOracle => {
-                    let committed = ledger.committed_run(self.agent(), &self.occurrence.run_id);
+                    let committed = ledger
+                        .committed_run(self.agent(), &self.occurrence.run_id)
+                        .filter(|_| !self.behind_what_was_published(ledger));
                     if let Some(run) = committed {
                         self.read = Some(Read::Committed(run.op_id));
                     }
