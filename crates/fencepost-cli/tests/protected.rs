@@ -657,3 +657,64 @@ fn s2_a_host_that_names_its_protected_ledger_runs_nothing_before_joining_it() {
     assert!(text(&bad.stderr).contains("protected"), "{}", text(&bad.stderr));
     assert_eq!(shared.effects(), vec!["phone"]);
 }
+
+/// S2, found by an adversary: one character of the laptop's last record (its ciphertext)
+/// changed in the folder. Its head no longer verifies: `ledger verify` says so (damaged, exit
+/// 1, where it said intact), the phone waits for the record the laptop published (exit 7),
+/// the laptop signs nothing over it (its next run is refused, where it once chained new
+/// records onto the altered one, so that restoring the line damaged the ledger for good), and
+/// once the line is restored the occurrence is found committed everywhere.
+#[test]
+fn s2_an_altered_record_is_damage_never_signed_over_and_a_restored_line_heals() {
+    let shared = Shared::sqlite();
+    founded_with_phone(&shared);
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+    let file = device_file(&shared, "laptop");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let last = original.lines().last().unwrap().to_owned();
+    let fields: Vec<serde_json::Value> = serde_json::from_str(&last).unwrap();
+    let sealed = fields
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .max_by_key(|field| field.len())
+        .unwrap()
+        .to_owned();
+    let middle = sealed.len() / 2;
+    let flipped = if &sealed[middle..=middle] == "A" { "B" } else { "A" };
+    let altered_field = format!("{}{flipped}{}", &sealed[..middle], &sealed[middle + 1..]);
+    let altered = original.replace(&sealed, &altered_field);
+    assert_ne!(altered, original);
+    std::fs::write(&file, &altered).unwrap();
+
+    let verify = host(&shared, "phone", &["ledger", "verify"]);
+    assert_eq!(code(&verify), 1, "S2: {}", text(&verify.stdout));
+    assert!(
+        text(&verify.stdout).contains("damaged: device \"laptop\""),
+        "{}",
+        text(&verify.stdout)
+    );
+    assert_eq!(
+        code(&send(&shared, "phone", "monday")),
+        7,
+        "S2: the phone waits for the record the laptop published"
+    );
+    let refused = send(&shared, "laptop", "tuesday");
+    assert_ne!(code(&refused), 0, "S2: the laptop signs nothing over it");
+    // Its seen file finds the record changed (damage); a host without one is refused by the
+    // signing check (`s2_a_device_never_signs_a_record_it_did_not_write_into_its_log`).
+    let said = text(&refused.stderr);
+    assert!(
+        said.contains("carries no head this device signed") || said.contains("is damaged"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        altered,
+        "nothing written"
+    );
+
+    std::fs::write(&file, &original).unwrap();
+    assert_eq!(code(&send(&shared, "phone", "monday")), 3);
+    assert_eq!(code(&send(&shared, "laptop", "tuesday")), 0);
+    assert_eq!(shared.effects(), vec!["laptop", "laptop"]);
+}

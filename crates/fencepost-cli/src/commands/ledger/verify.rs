@@ -49,9 +49,19 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
         checkpoints_bad += 1;
         findings.push(("damaged", problem.to_string()));
     }
+    // A protected ledger's records this host does not count: a head that does not verify is
+    // damage; what it cannot read yet (not covered, not opened, a key not given to it) is
+    // missing, and the runs that need it wait (found by an adversary: both were reported
+    // "intact"); a log no member's key admitted counts for nothing and stops nothing.
     for (device, seq, why) in ledger.not_counted() {
+        use fencepost::protected::Missing;
+        let kind = match why {
+            Missing::HeadNotValid => "damaged",
+            Missing::NotAMember | Missing::NoOrigin(_) => "ignored",
+            _ => "missing",
+        };
         findings.push((
-            "ignored",
+            kind,
             format!("device {device:?} from record {seq}: not counted: {why}"),
         ));
     }
@@ -154,7 +164,14 @@ fn print_verified(
         );
         return EXIT_RAN_OK;
     }
-    if bad > checkpoints_bad {
+    let missing = findings.iter().filter(|(kind, _)| *kind == "missing").count();
+    if missing == bad {
+        err!(
+            "fencepost: {} in {}: records this host cannot count yet (the rest of the ledger has not reached it, or no member has given it that generation of the ledger key); runs that need them wait (exit 7)",
+            plural(bad as u64, "problem"),
+            settings.ledger_label()
+        );
+    } else if bad > checkpoints_bad {
         err!(
             "fencepost: {} in {}: each device stops at its first bad record; {} (an incomplete last line of a folder's file may be a write or a sync in progress)",
             plural(bad as u64, "problem"),
