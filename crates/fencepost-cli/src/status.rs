@@ -170,6 +170,7 @@ fn report(settings: &Settings, args: &StatusArgs, queued: &Queued) -> Result<i32
             "devices": ledger.view().frontier().iter().count(),
             "healthy": healthy, "damage": damage,
             "protected": ledger.is_protected(),
+            "member": !ledger.is_protected_elsewhere(),
             "fingerprint": ledger.fingerprint().map(|fingerprint| fingerprint.to_string()),
             "members": ledger.members().iter().filter(|(_, cut)| cut.is_none()).map(|(device, _)| device.to_string()).collect::<Vec<_>>(),
             "revoked": ledger.members().iter().filter_map(|(device, cut)| cut.map(|cut| json!({"device_id": device.to_string(), "from_record": cut}))).collect::<Vec<_>>(),
@@ -324,7 +325,10 @@ fn print_agents(report: &Value, wall_now_ms: u64) {
         ledger["kind"].as_str().unwrap_or_default(),
         plural(ledger["devices"].as_u64().unwrap_or_default(), "device")
     );
-    if ledger["protected"].as_bool() == Some(false) {
+    if ledger["member"].as_bool() == Some(false) {
+        // Found by an adversary: a host that is no member was told the ledger is not protected.
+        out!("protection:  a protected ledger's sealed records, and this host is no member: it reads and writes nothing (`fencepost device join FINGERPRINT`, then a member admits it)");
+    } else if ledger["protected"].as_bool() == Some(false) {
         out!("protection:  none: whoever can write the ledger can read its records and forge them (docs/security.md)");
     } else {
         out!(

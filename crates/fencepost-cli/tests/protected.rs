@@ -261,6 +261,13 @@ fn s2_forged_lines_foreign_logs_and_a_deleted_membership_never_run_twice_or_hide
     std::fs::remove_file(&membership[0]).unwrap();
     let downgraded = send(&shared, "phone", "wednesday");
     assert_eq!(code(&downgraded), 10, "S1: {}", text(&downgraded.stderr));
+    // Found by an adversary: `status` said the ledger was not protected.
+    let status = host(&shared, "phone", &["status"]);
+    assert!(
+        text(&status.stdout).contains("this host is no member"),
+        "S1: {}",
+        text(&status.stdout)
+    );
     // Nor does accepting the damage let it write in the clear into the protected ledger (found
     // by an adversarial test: it ran the occurrence again and wrote format-2 records).
     let phone_file = std::fs::read(device_file(&shared, "phone")).unwrap();

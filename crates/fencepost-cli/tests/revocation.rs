@@ -175,6 +175,12 @@ fn m2_a_revocation_from_the_past_puts_the_stolen_devices_commits_in_doubt() {
     for salt in ["monday", "tuesday"] {
         let again = send(&shared, "laptop", salt);
         assert_eq!(code(&again), 5, "M2: {salt}: {}", text(&again.stderr));
+        // Found by an adversary: it was said to be a run with no outcome recorded.
+        assert!(
+            text(&again.stderr).contains("was revoked from record 1 of its log on"),
+            "M2: {salt}: {}",
+            text(&again.stderr)
+        );
     }
     assert_eq!(shared.effects(), vec!["phone", "phone"]);
     // Found by an adversarial test: a device revoked before it wrote anything ran its command.

@@ -445,6 +445,11 @@ fn run_session(
         epoch: report.epoch.unwrap_or_default(),
         command: &command,
         signal: signals.pending(),
+        revoked: ledger
+            .members()
+            .into_iter()
+            .filter_map(|(device, cut)| Some((device.to_string(), cut?)))
+            .collect(),
     };
     ended.warn_release(release.as_ref());
     if let Some(stored) = stored {

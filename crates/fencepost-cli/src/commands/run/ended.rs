@@ -51,6 +51,8 @@ pub(super) struct Ended<'a> {
     pub(super) command: &'a CommandRun,
     /// The signal that stopped the run, if one did.
     pub(super) signal: Option<nix::sys::signal::Signal>,
+    /// The revoked devices of a protected ledger, each with its cut (the first record voided).
+    pub(super) revoked: std::collections::BTreeMap<String, u64>,
 }
 
 impl Ended<'_> {
@@ -163,6 +165,16 @@ It may have done its effect, or part of it, so it is in doubt: check, then recor
                 expires_at_ms,
                 last_error,
             } => self.held(holder, epoch, expires_at_ms, last_error, report),
+            Outcome::InDoubt { run } if self.revoked.contains_key(&*run.device_id) => {
+                // Found by an adversary: a revoked device's void commit was reported as a run
+                // its host had recorded no outcome of.
+                err!(
+                    "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {}, and was revoked from record {} of its log on: what it recorded from there (an outcome included) counts for nothing. \
+Check whether its effect happened, then rerun with --retry-in-doubt, or record it with `fencepost ledger resolve --agent {agent} --run {run_id} --as committed|failed`",
+                    run.device_id, run.epoch, self.revoked[&*run.device_id]
+                );
+                EXIT_IN_DOUBT
+            }
             Outcome::InDoubt { run } => {
                 err!(
                     "fencepost: {run_id} of {agent} is in doubt: {} started it at epoch {} and has recorded no outcome \

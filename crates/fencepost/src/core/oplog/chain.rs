@@ -81,7 +81,11 @@ pub enum LogError {
         op_id: OpId,
     },
     /// `prev` does not name the previous record.
-    #[error("device {device_id:?} seq {seq}: prev is {found:?}, but the previous record is {expected:?}")]
+    #[error(
+        "device {device_id:?} seq {seq}: it links to {}, but the record before it is {}",
+        link_text(found),
+        link_text(expected)
+    )]
     PrevMismatch {
         /// The device.
         device_id: String,
@@ -381,4 +385,9 @@ pub fn verify_log(ops: &[OpRecord]) -> Result<(), LogError> {
         head.accept(op)?;
     }
     Ok(())
+}
+
+/// A link as an error names it: the record's id, or "none" (before record 0).
+fn link_text(link: &Option<OpId>) -> String {
+    link.map_or_else(|| "none".to_owned(), |id| id.to_string())
 }
