@@ -16,6 +16,7 @@ use super::{Ledger, Seen};
 use crate::lease::{Intent, IntentStatus};
 use crate::ledger::LedgerError;
 use crate::oplog::Surface;
+use crate::protected::ProtectedMark;
 use crate::relay::ProblemKind;
 use crate::snapshot::Snapshot;
 
@@ -39,10 +40,11 @@ pub struct WentBackRepair {
 impl Ledger {
     /// Repairs a database that went back ([`ProblemKind::WentBack`]), when that is the only
     /// damage and this ledger was opened with a [snapshot](super::LedgerOptions::snapshot)
-    /// that still holds what this site had read: records in this device's log, as
-    /// `committed`, every run the snapshot holds committed that the database does not (and a
-    /// log record `log/fencepost.went-back` naming the devices and the problems, for audit),
-    /// and as `pending` every run the snapshot holds in doubt of which the database has no
+    /// that still holds what this site had read: records in this device's log (on a protected
+    /// ledger, first every membership change it had read that the database lost, so that a
+    /// revocation stays one), as `committed`, every run the snapshot holds committed that the
+    /// database does not (and a log record `log/fencepost.went-back` naming the devices and
+    /// the problems, for audit), and as `pending` every run the snapshot holds in doubt of which the database has no
     /// record, then makes the seen file remember of those devices what the database holds now and
     /// removes the snapshot (the next open makes it again). The damage is then gone.
     ///
@@ -71,7 +73,7 @@ impl Ledger {
             .filter_map(|problem| problem.device_id.clone())
             .collect();
         let problems: Vec<String> = damage.iter().map(ToString::to_string).collect();
-        let Some((mut commits, mut in_doubt)) = self.runs_read(&path) else {
+        let Some((mut commits, mut in_doubt, memberships)) = self.runs_read(&path) else {
             return Ok(None);
         };
         commits.retain(|(agent, run, _)| self.committed_run(agent, run).is_none());
@@ -87,9 +89,19 @@ impl Ledger {
             self.committed_run(agent, run).is_none()
                 && known.max(unsettled).is_none_or(|known| known < *epoch)
         });
+        // The membership changes it had read that the database lost (a revocation among them),
+        // written again as this device's: they count as its own (or as the recovery key's).
+        let view = &self.view;
+        let memberships = memberships
+            .map(|mark| mark.memberships_lost(|device, seq| view.id_at(device, seq)))
+            .unwrap_or_default();
+        // First: a rotation among them seals what follows.
+        if !memberships.is_empty() && self.protected.is_some() {
+            self.write_queued_and(&memberships)?;
+        }
         self.append_now(
             Surface::log("fencepost.went-back"),
-            serde_json::json!({"devices": devices, "problems": problems, "commits": commits.len(), "in_doubt": in_doubt.len()}),
+            serde_json::json!({"devices": devices, "problems": problems, "commits": commits.len(), "in_doubt": in_doubt.len(), "memberships": memberships.len()}),
         )?;
         for (agent, run, epoch) in &commits {
             self.record(&Intent::new(agent, run, *epoch, IntentStatus::Committed))?;
@@ -124,16 +136,19 @@ impl Ledger {
 
     /// Every run the snapshot at `path` holds committed (agent, run, epoch of the commit), and
     /// every one it holds in doubt (agent, run, the epoch of its greatest unsettled `pending`),
-    /// or `None` when it cannot be read.
-    fn runs_read(&self, path: &std::path::Path) -> Option<(Vec<Run>, Vec<Run>)> {
-        let (mut commits, mut in_doubt) = (Vec::new(), Vec::new());
+    /// and the protected reading it keeps (its membership records), or `None` when it cannot be
+    /// read.
+    fn runs_read(&self, path: &std::path::Path) -> Option<(Vec<Run>, Vec<Run>, Option<ProtectedMark>)> {
+        let (mut commits, mut in_doubt, mut protected) = (Vec::new(), Vec::new(), None);
         let read = Snapshot::open(path, self.device_id()).and_then(|snapshot| {
             snapshot.for_each_run(|agent, run, summary| {
                 if let Some(commit) = summary.committed() {
                     commits.push((agent.to_owned(), run.to_owned(), commit.epoch));
                 }
             })?;
-            for mark in snapshot.base()?.map(|base| base.attempts).unwrap_or_default() {
+            let base = snapshot.base()?;
+            protected = base.as_ref().and_then(|base| base.protected.clone());
+            for mark in base.map(|base| base.attempts).unwrap_or_default() {
                 if let Some(epoch) = mark.unsettled.iter().map(|doubt| doubt.epoch).max() {
                     in_doubt.push((mark.agent, mark.run, epoch));
                 }
@@ -141,7 +156,7 @@ impl Ledger {
             Ok(())
         });
         match read {
-            Ok(()) => Some((commits, in_doubt)),
+            Ok(()) => Some((commits, in_doubt, protected)),
             Err(error) => {
                 tracing::warn!(snapshot = %path.display(), %error, "this database went back, and the snapshot of what this site read cannot be read: not repairing it");
                 None

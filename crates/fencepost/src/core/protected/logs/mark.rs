@@ -38,6 +38,21 @@ pub struct ProtectedMark {
     names: Vec<(String, String)>,
 }
 
+impl ProtectedMark {
+    /// The membership records this mark read that `held` (the id a relay holds now at a device
+    /// and sequence number) no longer holds there: their bytes, in the order read. What a site
+    /// writes back into a database that went back (found by an adversary: a revocation the
+    /// database lost was lost for good, and the revoked device ran again).
+    pub(crate) fn memberships_lost(&self, held: impl Fn(&str, u64) -> Option<OpId>) -> Vec<Vec<u8>> {
+        self.memberships
+            .iter()
+            .zip(&self.membership_ids)
+            .filter(|((device, seq, _, _), id)| held(device, *seq) != Some(**id))
+            .filter_map(|((_, _, _, bytes), _)| decode(bytes).ok())
+            .collect()
+    }
+}
+
 impl ProtectedLogs {
     /// This reading as a snapshot keeps it; `None` while a record read is not settled (held
     /// for a head, missing, or settled past one that is not): the snapshot is not saved then.

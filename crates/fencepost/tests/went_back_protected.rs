@@ -1,0 +1,128 @@
+//! Rules R1 and M2 on a protected ledger in a database that went back (restored from an older
+//! copy): a site whose snapshot read more writes back what the database lost, the membership
+//! changes among it (a revocation lost for good let the revoked device run again).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fencepost::clock::ManualClock;
+use fencepost::id::DeviceId;
+use fencepost::identity::{DeviceKey, LedgerId};
+use fencepost::ledger::{Ledger, LedgerOptions, Protected};
+use fencepost::protected::Origin;
+use fencepost::relay::{ProblemKind, Relay, SqliteRelay};
+
+fn device_key(device: &str, secret: u8) -> Arc<DeviceKey> {
+    Arc::new(DeviceKey::from_secrets(
+        DeviceId::new(device).unwrap(),
+        [secret; 32],
+        [secret + 1; 32],
+    ))
+}
+
+fn relay(database: &Path) -> Arc<dyn Relay> {
+    Arc::new(SqliteRelay::open(database).unwrap())
+}
+
+/// `key`'s device's reading of the protected ledger `ledger` in `database`, with a snapshot and
+/// a seen file of its own in `dir`.
+fn member(
+    dir: &Path,
+    database: &Path,
+    key: &Arc<DeviceKey>,
+    ledger: LedgerId,
+    clock: &ManualClock,
+) -> Ledger {
+    let protected = Protected {
+        ledger,
+        device_key: Arc::clone(key),
+        origin: Origin::Identity(key.public()),
+        keys: Vec::new(),
+        members: Vec::new(),
+    };
+    let name = key.device().as_str();
+    let options = LedgerOptions::default()
+        .protected(protected)
+        .snapshot(dir.join(format!("{name}.snapshot")))
+        .seen_file(dir.join(format!("{name}.seen")));
+    Ledger::open_with(name, clock.wall_clock(), relay(database), options).unwrap()
+}
+
+/// Copies the SQLite file `from` (with its write-ahead log: a writer has it open) to `to`.
+fn copy_database(from: &Path, to: &Path) {
+    for suffix in ["", "-wal"] {
+        let (source, target) = (
+            format!("{}{suffix}", from.display()),
+            format!("{}{suffix}", to.display()),
+        );
+        let _ = std::fs::remove_file(&target);
+        if Path::new(&source).exists() {
+            std::fs::copy(&source, &target).unwrap();
+        }
+    }
+    let _ = std::fs::remove_file(format!("{}-shm", to.display()));
+}
+
+/// R1, M2, found by an adversary through the binary (PostgreSQL restored from a dump): the
+/// laptop revokes the phone, the tablet reads the revocation, then the database goes back to a
+/// copy made before it. The tablet's repair writes the revocation and its rotation back, as its
+/// own records: every reader finds the phone revoked again, where it once ran on as a member.
+#[test]
+fn r1_m2_a_revocation_a_database_lost_is_written_back_by_a_site_that_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("ledger.db");
+    let clock = ManualClock::new(1_764_400_000_000);
+    let (laptop, phone, tablet) = (
+        device_key("laptop", 1),
+        device_key("phone", 11),
+        device_key("tablet", 21),
+    );
+    let (mut founder, founded) = Ledger::found(
+        Arc::clone(&laptop),
+        clock.wall_clock(),
+        relay(&database),
+        LedgerOptions::default(),
+    )
+    .unwrap();
+    founder.admit(phone.device(), &phone.public()).unwrap();
+    founder.admit(tablet.device(), &tablet.public()).unwrap();
+    let ledger = founded.genesis.ledger_id();
+    drop(member(dir.path(), &database, &tablet, ledger, &clock));
+    let copy = dir.path().join("ledger.copy");
+    copy_database(&database, &copy);
+
+    founder.revoke(phone.device(), None).unwrap();
+    drop(founder);
+    let on_tablet = member(dir.path(), &database, &tablet, ledger, &clock);
+    assert!(on_tablet
+        .members()
+        .iter()
+        .any(|(device, cut)| device == phone.device() && cut.is_some()));
+    drop(on_tablet);
+    copy_database(&copy, &database);
+
+    let mut on_tablet = member(dir.path(), &database, &tablet, ledger, &clock);
+    assert!(
+        on_tablet
+            .damage()
+            .iter()
+            .all(|problem| problem.kind == ProblemKind::WentBack)
+            && !on_tablet.damage().is_empty(),
+        "{:?}",
+        on_tablet.damage()
+    );
+    on_tablet.repair_went_back().unwrap().expect("repaired");
+    assert!(on_tablet.damage().is_empty(), "{:?}", on_tablet.damage());
+    drop(on_tablet);
+
+    let fresh = tempfile::tempdir().unwrap();
+    let on_phone = member(fresh.path(), &database, &phone, ledger, &clock);
+    assert!(
+        on_phone
+            .members()
+            .iter()
+            .any(|(device, cut)| device == phone.device() && cut.is_some()),
+        "M2: the phone is revoked again: {:?}",
+        on_phone.members()
+    );
+}
