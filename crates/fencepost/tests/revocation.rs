@@ -677,3 +677,35 @@ fn m2_a_member_admitted_after_a_voided_rotation_reads_what_was_sealed_with_it() 
     let fields: serde_json::Value = serde_json::from_str(last.lines().last().unwrap()).unwrap();
     assert_eq!(fields[4], 3, "M2: the desk seals with generation 3, never with 2");
 }
+
+/// M2, found by an adversary through the binary (a database restored from a copy): a device
+/// revoked from the end of its log as read, whose log then lost its last records, once wrote
+/// on below its cut, and those records counted. A device revoked at all writes nothing.
+#[test]
+fn m2_a_revoked_device_whose_log_lost_records_writes_nothing() {
+    let phone = device_key("phone", 11);
+    let (members, mut founder) = Members::found(&[&phone]);
+    let mut on_phone = members.open(&phone);
+    run(&mut on_phone, "one", 3);
+    drop(on_phone);
+    founder.sync().unwrap();
+    let revoked = founder.revoke(phone.device(), None).unwrap();
+    assert_eq!(revoked.cut, 4);
+    // The phone's file loses its last two records (a restore, a relay's writer).
+    let name = fencepost::relay::device_file_name("phone");
+    let path = members.folder.path().join("devices").join(name);
+    let kept: String = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .take(2)
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(&path, kept).unwrap();
+
+    let mut on_phone = members.open(&phone);
+    let refused = on_phone.record(&Intent::new("milo", "below-the-cut", 5, IntentStatus::Pending));
+    assert!(
+        matches!(refused, Err(LedgerError::Revoked { cut: 4, .. })),
+        "M2: {refused:?}"
+    );
+}

@@ -87,6 +87,11 @@ fn s2_a_device_never_signs_a_record_it_did_not_write_into_its_log() {
         forged,
         "S2: nothing was appended after it"
     );
+    assert!(
+        on_phone.pushed().next_seq("phone") <= forged.seq,
+        "S2: what a holder would publish names no record the phone did not sign (found by an
+         adversary: the refused record was published, and the next holder waited on it)"
+    );
     founder.sync().unwrap();
     assert!(
         founder

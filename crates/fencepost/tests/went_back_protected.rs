@@ -8,7 +8,8 @@ use std::sync::Arc;
 use fencepost::clock::ManualClock;
 use fencepost::id::DeviceId;
 use fencepost::identity::{DeviceKey, LedgerId};
-use fencepost::ledger::{Ledger, LedgerOptions, Protected};
+use fencepost::lease::{Intent, IntentStatus};
+use fencepost::ledger::{Ledger, LedgerError, LedgerOptions, Protected};
 use fencepost::protected::Origin;
 use fencepost::relay::{ProblemKind, Relay, SqliteRelay};
 
@@ -63,12 +64,15 @@ fn copy_database(from: &Path, to: &Path) {
     let _ = std::fs::remove_file(format!("{}-shm", to.display()));
 }
 
-/// R1, M2, found by an adversary through the binary (PostgreSQL restored from a dump): the
-/// laptop revokes the phone, the tablet reads the revocation, then the database goes back to a
-/// copy made before it. The tablet's repair writes the revocation and its rotation back, as its
-/// own records: every reader finds the phone revoked again, where it once ran on as a member.
+/// R1, M2, found by adversaries through the binary (PostgreSQL restored from a dump, a SQLite
+/// file put back): the laptop revokes the phone, the tablet reads the revocation, then the
+/// database goes back to a copy made before it. The tablet's repair does not write the
+/// laptop's revocation back as its own (a change counts by its author: a thief's revocation
+/// written back by a repairer once revoked an honest member); the laptop's repair writes its
+/// own back: every reader finds the phone revoked again, where it once ran on as a member, and
+/// the phone refuses to run once it has read it.
 #[test]
-fn r1_m2_a_revocation_a_database_lost_is_written_back_by_a_site_that_read_it() {
+fn r1_m2_a_revocation_a_database_lost_is_written_back_by_its_author() {
     let dir = tempfile::tempdir().unwrap();
     let database = dir.path().join("ledger.db");
     let clock = ManualClock::new(1_764_400_000_000);
@@ -77,11 +81,16 @@ fn r1_m2_a_revocation_a_database_lost_is_written_back_by_a_site_that_read_it() {
         device_key("phone", 11),
         device_key("tablet", 21),
     );
+    let laptop_options = || {
+        LedgerOptions::default()
+            .snapshot(dir.path().join("laptop.snapshot"))
+            .seen_file(dir.path().join("laptop.seen"))
+    };
     let (mut founder, founded) = Ledger::found(
         Arc::clone(&laptop),
         clock.wall_clock(),
         relay(&database),
-        LedgerOptions::default(),
+        laptop_options(),
     )
     .unwrap();
     founder.admit(phone.device(), &phone.public()).unwrap();
@@ -94,10 +103,7 @@ fn r1_m2_a_revocation_a_database_lost_is_written_back_by_a_site_that_read_it() {
     founder.revoke(phone.device(), None).unwrap();
     drop(founder);
     let on_tablet = member(dir.path(), &database, &tablet, ledger, &clock);
-    assert!(on_tablet
-        .members()
-        .iter()
-        .any(|(device, cut)| device == phone.device() && cut.is_some()));
+    assert!(revoked(&on_tablet, &phone));
     drop(on_tablet);
     copy_database(&copy, &database);
 
@@ -114,15 +120,41 @@ fn r1_m2_a_revocation_a_database_lost_is_written_back_by_a_site_that_read_it() {
     on_tablet.repair_went_back().unwrap().expect("repaired");
     assert!(on_tablet.damage().is_empty(), "{:?}", on_tablet.damage());
     drop(on_tablet);
-
     let fresh = tempfile::tempdir().unwrap();
-    let on_phone = member(fresh.path(), &database, &phone, ledger, &clock);
     assert!(
-        on_phone
-            .members()
-            .iter()
-            .any(|(device, cut)| device == phone.device() && cut.is_some()),
+        !revoked(&member(fresh.path(), &database, &phone, ledger, &clock), &phone),
+        "M2: the tablet wrote no change of the laptop's as its own"
+    );
+
+    let protected = Protected {
+        ledger,
+        device_key: Arc::clone(&laptop),
+        origin: Origin::Genesis(founded.genesis.clone()),
+        keys: Vec::new(),
+        members: Vec::new(),
+    };
+    let options = laptop_options().protected(protected);
+    let mut founder = Ledger::open_with("laptop", clock.wall_clock(), relay(&database), options).unwrap();
+    founder.repair_went_back().unwrap().expect("repaired");
+    drop(founder);
+    let fresh = tempfile::tempdir().unwrap();
+    let mut on_phone = member(fresh.path(), &database, &phone, ledger, &clock);
+    assert!(
+        revoked(&on_phone, &phone),
         "M2: the phone is revoked again: {:?}",
         on_phone.members()
     );
+    let refused = on_phone.record(&Intent::new("milo", "after", 5, IntentStatus::Pending));
+    assert!(
+        matches!(refused, Err(LedgerError::Revoked { .. })),
+        "M2: {refused:?}"
+    );
+}
+
+/// Whether `reader` reads `device` as revoked.
+fn revoked(reader: &Ledger, device: &DeviceKey) -> bool {
+    reader
+        .members()
+        .iter()
+        .any(|(member, cut)| member == device.device() && cut.is_some())
 }

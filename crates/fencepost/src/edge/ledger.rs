@@ -459,14 +459,18 @@ impl Ledger {
         // that this ledger has read since it opened: the log continues after them, so that the
         // relay need not hand them over again (found by a flaky test: a file pruned since no
         // longer held them, and the append was refused as damage).
-        if let Some(head) = self.view.heads.get(self.log.device_id()) {
-            if head.next_seq() > self.log.head().next_seq() {
-                self.log =
-                    DeviceLog::continue_after(self.wall_clock.clone(), HlcConfig::default(), head.clone());
-            }
-        }
+        // Taken only once the append succeeds: a refused one (records of this device it did
+        // not sign, found by an adversary) publishes nothing of them as this device's.
+        let continued = self
+            .view
+            .heads
+            .get(self.log.device_id())
+            .filter(|head| head.next_seq() > self.log.head().next_seq())
+            .map(|head| {
+                DeviceLog::continue_after(self.wall_clock.clone(), HlcConfig::default(), head.clone())
+            });
         let mut draft: Option<DeviceLog> = None;
-        let (log, unsent) = (&self.log, &self.unsent);
+        let (log, unsent) = (continued.as_ref().unwrap_or(&self.log), &self.unsent);
         let (protected, logs) = (self.protected.as_deref(), self.view.protected.as_ref());
         let stopwatch = crate::clock::Stopwatch::start();
         let appended = self.relay.append(
@@ -506,7 +510,7 @@ impl Ledger {
             stopwatch.elapsed(),
             appended.appended.len(),
         );
-        if let Some(next) = draft {
+        if let Some(next) = draft.or(continued) {
             self.log = next;
         }
         self.unsent.clear();
@@ -683,8 +687,17 @@ impl Ledger {
             .map(crate::protected::ProtectedLogs::membership_frontier)
             .unwrap_or_default();
         let head = self.log.head();
-        if head.next_seq() > 0 {
-            frontier.raise_to(self.device_id(), head.next_seq(), head.last_op_id());
+        let own = match &self.view.protected {
+            // Only its records a head of its key covers (found by an adversary: a record a
+            // writer of the ledger put into its log was published as its own).
+            Some(logs) => logs
+                .settled()
+                .find(|(device, _, _)| *device == self.device_id())
+                .map(|(_, next, last)| (next, Some(last))),
+            None => Some((head.next_seq(), head.last_op_id())),
+        };
+        if let Some((next_seq, last)) = own.filter(|(next_seq, _)| *next_seq > 0) {
+            frontier.raise_to(self.device_id(), next_seq, last);
         }
         frontier
     }

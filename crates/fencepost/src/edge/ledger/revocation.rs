@@ -249,7 +249,9 @@ impl Ledger {
         let roster = logs.protection().roster();
         let device = self.device().as_str();
         let next = self.log.head().next_seq();
-        if roster.standing(device, KeyId(key.0), next) == Standing::Void {
+        // Revoked at all, whatever its next record's place: found by an adversary, a device
+        // whose log a restore cut below its cut wrote on, and those records counted.
+        if roster.cut(device).is_some() || roster.standing(device, KeyId(key.0), next) == Standing::Void {
             return Err(LedgerError::Revoked {
                 device: device.to_owned(),
                 cut: roster.cut(device).unwrap_or(0),

@@ -89,11 +89,8 @@ impl Ledger {
             self.committed_run(agent, run).is_none()
                 && known.max(unsettled).is_none_or(|known| known < *epoch)
         });
-        // The membership changes it had read that the database lost (a revocation among them),
-        // written again as this device's: they count as its own (or as the recovery key's).
-        let view = &self.view;
         let memberships = memberships
-            .map(|mark| mark.memberships_lost(|device, seq| view.id_at(device, seq)))
+            .map(|mark| self.memberships_to_write_back(&mark))
             .unwrap_or_default();
         // First: a rotation among them seals what follows.
         if !memberships.is_empty() && self.protected.is_some() {
@@ -162,6 +159,35 @@ impl Ledger {
                 None
             }
         }
+    }
+
+    /// The membership changes `mark` read that the database lost and that this device writes
+    /// back with the authority they had: its own, and the recovery key's (which count wherever
+    /// they sit). Another member's change written as this device's would count as this
+    /// device's (found by an adversary: a thief's revocation of a member, voided by a recovery
+    /// cut, was written back as the repairer's and revoked that member). A revocation of its
+    /// own cuts at most where the revoked device's log ends now: records it writes after the
+    /// restore, below the cut it had, must not count (found by the same adversary).
+    fn memberships_to_write_back(&self, mark: &ProtectedMark) -> Vec<Vec<u8>> {
+        use crate::membership::{Membership, MembershipRecord};
+        let own = self.device_id();
+        let view = &self.view;
+        mark.memberships_lost(|device, seq| view.id_at(device, seq))
+            .into_iter()
+            .filter_map(|(author, bytes)| {
+                let mut record = MembershipRecord::from_bytes(&bytes).ok()?;
+                if record.by_recovery.is_some() {
+                    return Some(bytes);
+                }
+                if author != own {
+                    return None;
+                }
+                if let Membership::Revoke { device, cut } = &mut record.change {
+                    *cut = (*cut).min(view.frontier.next_seq(device.as_str()));
+                }
+                Some(record.to_bytes())
+            })
+            .collect()
     }
 
     /// What the view holds of `device` as the seen file remembers it (none: no record).

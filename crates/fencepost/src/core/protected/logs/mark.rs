@@ -40,15 +40,18 @@ pub struct ProtectedMark {
 
 impl ProtectedMark {
     /// The membership records this mark read that `held` (the id a relay holds now at a device
-    /// and sequence number) no longer holds there: their bytes, in the order read. What a site
+    /// and sequence number) no longer holds there: their author and bytes, in the order read. What a site
     /// writes back into a database that went back (found by an adversary: a revocation the
     /// database lost was lost for good, and the revoked device ran again).
-    pub(crate) fn memberships_lost(&self, held: impl Fn(&str, u64) -> Option<OpId>) -> Vec<Vec<u8>> {
+    pub(crate) fn memberships_lost(
+        &self,
+        held: impl Fn(&str, u64) -> Option<OpId>,
+    ) -> Vec<(String, Vec<u8>)> {
         self.memberships
             .iter()
             .zip(&self.membership_ids)
             .filter(|((device, seq, _, _), id)| held(device, *seq) != Some(**id))
-            .filter_map(|((_, _, _, bytes), _)| decode(bytes).ok())
+            .filter_map(|((device, _, _, bytes), _)| Some((device.clone(), decode(bytes).ok()?)))
             .collect()
     }
 }
