@@ -87,6 +87,13 @@ impl Members {
         open(self.folder.path(), key, origin, self.ledger)
     }
 
+    /// The generation `device`'s last record is sealed with (field 4 of its line).
+    pub fn last_generation(&self, device: &str) -> serde_json::Value {
+        let file = self.file(device);
+        let fields: serde_json::Value = serde_json::from_str(file.lines().last().unwrap()).unwrap();
+        fields[4].clone()
+    }
+
     pub fn file(&self, device: &str) -> String {
         let name = fencepost::relay::device_file_name(device);
         std::fs::read_to_string(self.folder.path().join("devices").join(name)).unwrap()

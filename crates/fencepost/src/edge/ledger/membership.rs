@@ -161,12 +161,7 @@ impl Ledger {
             )));
         }
         let ledger = *ledger.protection().ledger();
-        let mut wraps = Vec::new();
-        for key in &generations {
-            let wrapped = crate::wrap::wrap(key.bytes(), &ledger, key.generation(), device, identity)
-                .map_err(|error| unsealable(device, error.to_string()))?;
-            wraps.push((key.generation(), wrapped));
-        }
+        let wraps = wrap_each(&generations, &ledger, device, identity)?;
         let change = Membership::Admit {
             device: device.clone(),
             key: identity_key(device, identity),
@@ -178,20 +173,11 @@ impl Ledger {
         // members sealed with before the revocation): the new member reads those records too.
         let open_only = self.open_only(&generations);
         if !open_only.is_empty() {
-            let mut wraps = Vec::new();
-            for key in &open_only {
-                let wrapped = crate::wrap::wrap(key.bytes(), &ledger, key.generation(), device, identity)
-                    .map_err(|error| unsealable(device, error.to_string()))?;
-                wraps.push((key.generation(), wrapped));
-            }
             let change = Membership::Open {
                 device: device.clone(),
-                wraps,
+                wraps: wrap_each(&open_only, &ledger, device, identity)?,
             };
             records.push(self.membership_record(change, recovery)?.to_bytes());
-        }
-        if self.protected.is_none() {
-            return Err(LedgerError::NotProtected);
         }
         let stored = self.write_queued_and(&records)?;
         stored
@@ -330,4 +316,20 @@ impl Ledger {
     pub fn fingerprint(&self) -> Option<Fingerprint> {
         self.genesis().map(Genesis::fingerprint)
     }
+}
+
+/// Each of `keys` wrapped to `device` (`identity`) for `ledger`, with its generation.
+fn wrap_each(
+    keys: &[LedgerKey],
+    ledger: &crate::identity::LedgerId,
+    device: &DeviceId,
+    identity: &PublicIdentity,
+) -> Result<Vec<(u32, crate::wrap::Wrapped)>, LedgerError> {
+    keys.iter()
+        .map(|key| {
+            crate::wrap::wrap(key.bytes(), ledger, key.generation(), device, identity)
+                .map(|wrapped| (key.generation(), wrapped))
+                .map_err(|error| unsealable(device, error.to_string()))
+        })
+        .collect()
 }
