@@ -314,3 +314,78 @@ fn m3_a_recovery_cut_before_a_revocation_never_runs_an_occurrence_twice() {
     assert_eq!(code(&send(&shared, "laptop", "monday")), 10);
     assert_eq!(shared.effects(), vec!["phone"], "M3: it ran once");
 }
+
+/// The devices named in the clear by the last membership record of `device`'s file (a
+/// rotation names each device it wraps the new generation to), and the generation of its last
+/// record.
+fn last_rotation(shared: &Shared, device: &str) -> (String, serde_json::Value) {
+    use base64::Engine;
+    let file = std::fs::read_to_string(
+        shared
+            .path("ledger")
+            .join("devices")
+            .join(device_file_name(device)),
+    )
+    .unwrap();
+    let lines: Vec<serde_json::Value> = file
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let clear = lines
+        .iter()
+        .rev()
+        .find(|fields| fields[4] == 0 && fields[2] != 0)
+        .map(|fields| fields[5].as_str().unwrap().to_owned())
+        .unwrap();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(clear)
+        .unwrap();
+    (
+        String::from_utf8_lossy(&bytes).into_owned(),
+        lines.last().unwrap()[4].clone(),
+    )
+}
+
+/// M2 through the binary (found by a cryptography review, confirmed by an adversary): the
+/// laptop revokes the phone while the tablet, whose copy of the folder lacks that revocation,
+/// revokes the watch; each wraps its new generation to the device the other revoked. The
+/// laptop's next run writes a third generation, wrapped to neither, and seals with it; the
+/// tablet reads it (the run is committed there, never run again).
+#[test]
+fn m2_two_revocations_at_once_through_the_binary_end_in_a_generation_neither_holds() {
+    let shared = Shared::sqlite();
+    founded_with(&shared, &["phone", "tablet", "watch"]);
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+    let laptop_file = shared
+        .path("ledger")
+        .join("devices")
+        .join(device_file_name("laptop"));
+    let lagging = std::fs::read(&laptop_file).unwrap();
+    let revoke = host(&shared, "laptop", &["device", "revoke", "phone"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    let revoked = std::fs::read(&laptop_file).unwrap();
+    std::fs::write(&laptop_file, &lagging).unwrap();
+    let revoke = host(&shared, "tablet", &["device", "revoke", "watch"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    std::fs::write(&laptop_file, &revoked).unwrap();
+    let (named, _) = last_rotation(&shared, "laptop");
+    assert!(
+        named.contains("watch"),
+        "the laptop had not read the watch's revocation"
+    );
+
+    let run = send(&shared, "laptop", "tuesday");
+    assert_eq!(code(&run), 0, "{}", text(&run.stderr));
+    let (named, generation) = last_rotation(&shared, "laptop");
+    assert_eq!(generation, 3, "M2: sealed with a third generation");
+    for gone in ["phone", "watch"] {
+        assert!(!named.contains(gone), "M2: the third generation went to {gone}");
+    }
+    assert!(named.contains("tablet"), "M2: it went to the tablet");
+    assert_eq!(
+        code(&send(&shared, "tablet", "tuesday")),
+        3,
+        "M2: the tablet reads it"
+    );
+    assert_eq!(shared.effects(), vec!["laptop", "laptop"]);
+}

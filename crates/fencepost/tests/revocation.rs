@@ -306,6 +306,22 @@ fn m2_a_cut_before_a_rotation_keeps_what_members_sealed_with_it() {
     );
 }
 
+/// A copy of the ledger folder that holds only the laptop's log as it is now, and `key`'s
+/// device reading it: a host whose synced folder lags.
+fn lagging_copy(members: &Members, key: &Arc<DeviceKey>) -> (tempfile::TempDir, Ledger) {
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(copy.path().join("devices")).unwrap();
+    copy_file(members.folder.path(), copy.path(), "laptop");
+    let reading = open(copy.path(), key, Origin::Identity(key.public()), members.ledger);
+    (copy, reading)
+}
+
+/// Copies `device`'s file from the ledger folder `from` into `to`.
+fn copy_file(from: &std::path::Path, to: &std::path::Path, device: &str) {
+    let name = fencepost::relay::device_file_name(device);
+    std::fs::copy(from.join("devices").join(&name), to.join("devices").join(&name)).unwrap();
+}
+
 /// M2 (found by an adversarial test): two members revoke one device at once (each side of a
 /// lagging sync): two rotations make two keys of generation 2. Every member holds both, and what
 /// each sealed counts everywhere once the sync brings the files together.
@@ -314,20 +330,7 @@ fn m2_two_rotations_to_one_generation_both_open() {
     let phone = device_key("phone", 11);
     let tablet = device_key("tablet", 21);
     let (members, mut founder) = Members::found(&[&phone, &tablet]);
-    let copy = tempfile::tempdir().unwrap();
-    let devices = copy.path().join("devices");
-    std::fs::create_dir_all(&devices).unwrap();
-    let copy_file = |from: &std::path::Path, to: &std::path::Path, device: &str| {
-        let name = fencepost::relay::device_file_name(device);
-        std::fs::copy(from.join("devices").join(&name), to.join("devices").join(&name)).unwrap();
-    };
-    copy_file(members.folder.path(), copy.path(), "laptop");
-    let mut on_tablet = open(
-        copy.path(),
-        &tablet,
-        Origin::Identity(tablet.public()),
-        members.ledger,
-    );
+    let (copy, mut on_tablet) = lagging_copy(&members, &tablet);
     assert_eq!(on_tablet.revoke(phone.device(), None).unwrap().generation, 2);
     run(&mut on_tablet, "by-the-tablet", 3);
     assert_eq!(founder.revoke(phone.device(), None).unwrap().generation, 2);
@@ -712,4 +715,58 @@ fn m2_a_revoked_device_whose_log_lost_records_writes_nothing() {
         matches!(refused, Err(LedgerError::Revoked { cut: 4, .. })),
         "M2: {refused:?}"
     );
+}
+
+/// M2 (found by a cryptography review, and confirmed by an adversary through the binary): the
+/// laptop revokes the phone while the tablet, whose copy of the folder lags, revokes the watch.
+/// Each wrapped its new generation to the device the other revoked; once a member has read
+/// both, it writes a new generation, wrapped to the members that remain, before it seals
+/// anything more: neither revoked device opens what it writes next, the members do.
+#[test]
+fn m2_two_revocations_at_once_leave_no_revoked_device_a_key_sealed_with() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let watch = device_key("watch", 31);
+    let (members, mut founder) = Members::found(&[&phone, &tablet, &watch]);
+    let (copy, mut on_tablet) = lagging_copy(&members, &tablet);
+    assert_eq!(on_tablet.revoke(watch.device(), None).unwrap().generation, 2);
+    let revoked = founder.revoke(phone.device(), None).unwrap();
+    assert_eq!(revoked.generation, 2);
+    assert!(
+        revoked.members.contains(watch.device()),
+        "the laptop has not read the watch's revocation"
+    );
+    copy_file(copy.path(), members.folder.path(), "tablet");
+    drop(on_tablet);
+
+    founder.sync().unwrap();
+    run(&mut founder, "after-both", 5);
+    assert_eq!(
+        members.last_generation("laptop"),
+        3,
+        "M2: a new generation before sealing: {}",
+        members.file("laptop")
+    );
+    for revoked in [&phone, &watch] {
+        let mut reading = members.open(revoked);
+        assert!(
+            reading.committed_run("milo", "after-both").is_none(),
+            "M2: {} opened what was sealed after its revocation",
+            revoked.device()
+        );
+    }
+    let mut on_tablet = members.open(&tablet);
+    assert!(
+        on_tablet.committed_run("milo", "after-both").is_some(),
+        "M2: {:?}",
+        on_tablet.not_counted()
+    );
+    run(&mut on_tablet, "by-the-tablet", 6);
+    assert_eq!(
+        members.last_generation("tablet"),
+        3,
+        "M2: one new generation is enough"
+    );
+    assert!(founder.sync().is_ok());
+    assert!(founder.committed_run("milo", "by-the-tablet").is_some());
 }

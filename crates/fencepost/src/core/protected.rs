@@ -30,8 +30,10 @@ use crate::core::roster::{KeyId, Roster, Standing};
 use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, OpenError, SealedContent, CLEAR_GENERATION};
 
+mod evidence;
 mod logs;
 
+pub use evidence::{Equivocation, SignedHead};
 pub use logs::{OpenMany, ProtectedLogs, ProtectedMark, Released};
 
 /// What content in the clear starts with: a device's identity (record 0 of its log).
@@ -334,6 +336,8 @@ pub struct LogReader {
     covered: u64,
     /// How many heads' signatures were checked.
     heads_verified: u64,
+    /// The newest head verified: the record that carries it.
+    last_head: Option<SignedHead>,
 }
 
 impl LogReader {
@@ -345,6 +349,7 @@ impl LogReader {
             held: Vec::new(),
             covered: 0,
             heads_verified: 0,
+            last_head: None,
         }
     }
 
@@ -357,6 +362,7 @@ impl LogReader {
             held: Vec::new(),
             covered,
             heads_verified: 0,
+            last_head: None,
         }
     }
 
@@ -364,6 +370,11 @@ impl LogReader {
     /// whose last head is valid, however many heads the records carry.
     pub fn heads_verified(&self) -> u64 {
         self.heads_verified
+    }
+
+    /// The newest head this reader verified (the last record it covers carries it).
+    pub fn last_head(&self) -> Option<&SignedHead> {
+        self.last_head.as_ref()
     }
 
     /// Record 0's id and what it says, once read; an error when it names no key.
@@ -414,6 +425,7 @@ impl LogReader {
             self.held.append(&mut ops);
             return Vec::new();
         };
+        self.last_head = SignedHead::of(&ops[last]);
         let rest = ops.split_off(last + 1);
         let mut covered = std::mem::replace(&mut self.held, rest);
         covered.append(&mut ops);

@@ -470,6 +470,16 @@ impl Ledger {
             .map(|head| {
                 DeviceLog::continue_after(self.wall_clock.clone(), HlcConfig::default(), head.clone())
             });
+        // A membership change brings its own generation, if any; else a rotation first when
+        // the newest generation went to a device revoked since (rule M2).
+        let rotation = if clear.is_empty() {
+            self.rotation_due()?
+        } else {
+            None
+        };
+        let rotated: Vec<Vec<u8>> = rotation.iter().map(|(_, bytes)| bytes.clone()).collect();
+        let clear = if rotation.is_some() { &rotated[..] } else { clear };
+        let rotated_key = rotation.as_ref().map(|(key, _)| key);
         let mut draft: Option<DeviceLog> = None;
         let (log, unsent) = (continued.as_ref().unwrap_or(&self.log), &self.unsent);
         let (protected, logs) = (self.protected.as_deref(), self.view.protected.as_ref());
@@ -493,7 +503,7 @@ impl Ledger {
                         if let Some(origin) = &origin {
                             protected.vouch_for(logs, tail, next.head().next_seq(), origin)?;
                         }
-                        let key = logs.and_then(|logs| logs.protection().newest_key());
+                        let key = rotated_key.or_else(|| logs.and_then(|logs| logs.protection().newest_key()));
                         protected.make(&mut next, origin, key, logs, unsent, clear)?
                     }
                     None => unsent
@@ -611,7 +621,18 @@ impl Ledger {
             }
             if let Some(head) = self.view.heads.get(device) {
                 if let (true, Some(last_op_id)) = (head.next_seq() == next_seq, head.last_op_id()) {
-                    marks.insert(device.to_owned(), Seen { next_seq, last_op_id });
+                    let mut mark = Seen {
+                        next_seq,
+                        last_op_id,
+                        head: None,
+                    };
+                    let signed = self
+                        .view
+                        .protected
+                        .as_ref()
+                        .and_then(|logs| logs.last_head(device));
+                    mark.head = signed.and_then(|(origin, head)| mark.head_of(origin, head));
+                    marks.insert(device.to_owned(), mark);
                 }
             }
         }
@@ -653,25 +674,38 @@ impl Ledger {
             }
         }
         for op in verified {
-            if let Some(mark) = self
+            let Some(mark) = self
                 .seen
                 .as_ref()
                 .and_then(|seen| seen.devices.get(&*op.device_id))
-            {
-                if op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id {
-                    let (kind, cause) = self.replaced_cause();
-                    self.replaced.push(RelayProblem {
-                        kind,
-                        device_id: Some(op.device_id.to_string()),
-                        file: None,
-                        line_number: Some(op.seq + 1),
-                        detail: format!(
-                            "record {} is {}, but this site saw {} there: {cause}",
-                            op.seq, op.op_id, mark.last_op_id
-                        ),
-                    });
-                }
-            }
+                .filter(|mark| op.seq + 1 == mark.next_seq && op.op_id != mark.last_op_id)
+                .cloned()
+            else {
+                continue;
+            };
+            let (kind, cause) = self.replaced_cause();
+            let detail = match self.keep_equivocation(&mark, &op, ops) {
+                Some(evidence) => format!(
+                    "record {} is {}, but this site saw {} there, and the device's key signed both: \
+                     it wrote two logs (a cloned data directory, or a host that wrote on after its \
+                     log went back); neither is folded, and the evidence is in {}",
+                    op.seq,
+                    op.op_id,
+                    mark.last_op_id,
+                    evidence.display()
+                ),
+                None => format!(
+                    "record {} is {}, but this site saw {} there: {cause}",
+                    op.seq, op.op_id, mark.last_op_id
+                ),
+            };
+            self.replaced.push(RelayProblem {
+                kind,
+                device_id: Some(op.device_id.to_string()),
+                file: None,
+                line_number: Some(op.seq + 1),
+                detail,
+            });
         }
     }
 

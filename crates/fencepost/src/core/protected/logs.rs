@@ -172,6 +172,15 @@ impl ProtectedLogs {
         self.stale
     }
 
+    /// The newest head verified in `device`'s log, and the id of its record 0.
+    pub fn last_head(&self, device: &str) -> Option<(OpId, &super::SignedHead)> {
+        let reader = self.readers.get(device)?;
+        let Some(Ok((origin, _))) = reader.origin() else {
+            return None;
+        };
+        Some((*origin, reader.last_head()?))
+    }
+
     /// What record 0 of `device`'s log says, once read.
     pub fn origin_of(&self, device: &str) -> Option<&Result<(OpId, Origin), String>> {
         self.readers.get(device).and_then(LogReader::origin)
@@ -417,6 +426,31 @@ impl ProtectedLogs {
         // never with one that only a revoked device's change gave (its author may know it).
         let sealing = self.counting_keys().into_iter().max_by_key(LedgerKey::generation);
         self.protection.seal_with(sealing);
+    }
+
+    /// Whether the newest generation this device seals with was wrapped, by a change that
+    /// counts, to a device revoked since (rule M2): two members that revoke two devices at once
+    /// each wrap their new generation to the device the other revokes (found by a
+    /// cryptography review, and confirmed by an adversary through the binary). A writer then
+    /// writes a new generation, wrapped to the members, before it seals anything more.
+    pub fn rotation_due(&self) -> bool {
+        let Some(newest) = self.protection.newest_key().map(LedgerKey::generation) else {
+            return false;
+        };
+        let roster = self.protection.roster();
+        let revoked = |device: &crate::id::DeviceId| roster.cut(device.as_str()).is_some();
+        self.memberships
+            .iter()
+            .filter(|read| self.counts(read))
+            .any(|read| match &read.record.change {
+                Membership::Rotate { generation, wraps } => {
+                    *generation == newest && wraps.iter().any(|(device, _)| revoked(device))
+                }
+                Membership::Admit { device, wraps, .. } | Membership::Open { device, wraps } => {
+                    revoked(device) && wraps.iter().any(|(generation, _)| *generation == newest)
+                }
+                Membership::Revoke { .. } => false,
+            })
     }
 
     /// The generations of the ledger key given by the caller or by a membership change that

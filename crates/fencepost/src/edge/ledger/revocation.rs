@@ -107,13 +107,6 @@ impl Ledger {
                 "{device} is revoked from record {already} on already"
             )));
         }
-        let Some(generation) = newest
-            .and_then(|newest| newest.checked_add(1))
-            .and_then(NonZeroU32::new)
-        else {
-            return Err(refused("the ledger key has no generation left"));
-        };
-        let genesis = logs.genesis().ok_or(LedgerError::NotProtected)?;
         // Where the revocation lands: after record 0 when this device's log is empty.
         let position = Position {
             device: self.device().clone(),
@@ -135,6 +128,43 @@ impl Ledger {
             None => MembershipChange::by_member(position, log_key, change),
         };
         let members = logs.current_members(Some(extra));
+        let revoke = self.membership_record(
+            Membership::Revoke {
+                device: device.clone(),
+                cut,
+            },
+            recovery,
+        )?;
+        let (key, rotate) = self.rotation(newest, &members, recovery)?;
+        let mut records = vec![revoke.to_bytes(), rotate.to_bytes()];
+        for given in self.lacking_wraps(&members, &held, recovery)? {
+            records.push(given.to_bytes());
+        }
+        self.write_queued_and(&records)?;
+        Ok(Revoked {
+            device: device.clone(),
+            cut,
+            generation: key.generation(),
+            members: members.into_iter().map(|(member, _, _)| member).collect(),
+        })
+    }
+
+    /// A new generation of the ledger key, numbered after `newest`, and the rotation that
+    /// wraps it to `members` and to the recovery key (signed by `recovery` when given).
+    pub(super) fn rotation(
+        &self,
+        newest: Option<u32>,
+        members: &[(DeviceId, KeyId, crate::identity::PublicIdentity)],
+        recovery: Option<&DeviceKey>,
+    ) -> Result<(LedgerKey, crate::membership::MembershipRecord), LedgerError> {
+        let logs = self.view.protected.as_ref().ok_or(LedgerError::NotProtected)?;
+        let Some(generation) = newest
+            .and_then(|newest| newest.checked_add(1))
+            .and_then(NonZeroU32::new)
+        else {
+            return Err(refused("the ledger key has no generation left"));
+        };
+        let genesis = logs.genesis().ok_or(LedgerError::NotProtected)?;
         let key = LedgerKey::new(generation, random_key()?);
         let ledger_id = *logs.protection().ledger();
         let recovery_id = DeviceId::new(RECOVERY)?;
@@ -145,13 +175,6 @@ impl Ledger {
                 .map_err(|error| refused(error.to_string()))?;
             wraps.push((member.clone(), wrapped));
         }
-        let revoke = self.membership_record(
-            Membership::Revoke {
-                device: device.clone(),
-                cut,
-            },
-            recovery,
-        )?;
         let rotate = self.membership_record(
             Membership::Rotate {
                 generation: generation.get(),
@@ -159,17 +182,26 @@ impl Ledger {
             },
             recovery,
         )?;
-        let mut records = vec![revoke.to_bytes(), rotate.to_bytes()];
-        for given in self.lacking_wraps(&members, &held, recovery)? {
-            records.push(given.to_bytes());
+        Ok((key, rotate))
+    }
+
+    /// The rotation to write before sealing `self.unsent`, when the newest generation went to
+    /// a device revoked since ([`ProtectedLogs::rotation_due`](crate::protected::ProtectedLogs::rotation_due)):
+    /// the new generation, and the rotation's bytes.
+    pub(super) fn rotation_due(&self) -> Result<Option<(LedgerKey, Vec<u8>)>, LedgerError> {
+        let Some(logs) = self.view.protected.as_ref() else {
+            return Ok(None);
+        };
+        if self.unsent.is_empty() || !logs.rotation_due() {
+            return Ok(None);
         }
-        self.write_queued_and(&records)?;
-        Ok(Revoked {
-            device: device.clone(),
-            cut,
-            generation: generation.get(),
-            members: members.into_iter().map(|(member, _, _)| member).collect(),
-        })
+        let newest = logs.counting_keys().iter().map(LedgerKey::generation).max();
+        let (key, rotate) = self.rotation(newest, &logs.current_members(None), None)?;
+        tracing::info!(
+            generation = key.generation(),
+            "the newest generation of the ledger key went to a device revoked since: sealing with a new one"
+        );
+        Ok(Some((key, rotate.to_bytes())))
     }
 
     /// For each of `members` that lacks a generation of `held` (never wrapped to it: it was

@@ -7,10 +7,45 @@ use super::*;
 pub(super) const SEEN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What a site remembers of one device's log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(super) struct Seen {
     pub(super) next_seq: u64,
     pub(super) last_op_id: OpId,
+    /// On a protected ledger, when that record carries its head: the head, and the id of the
+    /// log's record 0 (so another record there that the same key signed is kept as evidence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) head: Option<SeenHead>,
+}
+
+/// The head a device signed over the last record a site read of its protected log.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(super) struct SeenHead {
+    pub(super) origin: OpId,
+    pub(super) signature: String,
+}
+
+impl Seen {
+    /// What `head` (the newest head verified in a log whose record 0 is `origin`) says of the
+    /// mark at `next_seq` and `last_op_id`: the head, if it is that record's.
+    pub(super) fn head_of(&self, origin: OpId, head: &crate::protected::SignedHead) -> Option<SeenHead> {
+        (head.seq + 1 == self.next_seq && head.op_id == self.last_op_id).then(|| SeenHead {
+            origin,
+            signature: head.signature.clone(),
+        })
+    }
+
+    /// The signed head this site saw, as evidence takes it.
+    pub(super) fn signed_head(&self) -> Option<(OpId, crate::protected::SignedHead)> {
+        let head = self.head.as_ref()?;
+        Some((
+            head.origin,
+            crate::protected::SignedHead {
+                seq: self.next_seq.checked_sub(1)?,
+                op_id: self.last_op_id,
+                signature: head.signature.clone(),
+            },
+        ))
+    }
 }
 
 /// The seen file of [`LedgerOptions::seen_file`].
@@ -59,9 +94,10 @@ impl SeenFile {
         };
         let mut devices = Self::read(&self.path)?;
         for (device, mark) in marks {
-            let slot = devices.entry(device).or_insert(mark);
-            if mark.next_seq > slot.next_seq {
-                *slot = mark;
+            match devices.get_mut(&device) {
+                Some(slot) if mark.next_seq <= slot.next_seq => {}
+                Some(slot) => *slot = mark,
+                None => drop(devices.insert(device, mark)),
             }
         }
         self.write(devices)
@@ -135,5 +171,62 @@ impl SeenFile {
         std::fs::rename(&temporary, &self.path).map_err(failed)?;
         self.devices = devices;
         Ok(())
+    }
+}
+
+impl Ledger {
+    /// Keeps the evidence when `op`, a record found where this site saw `mark`'s, is covered by
+    /// a head of the same key as the one it saw there (equivocation, rule I1): the two heads and
+    /// the other chain's records from `op` to its head, taken from `ops` (the relay's records)
+    /// and checked before they are written. The file, next to the seen file, once written.
+    pub(super) fn keep_equivocation(
+        &self,
+        mark: &Seen,
+        op: &OpRecord,
+        ops: &[OpRecord],
+    ) -> Option<std::path::PathBuf> {
+        let logs = self.view.protected.as_ref()?;
+        let (origin, seen) = mark.signed_head()?;
+        let (found_origin, found) = logs.last_head(&op.device_id)?;
+        if found_origin != origin || found.seq < op.seq {
+            return None;
+        }
+        let chain: Vec<OpRecord> = ops
+            .iter()
+            .filter(|stored| stored.device_id == op.device_id && (op.seq..=found.seq).contains(&stored.seq))
+            .cloned()
+            .collect();
+        if chain.len() as u64 != found.seq - op.seq + 1 {
+            return None; // part of it was read in an earlier pull
+        }
+        let ledger = *logs.protection().ledger();
+        let evidence = crate::protected::Equivocation::new(&ledger, origin, seen, &chain)?;
+        let Some(Ok((_, said))) = logs.origin_of(&op.device_id) else {
+            return None;
+        };
+        if let Err(error) = evidence.verify(&ledger, said.signer()) {
+            tracing::warn!(error, "evidence of equivocation that does not verify: not kept");
+            return None;
+        }
+        let seen_file = &self.seen.as_ref()?.path;
+        let name = crate::relay::device_file_name(&op.device_id);
+        let name = name.strip_suffix(".jsonl").unwrap_or(&name);
+        let mut path = seen_file.clone().into_os_string();
+        path.push(format!(".equivocation-{name}-{}.json", op.seq));
+        let path = std::path::PathBuf::from(path);
+        let bytes = serde_json::to_vec_pretty(&evidence).ok()?;
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut file| std::io::Write::write_all(&mut file, &bytes).and_then(|()| file.sync_all()));
+        match written {
+            Ok(()) => Some(path),
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Some(path),
+            Err(error) => {
+                tracing::warn!(%error, file = %path.display(), "could not keep the evidence of equivocation");
+                None
+            }
+        }
     }
 }

@@ -195,6 +195,10 @@ impl Ledger {
         let next_seq = self.view.frontier.next_seq(device);
         let head = self.view.heads.get(device)?;
         let last_op_id = head.last_op_id().filter(|_| head.next_seq() == next_seq)?;
-        Some(Seen { next_seq, last_op_id })
+        Some(Seen {
+            next_seq,
+            last_op_id,
+            head: None,
+        })
     }
 }

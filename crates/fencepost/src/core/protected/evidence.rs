@@ -1,0 +1,172 @@
+//! Equivocation as evidence (issue 39, rule I1): a device's key signed two different records
+//! at one sequence number of its log.
+//!
+//! A reader that remembers the head it verified at the last record it read of a device (the
+//! seen file keeps it) and later finds another record there, covered by a head the same key
+//! signed, holds proof: the two heads, and the records of the second chain from that sequence
+//! number to its head (their ids and links computed again by whoever checks it). Neither chain
+//! is folded as a second truth: the device's log is damage. The cause is a device that wrote
+//! two logs: a cloned data directory, or a host that wrote on after its log went back.
+
+use std::sync::Arc;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use crate::core::identity::{LedgerId, PublicIdentity, Signature};
+use crate::oplog::{OpId, OpRecord};
+
+/// A head a device's key signed: what it covers (the record at `seq`, whose id is `op_id`)
+/// and the signature, in unpadded base64url.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedHead {
+    /// The sequence number of the record that carries the head.
+    pub seq: u64,
+    /// That record's id.
+    pub op_id: OpId,
+    /// The signature (64 bytes, unpadded base64url).
+    pub signature: String,
+}
+
+impl SignedHead {
+    /// The head `op` carries, if it carries one.
+    pub fn of(op: &OpRecord) -> Option<Self> {
+        let head = op.sealed_record()?.head?;
+        Some(Self {
+            seq: op.seq,
+            op_id: op.op_id,
+            signature: URL_SAFE_NO_PAD.encode(head.0),
+        })
+    }
+
+    fn signature(&self) -> Result<Signature, String> {
+        let bytes = URL_SAFE_NO_PAD
+            .decode(&self.signature)
+            .map_err(|error| format!("the head at {} is not base64url: {error}", self.seq))?;
+        let bytes: [u8; 64] = bytes
+            .try_into()
+            .map_err(|_| format!("the head at {} is not a 64-byte signature", self.seq))?;
+        Ok(Signature(bytes))
+    }
+}
+
+/// Proof that a device's key signed two chains: the head this site had verified at `seen.seq`
+/// and a head of another chain that reaches it, with that chain's records from `seen.seq` on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Equivocation {
+    /// The ledger (its id in hex).
+    pub ledger: String,
+    /// The device whose log it is.
+    pub device_id: String,
+    /// The id of its log's record 0, which names the key that signed both heads.
+    pub origin: OpId,
+    /// The head this site verified before.
+    pub seen: SignedHead,
+    /// The head of the other chain, at or after `seen.seq`.
+    pub found: SignedHead,
+    /// The other chain's records from `seen.seq` to `found.seq`, as the relay carries them
+    /// (format-3 lines).
+    pub lines: Vec<String>,
+}
+
+impl Equivocation {
+    /// The evidence when `found`, the other chain's records from `seen.seq` on (in sequence
+    /// order), ends with a head and differs from `seen` at its sequence number; `None` else.
+    pub fn new(ledger: &LedgerId, origin: OpId, seen: SignedHead, found: &[OpRecord]) -> Option<Self> {
+        let first = found.first()?;
+        let head = found.iter().rev().find_map(SignedHead::of)?;
+        let reaching: Vec<&OpRecord> = found.iter().take_while(|op| op.seq <= head.seq).collect();
+        if first.seq != seen.seq || first.op_id == seen.op_id {
+            return None;
+        }
+        let lines = reaching
+            .iter()
+            .map(|op| {
+                let mut line = Vec::new();
+                op.write_json_line(&mut line);
+                String::from_utf8_lossy(line.trim_ascii_end()).into_owned()
+            })
+            .collect();
+        Some(Self {
+            ledger: hex_of(ledger),
+            device_id: first.device_id.to_string(),
+            origin,
+            seen,
+            found: head,
+            lines,
+        })
+    }
+
+    /// Checks the proof against `public`, the key record 0 of the log names: both heads are
+    /// its signatures for `ledger`, the lines are a chain from `seen.seq` to `found.seq` that
+    /// ends at `found`'s record, and its first record is not the one `seen` signed.
+    ///
+    /// # Errors
+    /// What does not hold.
+    pub fn verify(&self, ledger: &LedgerId, public: &PublicIdentity) -> Result<(), String> {
+        if self.ledger != hex_of(ledger) {
+            return Err("the evidence is of another ledger".to_owned());
+        }
+        let device: Arc<str> = Arc::from(self.device_id.as_str());
+        let mut records = Vec::with_capacity(self.lines.len());
+        for (index, line) in self.lines.iter().enumerate() {
+            let op =
+                OpRecord::from_json(line.as_bytes()).map_err(|error| format!("line {index}: {error}"))?;
+            if op.device_id != device || op.seq != self.seen.seq + index as u64 {
+                return Err(format!(
+                    "line {index} is not record {} of {:?}",
+                    self.seen.seq + index as u64,
+                    self.device_id
+                ));
+            }
+            if let Some(before) = records.last().map(|op: &OpRecord| op.op_id) {
+                if op.prev != Some(before) {
+                    return Err(format!("line {index} does not follow the line before it"));
+                }
+            }
+            records.push(op);
+        }
+        let (Some(first), Some(last)) = (records.first(), records.last()) else {
+            return Err("the evidence holds no record of the other chain".to_owned());
+        };
+        if first.op_id == self.seen.op_id {
+            return Err("the other chain has the seen record at its sequence number".to_owned());
+        }
+        if last.seq != self.found.seq || last.op_id != self.found.op_id {
+            return Err("the lines do not end at the found head's record".to_owned());
+        }
+        for head in [&self.seen, &self.found] {
+            if !head_is_signed(head, &device, ledger, &self.origin, public)? {
+                return Err(format!("the head at {} is not the device's signature", head.seq));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn hex_of(ledger: &LedgerId) -> String {
+    let mut text = String::new();
+    crate::core::hex::push_lower_hex(&mut text, &ledger.0);
+    text
+}
+
+fn head_is_signed(
+    head: &SignedHead,
+    device: &Arc<str>,
+    ledger: &LedgerId,
+    origin: &OpId,
+    public: &PublicIdentity,
+) -> Result<bool, String> {
+    let signature = head.signature()?;
+    // A record with the head's place and id: what the head signs is those and the origin.
+    let mut op = OpRecord::sealed(
+        Arc::clone(device),
+        head.seq,
+        None,
+        crate::oplog::SealedContent::Clear(Box::default()),
+    )
+    .with_head(signature);
+    op.op_id = head.op_id;
+    Ok(op.has_valid_head(public, ledger, origin))
+}
