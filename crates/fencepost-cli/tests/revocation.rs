@@ -389,3 +389,49 @@ fn m2_two_revocations_at_once_through_the_binary_end_in_a_generation_neither_hol
     );
     assert_eq!(shared.effects(), vec!["laptop", "laptop"]);
 }
+
+/// M4 through the binary (tried by script in an earlier session): the tablet revokes the
+/// phone; the phone, whose copy of the folder lacks the revocation, runs Tuesday and commits.
+/// The laptop then runs Milo's Wednesday, reading the revocation, and publishes it with its
+/// hand-off. The desk, whose copy lacks the tablet's log, neither takes the phone's commit for
+/// one (exit 3) nor runs Tuesday: it waits (exit 7, naming the tablet); with the tablet's log,
+/// Tuesday is in doubt (exit 5), never run again.
+#[test]
+fn m4_a_host_lacking_a_revocation_the_last_holder_read_waits_for_it() {
+    let shared = Shared::sqlite();
+    founded_with(&shared, &["phone", "tablet", "desk"]);
+    assert_eq!(code(&send(&shared, "phone", "monday")), 0);
+    let revoke = host(&shared, "tablet", &["device", "revoke", "phone"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    let tablet_file = shared
+        .path("ledger")
+        .join("devices")
+        .join(device_file_name("tablet"));
+    let aside = shared.path("tablet-aside");
+    let hide = || std::fs::rename(&tablet_file, &aside).unwrap();
+    let bring_back = || std::fs::rename(&aside, &tablet_file).unwrap();
+
+    hide();
+    let stolen = send(&shared, "phone", "tuesday");
+    assert_eq!(code(&stolen), 0, "{}", text(&stolen.stderr));
+    bring_back();
+    let laptop = send(&shared, "laptop", "wednesday");
+    assert_eq!(code(&laptop), 0, "{}", text(&laptop.stderr));
+
+    hide();
+    let waits = send(&shared, "desk", "tuesday");
+    assert_eq!(code(&waits), 7, "M4: {}", text(&waits.stderr));
+    assert!(
+        text(&waits.stderr).contains("tablet"),
+        "M4: {}",
+        text(&waits.stderr)
+    );
+    bring_back();
+    let doubt = send(&shared, "desk", "tuesday");
+    assert_eq!(code(&doubt), 5, "M4, M2: {}", text(&doubt.stderr));
+    assert_eq!(
+        shared.effects(),
+        vec!["phone", "phone", "laptop"],
+        "nothing ran twice"
+    );
+}

@@ -92,7 +92,10 @@ fn i1_two_logs_signed_by_one_key_are_damage_and_kept_as_evidence() {
     let files: Vec<_> = std::fs::read_dir(seen_dir.path())
         .unwrap()
         .map(|entry| entry.unwrap().path())
-        .filter(|path| path.to_string_lossy().contains(".equivocation-laptop-"))
+        .filter(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with("equivocation-") && name.contains("-laptop-")
+        })
         .collect();
     assert_eq!(files.len(), 1, "I1: the evidence is kept");
     assert!(detail.contains(&files[0].display().to_string()), "{detail}");

@@ -144,6 +144,9 @@ pub struct Ledger {
     relay_problems: Vec<RelayProblem>,
     /// Records found replaced (another record where the seen file remembers one): for good.
     replaced: Vec<RelayProblem>,
+    /// Devices whose record was found replaced where this site saw one its key signed: proved
+    /// (or not) as equivocation once the pull is over.
+    suspects: Vec<(String, Seen)>,
     /// Devices (or files) whose damage the caller accepted.
     accepted: BTreeSet<String>,
     /// Per device, the published records the caller accepted as lost ([`Ledger::accept_missing`]):
@@ -255,6 +258,7 @@ impl Ledger {
             problems: Vec::new(),
             relay_problems: Vec::new(),
             replaced: Vec::new(),
+            suspects: Vec::new(),
             accepted: BTreeSet::new(),
             waived: BTreeMap::new(),
             seen,
@@ -684,28 +688,18 @@ impl Ledger {
                 continue;
             };
             let (kind, cause) = self.replaced_cause();
-            let detail = match self.keep_equivocation(&mark, &op, ops) {
-                Some(evidence) => format!(
-                    "record {} is {}, but this site saw {} there, and the device's key signed both: \
-                     it wrote two logs (a cloned data directory, or a host that wrote on after its \
-                     log went back); neither is folded, and the evidence is in {}",
-                    op.seq,
-                    op.op_id,
-                    mark.last_op_id,
-                    evidence.display()
-                ),
-                None => format!(
-                    "record {} is {}, but this site saw {} there: {cause}",
-                    op.seq, op.op_id, mark.last_op_id
-                ),
-            };
             self.replaced.push(RelayProblem {
                 kind,
                 device_id: Some(op.device_id.to_string()),
                 file: None,
                 line_number: Some(op.seq + 1),
-                detail,
+                detail: format!(
+                    "record {} is {}, but this site saw {} there: {cause}",
+                    op.seq, op.op_id, mark.last_op_id
+                ),
             });
+            // Proved once the pull is over (the relay is busy handing records over now).
+            self.suspects.push((op.device_id.to_string(), mark));
         }
     }
 

@@ -135,6 +135,7 @@ impl Ledger {
         }
         self.relay_problems = problems;
         self.recompute_problems();
+        self.prove_equivocations();
         self.save_seen()
     }
 
@@ -206,6 +207,7 @@ impl Ledger {
             });
         }
         self.problems.extend(found);
+        let mut suspects = Vec::new();
         if let Some(seen) = &self.seen {
             for (device, mark) in &seen.devices {
                 let has = self.view.frontier.next_seq(device);
@@ -247,6 +249,7 @@ impl Ledger {
                         Some(here) if here != mark.last_op_id && !said => {
                             let cause;
                             (kind, cause) = self.replaced_cause();
+                            suspects.push((device.clone(), mark.clone()));
                             format!(
                                 "record {} is {here}, but this site saw {} there: {cause}",
                                 mark.next_seq - 1,
@@ -265,6 +268,7 @@ impl Ledger {
                 });
             }
         }
+        self.suspects.extend(suspects);
     }
 
     /// Why a device holds another record where this site saw one, and how serious it is: in a

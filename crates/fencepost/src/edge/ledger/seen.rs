@@ -175,45 +175,76 @@ impl SeenFile {
 }
 
 impl Ledger {
-    /// Keeps the evidence when `op`, a record found where this site saw `mark`'s, is covered by
-    /// a head of the same key as the one it saw there (equivocation, rule I1): the two heads and
-    /// the other chain's records from `op` to its head, taken from `ops` (the relay's records)
-    /// and checked before they are written. The file, next to the seen file, once written.
-    pub(super) fn keep_equivocation(
-        &self,
-        mark: &Seen,
-        op: &OpRecord,
-        ops: &[OpRecord],
-    ) -> Option<std::path::PathBuf> {
+    /// Proves the suspects the last pull found (a record replaced where this site saw one its
+    /// device's key signed): for each that [`keep_equivocation`](Self::keep_equivocation)
+    /// proves, its problem says so and names the evidence.
+    pub(super) fn prove_equivocations(&mut self) {
+        for (device, mark) in std::mem::take(&mut self.suspects) {
+            let Some(evidence) = self.keep_equivocation(&mark, &device) else {
+                continue;
+            };
+            let seen_there = format!("but this site saw {} there", mark.last_op_id);
+            let proved = format!(
+                "{seen_there}, and the device's key signed both: it wrote two logs (a cloned data \
+                 directory, or a host that wrote on after its log went back); neither is folded, \
+                 and the evidence is in {}",
+                evidence.display()
+            );
+            for problem in self.replaced.iter_mut().chain(self.problems.iter_mut()) {
+                if problem.device_id.as_deref() == Some(device.as_str())
+                    && problem.detail.contains(&seen_there)
+                {
+                    let cut = problem.detail.find(&seen_there).unwrap_or(0);
+                    problem.detail.replace_range(cut.., &proved);
+                }
+            }
+        }
+    }
+
+    /// Keeps the evidence when the record at `mark`'s position of `device`'s log, found other
+    /// than the one this site saw there, is covered by a head of the same key (equivocation,
+    /// rule I1): the two heads and the other chain's records from there to its head, read from
+    /// the relay again and checked before they are written. The file, next to the seen file,
+    /// once written.
+    pub(super) fn keep_equivocation(&self, mark: &Seen, device: &str) -> Option<std::path::PathBuf> {
         let logs = self.view.protected.as_ref()?;
         let (origin, seen) = mark.signed_head()?;
-        let (found_origin, found) = logs.last_head(&op.device_id)?;
-        if found_origin != origin || found.seq < op.seq {
+        let (found_origin, found) = logs.last_head(device)?;
+        let from = seen.seq;
+        if found_origin != origin || found.seq < from {
             return None;
         }
-        let chain: Vec<OpRecord> = ops
-            .iter()
-            .filter(|stored| stored.device_id == op.device_id && (op.seq..=found.seq).contains(&stored.seq))
-            .cloned()
+        let mut since = crate::relay::Frontier::new();
+        for (other, next_seq) in self.view.frontier.iter().filter(|(other, _)| *other != device) {
+            since.raise(other, next_seq);
+        }
+        since.raise(device, from);
+        let pulled = self.relay.pull(&since).ok()?;
+        let chain: Vec<OpRecord> = pulled
+            .ops
+            .into_iter()
+            .filter(|stored| &*stored.device_id == device && (from..=found.seq).contains(&stored.seq))
             .collect();
-        if chain.len() as u64 != found.seq - op.seq + 1 {
-            return None; // part of it was read in an earlier pull
+        if chain.len() as u64 != found.seq - from + 1 {
+            return None;
         }
         let ledger = *logs.protection().ledger();
         let evidence = crate::protected::Equivocation::new(&ledger, origin, seen, &chain)?;
-        let Some(Ok((_, said))) = logs.origin_of(&op.device_id) else {
+        let Some(Ok((_, said))) = logs.origin_of(device) else {
             return None;
         };
         if let Err(error) = evidence.verify(&ledger, said.signer()) {
             tracing::warn!(error, "evidence of equivocation that does not verify: not kept");
             return None;
         }
-        let seen_file = &self.seen.as_ref()?.path;
-        let name = crate::relay::device_file_name(&op.device_id);
+        // Beside the seen file, named by the ledger, the device and the position (never by the
+        // seen file's name, which may be long already: found by an adversary).
+        let folder = self.seen.as_ref()?.path.parent()?.to_path_buf();
+        let name = crate::relay::device_file_name(device);
         let name = name.strip_suffix(".jsonl").unwrap_or(&name);
-        let mut path = seen_file.clone().into_os_string();
-        path.push(format!(".equivocation-{name}-{}.json", op.seq));
-        let path = std::path::PathBuf::from(path);
+        let mut ledger_hex = String::new();
+        crate::core::hex::push_lower_hex(&mut ledger_hex, &ledger.0[..8]);
+        let path = folder.join(format!("equivocation-{ledger_hex}-{name}-{from}.json"));
         let bytes = serde_json::to_vec_pretty(&evidence).ok()?;
         let written = std::fs::OpenOptions::new()
             .write(true)
