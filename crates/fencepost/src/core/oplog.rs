@@ -79,7 +79,9 @@ pub(crate) use payload::CompactIntent;
 pub use payload::Payload;
 use payload::{write_serde_json, PayloadRepr};
 pub use record::{DecodeError, FoldTier, OpRecord, Surface};
-pub use sealed::{sealed_stamp, SealedContent, SealedRecord, CLEAR_GENERATION, MAX_SEALED_RECORD_BYTES};
+pub use sealed::{
+    is_valid_head, sealed_stamp, SealedContent, SealedRecord, CLEAR_GENERATION, MAX_SEALED_RECORD_BYTES,
+};
 
 /// The deepest nesting of arrays and objects a record's payload may have (`{"a":[1]}` is 2 deep).
 /// Well below the JSON reader's own recursion limit, so a record within it can always be read

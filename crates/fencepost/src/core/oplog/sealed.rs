@@ -171,12 +171,34 @@ impl OpRecord {
 /// device, the sequence number, the record's id and the id of its log's record 0, whose content
 /// names the key that signs.
 fn head_message(op: &OpRecord, origin: &OpId) -> Vec<u8> {
-    let mut message = Vec::with_capacity(96 + op.device_id.len());
-    push_text(&mut message, &op.device_id);
-    message.extend_from_slice(&op.seq.to_be_bytes());
-    message.extend_from_slice(&op.op_id.0);
+    head_message_of(&op.device_id, op.seq, &op.op_id, origin)
+}
+
+fn head_message_of(device_id: &str, seq: u64, op_id: &OpId, origin: &OpId) -> Vec<u8> {
+    let mut message = Vec::with_capacity(96 + device_id.len());
+    push_text(&mut message, device_id);
+    message.extend_from_slice(&seq.to_be_bytes());
+    message.extend_from_slice(&op_id.0);
     message.extend_from_slice(&origin.0);
     message
+}
+
+/// Whether `head` is a head `public` signed for `ledger` over record `seq` (id `op_id`) of
+/// `device_id`'s log whose record 0 has the id `origin`: what [`OpRecord::has_valid_head`]
+/// checks, given the record's place rather than the record.
+pub fn is_valid_head(
+    head: &Signature,
+    public: &PublicIdentity,
+    ledger: &LedgerId,
+    (device_id, seq, op_id): (&str, u64, &OpId),
+    origin: &OpId,
+) -> bool {
+    public.verify(
+        SignatureContext::ChainHead,
+        ledger,
+        &head_message_of(device_id, seq, op_id, origin),
+        head,
+    )
 }
 
 impl OpRecord {
@@ -195,11 +217,12 @@ impl OpRecord {
         self.sealed_record()
             .and_then(|record| record.head.as_ref())
             .is_some_and(|head| {
-                public.verify(
-                    SignatureContext::ChainHead,
-                    ledger,
-                    &head_message(self, origin),
+                is_valid_head(
                     head,
+                    public,
+                    ledger,
+                    (&self.device_id, self.seq, &self.op_id),
+                    origin,
                 )
             })
     }

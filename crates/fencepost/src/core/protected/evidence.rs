@@ -137,7 +137,7 @@ impl Equivocation {
             return Err("the lines do not end at the found head's record".to_owned());
         }
         for head in [&self.seen, &self.found] {
-            if !head_is_signed(head, &device, ledger, &self.origin, public)? {
+            if !head_is_signed(head, &self.device_id, ledger, &self.origin, public)? {
                 return Err(format!("the head at {} is not the device's signature", head.seq));
             }
         }
@@ -153,20 +153,17 @@ fn hex_of(ledger: &LedgerId) -> String {
 
 fn head_is_signed(
     head: &SignedHead,
-    device: &Arc<str>,
+    device: &str,
     ledger: &LedgerId,
     origin: &OpId,
     public: &PublicIdentity,
 ) -> Result<bool, String> {
-    let signature = head.signature()?;
-    // A record with the head's place and id: what the head signs is those and the origin.
-    let mut op = OpRecord::sealed(
-        Arc::clone(device),
-        head.seq,
-        None,
-        crate::oplog::SealedContent::Clear(Box::default()),
-    )
-    .with_head(signature);
-    op.op_id = head.op_id;
-    Ok(op.has_valid_head(public, ledger, origin))
+    let place = (device, head.seq, &head.op_id);
+    Ok(crate::oplog::is_valid_head(
+        &head.signature()?,
+        public,
+        ledger,
+        place,
+        origin,
+    ))
 }

@@ -246,15 +246,15 @@ impl Ledger {
         crate::core::hex::push_lower_hex(&mut ledger_hex, &ledger.0[..8]);
         let path = folder.join(format!("equivocation-{ledger_hex}-{name}-{from}.json"));
         let bytes = serde_json::to_vec_pretty(&evidence).ok()?;
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .and_then(|mut file| std::io::Write::write_all(&mut file, &bytes).and_then(|()| file.sync_all()));
+        // Whole or not at all (a process killed mid-write leaves no truncated proof behind);
+        // a proof already there of the same position is replaced by another as good.
+        let mut temporary = path.clone().into_os_string();
+        temporary.push(format!(".{}.tmp", std::process::id()));
+        let written = std::fs::write(&temporary, &bytes).and_then(|()| std::fs::rename(&temporary, &path));
         match written {
             Ok(()) => Some(path),
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Some(path),
             Err(error) => {
+                let _ = std::fs::remove_file(&temporary);
                 tracing::warn!(%error, file = %path.display(), "could not keep the evidence of equivocation");
                 None
             }
