@@ -281,8 +281,7 @@ impl Settings {
             }
             // The ledger's checkpoints are in the database; this host's copies of the ones it
             // uses are in the data directory (shared by its processes).
-            let mirror = data_dir()?.join("checkpoints").join(self.ledger_key());
-            Ok(Arc::new(relay.with_checkpoint_mirror(mirror)))
+            Ok(Arc::new(relay.with_checkpoint_mirror(self.checkpoint_copies()?)))
         }
         #[cfg(not(feature = "postgres"))]
         bail!("this fencepost was built without PostgreSQL support (feature `postgres`)")
@@ -442,6 +441,12 @@ impl Settings {
 
     /// A short name of the ledger for this host's files about it: the first 8 bytes of the
     /// SHA-256 of its folder or file (canonical) or its URL without the password, in hex.
+    /// The folder of this host's copies of the ledger's checkpoints (a database's, or the
+    /// ones a protected ledger opened).
+    pub fn checkpoint_copies(&self) -> Result<PathBuf> {
+        Ok(data_dir()?.join("checkpoints").join(self.ledger_key()))
+    }
+
     fn ledger_key(&self) -> String {
         let ledger = match self.ledger_kind {
             LedgerKind::Postgres => PathBuf::from(self.ledger_label()),

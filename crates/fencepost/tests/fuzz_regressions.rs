@@ -69,3 +69,10 @@ fn k3_fuzz_regressions_checkpoint() {
         decoders::checkpoint(&fixture, scratch.path(), &bytes);
     }
 }
+
+#[test]
+fn s6_fuzz_regressions_sealed_checkpoint() {
+    for (_, bytes) in inputs("sealed_checkpoint") {
+        decoders::sealed_checkpoint(&bytes);
+    }
+}

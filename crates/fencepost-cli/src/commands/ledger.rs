@@ -572,7 +572,7 @@ pub(super) fn compact(
             })
         );
     } else {
-        let stored = if settings.ledger_kind == LedgerKind::Postgres {
+        let stored = if settings.ledger_kind == LedgerKind::Postgres || ledger.is_protected() {
             format!(
                 " into {} (this host's copy: {})",
                 settings.ledger_label(),

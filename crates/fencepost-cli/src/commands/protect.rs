@@ -193,6 +193,7 @@ pub fn revoke(settings: &Settings, device: &str, from: Option<u64>, recovery: Op
         None => ledger.revoke(&device, from),
     })?;
     let in_doubt = ledger.runs_in_doubt();
+    let rewritten = rewrite_checkpoint(&mut ledger);
     err!(
         "revoked device {device} from record {} of its log on: what it wrote from there counts for nothing. Generation {} of the ledger key is wrapped to {} (and to the recovery key){}",
         revoked.cut,
@@ -209,7 +210,28 @@ pub fn revoke(settings: &Settings, device: &str, from: Option<u64>, recovery: Op
             format!("; {in_doubt} run(s) are in doubt now (`fencepost ledger runs` lists them, `fencepost ledger resolve` settles each after checking what happened)")
         }
     );
+    if let Some(rewritten) = rewritten {
+        err!("{rewritten}");
+    }
     Ok(EXIT_RAN_OK)
+}
+
+/// After a revocation on a ledger whose logs were pruned (it started from a checkpoint): a
+/// checkpoint of this member's, so that hosts that read the revocation before they open the
+/// revoked device's checkpoints (which they then never use, rule S6) have one to start from
+/// (found by an adversarial test: new hosts stopped until a member compacted). What was done,
+/// or what to do.
+fn rewrite_checkpoint(ledger: &mut Ledger) -> Option<String> {
+    ledger.pruned_start()?;
+    Some(match ledger.compact() {
+        Ok(info) => format!(
+            "wrote a checkpoint of {} records (a host that reads the revocation first starts from it, not from one the revoked device wrote)",
+            info.records
+        ),
+        Err(error) => format!(
+            "could not write a checkpoint ({error}): run `fencepost ledger compact` on a member, so that a host that reads the revocation first has one to start from"
+        ),
+    })
 }
 
 /// `fencepost device join FINGERPRINT`: finds the genesis with that fingerprint in the ledger
@@ -238,10 +260,16 @@ pub fn join(settings: &Settings, fingerprint: &str) -> Result<i32> {
                 .map(|(_, origin)| (op.device_id.to_string(), origin))
         })
         .collect();
-    let genesis = origins.iter().find_map(|(_, origin)| match origin {
-        Origin::Genesis(genesis) if wanted.matches(&genesis.ledger_id()) => Some(genesis.clone()),
-        _ => None,
-    });
+    // The founder's log begins with it; a sealed checkpoint's header names it too, where
+    // the founder's first records were pruned after a checkpoint.
+    let genesis = origins
+        .iter()
+        .filter_map(|(_, origin)| match origin {
+            Origin::Genesis(genesis) => Some(genesis.clone()),
+            Origin::Identity(_) => None,
+        })
+        .chain(fencepost::checkpoint::sealed_geneses(&*relay))
+        .find(|genesis| wanted.matches(&genesis.ledger_id()));
     if let Some((_, origin)) = origins.iter().find(|(owner, _)| *owner == device.as_str()) {
         if origin.signer() != &key.public() {
             crate::exit::usage!(

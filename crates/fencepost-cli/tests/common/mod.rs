@@ -324,13 +324,18 @@ pub fn protect(shared: &Shared, others: &[&str]) -> String {
     assert!(init.status.success(), "{}", text(&init.stderr));
     let fingerprint = text(&init.stdout).trim().to_owned();
     for host in others {
-        let key = text(&shared.run(host, &["device", "key"]).stdout)
-            .trim()
-            .to_owned();
-        let join = shared.run(host, &["device", "join", &fingerprint]);
-        assert!(join.status.success(), "{}", text(&join.stderr));
-        let admit = shared.run("host-1", &["device", "admit", &key, "--device", host]);
-        assert!(admit.status.success(), "{}", text(&admit.stderr));
+        join_and_admit(shared, host, &fingerprint);
     }
     fingerprint
+}
+
+/// `host` joins `shared`'s protected ledger `fingerprint`, and `host-1` admits it.
+pub fn join_and_admit(shared: &Shared, host: &str, fingerprint: &str) {
+    let key = text(&shared.run(host, &["device", "key"]).stdout)
+        .trim()
+        .to_owned();
+    let join = shared.run(host, &["device", "join", fingerprint]);
+    assert!(join.status.success(), "{}", text(&join.stderr));
+    let admit = shared.run("host-1", &["device", "admit", &key, "--device", host]);
+    assert!(admit.status.success(), "{}", text(&admit.stderr));
 }

@@ -30,7 +30,8 @@ use crate::core::roster::{KeyId, Roster, Standing};
 use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, OpenError, SealedContent, CLEAR_GENERATION};
 
-mod evidence;
+pub mod checkpoint;
+pub(crate) mod evidence;
 mod logs;
 
 pub use evidence::{Equivocation, SignedHead};

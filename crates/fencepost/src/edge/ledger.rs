@@ -189,6 +189,10 @@ pub struct Ledger {
     stored_from_outbox: usize,
     /// The protected ledger this one is ([`LedgerOptions::protected`]).
     protected: Option<Arc<Protected>>,
+    /// Where a protected ledger keeps the checkpoints it opened ([`LedgerOptions::checkpoint_copies`]).
+    checkpoint_copies: Option<std::path::PathBuf>,
+    /// Sealed checkpoints that did not open here, and why.
+    unopened_checkpoints: std::sync::Mutex<Vec<(String, String)>>,
 }
 
 /// How many ids of each device a snapshot keeps (what a published head is compared with).
@@ -276,6 +280,8 @@ impl Ledger {
             outbox: options.outbox.clone(),
             stored_from_outbox: 0,
             protected: options.protected.clone(),
+            checkpoint_copies: options.checkpoint_copies.clone(),
+            unopened_checkpoints: std::sync::Mutex::new(Vec::new()),
         };
         ledger.view.protected = options.protected.as_deref().map(Protected::logs);
         if !relay.checks_records() {
@@ -315,7 +321,7 @@ impl Ledger {
             ledger.snapshot = lock.and_then(|lock| SnapshotUse::open(path, device_id, lock));
         }
         ledger.resume_snapshot()?;
-        if ledger.view.frontier.iter().next().is_none() && ledger.protected.is_none() {
+        if ledger.view.frontier.iter().next().is_none() {
             // Nothing restored: where device files begin after a checkpoint (pruned), from the
             // checkpoint that covers what they lack.
             ledger.start_after_pruning()?;

@@ -27,6 +27,17 @@ pub fn relay(folder: &std::path::Path) -> Arc<dyn Relay> {
 /// A ledger of the protected ledger `ledger` in `folder`, as `key`'s device (`origin` its
 /// record 0), with no key or member given: all of it is read from the ledger.
 pub fn open(folder: &std::path::Path, key: &Arc<DeviceKey>, origin: Origin, ledger: LedgerId) -> Ledger {
+    open_with(folder, key, origin, ledger, LedgerOptions::default()).unwrap()
+}
+
+/// [`open`] with `options` (their protection set here).
+pub fn open_with(
+    folder: &std::path::Path,
+    key: &Arc<DeviceKey>,
+    origin: Origin,
+    ledger: LedgerId,
+    options: LedgerOptions,
+) -> Result<Ledger, fencepost::ledger::LedgerError> {
     let protected = fencepost::ledger::Protected {
         ledger,
         device_key: Arc::clone(key),
@@ -39,9 +50,8 @@ pub fn open(folder: &std::path::Path, key: &Arc<DeviceKey>, origin: Origin, ledg
         key.device().as_str(),
         clock.wall_clock(),
         relay(folder),
-        LedgerOptions::default().protected(protected),
+        options.protected(protected),
     )
-    .unwrap()
 }
 
 pub struct Members {
@@ -79,12 +89,25 @@ impl Members {
     }
 
     pub fn open(&self, key: &Arc<DeviceKey>) -> Ledger {
-        let origin = if key.device() == self.laptop.device() {
+        self.open_with(key, LedgerOptions::default()).unwrap()
+    }
+
+    /// What `key`'s device's log begins with: the genesis for the founder.
+    pub fn origin_of(&self, key: &Arc<DeviceKey>) -> Origin {
+        if key.device() == self.laptop.device() {
             self.genesis.clone()
         } else {
             Origin::Identity(key.public())
-        };
-        open(self.folder.path(), key, origin, self.ledger)
+        }
+    }
+
+    /// [`open`](Self::open) with `options` (their protection set here).
+    pub fn open_with(
+        &self,
+        key: &Arc<DeviceKey>,
+        options: LedgerOptions,
+    ) -> Result<Ledger, fencepost::ledger::LedgerError> {
+        open_with(self.folder.path(), key, self.origin_of(key), self.ledger, options)
     }
 
     /// The generation `device`'s last record is sealed with (field 4 of its line).

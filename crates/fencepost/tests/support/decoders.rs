@@ -219,3 +219,40 @@ pub fn genesis(bytes: &[u8]) {
         }
     }
 }
+
+/// A sealed checkpoint as the shared place hands it over (rule S6): its header refused or
+/// read, its body opened with a key or refused, never a panic, never more written than its
+/// header says.
+pub fn sealed_checkpoint(bytes: &[u8]) {
+    use fencepost::protected::checkpoint::{open_checkpoint, read_any_header, read_header};
+    let mut input = bytes;
+    let Ok(header) = read_any_header(&mut input) else {
+        return;
+    };
+    let ledger = fencepost::identity::LedgerId([1; 32]);
+    let mut input = bytes;
+    let Ok((header_again, line)) = read_header(&mut input, &ledger) else {
+        return;
+    };
+    assert_eq!(header, header_again);
+    let key = fencepost::seal::LedgerKey::new(std::num::NonZeroU32::MIN, [7; 32]);
+    let writer = fencepost::identity::DeviceKey::from_secrets(
+        fencepost::id::DeviceId::new("laptop").unwrap(),
+        [8; 32],
+        [9; 32],
+    );
+    let mut out = Vec::new();
+    if open_checkpoint(
+        &header,
+        &line,
+        &key,
+        &writer.public(),
+        &ledger,
+        &mut input,
+        &mut out,
+    )
+    .is_ok()
+    {
+        assert_eq!(out.len() as u64, header.plain_bytes);
+    }
+}

@@ -108,25 +108,7 @@ impl Equivocation {
         if self.ledger != hex_of(ledger) {
             return Err("the evidence is of another ledger".to_owned());
         }
-        let device: Arc<str> = Arc::from(self.device_id.as_str());
-        let mut records = Vec::with_capacity(self.lines.len());
-        for (index, line) in self.lines.iter().enumerate() {
-            let op =
-                OpRecord::from_json(line.as_bytes()).map_err(|error| format!("line {index}: {error}"))?;
-            if op.device_id != device || op.seq != self.seen.seq + index as u64 {
-                return Err(format!(
-                    "line {index} is not record {} of {:?}",
-                    self.seen.seq + index as u64,
-                    self.device_id
-                ));
-            }
-            if let Some(before) = records.last().map(|op: &OpRecord| op.op_id) {
-                if op.prev != Some(before) {
-                    return Err(format!("line {index} does not follow the line before it"));
-                }
-            }
-            records.push(op);
-        }
+        let records = chain_of_lines(&self.device_id, self.seen.seq, &self.lines)?;
         let (Some(first), Some(last)) = (records.first(), records.last()) else {
             return Err("the evidence holds no record of the other chain".to_owned());
         };
@@ -143,6 +125,37 @@ impl Equivocation {
         }
         Ok(())
     }
+}
+
+/// `lines` read as records `first_seq`, `first_seq + 1`, … of `device`'s log, each linked to
+/// the one before it (ids computed again from the lines).
+///
+/// # Errors
+/// A line that does not read, or is not the next record of the chain.
+pub(crate) fn chain_of_lines(
+    device: &str,
+    first_seq: u64,
+    lines: &[String],
+) -> Result<Vec<OpRecord>, String> {
+    let device: Arc<str> = Arc::from(device);
+    let mut records: Vec<OpRecord> = Vec::with_capacity(lines.len());
+    for (index, line) in lines.iter().enumerate() {
+        let op = OpRecord::from_json(line.as_bytes()).map_err(|error| format!("line {index}: {error}"))?;
+        let seq = first_seq.checked_add(index as u64);
+        if op.device_id != device || Some(op.seq) != seq {
+            return Err(format!(
+                "line {index} is not record {} of {device:?}",
+                first_seq.saturating_add(index as u64)
+            ));
+        }
+        if let Some(before) = records.last().map(|op| op.op_id) {
+            if op.prev != Some(before) {
+                return Err(format!("line {index} does not follow the line before it"));
+            }
+        }
+        records.push(op);
+    }
+    Ok(records)
 }
 
 fn hex_of(ledger: &LedgerId) -> String {

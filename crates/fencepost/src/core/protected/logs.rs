@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{LogReader, Missing, Origin, Protection, Verdict};
-use crate::core::identity::{DeviceKey, LedgerId};
+use crate::core::identity::{DeviceKey, LedgerId, PublicIdentity};
 use crate::core::membership::{Membership, MembershipRecord};
 use crate::core::roster::{Change, KeyId, MembershipChange, Position, Roster, Standing};
 use crate::core::seal::LedgerKey;
@@ -54,6 +54,9 @@ struct ReadChange {
     taken: bool,
     /// The generations of the ledger key it gave this device.
     keys: Vec<LedgerKey>,
+    /// Its record and the ones after it through the first that carries a valid head: what
+    /// shows whoever reads a checkpoint that the author's key signed it.
+    proof: Vec<OpRecord>,
 }
 
 /// Every device's protected log as one reader read it: a [`LogReader`] per device, the covered
@@ -170,6 +173,27 @@ impl ProtectedLogs {
     /// from the start, with [`changes`](Self::changes) given.
     pub fn stale(&self) -> bool {
         self.stale
+    }
+
+    /// Goes on with this reading although it is [stale](Self::stale): what it folded cannot be
+    /// read again (records removed after a checkpoint covered them).
+    pub fn accept_stale(&mut self) {
+        let roster = self.protection.roster();
+        // What was folded before a cut stays folded; the reading no longer counts it as folded
+        // past the cut, so it is not found stale again.
+        self.folded.retain(|(device, key), seq| {
+            if roster.standing(device, *key, *seq) == Standing::Member {
+                return true;
+            }
+            match roster.cut(device).and_then(|cut| cut.checked_sub(1)) {
+                Some(last) => {
+                    *seq = (*seq).min(last);
+                    true
+                }
+                None => false,
+            }
+        });
+        self.stale = false;
     }
 
     /// The newest head verified in `device`'s log, and the id of its record 0.
@@ -320,6 +344,7 @@ impl ProtectedLogs {
             return Released::default();
         };
         let origin = *origin;
+        let signer = *said.signer();
         let mut changed = false;
         let mut damage = None;
         if !was_read {
@@ -331,8 +356,8 @@ impl ProtectedLogs {
                 }
             }
         }
-        for op in &covered {
-            changed |= self.read_change(op, &origin);
+        for index in 0..covered.len() {
+            changed |= self.read_change(&covered[index..], &origin, &signer);
         }
         if changed {
             self.refresh();
@@ -365,9 +390,13 @@ impl ProtectedLogs {
         released
     }
 
-    /// Reads `op`, a covered record of the log whose record 0 is `origin`, when it is a
-    /// membership record; whether it was one.
-    fn read_change(&mut self, op: &OpRecord, origin: &OpId) -> bool {
+    /// Reads the first of `covered` (records of the log whose record 0 is `origin` and whose key
+    /// is `signer`, the last one carrying a valid head) when it is a membership record; whether
+    /// it was one.
+    fn read_change(&mut self, covered: &[OpRecord], origin: &OpId, signer: &PublicIdentity) -> bool {
+        let Some(op) = covered.first() else {
+            return false;
+        };
         if op.seq == 0 {
             return false;
         }
@@ -392,6 +421,7 @@ impl ProtectedLogs {
             by_recovery,
             taken: false,
             keys: Vec::new(),
+            proof: proof_of(covered, signer, &self.protection.ledger, origin),
         });
         true
     }
@@ -740,4 +770,19 @@ fn founding(
         },
     );
     Some((founding, genesis.clone()))
+}
+
+/// The proof of the first of `covered` (see [`read_change`](ProtectedLogs::read_change)): the
+/// records from it through the first that carries a head `signer` signed.
+fn proof_of(
+    covered: &[OpRecord],
+    signer: &PublicIdentity,
+    ledger: &LedgerId,
+    origin: &OpId,
+) -> Vec<OpRecord> {
+    let end = covered
+        .iter()
+        .position(|op| op.has_valid_head(signer, ledger, origin))
+        .unwrap_or(covered.len() - 1);
+    covered[..=end].to_vec()
 }

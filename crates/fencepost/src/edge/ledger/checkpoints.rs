@@ -2,10 +2,9 @@
 //! one, and checking them against the records they cover.
 
 mod compact;
+mod sealed;
 mod start;
 mod verify;
-
-use start::*;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +20,56 @@ use crate::relay::{Frontier, ProblemKind, RelayProblem};
 use crate::snapshot::{CheckpointFile, CompactionMark, Snapshot, SnapshotBase, SnapshotError};
 
 impl Ledger {
+    /// The folder of checkpoints the rest of this module works on: the relay's
+    /// ([`Relay::checkpoints_dir`](crate::relay::Relay::checkpoints_dir)), or for a protected
+    /// ledger this site's copies of the ones it opened (when the relay shares checkpoints and
+    /// the ledger was given the folder).
+    pub(in crate::edge::ledger) fn checkpoints_dir(&self) -> Option<PathBuf> {
+        let shared = self.relay.checkpoints_dir();
+        match &self.protected {
+            None => shared,
+            Some(_) => shared.and(self.checkpoint_copies.clone()),
+        }
+    }
+
+    /// Where the checkpoints are stored when it is not [`checkpoints_dir`](Self::checkpoints_dir)
+    /// itself: the relay's store (a database), or for a protected ledger the sealed ones.
+    pub(in crate::edge::ledger) fn checkpoint_store(
+        &self,
+    ) -> Option<Box<dyn crate::relay::CheckpointStore + '_>> {
+        let Some(protected) = self.protected.as_deref() else {
+            return self
+                .relay
+                .checkpoint_store()
+                .map(|store| Box::new(Plain(store)) as Box<_>);
+        };
+        let copies = self.checkpoints_dir()?;
+        let shared = crate::checkpoint::SharedPlace::of(&*self.relay)?;
+        let seal_key = self
+            .view
+            .protected
+            .as_ref()
+            .and_then(|logs| logs.protection().newest_key().cloned());
+        Some(Box::new(sealed::SealedStore {
+            relay: &*self.relay,
+            shared,
+            copies,
+            protected,
+            seal_key,
+            unopened: &self.unopened_checkpoints,
+        }))
+    }
+
+    /// The sealed checkpoints that did not open here (not sealed with a generation this device
+    /// holds, written by a device that was no member there, altered), and why: they are never
+    /// used, and stop nothing ([`verify_checkpoints`](Self::verify_checkpoints) reports them).
+    pub fn unopened_checkpoints(&self) -> Vec<(String, String)> {
+        self.unopened_checkpoints
+            .lock()
+            .map(|unopened| unopened.clone())
+            .unwrap_or_default()
+    }
+
     /// Folds into `view` the records from `since` on that `base` covers (up to its heads), read
     /// again a batch at a time (never all held at once).
     fn fold_covered(
@@ -96,7 +145,7 @@ impl Ledger {
         dir: &Path,
         wanted: impl Fn(usize, &checkpoint::CheckpointName) -> bool,
     ) -> Vec<(String, String)> {
-        let Some(store) = self.relay.checkpoint_store() else {
+        let Some(store) = self.checkpoint_store() else {
             return Vec::new();
         };
         let names = match store.names() {
@@ -166,6 +215,27 @@ impl Ledger {
             let _ = std::fs::remove_file(&copy);
         }
         failures
+    }
+}
+
+/// The relay's own store, as the one the ledger uses.
+struct Plain<'a>(&'a dyn crate::relay::CheckpointStore);
+
+impl crate::relay::CheckpointStore for Plain<'_> {
+    fn names(&self) -> Result<Vec<String>, crate::relay::RelayError> {
+        self.0.names()
+    }
+
+    fn download(&self, name: &str, to: &mut dyn std::io::Write) -> Result<bool, crate::relay::RelayError> {
+        self.0.download(name, to)
+    }
+
+    fn upload(&self, name: &str, path: &Path) -> Result<(), crate::relay::RelayError> {
+        self.0.upload(name, path)
+    }
+
+    fn remove(&self, name: &str) -> Result<(), crate::relay::RelayError> {
+        self.0.remove(name)
     }
 }
 

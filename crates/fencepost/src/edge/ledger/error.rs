@@ -151,10 +151,15 @@ pub enum CheckpointError {
     /// The ledger has no records to write a checkpoint of.
     #[error("cannot write a checkpoint: the ledger has no records yet")]
     NoRecords,
-    /// The ledger is protected: its checkpoints are not written yet (issue 39, under way; a
-    /// checkpoint in the clear would give away what its records seal).
-    #[error("cannot write a checkpoint: the ledger is protected, and fencepost does not write sealed checkpoints yet")]
+    /// The ledger is protected, and was given no folder for the checkpoints it opens
+    /// ([`LedgerOptions::checkpoint_copies`](super::LedgerOptions::checkpoint_copies)): the
+    /// relay holds them sealed, this site the opened copies.
+    #[error("cannot write a checkpoint: the ledger is protected, and no folder of this site's was given for its opened checkpoints")]
     Protected,
+    /// The ledger is protected and a record read is not settled yet (held for a head, missing):
+    /// a checkpoint must cover what it read whole.
+    #[error("cannot write a checkpoint: the ledger is protected, and records read are not settled yet (`fencepost status` names what is missing)")]
+    Unsettled,
     /// The checkpoints' folder could not be created.
     #[error("cannot write a checkpoint: cannot create {}: {source}", path.display())]
     CreateFolder {

@@ -29,11 +29,15 @@ pub struct LedgerOptions {
     /// does, before it returns, and fails while it cannot, so that nothing is decided on a
     /// ledger that lacks them. Shared by the site's processes (under a file lock).
     pub outbox: Option<std::path::PathBuf>,
-    /// The ledger is protected (issue 39, under way: the keys and the members are given here
-    /// until the ledger carries them): every record this ledger writes is sealed and its
-    /// appends signed, and only records a member's head covers are folded (rule S2). No snapshot
-    /// or checkpoint is used or written with it yet.
+    /// The ledger is protected (issue 39): every record this ledger writes is sealed and its
+    /// appends signed, and only records a member's head covers are folded (rule S2).
     pub protected: Option<std::sync::Arc<super::Protected>>,
+    /// A folder (in the site's own data directory, never in the relay) where a protected
+    /// ledger keeps the checkpoints it opened: the relay holds them sealed
+    /// (`checkpoint-<records>-<digest>.sealed`, see [`crate::protected::checkpoint`]). Without
+    /// it, a protected ledger neither writes nor uses checkpoints. Shared by the site's
+    /// processes.
+    pub checkpoint_copies: Option<std::path::PathBuf>,
 }
 
 impl LedgerOptions {
@@ -52,6 +56,13 @@ impl LedgerOptions {
     /// Read and write a protected ledger (see [`LedgerOptions::protected`]).
     pub fn protected(mut self, protected: super::Protected) -> Self {
         self.protected = Some(std::sync::Arc::new(protected));
+        self
+    }
+
+    /// Keep the checkpoints a protected ledger opened in `dir` (see
+    /// [`LedgerOptions::checkpoint_copies`]).
+    pub fn checkpoint_copies(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.checkpoint_copies = Some(dir.into());
         self
     }
 

@@ -94,6 +94,25 @@ impl Protected {
         Ok(logs)
     }
 
+    /// A reading of what a sealed checkpoint's header says (`mark`, its proofs checked), at its
+    /// heads (`settled`: per device, how many records and the last one's id).
+    ///
+    /// # Errors
+    /// A line saying what in `mark` does not read, or does not match the heads.
+    pub(super) fn restore_from(
+        &self,
+        mark: &crate::protected::ProtectedMark,
+        settled: impl IntoIterator<Item = (String, u64, OpId)>,
+    ) -> Result<ProtectedLogs, String> {
+        ProtectedLogs::restore(
+            self.protection(),
+            self.members.clone(),
+            Some(Arc::clone(&self.device_key)),
+            mark,
+            settled,
+        )
+    }
+
     /// The id of this device's record 0, from what the reading read (`logs`) or the records of
     /// this device it has not read yet (`tail`); `None` when its log is empty. An error when
     /// the log begins with another key than this device's: its heads would cover nothing.

@@ -11,7 +11,6 @@ use super::{Ledger, LedgerError, LedgerState};
 use crate::id::DeviceId;
 use crate::identity::DeviceKey;
 use crate::membership::{Membership, RECOVERY};
-use crate::relay::Frontier;
 use crate::roster::{Change, KeyId, MembershipChange, Position, Standing};
 use crate::seal::LedgerKey;
 
@@ -100,6 +99,15 @@ impl Ledger {
             // Found by an adversarial test: a cut past the end left the device its powers.
             return Err(refused(format!(
                 "record {cut} is past the end of {device}'s log as this host read it ({read} records): a cut voids records read, from the one given (--from {read} voids what it writes from now on)"
+            )));
+        }
+        // Records removed after a checkpoint covered them cannot be voided: the checkpoint
+        // holds what they did, and a reading cannot be made again without them (found by
+        // trying: every host of the ledger then stopped, waiting for the records).
+        let starts = self.relay.log_starts()?;
+        if let Some((first, _)) = starts.get(device.as_str()).filter(|(first, _)| cut < *first) {
+            return Err(refused(format!(
+                "records of {device} before {first} were removed from its log after a checkpoint covered them (ledger compact --prune): what they did stays in the checkpoints; revoke from record {first} or later (--from {first})"
             )));
         }
         if let Some(already) = roster.cut(device.as_str()).filter(|already| *already <= cut) {
@@ -310,6 +318,8 @@ impl Ledger {
             tracing::info!(
                 "a revocation voids records this host had read: reading the ledger again from the start"
             );
+            // Records removed after a checkpoint covered them are read again from the checkpoint.
+            let pruned = !self.relay.log_starts()?.is_empty();
             let changes = logs.changes();
             let mut fresh = protected.logs();
             let released = fresh.admit(changes);
@@ -331,7 +341,28 @@ impl Ledger {
             let relay = Arc::clone(&self.relay);
             // A relay resumed from the snapshot's cursor would hand over only what follows it.
             relay.read_from_start();
-            match relay.pull_in_batches(&Frontier::new(), &mut |ops| self.absorb(&ops)) {
+            let mut settled = false;
+            if pruned {
+                self.start_after_pruning()?;
+                if let Some(logs) = self.view.protected.as_mut() {
+                    logs.admit(stale_changes(&stale));
+                    // A cut among the records the checkpoint covers (a host's revoke made
+                    // before its copy of the ledger was pruned): they cannot be read again,
+                    // and what the checkpoint holds of them stands.
+                    if logs.stale() {
+                        tracing::warn!("a revocation voids records that the checkpoint this reading starts from covers: what they did stands as the checkpoint holds it (docs/security.md, checkpoints)");
+                        settled = true;
+                    }
+                }
+            }
+            let since = self.view.frontier.clone();
+            let pulled = relay.pull_in_batches(&since, &mut |ops| self.absorb(&ops));
+            if settled {
+                if let Some(logs) = self.view.protected.as_mut() {
+                    logs.accept_stale();
+                }
+            }
+            match pulled {
                 Ok(problems) => self.take_problems(problems)?,
                 Err(error) => {
                     // Never a half reading: the stale one holds every commit it read.
@@ -345,6 +376,14 @@ impl Ledger {
         );
         Ok(())
     }
+}
+
+/// The membership changes a reading read.
+fn stale_changes(view: &LedgerState) -> Vec<crate::roster::MembershipChange> {
+    view.protected
+        .as_ref()
+        .map(crate::protected::ProtectedLogs::changes)
+        .unwrap_or_default()
 }
 
 fn random_key() -> Result<[u8; 32], LedgerError> {

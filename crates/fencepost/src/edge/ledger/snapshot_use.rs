@@ -38,9 +38,8 @@ impl Ledger {
         // The fencing epochs of a snapshot given up for a checkpoint that forgets more (K2: kept
         // whatever the checkpoint says).
         let mut given_up = Vec::new();
-        // A protected ledger has no checkpoint (compaction is refused): one in its folder is
-        // nobody's to start from.
-        let checkpoints = self.protected.is_none();
+        // A protected ledger's are the sealed ones it opens (none without a folder for them).
+        let checkpoints = self.checkpoints_dir().is_some();
         if let Ok(Some(base)) = saved.as_ref().map(|base| base.as_ref().filter(|_| checkpoints)) {
             if self.move_to_forgetting_checkpoint(base) {
                 empty = true;
@@ -77,19 +76,7 @@ impl Ledger {
                 return Ok(());
             }
         };
-        let view = LedgerState::restored(&base).and_then(|mut view| {
-            view.protected = match (self.protected.as_deref(), &base.protected) {
-                (None, None) => None,
-                (Some(protected), Some(mark)) => Some(protected.restore_logs(mark, &view.heads)?),
-                (None, Some(_)) => {
-                    return Err("it is a protected ledger's, read here as unprotected".to_owned())
-                }
-                (Some(_), None) => {
-                    return Err("it is an unprotected ledger's, read here as protected".to_owned())
-                }
-            };
-            Ok(view)
-        });
+        let view = LedgerState::restored(&base).and_then(|view| self.with_protected(view, &base));
         let view = match view {
             Ok(view) => view,
             Err(reason) => {
@@ -145,6 +132,25 @@ impl Ledger {
         self.started_from = from_checkpoint.map(|(id, _)| id);
         tracing::debug!(snapshot = %path.display(), "resumed from the snapshot");
         Ok(())
+    }
+
+    /// `view`, restored from `base` (a snapshot's or a checkpoint's), with this ledger's
+    /// protected reading restored from it too.
+    ///
+    /// # Errors
+    /// A line saying why `base` is not of this ledger's kind, or its reading does not read.
+    pub(super) fn with_protected(
+        &self,
+        mut view: LedgerState,
+        base: &SnapshotBase,
+    ) -> Result<LedgerState, String> {
+        view.protected = match (self.protected.as_deref(), &base.protected) {
+            (None, None) => None,
+            (Some(protected), Some(mark)) => Some(protected.restore_logs(mark, &view.heads)?),
+            (None, Some(_)) => return Err("it is a protected ledger's, read here as unprotected".to_owned()),
+            (Some(_), None) => return Err("it is an unprotected ledger's, read here as protected".to_owned()),
+        };
+        Ok(view)
     }
 
     /// Makes the snapshot's lock shared again if this process holds it exclusively (it made the

@@ -7,16 +7,16 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use super::{founding, ProtectedLogs, ReadChange};
-use crate::core::identity::DeviceKey;
+use crate::core::identity::{DeviceKey, LedgerId};
 use crate::core::membership::MembershipRecord;
 use crate::core::protected::{LogReader, Origin, Protection};
 use crate::core::roster::{KeyId, MembershipChange, Position};
-use crate::oplog::OpId;
+use crate::oplog::{OpId, OpRecord, SealedContent};
 use std::sync::Arc;
 
 /// A protected reading in a snapshot: saved only when every record read is settled, so that
 /// the reading resumes at the snapshot's heads.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProtectedMark {
     /// Per device: the id of its log's record 0 and what it says (base64).
@@ -36,6 +36,12 @@ pub struct ProtectedMark {
     /// The agents each device's log named (intents of one size name them by digest).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     names: Vec<(String, String)>,
+    /// Per membership record, in the same order: its record and the ones after it through
+    /// the first that carries a valid head, as the relay carries them (format-3 lines). What
+    /// shows the reader of a checkpoint that the author's key wrote each change
+    /// ([`check_proofs`](Self::check_proofs)); absent in a snapshot written before them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    proofs: Vec<Vec<String>>,
 }
 
 impl ProtectedMark {
@@ -84,6 +90,11 @@ impl ProtectedLogs {
             })
             .collect();
         let membership_ids = self.memberships.iter().map(|read| read.op_id).collect();
+        let proofs = self
+            .memberships
+            .iter()
+            .map(|read| read.proof.iter().map(line_of).collect())
+            .collect();
         let folded = self
             .folded
             .iter()
@@ -101,6 +112,7 @@ impl ProtectedLogs {
             folded,
             voided,
             names: self.names.listed(),
+            proofs,
         })
     }
 
@@ -139,8 +151,16 @@ impl ProtectedLogs {
         if mark.membership_ids.len() != mark.memberships.len() {
             return Err("it names the membership records read without their ids".to_owned());
         }
-        for ((device, seq, log_key, bytes), op_id) in mark.memberships.iter().zip(&mark.membership_ids) {
+        let no_proofs = Vec::new();
+        for (index, ((device, seq, log_key, bytes), op_id)) in
+            mark.memberships.iter().zip(&mark.membership_ids).enumerate()
+        {
             let record = MembershipRecord::from_bytes(&decode(bytes)?)?;
+            let proof = mark.proofs.get(index).unwrap_or(&no_proofs);
+            let proof = proof
+                .iter()
+                .map(|line| OpRecord::from_json(line.as_bytes()).map_err(|error| error.to_string()))
+                .collect::<Result<Vec<_>, _>>()?;
             let device = crate::id::DeviceId::new(device).map_err(|error| error.to_string())?;
             logs.memberships.push(ReadChange {
                 position: Position { device, seq: *seq },
@@ -150,6 +170,7 @@ impl ProtectedLogs {
                 by_recovery: false,
                 taken: false,
                 keys: Vec::new(),
+                proof,
             });
         }
         for (device, key, seq) in &mark.folded {
@@ -164,6 +185,103 @@ impl ProtectedLogs {
         logs.refresh();
         Ok(logs)
     }
+}
+
+impl ProtectedMark {
+    /// What of this mark a sealed checkpoint carries in the clear: every log's record 0 and
+    /// every membership record with its proof, no more (the folded counts and the agents'
+    /// names stay inside the ciphertext).
+    pub(crate) fn roster_part(&self) -> ProtectedMark {
+        ProtectedMark {
+            origins: self.origins.clone(),
+            memberships: self.memberships.clone(),
+            membership_ids: self.membership_ids.clone(),
+            folded: Vec::new(),
+            voided: Vec::new(),
+            names: Vec::new(),
+            proofs: self.proofs.clone(),
+        }
+    }
+
+    /// What the record 0s it holds say (those that read).
+    pub(crate) fn origins(&self) -> Vec<Origin> {
+        self.origins
+            .iter()
+            .filter_map(|(_, _, bytes)| Origin::from_bytes(&decode(bytes).ok()?).ok())
+            .collect()
+    }
+
+    /// Whether `other` holds the same record 0s, membership records and proofs as this one.
+    pub(crate) fn same_roster(&self, other: &ProtectedMark) -> bool {
+        self.roster_part() == other.roster_part()
+    }
+
+    /// Checks what this mark says against the keys it names, for a mark a reader did not write
+    /// (a sealed checkpoint's): each record 0's id is that of its bytes, and each membership
+    /// record comes with its proof, a chain of its author's log from it to a head the key of
+    /// the author's record 0 signed for `ledger`. Which changes count is the roster's to say
+    /// (rooted in the genesis), as for records read from the ledger.
+    ///
+    /// # Errors
+    /// What does not hold.
+    pub(crate) fn check_proofs(&self, ledger: &LedgerId) -> Result<(), String> {
+        let mut signers = std::collections::BTreeMap::new();
+        for (device, id, bytes) in &self.origins {
+            let bytes = decode(bytes)?;
+            let said = Origin::from_bytes(&bytes)?;
+            let record = OpRecord::sealed(
+                Arc::from(device.as_str()),
+                0,
+                None,
+                SealedContent::Clear(bytes.into()),
+            );
+            if record.op_id != *id {
+                return Err(format!(
+                    "the record 0 given for {device:?} is not the one its id names"
+                ));
+            }
+            signers.insert((device.as_str(), *id), *said.signer());
+        }
+        if self.proofs.len() != self.memberships.len() || self.membership_ids.len() != self.memberships.len()
+        {
+            return Err("its membership records do not each come with their id and proof".to_owned());
+        }
+        for (((device, seq, log_key, bytes), op_id), proof) in self
+            .memberships
+            .iter()
+            .zip(&self.membership_ids)
+            .zip(&self.proofs)
+        {
+            let at = format!("the membership record at {device:?} {seq}");
+            let Some(signer) = signers.get(&(device.as_str(), *log_key)) else {
+                return Err(format!("{at} is of a log whose record 0 it does not give"));
+            };
+            let chain = crate::core::protected::evidence::chain_of_lines(device, *seq, proof)
+                .map_err(|error| format!("{at}: its proof {error}"))?;
+            let (Some(first), Some(last)) = (chain.first(), chain.last()) else {
+                return Err(format!("{at} comes with no proof"));
+            };
+            let clear = match first.sealed_record().map(|record| &record.content) {
+                Some(SealedContent::Clear(clear)) => Some(clear),
+                _ => None,
+            };
+            let bytes = decode(bytes)?;
+            if first.op_id != *op_id || clear.is_none_or(|clear| **clear != *bytes) {
+                return Err(format!("{at} is not the first record of its proof"));
+            }
+            if !last.has_valid_head(signer, ledger, log_key) {
+                return Err(format!("{at}: its proof ends at no head its author's key signed"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `op` as the relay carries it, without the line's end.
+fn line_of(op: &OpRecord) -> String {
+    let mut line = Vec::new();
+    op.write_json_line(&mut line);
+    String::from_utf8_lossy(line.trim_ascii_end()).into_owned()
 }
 
 fn decode(text: &str) -> Result<Vec<u8>, String> {

@@ -34,10 +34,13 @@ impl Ledger {
     /// # Errors
     /// As [`compact`](Self::compact).
     pub fn compact_with(&mut self, options: &CompactOptions) -> Result<CheckpointInfo, LedgerError> {
-        let dir = self.relay.checkpoints_dir().ok_or(CheckpointError::NotKept)?;
-        if self.protected.is_some() {
-            return Err(CheckpointError::Protected.into());
-        }
+        let dir = match self.checkpoints_dir() {
+            Some(dir) => dir,
+            None if self.protected.is_some() && self.relay.checkpoints_dir().is_some() => {
+                return Err(CheckpointError::Protected.into())
+            }
+            None => return Err(CheckpointError::NotKept.into()),
+        };
         if self.resumed_from_snapshot() {
             // Its records read before are not read again: damage among them would not be seen.
             return Err(CheckpointError::CompactAfterSnapshot.into());
@@ -49,6 +52,14 @@ impl Ledger {
         }
         if self.view.frontier.iter().next().is_none() {
             return Err(CheckpointError::NoRecords.into());
+        }
+        if self
+            .view
+            .protected
+            .as_ref()
+            .is_some_and(|logs| logs.mark().is_none())
+        {
+            return Err(CheckpointError::Unsettled.into());
         }
         std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateFolder {
             path: dir.clone(),
@@ -178,7 +189,7 @@ impl Ledger {
         // another process of this host that mirrors the store meanwhile removes every copy the
         // store lacks (found by CI: a `run` beside a `ledger compact --prune` on one data
         // directory removed the new checkpoint before it was stored, and the compaction failed).
-        if let Some(store) = self.relay.checkpoint_store() {
+        if let Some(store) = self.checkpoint_store() {
             if let Err(error) = store.upload(name, written) {
                 Snapshot::remove(written);
                 return Err(CheckpointError::Store(error).into());
@@ -215,7 +226,7 @@ impl Ledger {
         // test: two compactions at once removed each other's, and the line was lost): the one
         // that comes first in the order sites choose by (`checkpoint::list`).
         let ours = crate::hex::decode_lower_hex::<32>(id).map(|id| (forgets_before_ms, id));
-        let stored_elsewhere = self.relay.checkpoint_store().is_some();
+        let stored_elsewhere = self.checkpoint_store().is_some();
         for (older_name, older) in checkpoint::list(dir).unwrap_or_default() {
             if older == path || older_name.records > records {
                 continue;
@@ -243,7 +254,7 @@ impl Ledger {
                     contains(heads, &file.base().heads) && self.view.holds(&file.base().compaction_heads())
                 });
             if contained {
-                if let Some(store) = self.relay.checkpoint_store() {
+                if let Some(store) = self.checkpoint_store() {
                     let name = older.file_name().and_then(|name| name.to_str()).unwrap_or("");
                     if let Err(error) = store.remove(name) {
                         tracing::warn!(checkpoint = name, %error, "cannot remove an older checkpoint from the ledger");

@@ -9,7 +9,7 @@ impl Ledger {
     /// empty snapshot, checking it whole (see [`crate::checkpoint`], rule K3); returns its id. A
     /// damaged one is damage of this ledger ([`damage`](Self::damage)), and not used.
     pub(in crate::edge::ledger) fn import_checkpoint(&mut self) -> Option<(String, PathBuf)> {
-        let dir = self.relay.checkpoints_dir()?;
+        let dir = self.checkpoints_dir()?;
         self.mirror_checkpoints(&dir, |index, _| index == 0);
         let listed = match checkpoint::list(&dir) {
             Ok(listed) => listed,
@@ -81,7 +81,7 @@ impl Ledger {
     /// compaction, it is whole).
     pub(in crate::edge::ledger) fn checkpoint_unusable(&mut self, path: &Path, detail: &str) {
         self.checkpoint_damage = Some(checkpoint_problem(path, &format!("cannot be used: {detail}")));
-        if self.relay.checkpoint_store().is_some() {
+        if self.checkpoint_store().is_some() {
             Snapshot::remove(path);
         }
     }
@@ -95,7 +95,7 @@ impl Ledger {
     /// snapshot is then empty, with its lock exclusive, for
     /// [`import_checkpoint`](Self::import_checkpoint); whether it is.
     pub(in crate::edge::ledger) fn move_to_forgetting_checkpoint(&mut self, base: &SnapshotBase) -> bool {
-        let Some(dir) = self.relay.checkpoints_dir() else {
+        let Some(dir) = self.checkpoints_dir() else {
             return false;
         };
         // The name says whether it forgets: no file is opened (or copied) on an ordinary run.
@@ -157,7 +157,7 @@ impl Ledger {
         if starts.is_empty() {
             return Ok(());
         }
-        let Some(dir) = self.relay.checkpoints_dir() else {
+        let Some(dir) = self.checkpoints_dir() else {
             return Ok(());
         };
         self.mirror_checkpoints(&dir, |_, _| true);
@@ -170,7 +170,8 @@ impl Ledger {
             if named.mismatch(&file).is_some() || file.check_pages().is_err() {
                 continue;
             }
-            let Ok(mut view) = base_view(file.base()) else {
+            let Ok(mut view) = base_view(file.base()).and_then(|view| self.with_protected(view, file.base()))
+            else {
                 continue;
             };
             if covers_starts(&view, &starts) {
@@ -186,7 +187,11 @@ impl Ledger {
             usable.push((path, file, view));
         }
         // None alone (hosts that pruned before a sync carried the others' records): the merge
-        // of those that together cover them (rule K6).
+        // of those that together cover them (rule K6). Not of a protected ledger's: a reading
+        // is restored from one checkpoint's (a host waits for a checkpoint that covers them).
+        if self.protected.is_some() {
+            usable.clear();
+        }
         let merged = merge_covering(usable, &starts);
         if let Some(Merged {
             view,
@@ -254,7 +259,7 @@ impl Ledger {
     pub(in crate::edge::ledger) fn move_past_pruned(&mut self, base: &SnapshotBase) -> bool {
         // A store that holds no checkpoint (just listed): no log was pruned that a reading
         // could start after (a pull reports one that was), and a database is not asked again.
-        if self.relay.checkpoint_store().is_some() && self.stored_checkpoints.get() == Some(0) {
+        if self.checkpoint_store().is_some() && self.stored_checkpoints.get() == Some(0) {
             return false;
         }
         let Ok(starts) = self.relay.log_starts() else {
@@ -408,6 +413,14 @@ pub(in crate::edge::ledger) fn merge_covering(
         }
     }
     merged
+}
+
+impl Ledger {
+    /// [`loaded_view`], with this ledger's protected reading restored from the checkpoint.
+    pub(in crate::edge::ledger) fn loaded_view(&self, file: &mut CheckpointFile) -> Option<LedgerState> {
+        let view = loaded_view(file)?;
+        self.with_protected(view, file.base()).ok()
+    }
 }
 
 pub(in crate::edge::ledger) fn loaded_view(file: &mut CheckpointFile) -> Option<LedgerState> {

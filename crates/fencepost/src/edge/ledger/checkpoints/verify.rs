@@ -16,7 +16,7 @@ impl Ledger {
     /// [`LedgerError::Checkpoint`] when the ledger resumed from a snapshot or the folder
     /// cannot be listed, [`LedgerError::Relay`] when the records cannot be read again.
     pub fn verify_checkpoints(&self) -> Result<Vec<RelayProblem>, LedgerError> {
-        let Some(dir) = self.relay.checkpoints_dir() else {
+        let Some(dir) = self.checkpoints_dir() else {
             return Ok(Vec::new());
         };
         if self.resumed_from_snapshot() {
@@ -26,7 +26,7 @@ impl Ledger {
         // of this call's, not this site's copies (found by an adversarial test: a host whose
         // copy was whole said "intact" of a damaged stored checkpoint that stopped every new
         // host, and one that had copied a damaged one reported it after it was stored again).
-        let stored_elsewhere = self.relay.checkpoint_store().is_some();
+        let stored_elsewhere = self.checkpoint_store().is_some();
         let fresh =
             FreshCopies(stored_elsewhere.then(|| dir.join(format!(".verifying-{}", std::process::id()))));
         let checked = fresh.0.clone().unwrap_or_else(|| dir.clone());
@@ -43,6 +43,13 @@ impl Ledger {
                 )
             })
             .collect();
+        let shared = self.relay.checkpoints_dir().unwrap_or_else(|| dir.clone());
+        for (sealed, why) in self.unopened_checkpoints() {
+            problems.push(checkpoint_problem(
+                &shared.join(sealed),
+                &format!("does not open: {why}"),
+            ));
+        }
         let listed = checkpoint::list(&checked).map_err(|source| CheckpointError::ListFolder {
             path: checked.clone(),
             source,
@@ -93,7 +100,7 @@ impl Ledger {
             }
             Covered::Superseded => return Ok(None),
             Covered::Merged { start, union } => {
-                let Some(theirs) = loaded_view(&mut file) else {
+                let Some(theirs) = self.loaded_view(&mut file) else {
                     return Ok(Some("cannot be read".to_owned()));
                 };
                 return Ok(merge_problem(*start, theirs, &union));
@@ -192,7 +199,7 @@ impl Ledger {
             let from_start = contains_start
                 .then(|| CheckpointFile::open(start).ok())
                 .flatten()
-                .and_then(|mut file| loaded_view(&mut file));
+                .and_then(|mut file| self.loaded_view(&mut file));
             let Some(mut view) = from_start else {
                 // One that the start covers wholly (a sync brought it after the start, and
                 // its records were pruned; its heads are the ledger's, checked above) is of
@@ -257,7 +264,7 @@ impl Ledger {
         let load = || {
             CheckpointFile::open(start)
                 .ok()
-                .and_then(|mut file| loaded_view(&mut file))
+                .and_then(|mut file| self.loaded_view(&mut file))
         };
         let (Some(start_view), Some(mut union)) = (load(), load()) else {
             return Ok(None);
@@ -278,6 +285,7 @@ impl Ledger {
     /// at a time (not all held at once), forgetting what it forgot.
     fn fold_from(&self, since: &Frontier, base: &SnapshotBase) -> Result<LedgerState, LedgerError> {
         let mut view = LedgerState::new();
+        view.protected = self.protected.as_deref().map(super::super::Protected::logs);
         self.fold_covered(&mut view, since, base)?;
         if let Some(rule) = &base.forgotten {
             view.forget_runs(rule);
@@ -347,6 +355,15 @@ pub(in crate::edge::ledger) fn comparable(base: &SnapshotBase) -> Value {
         object.insert("cursor".to_owned(), Value::Null);
         if let Some(Value::Array(records)) = object.get_mut("records") {
             records.sort_by_key(ToString::to_string);
+        }
+        // A protected reading lists what it read in the order it read it, which the batches
+        // of a pull decide.
+        if let Some(Value::Object(mark)) = object.get_mut("protected") {
+            for (_, field) in mark.iter_mut() {
+                if let Value::Array(items) = field {
+                    items.sort_by_key(ToString::to_string);
+                }
+            }
         }
     }
     value

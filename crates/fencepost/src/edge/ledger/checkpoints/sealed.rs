@@ -1,0 +1,499 @@
+//! A protected ledger's checkpoints (issue 39): the shared place (the ledger folder's
+//! `checkpoints/`, a SQLite ledger's `FILE.checkpoints/`, a database's table) holds them sealed
+//! ([`crate::protected::checkpoint`]), named `checkpoint-<records>-<digest of the sealed
+//! bytes>[-forgets-<ms>].sealed`; this host keeps opened copies in a folder of its own
+//! ([`LedgerOptions::checkpoint_copies`](crate::ledger::LedgerOptions::checkpoint_copies)),
+//! named as any checkpoint is. [`SealedStore`] stands between the two as a
+//! [`CheckpointStore`], so the code that ranks, starts from, removes and verifies checkpoints
+//! works on the copies as it does for a database's.
+//!
+//! A sealed checkpoint that does not open (not sealed with a generation this device holds,
+//! written by a device that was no member where it ends its log, altered, another ledger's) is
+//! never used, and stops nothing: anyone who can write the shared place can put one there, as
+//! they can a log under a non-member's id. `ledger verify` reports it.
+
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::super::Protected;
+use crate::checkpoint::{self, io_error, unique, OpenBlobError, SharedPlace, SEALED_EXTENSION};
+use crate::core::protected::checkpoint::{open_checkpoint, read_header, seal_checkpoint, SealedHeader};
+use crate::core::protected::checkpoint::{
+    sealed_length, BlobDigest, SEALED_CHECKPOINT_FORMAT, STREAM_NONCE_BYTES,
+};
+use crate::relay::{CheckpointStore, RelayError};
+use crate::roster::{KeyId, Standing};
+use crate::seal::LedgerKey;
+use crate::snapshot::CheckpointFile;
+
+/// The folder, among the copies, that says which sealed checkpoint each copy was opened from:
+/// a file per sealed name, holding the copy's name.
+const OPENED_DIR: &str = ".opened";
+/// The folder, among the copies, of the sealed checkpoints that do not open for good: a file
+/// per sealed name, holding why.
+const REFUSED_DIR: &str = ".refused";
+
+/// Why a sealed checkpoint does not open, and whether for good (its bytes, its writer) or for
+/// now (the store away, a generation this device has not been given yet).
+struct Refusal {
+    why: String,
+    lasting: bool,
+}
+
+impl Refusal {
+    fn lasting(why: String) -> Self {
+        Self { why, lasting: true }
+    }
+
+    fn passing(why: String) -> Self {
+        Self { why, lasting: false }
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Self {
+        Self::lasting(why)
+    }
+}
+
+/// The sealed checkpoints of a protected ledger, as a store of opened copies.
+pub(in crate::edge::ledger) struct SealedStore<'a> {
+    /// The ledger's relay: the records after a checkpoint are read to judge it.
+    pub(in crate::edge::ledger) relay: &'a dyn crate::relay::Relay,
+    pub(in crate::edge::ledger) shared: SharedPlace<'a>,
+    /// This host's folder of opened copies.
+    pub(in crate::edge::ledger) copies: PathBuf,
+    pub(in crate::edge::ledger) protected: &'a Protected,
+    /// The generation this device seals with now, if it holds one.
+    pub(in crate::edge::ledger) seal_key: Option<LedgerKey>,
+    /// Sealed checkpoints that did not open, and why (for `ledger verify`).
+    pub(in crate::edge::ledger) unopened: &'a Mutex<Vec<(String, String)>>,
+}
+
+/// What a sealed checkpoint's name says: the records it covers, its digest, its cut-off.
+fn parse_sealed_name(name: &str) -> Option<(u64, BlobDigest, Option<u64>)> {
+    let plain = format!("{}.sqlite", name.strip_suffix(SEALED_EXTENSION)?);
+    let named = checkpoint::parse_file_name(&plain)?;
+    Some((named.records, named.id, named.forgets_before_ms))
+}
+
+impl SealedStore<'_> {
+    fn opened_dir(&self) -> PathBuf {
+        self.copies.join(OPENED_DIR)
+    }
+
+    /// Per sealed name, the name of the copy opened from it (as this host's copies say).
+    fn opened(&self) -> Vec<(String, String)> {
+        let Ok(entries) = std::fs::read_dir(self.opened_dir()) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|entry| {
+                let entry = entry.ok()?;
+                let sealed = entry.file_name().into_string().ok()?;
+                let copy = std::fs::read_to_string(entry.path()).ok()?;
+                (parse_sealed_name(&sealed).is_some() && checkpoint::parse_file_name(&copy).is_some())
+                    .then_some((sealed, copy))
+            })
+            .collect()
+    }
+
+    /// Notes that the copy `copy` was opened from the sealed `sealed` (written whole).
+    fn note_opened(&self, sealed: &str, copy: &str) {
+        let dir = self.opened_dir();
+        let temp = dir.join(unique(".noting-"));
+        let noted = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&temp, copy))
+            .and_then(|()| std::fs::rename(&temp, dir.join(sealed)));
+        if let Err(error) = noted {
+            let _ = std::fs::remove_file(&temp);
+            tracing::debug!(checkpoint = sealed, %error, "cannot note which copy a sealed checkpoint opened to; it is opened again next time");
+        }
+    }
+
+    /// The refusal noted of the sealed checkpoint `sealed`, if one was and it has not changed
+    /// since ([`SharedPlace::stamp`]).
+    fn refused(&self, sealed: &str) -> Option<String> {
+        let noted = std::fs::read_to_string(self.copies.join(REFUSED_DIR).join(sealed)).ok()?;
+        let (stamp, why) = noted.split_once('\n')?;
+        (Some(stamp) == self.shared.stamp(sealed).as_deref()).then(|| why.to_owned())
+    }
+
+    /// Notes that `sealed` does not open, for good while it does not change (a sealed
+    /// checkpoint never changes: its name holds its digest), so that it is not read again on
+    /// every open.
+    fn note_refused(&self, sealed: &str, why: &str) {
+        let Some(stamp) = self.shared.stamp(sealed) else {
+            return;
+        };
+        let dir = self.copies.join(REFUSED_DIR);
+        let temp = dir.join(unique(".noting-"));
+        let noted = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&temp, format!("{stamp}\n{why}")))
+            .and_then(|()| std::fs::rename(&temp, dir.join(sealed)));
+        if noted.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+    }
+
+    /// Opens the sealed checkpoint `sealed` into the file `into`; returns the name its copy
+    /// takes. See [`crate::protected::checkpoint`] for what is checked.
+    fn open_sealed(&self, sealed: &str, into: &Path) -> Result<Option<String>, Refusal> {
+        let Some((records, digest, forgets)) = parse_sealed_name(sealed) else {
+            return Err(Refusal::lasting(
+                "its name is not a sealed checkpoint's".to_owned(),
+            ));
+        };
+        if let Err(error) = std::fs::create_dir_all(&self.copies) {
+            return Err(Refusal::passing(format!(
+                "cannot create {}: {error}",
+                self.copies.display()
+            )));
+        }
+        let file = match self.shared.open(sealed, &self.copies) {
+            Ok(Some(file)) => file,
+            Ok(None) => return Ok(None),
+            Err(OpenBlobError::NotAFile(why)) => return Err(Refusal::lasting(why)),
+            Err(OpenBlobError::Io(error)) => {
+                return Err(Refusal::passing(format!("cannot be read: {error}")))
+            }
+        };
+        let opened = self.open_file(file, into, (records, digest, forgets)).map(Some);
+        if opened.is_err() {
+            crate::snapshot::Snapshot::remove(into);
+        }
+        opened
+    }
+
+    /// Opens the sealed checkpoint `file`, named `named`, into `into`.
+    fn open_file(
+        &self,
+        mut file: std::fs::File,
+        into: &Path,
+        named: (u64, BlobDigest, Option<u64>),
+    ) -> Result<String, Refusal> {
+        let ledger = self.protected.ledger;
+        let length = file
+            .metadata()
+            .map_err(|error| Refusal::passing(error.to_string()))?
+            .len();
+        let (header, line) = read_header(&mut BufReader::new(&mut file), &ledger)?;
+        // Its length follows from its header: a shorter file may be one a sync tool is still
+        // writing (looked at again once it changes), a longer one is not what its writer wrote.
+        let expected = sealed_length(line.len(), header.plain_bytes);
+        if expected.is_none_or(|expected| length > expected) {
+            return Err(Refusal::lasting(format!(
+                "it is {length} bytes, more than its header says"
+            )));
+        }
+        if let Some(expected) = expected.filter(|expected| length < *expected) {
+            return Err(Refusal::passing(format!(
+                "it is cut short: {length} of {expected} bytes (a sync still copying it?)"
+            )));
+        }
+        if (header.records, header.forgets_before_ms) != (named.0, named.2) {
+            return Err(Refusal::lasting(
+                "its header does not say what its name says".to_owned(),
+            ));
+        }
+        header.roster.check_proofs(&ledger)?;
+        let settled = header.heads.iter().cloned();
+        let mut logs = self.protected.restore_from(&header.roster, settled)?;
+        // The changes after it count too: a revocation of its writer from before where the
+        // checkpoint ends its log, the admission that gave this device its keys.
+        let mut after = crate::relay::Frontier::new();
+        for (device, count, last) in &header.heads {
+            after.raise_to(device, *count, Some(*last));
+        }
+        let read = self.relay.pull_in_batches(&after, &mut |batch| {
+            let mut batch = batch.into_iter().peekable();
+            while let Some(first) = batch.next() {
+                let mut run = vec![first];
+                while let Some(next) = batch.next_if(|op| op.device_id == run[0].device_id) {
+                    run.push(next);
+                }
+                logs.offer_all(run);
+            }
+        });
+        // The ledger's own reading starts afresh (a folder's relay resumes at a cursor only
+        // before it read anything).
+        self.relay.read_from_start();
+        read.map_err(|error| Refusal::passing(format!("the records after it cannot be read: {error}")))?;
+        let count = header.writer_count();
+        let standing = count.checked_sub(1).map_or(Standing::NotMember, |last| {
+            logs.protection()
+                .roster()
+                .standing(&header.writer, KeyId(header.writer_origin.0), last)
+        });
+        if standing != Standing::Member {
+            return Err(Refusal::lasting(format!(
+                "its writer {:?} was no member where it ends that device's log (record {count})",
+                header.writer
+            )));
+        }
+        // A checkpoint is in no log: one written before its writer's revocation cannot be told
+        // from one a thief wrote after it. A revoked device's are never used.
+        if logs.protection().roster().cut(&header.writer).is_some() {
+            return Err(Refusal::lasting(format!(
+                "its writer {:?} was revoked",
+                header.writer
+            )));
+        }
+        let writer = match logs.origin_of(&header.writer) {
+            Some(Ok((id, origin))) if *id == header.writer_origin => *origin.signer(),
+            _ => {
+                return Err(Refusal::lasting(format!(
+                    "it does not give its writer {:?}'s record 0",
+                    header.writer
+                )))
+            }
+        };
+        let keys: Vec<&LedgerKey> = logs
+            .protection()
+            .keys()
+            .filter(|key| key.generation() == header.generation)
+            .collect();
+        if keys.is_empty() {
+            // An admission of this device not read yet may give it.
+            return Err(Refusal::passing(format!(
+                "it is sealed with generation {} of the ledger key, which no change it carries gives this device",
+                header.generation
+            )));
+        }
+        let mut why = String::new();
+        for key in keys {
+            std::io::Seek::rewind(&mut file).map_err(|error| Refusal::passing(error.to_string()))?;
+            let mut input = BufReader::new(&mut file);
+            read_header(&mut input, &ledger)?;
+            let mut out = std::fs::File::create(into).map_err(|error| error.to_string())?;
+            let mut writer_out = std::io::BufWriter::new(&mut out);
+            match open_checkpoint(&header, &line, key, &writer, &ledger, &mut input, &mut writer_out) {
+                Ok(digest) if digest != named.1 => {
+                    return Err(Refusal::lasting(
+                        "its bytes do not match the digest in its name".to_owned(),
+                    ))
+                }
+                Ok(_) => {
+                    writer_out.flush().map_err(|error| error.to_string())?;
+                    drop(writer_out);
+                    out.sync_all().map_err(|error| error.to_string())?;
+                    return Ok(self.check_opened(&header, into)?);
+                }
+                Err(error) => why = error,
+            }
+        }
+        Err(Refusal::lasting(why))
+    }
+
+    /// The opened file at `into` says what `header` says; the name its copy takes.
+    fn check_opened(&self, header: &SealedHeader, into: &Path) -> Result<String, String> {
+        let file =
+            CheckpointFile::open(into).map_err(|error| format!("its content does not read: {error}"))?;
+        let base = file.base();
+        let heads: Vec<(String, u64, crate::oplog::OpId)> = base
+            .heads
+            .iter()
+            .filter_map(|head| Some((head.device_id.clone(), head.next_seq, head.last?.0)))
+            .collect();
+        let same_roster = base
+            .protected
+            .as_ref()
+            .is_some_and(|mark| mark.same_roster(&header.roster));
+        if heads != header.heads
+            || base.records() != header.records
+            || base.forgets_before_ms() != header.forgets_before_ms
+            || !same_roster
+        {
+            return Err("its content does not say what its header says".to_owned());
+        }
+        let id = checkpoint::id_hex(&file.id());
+        Ok(checkpoint::file_name(
+            header.records,
+            &id,
+            header.forgets_before_ms,
+        ))
+    }
+}
+
+impl CheckpointStore for SealedStore<'_> {
+    /// The copies' names of the sealed checkpoints shared: each one not opened here yet is
+    /// opened now, into the copies; one that does not open is left out (and noted).
+    fn names(&self) -> Result<Vec<String>, RelayError> {
+        let shared = self.shared.list()?;
+        // What processes killed while they opened, sealed or noted one left (an hour old).
+        checkpoint::remove_leftovers(&self.copies, &[".fetching-", ".opening-", ".sealing-"]);
+        for dir in [OPENED_DIR, REFUSED_DIR] {
+            checkpoint::remove_leftovers(&self.copies.join(dir), &[".noting-"]);
+        }
+        let opened = self.opened();
+        for (sealed, _) in &opened {
+            if !shared.contains(sealed) {
+                let _ = std::fs::remove_file(self.opened_dir().join(sealed));
+            }
+        }
+        let mut names = Vec::new();
+        for sealed in shared {
+            if let Some((_, copy)) = opened.iter().find(|(name, _)| *name == sealed) {
+                if self.copies.join(copy).exists() {
+                    names.push(copy.clone());
+                    continue;
+                }
+            }
+            let noted = self.refused(&sealed);
+            let into = self.copies.join(unique(".opening-"));
+            let opened = match &noted {
+                Some(why) => Err(Refusal::lasting(why.clone())),
+                None => self.open_sealed(&sealed, &into),
+            };
+            match opened {
+                Ok(Some(copy)) => {
+                    let placed = std::fs::rename(&into, self.copies.join(&copy));
+                    if let Err(error) = placed {
+                        crate::snapshot::Snapshot::remove(&into);
+                        return Err(io_error("place an opened checkpoint in", &self.copies, error));
+                    }
+                    self.note_opened(&sealed, &copy);
+                    names.push(copy);
+                }
+                Ok(None) => {}
+                Err(Refusal { why, lasting }) => {
+                    if noted.is_none() {
+                        tracing::warn!(checkpoint = sealed.as_str(), %why, "a sealed checkpoint of the ledger does not open: not used");
+                    }
+                    if lasting && noted.is_none() {
+                        self.note_refused(&sealed, &why);
+                    }
+                    if let Ok(mut unopened) = self.unopened.lock() {
+                        unopened.retain(|(name, _)| *name != sealed);
+                        unopened.push((sealed, why));
+                    }
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    /// Opens afresh the sealed checkpoint that `name`'s copy was opened from, into `to`.
+    fn download(&self, name: &str, to: &mut dyn Write) -> Result<bool, RelayError> {
+        let Some((sealed, _)) = self.opened().into_iter().find(|(_, copy)| copy == name) else {
+            return Ok(false);
+        };
+        let into = self.copies.join(unique(".opening-"));
+        let opened = self.open_sealed(&sealed, &into);
+        let copied = match opened {
+            Ok(Some(copy)) if copy == name => std::fs::File::open(&into)
+                .and_then(|mut file| std::io::copy(&mut file, to))
+                .map(|_| true)
+                .map_err(|error| io_error("read", &into, error)),
+            Ok(_) => Ok(false),
+            Err(refusal) => Err(RelayError::Unsupported(format!(
+                "the sealed checkpoint {sealed} does not open: {}",
+                refusal.why
+            ))),
+        };
+        crate::snapshot::Snapshot::remove(&into);
+        copied
+    }
+
+    /// Seals the checkpoint's file at `path` with this device's generation, signs it and shares
+    /// it.
+    fn upload(&self, name: &str, path: &Path) -> Result<(), RelayError> {
+        let refused =
+            |detail: String| RelayError::Unsupported(format!("cannot seal the checkpoint: {detail}"));
+        let key = self
+            .seal_key
+            .as_ref()
+            .ok_or_else(|| refused("this device holds no generation of the ledger key".to_owned()))?;
+        let file = CheckpointFile::open(path).map_err(|error| refused(error.to_string()))?;
+        let base = file.base();
+        let roster = base
+            .protected
+            .as_ref()
+            .ok_or_else(|| refused("it holds no protected reading".to_owned()))?
+            .roster_part();
+        let header = SealedHeader {
+            format: SEALED_CHECKPOINT_FORMAT.to_owned(),
+            ledger: {
+                let mut hex = String::new();
+                crate::core::hex::push_lower_hex(&mut hex, &self.protected.ledger.0);
+                hex
+            },
+            writer: self.protected.device_key.device().as_str().to_owned(),
+            writer_origin: self.protected.origin_id(),
+            generation: key.generation(),
+            records: base.records(),
+            forgets_before_ms: base.forgets_before_ms(),
+            heads: base.compaction_heads(),
+            roster,
+            plain_bytes: std::fs::metadata(path)
+                .map_err(|error| io_error("read", path, error))?
+                .len(),
+            nonce: String::new(),
+        };
+        drop(file);
+        let mut nonce = [0u8; STREAM_NONCE_BYTES];
+        getrandom::fill(&mut nonce).map_err(|error| refused(format!("no randomness: {error}")))?;
+        std::fs::create_dir_all(&self.copies).map_err(|error| io_error("create", &self.copies, error))?;
+        let sealing = self.copies.join(unique(".sealing-"));
+        let sealed = (|| -> Result<BlobDigest, String> {
+            let mut plain = BufReader::new(std::fs::File::open(path).map_err(|error| error.to_string())?);
+            let mut file = std::fs::File::create(&sealing).map_err(|error| error.to_string())?;
+            let mut out = std::io::BufWriter::new(&mut file);
+            let ledger = self.protected.ledger;
+            let digest = seal_checkpoint(
+                header,
+                nonce,
+                key,
+                &self.protected.device_key,
+                &ledger,
+                &mut plain,
+                &mut out,
+            )?;
+            out.flush().map_err(|error| error.to_string())?;
+            Ok(digest)
+        })();
+        let shared = sealed.map_err(refused).and_then(|digest| {
+            let named = checkpoint::parse_file_name(name)
+                .ok_or_else(|| refused(format!("{name} is not a checkpoint's name")))?;
+            let sealed_name = format!(
+                "{}{SEALED_EXTENSION}",
+                checkpoint::file_name(
+                    named.records,
+                    &checkpoint::id_hex(&digest),
+                    named.forgets_before_ms
+                )
+                .trim_end_matches(".sqlite")
+            );
+            self.shared.put(&sealed_name, &sealing)?;
+            self.note_opened(&sealed_name, name);
+            Ok(())
+        });
+        let _ = std::fs::remove_file(&sealing);
+        shared
+    }
+
+    /// Removes the sealed checkpoints `name`'s copy was opened from.
+    fn remove(&self, name: &str) -> Result<(), RelayError> {
+        for (sealed, copy) in self.opened() {
+            if copy == name {
+                self.shared.delete(&sealed)?;
+                let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_name_reads_as_a_checkpoint_name_does() {
+        let digest = [0xab; 32];
+        let name = format!("checkpoint-12-{}-forgets-99.sealed", checkpoint::id_hex(&digest));
+        assert_eq!(parse_sealed_name(&name), Some((12, digest, Some(99))));
+        assert_eq!(parse_sealed_name(&name.replace(".sealed", ".sqlite")), None);
+    }
+}

@@ -1,0 +1,312 @@
+//! Rule S6: a protected ledger's checkpoints are sealed and signed in the shared place; each host
+//! opens them into a folder of its own, and uses one only when it opens (its writer a member,
+//! never revoked, where it ends that device's log; sealed with a generation the host holds; its
+//! roster's changes each signed by their author; not altered). One that does not open is never
+//! used, stops nothing, and `verify_checkpoints` names it.
+
+mod members;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use base64::Engine;
+use fencepost::identity::{DeviceKey, SignatureContext};
+use fencepost::ledger::{CompactOptions, LedgerOptions};
+use sha2::{Digest, Sha256};
+
+use members::{device_key, run, Members};
+
+/// This device's folder of opened checkpoints and its snapshot, under `home`.
+fn options(home: &Path, key: &Arc<DeviceKey>) -> LedgerOptions {
+    let device = key.device().as_str();
+    LedgerOptions::default()
+        .checkpoint_copies(home.join(format!("{device}-checkpoints")))
+        .snapshot(home.join(format!("{device}.snapshot")))
+}
+
+/// [`options`] without a snapshot: a reading of every record (what compaction and
+/// verification need).
+fn reading(home: &Path, key: &Arc<DeviceKey>) -> LedgerOptions {
+    LedgerOptions::default().checkpoint_copies(home.join(format!("{}-checkpoints", key.device().as_str())))
+}
+
+/// The sealed checkpoints in the ledger folder.
+fn sealed(members: &Members) -> Vec<PathBuf> {
+    let dir = members.folder.path().join("checkpoints");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| entries.map(|entry| entry.unwrap().path()).collect())
+        .unwrap_or_default();
+    found.retain(|path| !path.file_name().unwrap().to_string_lossy().starts_with('.'));
+    found.sort();
+    found
+}
+
+/// A founder that ran three runs and admitted `phone`, and the home of the hosts' own files.
+fn ledger_with_runs(phone: &Arc<DeviceKey>) -> (Members, tempfile::TempDir) {
+    let (members, mut founder) = Members::found(&[phone]);
+    for name in ["run-1", "run-2", "run-3"] {
+        run(&mut founder, name, 2);
+    }
+    (members, tempfile::tempdir().unwrap())
+}
+
+/// [`ledger_with_runs`], compacted by the founder (no prune).
+fn compacted(phone: &Arc<DeviceKey>) -> (Members, tempfile::TempDir) {
+    let (members, home) = ledger_with_runs(phone);
+    let mut laptop = members
+        .open_with(&members.laptop, reading(home.path(), &members.laptop))
+        .unwrap();
+    laptop.compact().unwrap();
+    (members, home)
+}
+
+/// S6, K1, K5: a compaction of a protected ledger leaves only a sealed checkpoint in the shared
+/// place (no agent or run id in it as text, hex or base64); after a prune, a device admitted
+/// later starts from it and finds every commit; the checkpoint verifies.
+#[test]
+fn s6_a_sealed_checkpoint_is_written_and_a_member_admitted_after_the_prune_starts_from_it() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, home) = ledger_with_runs(&phone);
+    let mut laptop = members
+        .open_with(&members.laptop, reading(home.path(), &members.laptop))
+        .unwrap();
+    let info = laptop.compact_with(&CompactOptions::default().prune()).unwrap();
+    assert!(info.pruned > 0, "K5: the founder's own records went: {info:?}");
+    let shared = sealed(&members);
+    assert_eq!(shared.len(), 1, "S6: one checkpoint, sealed: {shared:?}");
+    assert!(shared[0].to_string_lossy().ends_with(".sealed"));
+    let bytes = std::fs::read(&shared[0]).unwrap();
+    for secret in ["milo", "run-1", "run-2"] {
+        let forms = [
+            secret.to_owned(),
+            secret.bytes().map(|byte| format!("{byte:02x}")).collect(),
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(secret),
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret),
+        ];
+        for form in forms {
+            assert!(
+                !bytes.windows(form.len()).any(|window| window == form.as_bytes()),
+                "S6: {form:?} ({secret}) lies in the sealed checkpoint"
+            );
+        }
+    }
+    laptop.admit(tablet.device(), &tablet.public()).unwrap();
+    drop(laptop);
+
+    let mut on_tablet = members.open_with(&tablet, options(home.path(), &tablet)).unwrap();
+    assert!(on_tablet.damage().is_empty(), "{:?}", on_tablet.damage());
+    assert!(
+        on_tablet.started_from_checkpoint().is_some(),
+        "S6: the new member starts from the sealed checkpoint"
+    );
+    for name in ["run-1", "run-2", "run-3"] {
+        assert!(
+            on_tablet.committed_run("milo", name).is_some(),
+            "K1: {name} is committed"
+        );
+    }
+    drop(on_tablet);
+    let verifier = members.open_with(&phone, reading(home.path(), &phone)).unwrap();
+    assert!(verifier.damage().is_empty(), "{:?}", verifier.damage());
+    assert_eq!(verifier.verify_checkpoints().unwrap(), vec![], "K3: it verifies");
+}
+
+/// Writes `bytes` as a sealed checkpoint of `records` records into the ledger folder, named by
+/// its digest as a writer names it.
+fn place(members: &Members, records: u64, bytes: &[u8]) -> PathBuf {
+    let digest: String = Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let path = members
+        .folder
+        .path()
+        .join("checkpoints")
+        .join(format!("checkpoint-{records}-{digest}.sealed"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// The records a sealed checkpoint's name says it covers.
+fn records_of(path: &Path) -> u64 {
+    let name = path.file_name().unwrap().to_string_lossy().to_string();
+    name.split('-').nth(1).unwrap().parse().unwrap()
+}
+
+/// S6, K3: a sealed checkpoint changed in the shared place (a byte of its ciphertext or of
+/// its signature, cut short, or named again after its new bytes) is never used: a new host
+/// reads every record instead and runs nothing twice, and `verify_checkpoints` names it.
+#[test]
+fn s6_an_altered_sealed_checkpoint_is_never_used_and_verify_names_it() {
+    let phone = device_key("phone", 11);
+    let (members, _home) = compacted(&phone);
+    let original = sealed(&members).remove(0);
+    let bytes = std::fs::read(&original).unwrap();
+    std::fs::remove_file(&original).unwrap();
+    let body = bytes.iter().position(|byte| *byte == b'\n').unwrap() + 1;
+    let mut altered = Vec::new();
+    let mut flipped = bytes.clone();
+    flipped[body + 40] ^= 1;
+    altered.push(("a ciphertext byte", flipped));
+    let mut signed = bytes.clone();
+    let last = signed.len() - 1;
+    signed[last] ^= 1;
+    altered.push(("a signature byte", signed));
+    altered.push(("cut short", bytes[..bytes.len() - 100].to_vec()));
+    altered.push(("named by another digest", bytes.clone()));
+    for (what, changed) in altered {
+        let mut path = place(&members, records_of(&original), &changed);
+        if what == "named by another digest" {
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let prefix = format!("checkpoint-{}-", records_of(&original));
+            let digest = &name[prefix.len()..];
+            let first = if digest.starts_with('0') { '1' } else { '0' };
+            let renamed = path.with_file_name(format!("{prefix}{first}{}", &digest[1..]));
+            std::fs::rename(&path, &renamed).unwrap();
+            path = renamed;
+        }
+        let home_of_one = tempfile::tempdir().unwrap();
+        let mut on_phone = members
+            .open_with(&phone, options(home_of_one.path(), &phone))
+            .unwrap();
+        assert!(
+            on_phone.damage().is_empty(),
+            "S6: {what}: it stops nothing: {:?}",
+            on_phone.damage()
+        );
+        assert_eq!(on_phone.started_from_checkpoint(), None, "S6: {what}: not used");
+        assert!(on_phone.committed_run("milo", "run-3").is_some());
+        drop(on_phone);
+        let verifier = members
+            .open_with(&phone, reading(home_of_one.path(), &phone))
+            .unwrap();
+        let found = verifier.verify_checkpoints().unwrap();
+        assert_eq!(found.len(), 1, "K3: {what}: {found:?}");
+        assert!(found[0].detail.contains("does not open"), "{what}: {}", found[0]);
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
+/// S6: a checkpoint whose header names a writer that is no member (re-signed by a stranger's
+/// key over the same ciphertext), that a member's key did not sign, or whose membership
+/// changes come without the proof that their authors signed them, is never used.
+#[test]
+fn s6_a_checkpoint_a_non_member_signed_is_never_used() {
+    let phone = device_key("phone", 11);
+    let stranger = device_key("stranger", 31);
+    let (members, _home) = compacted(&phone);
+    let original = sealed(&members).remove(0);
+    let bytes = std::fs::read(&original).unwrap();
+    std::fs::remove_file(&original).unwrap();
+    let body = bytes.iter().position(|byte| *byte == b'\n').unwrap() + 1;
+    let (line, rest) = bytes.split_at(body);
+    let ciphertext = &rest[..rest.len() - 64];
+    let resign = |line: &[u8], key: &DeviceKey| {
+        let mut signed = Sha256::new();
+        signed.update(line);
+        signed.update(ciphertext);
+        let digest: [u8; 32] = signed.finalize().into();
+        let signature = key.sign(SignatureContext::Checkpoint, &members.ledger, &digest);
+        [line, ciphertext, &signature.0].concat()
+    };
+    let mut header: serde_json::Value = serde_json::from_slice(line).unwrap();
+    header["writer"] = "stranger".into();
+    let stranger_line = [serde_json::to_vec(&header).unwrap(), b"\n".to_vec()].concat();
+    // The founder's own header, its changes' proofs left out: the roster would be its word.
+    let mut unproved = serde_json::from_slice::<serde_json::Value>(line).unwrap();
+    unproved["roster"]["proofs"] = serde_json::json!([]);
+    let unproved_line = [serde_json::to_vec(&unproved).unwrap(), b"\n".to_vec()].concat();
+    let cases = [
+        (
+            "a stranger's header and signature",
+            resign(&stranger_line, &stranger),
+            "no member",
+        ),
+        (
+            "the founder's header, a stranger's signature",
+            resign(line, &stranger),
+            "signature",
+        ),
+        (
+            "changes without their proofs",
+            resign(&unproved_line, &members.laptop),
+            "proof",
+        ),
+    ];
+    for (what, forged, why) in cases {
+        let path = place(&members, records_of(&original), &forged);
+        let home_of_one = tempfile::tempdir().unwrap();
+        let on_phone = members
+            .open_with(&phone, options(home_of_one.path(), &phone))
+            .unwrap();
+        assert_eq!(on_phone.started_from_checkpoint(), None, "S6: {what}: not used");
+        assert!(
+            on_phone.damage().is_empty(),
+            "S6: {what}: {:?}",
+            on_phone.damage()
+        );
+        let unopened = on_phone.unopened_checkpoints();
+        assert_eq!(unopened.len(), 1, "{what}: {unopened:?}");
+        assert!(unopened[0].1.contains(why), "S6: {what}: {}", unopened[0].1);
+        drop(on_phone);
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
+/// S6, M2: a checkpoint whose writer was revoked since is never used, even one it wrote while
+/// it was a member (nothing tells it from one a thief writes after the revocation): a host
+/// whose logs were pruned after it waits for a checkpoint a member writes.
+#[test]
+fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, home) = ledger_with_runs(&phone);
+    let mut on_phone = members.open_with(&phone, reading(home.path(), &phone)).unwrap();
+    run(&mut on_phone, "run-4", 3);
+    on_phone.compact().unwrap();
+    drop(on_phone);
+    let mut laptop = members
+        .open_with(&members.laptop, reading(home.path(), &members.laptop))
+        .unwrap();
+    laptop.revoke(phone.device(), None).unwrap();
+    laptop.admit(tablet.device(), &tablet.public()).unwrap();
+    drop(laptop);
+    let mut on_tablet = members.open_with(&tablet, options(home.path(), &tablet)).unwrap();
+    assert_eq!(on_tablet.started_from_checkpoint(), None, "S6: not used");
+    let unopened = on_tablet.unopened_checkpoints();
+    assert!(
+        unopened.iter().any(|(_, why)| why.contains("revoked")),
+        "S6: {unopened:?}"
+    );
+    assert!(on_tablet.committed_run("milo", "run-2").is_some());
+}
+
+/// S6 (found by an adversarial test): a sealed checkpoint seen while a sync tool still copies
+/// it (cut short, its name already whole) is not used then, and is used once it is whole: a
+/// refusal is kept only while the file stays as it was.
+#[test]
+fn s6_a_checkpoint_seen_while_it_is_copied_is_used_once_whole() {
+    let phone = device_key("phone", 11);
+    let (members, home) = compacted(&phone);
+    let path = sealed(&members).remove(0);
+    let whole = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &whole[..whole.len() / 2]).unwrap();
+    let on_phone = members.open_with(&phone, options(home.path(), &phone)).unwrap();
+    assert_eq!(
+        on_phone.started_from_checkpoint(),
+        None,
+        "S6: half of it is not used"
+    );
+    let unopened = on_phone.unopened_checkpoints();
+    assert!(unopened[0].1.contains("cut short"), "{unopened:?}");
+    drop(on_phone);
+    std::fs::remove_file(home.path().join("phone.snapshot")).unwrap();
+    std::fs::write(&path, &whole).unwrap();
+    let on_phone = members.open_with(&phone, options(home.path(), &phone)).unwrap();
+    assert!(
+        on_phone.started_from_checkpoint().is_some(),
+        "S6: whole, it is used"
+    );
+    assert!(on_phone.unopened_checkpoints().is_empty());
+}
