@@ -1706,3 +1706,45 @@ fn k3_k4_postgres_checkpoints_are_stored_in_chunks_and_come_back_whole() {
     let chunks = stored_chunks();
     assert_eq!(chunks, 0);
 }
+
+/// K5, R1 on PostgreSQL: a process of a device appends after another process of the device
+/// appended records and pruned them before the first one read them: the append goes on after
+/// the stored log (found by a flaky test on SQLite: refused as damage).
+#[test]
+#[ignore = "needs PostgreSQL: scripts/test runs it in its PostgreSQL pass (or set FENCEPOST_POSTGRES_URL and pass --include-ignored)"]
+fn k5_r1_postgres_an_append_after_records_pruned_before_it_read_them_goes_on() {
+    let schema = TestSchema::new();
+    schema.coordinator();
+    let folder = tempfile::tempdir().unwrap();
+    let relay = || -> std::sync::Arc<dyn Relay> {
+        std::sync::Arc::new(
+            PostgresRelay::connect(schema.config())
+                .unwrap()
+                .with_checkpoint_mirror(folder.path().join("copies")),
+        )
+    };
+    let clock = fencepost::clock::ManualClock::new(1_764_400_000_000);
+    let commit = |ledger: &mut fencepost::ledger::Ledger, run: &str| {
+        for status in [
+            fencepost::lease::IntentStatus::Pending,
+            fencepost::lease::IntentStatus::Committed,
+        ] {
+            ledger
+                .record(&fencepost::lease::Intent::new("milo", run, 2, status))
+                .unwrap();
+        }
+    };
+    let mut first = fencepost::ledger::Ledger::open("laptop", clock.wall_clock(), relay()).unwrap();
+    commit(&mut first, "run-1");
+    let mut second = fencepost::ledger::Ledger::open("laptop", clock.wall_clock(), relay()).unwrap();
+    commit(&mut second, "run-2");
+    let info = second
+        .compact_with(&fencepost::ledger::CompactOptions::default().prune())
+        .unwrap();
+    assert!(info.pruned > 0, "K5: {info:?}");
+    commit(&mut first, "run-3");
+    let mut reader = fencepost::ledger::Ledger::open("reader", clock.wall_clock(), relay()).unwrap();
+    for run in ["run-1", "run-2", "run-3"] {
+        assert!(reader.committed_run("milo", run).is_some(), "R1: {run}");
+    }
+}

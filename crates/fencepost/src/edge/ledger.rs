@@ -493,6 +493,7 @@ impl Ledger {
         let mut draft: Option<DeviceLog> = None;
         let (log, unsent) = (continued.as_ref().unwrap_or(&self.log), &self.unsent);
         let (protected, logs) = (self.protected.as_deref(), self.view.protected.as_ref());
+        let wall_clock = &self.wall_clock;
         let stopwatch = crate::clock::Stopwatch::start();
         let appended = self.relay.append(
             log.device_id(),
@@ -506,6 +507,15 @@ impl Ledger {
                     });
                 }
                 let mut next = log.clone();
+                // A tail that begins after this log's head: the records between were pruned
+                // (covered by a checkpoint) before this process read them; the log goes on
+                // after the tail.
+                if let Some(first) = tail.first().filter(|first| first.seq > next.head().next_seq()) {
+                    if let Some(prev) = first.prev {
+                        let after = crate::oplog::LogHead::after(log.device_id(), first.seq, prev);
+                        next = DeviceLog::continue_after(wall_clock.clone(), HlcConfig::default(), after);
+                    }
+                }
                 next.catch_up(tail)?;
                 let made = match protected {
                     Some(protected) => {
@@ -541,8 +551,23 @@ impl Ledger {
             .filter(|op| op.surface == Surface::Intent)
             .cloned()
             .collect();
-        self.absorb(&appended.tail);
-        self.absorb(&appended.appended);
+        // What does not continue this reading (a tail after records it never read, pruned
+        // since) is read from the checkpoint by the next open, not folded here over a gap.
+        let continues = appended
+            .tail
+            .first()
+            .or(appended.appended.first())
+            .is_none_or(|first| {
+                self.view
+                    .heads
+                    .get(self.log.device_id())
+                    .map_or(0, crate::oplog::LogHead::next_seq)
+                    >= first.seq
+            });
+        if continues {
+            self.absorb(&appended.tail);
+            self.absorb(&appended.appended);
+        }
         if let Err(error) = self.read_again_if_stale() {
             // Stored already: the next pull reads again.
             tracing::warn!(%error, "cannot read the protected ledger again after a revocation");

@@ -154,7 +154,7 @@ impl PostgresRelay {
             ),
             bind(
                 &format!(
-                    "SELECT max(seq) FROM {records} WHERE device_id = $1",
+                    "SELECT max(seq), min(seq) FROM {records} WHERE device_id = $1",
                     records = self.records
                 ),
                 &[device],
@@ -181,6 +181,17 @@ impl PostgresRelay {
         device_id: &str,
         sets: &mut impl Iterator<Item = Vec<SimpleQueryRow>>,
     ) -> Result<(LogHead, BTreeMap<u64, String>), RelayError> {
+        self.read_device_from(device_id, sets)
+            .map(|(head, stored, _)| (head, stored))
+    }
+
+    /// [`read_device`](Self::read_device), and the seq of the device's first stored row (after
+    /// 0 once a prune removed the records before it).
+    fn read_device_from(
+        &self,
+        device_id: &str,
+        sets: &mut impl Iterator<Item = Vec<SimpleQueryRow>>,
+    ) -> Result<(LogHead, BTreeMap<u64, String>, u64), RelayError> {
         let _inserted = sets.next();
         let length = sets.next().unwrap_or_default();
         let top = sets.next().unwrap_or_default();
@@ -192,6 +203,11 @@ impl PostgresRelay {
             transient: false,
         })?;
         let next_seq = row.get(0).and_then(|text| text.parse::<u64>().ok()).unwrap_or(0);
+        let begins = top
+            .first()
+            .and_then(|row| row.get(1))
+            .and_then(|text| text.parse::<u64>().ok())
+            .unwrap_or(0);
         let top = top
             .first()
             .and_then(|row| row.get(0))
@@ -206,7 +222,7 @@ impl PostgresRelay {
             .and_then(|last| stored.get(&last))
             .map(|record| Some(record.as_bytes()));
         let head = stored_head(device_id, next_seq, top, last, &damage)?;
-        Ok((head, stored))
+        Ok((head, stored, begins))
     }
 
     /// The statements of the second round trip: store `ops` of `device_id` and its new length.
@@ -516,8 +532,10 @@ impl Relay for PostgresRelay {
         let first = self.lock_and_read(device_id, since_seq, u64::MAX >> 1);
         self.database.two_round_transaction("append to", &first, |sets| {
             let mut sets = sets.into_iter();
-            let (mut head, stored) = self.read_device(device_id, &mut sets)?;
-            let tail = (since_seq..head.next_seq())
+            let (mut head, stored, begins) = self.read_device_from(device_id, &mut sets)?;
+            // Records of the caller's that a prune removed since it read (another process of
+            // the device appended them, a checkpoint covers them) are not handed over.
+            let tail = (since_seq.max(begins)..head.next_seq())
                 .map(|seq| stored_op(self, device_id, &stored, seq))
                 .collect::<Result<Vec<_>, _>>()?;
             let made = make(&tail)?;

@@ -301,6 +301,8 @@ impl FsRelay {
         let Some(head) = &entry.head else {
             return Ok(Vec::new());
         };
+        // Nothing before where the file begins (pruned) is handed over.
+        let from = from.max(entry.begins.map_or(0, |(begins, _)| begins));
         let first_fresh = head.next_seq() - fresh.len() as u64;
         let mut ops = Vec::new();
         if from < first_fresh {
