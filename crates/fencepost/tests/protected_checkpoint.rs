@@ -217,7 +217,17 @@ fn s6_a_checkpoint_a_non_member_signed_is_never_used() {
     let mut unproved = serde_json::from_slice::<serde_json::Value>(line).unwrap();
     unproved["roster"]["proofs"] = serde_json::json!([]);
     let unproved_line = [serde_json::to_vec(&unproved).unwrap(), b"\n".to_vec()].concat();
+    // The founder's own header, a device's head named twice (each check might take another).
+    let mut twice = serde_json::from_slice::<serde_json::Value>(line).unwrap();
+    let first_head = twice["heads"][0].clone();
+    twice["heads"].as_array_mut().unwrap().push(first_head);
+    let twice_line = [serde_json::to_vec(&twice).unwrap(), b"\n".to_vec()].concat();
     let cases = [
+        (
+            "a head named twice",
+            resign(&twice_line, &members.laptop),
+            "twice",
+        ),
         (
             "a stranger's header and signature",
             resign(&stranger_line, &stranger),
@@ -255,17 +265,30 @@ fn s6_a_checkpoint_a_non_member_signed_is_never_used() {
 }
 
 /// S6, M2: a checkpoint whose writer was revoked since is never used, even one it wrote while
-/// it was a member (nothing tells it from one a thief writes after the revocation): a host
-/// whose logs were pruned after it waits for a checkpoint a member writes.
+/// it was a member (nothing tells it from one a thief writes after the revocation), nor by a
+/// host that opened it before it read the revocation: a host whose logs were pruned after it
+/// waits for a checkpoint a member writes.
 #[test]
 fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
     let phone = device_key("phone", 11);
     let tablet = device_key("tablet", 21);
+    let desk = device_key("desk", 41);
     let (members, home) = ledger_with_runs(&phone);
+    let mut laptop = members
+        .open_with(&members.laptop, reading(home.path(), &members.laptop))
+        .unwrap();
+    laptop.admit(desk.device(), &desk.public()).unwrap();
+    drop(laptop);
     let mut on_phone = members.open_with(&phone, reading(home.path(), &phone)).unwrap();
     run(&mut on_phone, "run-4", 3);
     on_phone.compact().unwrap();
     drop(on_phone);
+    let on_desk = members.open_with(&desk, options(home.path(), &desk)).unwrap();
+    assert!(
+        on_desk.started_from_checkpoint().is_some(),
+        "a member's, before its revocation"
+    );
+    drop(on_desk);
     let mut laptop = members
         .open_with(&members.laptop, reading(home.path(), &members.laptop))
         .unwrap();
@@ -280,6 +303,12 @@ fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
         "S6: {unopened:?}"
     );
     assert!(on_tablet.committed_run("milo", "run-2").is_some());
+    // A host that opened it before it read the revocation does not use it once it has (found
+    // by a cryptography review: the copy opened before was used).
+    drop(members.open_with(&desk, reading(home.path(), &desk)).unwrap());
+    std::fs::remove_file(home.path().join("desk.snapshot")).unwrap();
+    let on_desk = members.open_with(&desk, options(home.path(), &desk)).unwrap();
+    assert_eq!(on_desk.started_from_checkpoint(), None, "S6: no longer used");
 }
 
 /// S6 (found by an adversarial test): a sealed checkpoint seen while a sync tool still copies

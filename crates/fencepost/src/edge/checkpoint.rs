@@ -82,7 +82,7 @@ use std::path::{Path, PathBuf};
 mod shared;
 
 pub use shared::sealed_geneses;
-pub(crate) use shared::{io_error, unique, OpenBlobError, SharedPlace, SEALED_EXTENSION};
+pub(crate) use shared::{io_error, parse_sealed_name, unique, OpenBlobError, SharedPlace, SEALED_EXTENSION};
 
 /// A checkpoint written by [`Ledger::compact`](crate::ledger::Ledger::compact).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -341,6 +341,7 @@ impl Ledger {
         );
         ledger.take_problems(problems)?;
         ledger.read_again_if_stale()?;
+        ledger.refuse_revoked_writers();
         if let Some(head) = ledger.view.heads.get(device_id) {
             ledger.log = DeviceLog::continue_after(wall_clock, HlcConfig::default(), head.clone());
         }

@@ -127,11 +127,15 @@ impl Equivocation {
     }
 }
 
-/// `lines` read as records `first_seq`, `first_seq + 1`, … of `device`'s log, each linked to
-/// the one before it (ids computed again from the lines).
+/// `lines` read as records `first_seq`, `first_seq + 1`, … of `device`'s log, each a protected
+/// ledger's record (format 3) whose id is computed again from its bytes, linked to the one
+/// before it.
 ///
 /// # Errors
-/// A line that does not read, or is not the next record of the chain.
+/// A line that does not read, is no protected ledger's record (a format-2 line names its own
+/// id, which is never computed again: found by a cryptography review, a line of that form
+/// bridged a forged membership record to a real signed head), or is not the next record of the
+/// chain.
 pub(crate) fn chain_of_lines(
     device: &str,
     first_seq: u64,
@@ -141,6 +145,9 @@ pub(crate) fn chain_of_lines(
     let mut records: Vec<OpRecord> = Vec::with_capacity(lines.len());
     for (index, line) in lines.iter().enumerate() {
         let op = OpRecord::from_json(line.as_bytes()).map_err(|error| format!("line {index}: {error}"))?;
+        if op.sealed_record().is_none() || !op.has_valid_id() {
+            return Err(format!("line {index} is no protected ledger's record (format 3)"));
+        }
         let seq = first_seq.checked_add(index as u64);
         if op.device_id != device || Some(op.seq) != seq {
             return Err(format!(
@@ -179,4 +186,37 @@ fn head_is_signed(
         place,
         origin,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::oplog::{DeviceLog, SealedContent, Surface};
+
+    fn line_of(op: &OpRecord) -> String {
+        let mut line = Vec::new();
+        op.write_json_line(&mut line);
+        String::from_utf8_lossy(line.trim_ascii_end()).into_owned()
+    }
+
+    /// S6, I1 (found by a cryptography review): a chain of lines takes only protected records
+    /// (format 3, their ids computed from their bytes): a format-2 line names its own id, so one
+    /// could bridge a forged record to a real signed head.
+    #[test]
+    fn s6_i1_a_chain_of_lines_takes_no_record_that_names_its_own_id() {
+        let clock = ManualClock::new(1_000);
+        let mut log = DeviceLog::new("laptop", clock.wall_clock()).unwrap();
+        let plain = log.append(Surface::log("note"), serde_json::json!({ "n": 1 }));
+        let refused = chain_of_lines("laptop", 0, &[line_of(&plain)]).unwrap_err();
+        assert!(refused.contains("no protected ledger's record"), "{refused}");
+        let sealed = OpRecord::sealed(
+            Arc::from("laptop"),
+            0,
+            None,
+            SealedContent::Clear(vec![1, 2].into()),
+        );
+        let chain = chain_of_lines("laptop", 0, &[line_of(&sealed)]).unwrap();
+        assert_eq!(chain[0].op_id, sealed.op_id);
+    }
 }

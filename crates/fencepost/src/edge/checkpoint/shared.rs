@@ -59,9 +59,11 @@ impl<'a> SharedPlace<'a> {
                 Err(error) => return Err(io_error("list", dir, error)),
             },
         };
+        // Only names of sealed checkpoints (a database's rows name anything: found by a
+        // cryptography review, a name with a path in it had files written outside the copies).
         Ok(names
             .into_iter()
-            .filter(|name| !name.starts_with('.') && name.ends_with(SEALED_EXTENSION))
+            .filter(|name| parse_sealed_name(name).is_some())
             .collect())
     }
 
@@ -179,6 +181,13 @@ impl<'a> SharedPlace<'a> {
     }
 }
 
+/// What a sealed checkpoint's name says: the records it covers, its digest, its cut-off.
+pub(crate) fn parse_sealed_name(name: &str) -> Option<(u64, [u8; 32], Option<u64>)> {
+    let plain = format!("{}.sqlite", name.strip_suffix(SEALED_EXTENSION)?);
+    let named = super::parse_file_name(&plain)?;
+    Some((named.records, named.id, named.forgets_before_ms))
+}
+
 /// Why a shared sealed checkpoint cannot be read ([`SharedPlace::open`]).
 pub(crate) enum OpenBlobError {
     /// It is no regular file (a symbolic link, a FIFO, a folder): for good.
@@ -197,7 +206,8 @@ pub fn sealed_geneses(relay: &dyn crate::relay::Relay) -> Vec<crate::genesis::Ge
         return Vec::new();
     };
     let mut found = Vec::new();
-    for name in shared.list().unwrap_or_default() {
+    // A few are enough (each names the genesis): anyone can put many there.
+    for name in shared.list().unwrap_or_default().into_iter().take(16) {
         let Ok(Some(file)) = shared.open(&name, &std::env::temp_dir()) else {
             continue;
         };

@@ -37,27 +37,51 @@ impl Ledger {
     pub(in crate::edge::ledger) fn checkpoint_store(
         &self,
     ) -> Option<Box<dyn crate::relay::CheckpointStore + '_>> {
-        let Some(protected) = self.protected.as_deref() else {
+        if self.protected.is_none() {
             return self
                 .relay
                 .checkpoint_store()
                 .map(|store| Box::new(Plain(store)) as Box<_>);
-        };
+        }
+        self.sealed_store().map(|store| Box::new(store) as Box<_>)
+    }
+
+    /// Notes, once this reading has read a device's revocation, that the checkpoints that
+    /// device wrote and this host opened before are not to be used again (rule S6).
+    pub(in crate::edge::ledger) fn refuse_revoked_writers(&self) {
+        if let Some(store) = self.sealed_store() {
+            store.refuse_revoked();
+        }
+    }
+
+    /// A protected ledger's sealed checkpoints, when it keeps checkpoints.
+    fn sealed_store(&self) -> Option<sealed::SealedStore<'_>> {
+        let protected = self.protected.as_deref()?;
         let copies = self.checkpoints_dir()?;
         let shared = crate::checkpoint::SharedPlace::of(&*self.relay)?;
-        let seal_key = self
-            .view
-            .protected
-            .as_ref()
-            .and_then(|logs| logs.protection().newest_key().cloned());
-        Some(Box::new(sealed::SealedStore {
+        let reading = self.view.protected.as_ref();
+        let seal_key = reading.and_then(|logs| logs.protection().newest_key().cloned());
+        let known = reading
+            .map(crate::protected::ProtectedLogs::changes)
+            .unwrap_or_default();
+        let revoked = reading.map_or_else(Vec::new, |logs| {
+            logs.protection()
+                .roster()
+                .members()
+                .filter(|(_, _, cut)| cut.is_some())
+                .map(|(device, _, _)| device.to_string())
+                .collect()
+        });
+        Some(sealed::SealedStore {
             relay: &*self.relay,
             shared,
             copies,
             protected,
             seal_key,
             unopened: &self.unopened_checkpoints,
-        }))
+            known,
+            revoked,
+        })
     }
 
     /// The sealed checkpoints that did not open here (not sealed with a generation this device

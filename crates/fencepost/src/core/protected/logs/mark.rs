@@ -240,7 +240,16 @@ impl ProtectedMark {
                     "the record 0 given for {device:?} is not the one its id names"
                 ));
             }
-            signers.insert((device.as_str(), *id), *said.signer());
+            if signers.insert((device.as_str(), *id), *said.signer()).is_some()
+                || self
+                    .origins
+                    .iter()
+                    .filter(|(other, _, _)| other == device)
+                    .count()
+                    > 1
+            {
+                return Err(format!("it gives {device:?} more than one record 0"));
+            }
         }
         if self.proofs.len() != self.memberships.len() || self.membership_ids.len() != self.memberships.len()
         {
@@ -253,6 +262,9 @@ impl ProtectedMark {
             .zip(&self.proofs)
         {
             let at = format!("the membership record at {device:?} {seq}");
+            if *seq == 0 {
+                return Err(format!("{at} is a log's record 0"));
+            }
             let Some(signer) = signers.get(&(device.as_str(), *log_key)) else {
                 return Err(format!("{at} is of a log whose record 0 it does not give"));
             };

@@ -17,7 +17,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::super::Protected;
-use crate::checkpoint::{self, io_error, unique, OpenBlobError, SharedPlace, SEALED_EXTENSION};
+use crate::checkpoint::{
+    self, io_error, parse_sealed_name, unique, OpenBlobError, SharedPlace, SEALED_EXTENSION,
+};
 use crate::core::protected::checkpoint::{open_checkpoint, read_header, seal_checkpoint, SealedHeader};
 use crate::core::protected::checkpoint::{
     sealed_length, BlobDigest, SEALED_CHECKPOINT_FORMAT, STREAM_NONCE_BYTES,
@@ -69,13 +71,11 @@ pub(in crate::edge::ledger) struct SealedStore<'a> {
     pub(in crate::edge::ledger) seal_key: Option<LedgerKey>,
     /// Sealed checkpoints that did not open, and why (for `ledger verify`).
     pub(in crate::edge::ledger) unopened: &'a Mutex<Vec<(String, String)>>,
-}
-
-/// What a sealed checkpoint's name says: the records it covers, its digest, its cut-off.
-fn parse_sealed_name(name: &str) -> Option<(u64, BlobDigest, Option<u64>)> {
-    let plain = format!("{}.sqlite", name.strip_suffix(SEALED_EXTENSION)?);
-    let named = checkpoint::parse_file_name(&plain)?;
-    Some((named.records, named.id, named.forgets_before_ms))
+    /// The membership changes this host's reading read: a checkpoint is judged with them too.
+    pub(in crate::edge::ledger) known: Vec<crate::roster::MembershipChange>,
+    /// The devices revoked as this host's reading reads the roster: their checkpoints are
+    /// never used, even those opened before.
+    pub(in crate::edge::ledger) revoked: Vec<String>,
 }
 
 impl SealedStore<'_> {
@@ -84,7 +84,8 @@ impl SealedStore<'_> {
     }
 
     /// Per sealed name, the name of the copy opened from it (as this host's copies say).
-    fn opened(&self) -> Vec<(String, String)> {
+    /// Per sealed name, the name of the copy opened from it and its writer.
+    fn opened(&self) -> Vec<(String, String, String)> {
         let Ok(entries) = std::fs::read_dir(self.opened_dir()) else {
             return Vec::new();
         };
@@ -92,19 +93,32 @@ impl SealedStore<'_> {
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let sealed = entry.file_name().into_string().ok()?;
-                let copy = std::fs::read_to_string(entry.path()).ok()?;
-                (parse_sealed_name(&sealed).is_some() && checkpoint::parse_file_name(&copy).is_some())
-                    .then_some((sealed, copy))
+                let noted = std::fs::read_to_string(entry.path()).ok()?;
+                let (copy, writer) = noted.split_once('\n')?;
+                (parse_sealed_name(&sealed).is_some() && checkpoint::parse_file_name(copy).is_some())
+                    .then(|| (sealed, copy.to_owned(), writer.to_owned()))
             })
             .collect()
     }
 
-    /// Notes that the copy `copy` was opened from the sealed `sealed` (written whole).
-    fn note_opened(&self, sealed: &str, copy: &str) {
+    /// Notes the checkpoints opened here whose writer is revoked as refused, for good: no open
+    /// of this host uses them again.
+    pub(in crate::edge::ledger) fn refuse_revoked(&self) {
+        for (sealed, _, writer) in self.opened() {
+            if self.revoked.contains(&writer) {
+                self.note_refused(&sealed, &format!("its writer {writer:?} was revoked"));
+                let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
+            }
+        }
+    }
+
+    /// Notes that the copy `copy` was opened from the sealed `sealed`, which `writer` wrote
+    /// (written whole).
+    fn note_opened(&self, sealed: &str, copy: &str, writer: &str) {
         let dir = self.opened_dir();
         let temp = dir.join(unique(".noting-"));
         let noted = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&temp, copy))
+            .and_then(|()| std::fs::write(&temp, format!("{copy}\n{writer}")))
             .and_then(|()| std::fs::rename(&temp, dir.join(sealed)));
         if let Err(error) = noted {
             let _ = std::fs::remove_file(&temp);
@@ -139,7 +153,7 @@ impl SealedStore<'_> {
 
     /// Opens the sealed checkpoint `sealed` into the file `into`; returns the name its copy
     /// takes. See [`crate::protected::checkpoint`] for what is checked.
-    fn open_sealed(&self, sealed: &str, into: &Path) -> Result<Option<String>, Refusal> {
+    fn open_sealed(&self, sealed: &str, into: &Path) -> Result<Option<(String, String)>, Refusal> {
         let Some((records, digest, forgets)) = parse_sealed_name(sealed) else {
             return Err(Refusal::lasting(
                 "its name is not a sealed checkpoint's".to_owned(),
@@ -172,7 +186,7 @@ impl SealedStore<'_> {
         mut file: std::fs::File,
         into: &Path,
         named: (u64, BlobDigest, Option<u64>),
-    ) -> Result<String, Refusal> {
+    ) -> Result<(String, String), Refusal> {
         let ledger = self.protected.ledger;
         let length = file
             .metadata()
@@ -198,8 +212,22 @@ impl SealedStore<'_> {
             ));
         }
         header.roster.check_proofs(&ledger)?;
+        let mut devices: Vec<&str> = header
+            .heads
+            .iter()
+            .map(|(device, _, _)| device.as_str())
+            .collect();
+        devices.sort_unstable();
+        if devices.windows(2).any(|pair| pair[0] == pair[1]) {
+            return Err(Refusal::lasting(
+                "its header names a device's head twice".to_owned(),
+            ));
+        }
         let settled = header.heads.iter().cloned();
         let mut logs = self.protected.restore_from(&header.roster, settled)?;
+        // Every change this host read counts too: a header that leaves out a revocation of its
+        // writer (found by a cryptography review) is judged with it.
+        logs.admit(self.known.iter().cloned());
         // The changes after it count too: a revocation of its writer from before where the
         // checkpoint ends its log, the admission that gave this device its keys.
         let mut after = crate::relay::Frontier::new();
@@ -233,7 +261,8 @@ impl SealedStore<'_> {
             )));
         }
         // A checkpoint is in no log: one written before its writer's revocation cannot be told
-        // from one a thief wrote after it. A revoked device's are never used.
+        // from one a thief wrote after it. A revoked device's are never used (nor, once this
+        // host reads the revocation, one opened before: `names`).
         if logs.protection().roster().cut(&header.writer).is_some() {
             return Err(Refusal::lasting(format!(
                 "its writer {:?} was revoked",
@@ -265,7 +294,10 @@ impl SealedStore<'_> {
         for key in keys {
             std::io::Seek::rewind(&mut file).map_err(|error| Refusal::passing(error.to_string()))?;
             let mut input = BufReader::new(&mut file);
-            read_header(&mut input, &ledger)?;
+            let (_, again) = read_header(&mut input, &ledger)?;
+            if again != line {
+                return Err(Refusal::passing("it changed while it was read".to_owned()));
+            }
             let mut out = std::fs::File::create(into).map_err(|error| error.to_string())?;
             let mut writer_out = std::io::BufWriter::new(&mut out);
             match open_checkpoint(&header, &line, key, &writer, &ledger, &mut input, &mut writer_out) {
@@ -278,7 +310,7 @@ impl SealedStore<'_> {
                     writer_out.flush().map_err(|error| error.to_string())?;
                     drop(writer_out);
                     out.sync_all().map_err(|error| error.to_string())?;
-                    return Ok(self.check_opened(&header, into)?);
+                    return Ok((self.check_opened(&header, into)?, header.writer.clone()));
                 }
                 Err(error) => why = error,
             }
@@ -327,33 +359,40 @@ impl CheckpointStore for SealedStore<'_> {
             checkpoint::remove_leftovers(&self.copies.join(dir), &[".noting-"]);
         }
         let opened = self.opened();
-        for (sealed, _) in &opened {
+        for (sealed, _, _) in &opened {
             if !shared.contains(sealed) {
                 let _ = std::fs::remove_file(self.opened_dir().join(sealed));
             }
         }
         let mut names = Vec::new();
         for sealed in shared {
-            if let Some((_, copy)) = opened.iter().find(|(name, _)| *name == sealed) {
-                if self.copies.join(copy).exists() {
+            let mut noted = self.refused(&sealed);
+            if let Some((_, copy, writer)) = opened.iter().find(|(name, _, _)| *name == sealed) {
+                // Judged again: a writer revoked since it was opened (found by a cryptography
+                // review: a copy opened before was used after the revocation was read).
+                if self.revoked.iter().any(|revoked| revoked == writer) {
+                    let why = format!("its writer {writer:?} was revoked");
+                    self.note_refused(&sealed, &why);
+                    let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
+                    noted = Some(why);
+                } else if self.copies.join(copy).exists() {
                     names.push(copy.clone());
                     continue;
                 }
             }
-            let noted = self.refused(&sealed);
             let into = self.copies.join(unique(".opening-"));
             let opened = match &noted {
                 Some(why) => Err(Refusal::lasting(why.clone())),
                 None => self.open_sealed(&sealed, &into),
             };
             match opened {
-                Ok(Some(copy)) => {
+                Ok(Some((copy, writer))) => {
                     let placed = std::fs::rename(&into, self.copies.join(&copy));
                     if let Err(error) = placed {
                         crate::snapshot::Snapshot::remove(&into);
                         return Err(io_error("place an opened checkpoint in", &self.copies, error));
                     }
-                    self.note_opened(&sealed, &copy);
+                    self.note_opened(&sealed, &copy, &writer);
                     names.push(copy);
                 }
                 Ok(None) => {}
@@ -376,13 +415,13 @@ impl CheckpointStore for SealedStore<'_> {
 
     /// Opens afresh the sealed checkpoint that `name`'s copy was opened from, into `to`.
     fn download(&self, name: &str, to: &mut dyn Write) -> Result<bool, RelayError> {
-        let Some((sealed, _)) = self.opened().into_iter().find(|(_, copy)| copy == name) else {
+        let Some((sealed, _, _)) = self.opened().into_iter().find(|(_, copy, _)| copy == name) else {
             return Ok(false);
         };
         let into = self.copies.join(unique(".opening-"));
         let opened = self.open_sealed(&sealed, &into);
         let copied = match opened {
-            Ok(Some(copy)) if copy == name => std::fs::File::open(&into)
+            Ok(Some((copy, _))) if copy == name => std::fs::File::open(&into)
                 .and_then(|mut file| std::io::copy(&mut file, to))
                 .map(|_| true)
                 .map_err(|error| io_error("read", &into, error)),
@@ -466,7 +505,7 @@ impl CheckpointStore for SealedStore<'_> {
                 .trim_end_matches(".sqlite")
             );
             self.shared.put(&sealed_name, &sealing)?;
-            self.note_opened(&sealed_name, name);
+            self.note_opened(&sealed_name, name, self.protected.device_key.device().as_str());
             Ok(())
         });
         let _ = std::fs::remove_file(&sealing);
@@ -475,7 +514,7 @@ impl CheckpointStore for SealedStore<'_> {
 
     /// Removes the sealed checkpoints `name`'s copy was opened from.
     fn remove(&self, name: &str) -> Result<(), RelayError> {
-        for (sealed, copy) in self.opened() {
+        for (sealed, copy, _) in self.opened() {
             if copy == name {
                 self.shared.delete(&sealed)?;
                 let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
