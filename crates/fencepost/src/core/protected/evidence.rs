@@ -191,8 +191,8 @@ fn head_is_signed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
-    use crate::oplog::{DeviceLog, SealedContent, Surface};
+    use crate::core::clock::ManualClock;
+    use crate::core::oplog::{DeviceLog, SealedContent, Surface};
 
     fn line_of(op: &OpRecord) -> String {
         let mut line = Vec::new();
