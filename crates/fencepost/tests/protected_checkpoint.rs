@@ -30,6 +30,11 @@ fn reading(home: &Path, key: &Arc<DeviceKey>) -> LedgerOptions {
     LedgerOptions::default().checkpoint_copies(home.join(format!("{}-checkpoints", key.device().as_str())))
 }
 
+/// `key`'s device's reading of every record (no snapshot), its copies under `home`.
+fn read_all(members: &Members, home: &Path, key: &Arc<DeviceKey>) -> fencepost::ledger::Ledger {
+    members.open_with(key, reading(home, key)).unwrap()
+}
+
 /// The sealed checkpoints in the ledger folder.
 fn sealed(members: &Members) -> Vec<PathBuf> {
     let dir = members.folder.path().join("checkpoints");
@@ -53,9 +58,7 @@ fn ledger_with_runs(phone: &Arc<DeviceKey>) -> (Members, tempfile::TempDir) {
 /// [`ledger_with_runs`], compacted by the founder (no prune).
 fn compacted(phone: &Arc<DeviceKey>) -> (Members, tempfile::TempDir) {
     let (members, home) = ledger_with_runs(phone);
-    let mut laptop = members
-        .open_with(&members.laptop, reading(home.path(), &members.laptop))
-        .unwrap();
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
     laptop.compact().unwrap();
     (members, home)
 }
@@ -68,9 +71,7 @@ fn s6_a_sealed_checkpoint_is_written_and_a_member_admitted_after_the_prune_start
     let phone = device_key("phone", 11);
     let tablet = device_key("tablet", 21);
     let (members, home) = ledger_with_runs(&phone);
-    let mut laptop = members
-        .open_with(&members.laptop, reading(home.path(), &members.laptop))
-        .unwrap();
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
     let info = laptop.compact_with(&CompactOptions::default().prune()).unwrap();
     assert!(info.pruned > 0, "K5: the founder's own records went: {info:?}");
     let shared = sealed(&members);
@@ -107,7 +108,7 @@ fn s6_a_sealed_checkpoint_is_written_and_a_member_admitted_after_the_prune_start
         );
     }
     drop(on_tablet);
-    let verifier = members.open_with(&phone, reading(home.path(), &phone)).unwrap();
+    let verifier = read_all(&members, home.path(), &phone);
     assert!(verifier.damage().is_empty(), "{:?}", verifier.damage());
     assert_eq!(verifier.verify_checkpoints().unwrap(), vec![], "K3: it verifies");
 }
@@ -178,9 +179,7 @@ fn s6_an_altered_sealed_checkpoint_is_never_used_and_verify_names_it() {
         assert_eq!(on_phone.started_from_checkpoint(), None, "S6: {what}: not used");
         assert!(on_phone.committed_run("milo", "run-3").is_some());
         drop(on_phone);
-        let verifier = members
-            .open_with(&phone, reading(home_of_one.path(), &phone))
-            .unwrap();
+        let verifier = read_all(&members, home_of_one.path(), &phone);
         let found = verifier.verify_checkpoints().unwrap();
         assert_eq!(found.len(), 1, "K3: {what}: {found:?}");
         assert!(found[0].detail.contains("does not open"), "{what}: {}", found[0]);
@@ -274,12 +273,10 @@ fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
     let tablet = device_key("tablet", 21);
     let desk = device_key("desk", 41);
     let (members, home) = ledger_with_runs(&phone);
-    let mut laptop = members
-        .open_with(&members.laptop, reading(home.path(), &members.laptop))
-        .unwrap();
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
     laptop.admit(desk.device(), &desk.public()).unwrap();
     drop(laptop);
-    let mut on_phone = members.open_with(&phone, reading(home.path(), &phone)).unwrap();
+    let mut on_phone = read_all(&members, home.path(), &phone);
     run(&mut on_phone, "run-4", 3);
     on_phone.compact().unwrap();
     drop(on_phone);
@@ -289,9 +286,7 @@ fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
         "a member's, before its revocation"
     );
     drop(on_desk);
-    let mut laptop = members
-        .open_with(&members.laptop, reading(home.path(), &members.laptop))
-        .unwrap();
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
     laptop.revoke(phone.device(), None).unwrap();
     laptop.admit(tablet.device(), &tablet.public()).unwrap();
     drop(laptop);
@@ -305,7 +300,7 @@ fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
     assert!(on_tablet.committed_run("milo", "run-2").is_some());
     // A host that opened it before it read the revocation does not use it once it has (found
     // by a cryptography review: the copy opened before was used).
-    drop(members.open_with(&desk, reading(home.path(), &desk)).unwrap());
+    drop(read_all(&members, home.path(), &desk));
     std::fs::remove_file(home.path().join("desk.snapshot")).unwrap();
     let on_desk = members.open_with(&desk, options(home.path(), &desk)).unwrap();
     assert_eq!(on_desk.started_from_checkpoint(), None, "S6: no longer used");

@@ -554,17 +554,9 @@ impl Ledger {
             .collect();
         // What does not continue this reading (a tail after records it never read, pruned
         // since) is read from the checkpoint by the next open, not folded here over a gap.
-        let continues = appended
-            .tail
-            .first()
-            .or(appended.appended.first())
-            .is_none_or(|first| {
-                self.view
-                    .heads
-                    .get(self.log.device_id())
-                    .map_or(0, crate::oplog::LogHead::next_seq)
-                    >= first.seq
-            });
+        let first = appended.tail.first().or(appended.appended.first());
+        let continues =
+            first.is_none_or(|first| self.view.frontier.next_seq(self.log.device_id()) >= first.seq);
         if continues {
             self.absorb(&appended.tail);
             self.absorb(&appended.appended);

@@ -80,14 +80,7 @@ impl Equivocation {
         if first.seq != seen.seq || first.op_id == seen.op_id {
             return None;
         }
-        let lines = reaching
-            .iter()
-            .map(|op| {
-                let mut line = Vec::new();
-                op.write_json_line(&mut line);
-                String::from_utf8_lossy(line.trim_ascii_end()).into_owned()
-            })
-            .collect();
+        let lines = reaching.iter().map(|op| line_of(op)).collect();
         Some(Self {
             ledger: hex_of(ledger),
             device_id: first.device_id.to_string(),
@@ -125,6 +118,13 @@ impl Equivocation {
         }
         Ok(())
     }
+}
+
+/// `op` as the relay carries it (its format-3 line), without the line's end.
+pub(crate) fn line_of(op: &OpRecord) -> String {
+    let mut line = Vec::new();
+    op.write_json_line(&mut line);
+    String::from_utf8_lossy(line.trim_ascii_end()).into_owned()
 }
 
 /// `lines` read as records `first_seq`, `first_seq + 1`, … of `device`'s log, each a protected
@@ -193,12 +193,6 @@ mod tests {
     use super::*;
     use crate::core::clock::ManualClock;
     use crate::core::oplog::{DeviceLog, SealedContent, Surface};
-
-    fn line_of(op: &OpRecord) -> String {
-        let mut line = Vec::new();
-        op.write_json_line(&mut line);
-        String::from_utf8_lossy(line.trim_ascii_end()).into_owned()
-    }
 
     /// S6, I1 (found by a cryptography review): a chain of lines takes only protected records
     /// (format 3, their ids computed from their bytes): a format-2 line names its own id, so one

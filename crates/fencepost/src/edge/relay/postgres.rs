@@ -175,19 +175,9 @@ impl PostgresRelay {
     }
 
     /// What the first round trip read of one device: its head (or the damage that keeps it from
-    /// being written) and its stored records by seq.
+    /// being written), its stored records by seq, and the seq of its first stored row (after 0
+    /// once a prune removed the records before it).
     fn read_device(
-        &self,
-        device_id: &str,
-        sets: &mut impl Iterator<Item = Vec<SimpleQueryRow>>,
-    ) -> Result<(LogHead, BTreeMap<u64, String>), RelayError> {
-        self.read_device_from(device_id, sets)
-            .map(|(head, stored, _)| (head, stored))
-    }
-
-    /// [`read_device`](Self::read_device), and the seq of the device's first stored row (after
-    /// 0 once a prune removed the records before it).
-    fn read_device_from(
         &self,
         device_id: &str,
         sets: &mut impl Iterator<Item = Vec<SimpleQueryRow>>,
@@ -359,7 +349,7 @@ impl Relay for PostgresRelay {
         ));
         self.database.two_round_transaction("prune", &first, |sets| {
             let mut sets = sets.into_iter();
-            let (head, stored) = self.read_device(device_id, &mut sets)?;
+            let (head, stored, _) = self.read_device(device_id, &mut sets)?;
             let Some(last) = head.next_seq().checked_sub(1) else {
                 return Ok((Vec::new(), 0));
             };
@@ -402,7 +392,7 @@ impl Relay for PostgresRelay {
             let mut report = PushReport::default();
             let mut second = Vec::new();
             for (device_id, device_ops) in groups {
-                let (head, stored) = self.read_device(device_id, &mut sets)?;
+                let (head, stored, _) = self.read_device(device_id, &mut sets)?;
                 let plan = plan_device_push(
                     &head,
                     |seq| stored_op(self, device_id, &stored, seq).map(|op| op.op_id),
@@ -532,7 +522,7 @@ impl Relay for PostgresRelay {
         let first = self.lock_and_read(device_id, since_seq, u64::MAX >> 1);
         self.database.two_round_transaction("append to", &first, |sets| {
             let mut sets = sets.into_iter();
-            let (mut head, stored, begins) = self.read_device_from(device_id, &mut sets)?;
+            let (mut head, stored, begins) = self.read_device(device_id, &mut sets)?;
             // Records of the caller's that a prune removed since it read (another process of
             // the device appended them, a checkpoint covers them) are not handed over.
             let tail = (since_seq.max(begins)..head.next_seq())

@@ -93,7 +93,12 @@ impl ProtectedLogs {
         let proofs = self
             .memberships
             .iter()
-            .map(|read| read.proof.iter().map(line_of).collect())
+            .map(|read| {
+                read.proof
+                    .iter()
+                    .map(crate::core::protected::evidence::line_of)
+                    .collect()
+            })
             .collect();
         let folded = self
             .folded
@@ -287,13 +292,6 @@ impl ProtectedMark {
         }
         Ok(())
     }
-}
-
-/// `op` as the relay carries it, without the line's end.
-fn line_of(op: &OpRecord) -> String {
-    let mut line = Vec::new();
-    op.write_json_line(&mut line);
-    String::from_utf8_lossy(line.trim_ascii_end()).into_owned()
 }
 
 fn decode(text: &str) -> Result<Vec<u8>, String> {
