@@ -12,6 +12,12 @@
 //!   founder: every record authenticated (a valid head covers those before it, so the last
 //!   head of each device's records handed over at once is verified), opened and folded.
 //!
+//! * `ledger_open/cold/protected_compacted`: that protected ledger compacted and pruned by its
+//!   founder (`compact_with(prune)`: one sealed checkpoint in the ledger folder, no records
+//!   left in the logs), opened by the founder with an empty folder of opened checkpoints, as a
+//!   new host or a reinstalled one opens it: the checkpoint's header judged, its chunks
+//!   authenticated and decrypted, its signature verified, then loaded and folded.
+//!
 //! The bytes per record of each form are printed before the runs.
 //!
 //! `FENCEPOST_BENCH_OCCURRENCES` changes the number of occurrences (default 1 000 000).
@@ -20,12 +26,12 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use fencepost::clock::ManualClock;
 use fencepost::genesis::Genesis;
 use fencepost::id::DeviceId;
 use fencepost::identity::DeviceKey;
-use fencepost::ledger::{Ledger, LedgerOptions, Protected};
+use fencepost::ledger::{CompactOptions, Ledger, LedgerOptions, Protected};
 use fencepost::oplog::{DeviceLog, OpRecord, SealedContent, Surface};
 use fencepost::protected::Origin;
 use fencepost::relay::{device_file_name, FsRelay, Relay};
@@ -240,6 +246,35 @@ fn cold_open(criterion: &mut Criterion) {
             assert_eq!(ledger.view().frontier().next_seq(DEVICE), records + 2);
             ledger
         })
+    });
+    // The same ledger, compacted and pruned into one sealed checkpoint.
+    let copies = tempfile::tempdir().unwrap();
+    let compacting = LedgerOptions::default()
+        .protected(founder.protected())
+        .checkpoint_copies(copies.path().join("founder"));
+    let relay = Arc::new(FsRelay::open(protected.path()).unwrap());
+    let mut founding = Ledger::open_with(DEVICE, clock.wall_clock(), relay, compacting).unwrap();
+    let compacted = founding.compact_with(&CompactOptions::default().prune()).unwrap();
+    assert!(compacted.pruned > 0, "{compacted:?}");
+    drop(founding);
+    let fresh = || {
+        let home = tempfile::tempdir_in(copies.path()).unwrap();
+        let options = LedgerOptions::default()
+            .protected(founder.protected())
+            .checkpoint_copies(home.path().join("checkpoints"));
+        (home, options)
+    };
+    group.bench_function("protected_compacted", |bencher| {
+        bencher.iter_batched(
+            fresh,
+            |(home, options)| {
+                let relay = Arc::new(FsRelay::open(protected.path()).unwrap());
+                let ledger = Ledger::open_with(DEVICE, clock.wall_clock(), relay, options).unwrap();
+                assert_eq!(ledger.view().frontier().next_seq(DEVICE), records + 2);
+                (ledger, home)
+            },
+            BatchSize::PerIteration,
+        )
     });
     group.finish();
 }

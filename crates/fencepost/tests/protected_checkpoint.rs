@@ -263,6 +263,45 @@ fn s6_a_checkpoint_a_non_member_signed_is_never_used() {
     }
 }
 
+/// S6, M2: a member that revokes the writer of the checkpoint a pruned ledger starts from
+/// writes a checkpoint of its own in the same call, so that a host that reads the revocation
+/// first has one to start from (found through the binary by an adversary: new hosts stopped
+/// until a member compacted; the library's `revoke` now writes it, not the command).
+#[test]
+fn s6_m2_a_revocation_on_a_pruned_ledger_writes_a_members_checkpoint() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, home) = ledger_with_runs(&phone);
+    let mut on_phone = read_all(&members, home.path(), &phone);
+    run(&mut on_phone, "run-4", 3);
+    let info = on_phone.compact_with(&CompactOptions::default().prune()).unwrap();
+    assert!(info.pruned > 0, "{info:?}");
+    drop(on_phone);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    assert!(
+        laptop.pruned_start().is_some(),
+        "the laptop starts from the phone's checkpoint"
+    );
+    let revoked = laptop.revoke(phone.device(), None).unwrap();
+    let written = revoked
+        .checkpoint
+        .expect("S6: a pruned ledger gets a member's checkpoint");
+    let written = written.expect("S6: the checkpoint was written");
+    laptop.admit(tablet.device(), &tablet.public()).unwrap();
+    drop(laptop);
+    assert_eq!(sealed(&members).len(), 2, "the phone's and the laptop's");
+    let mut on_tablet = members.open_with(&tablet, options(home.path(), &tablet)).unwrap();
+    let started = on_tablet
+        .started_from_checkpoint()
+        .expect("S6: a member's checkpoint")
+        .to_owned();
+    assert_eq!(started, written.id, "S6: the laptop's, not the revoked phone's");
+    assert!(on_tablet.damage().is_empty(), "{:?}", on_tablet.damage());
+    for run_id in ["run-1", "run-2", "run-3", "run-4"] {
+        assert!(on_tablet.committed_run("milo", run_id).is_some(), "K1: {run_id}");
+    }
+}
+
 /// S6, M2: a checkpoint whose writer was revoked since is never used, even one it wrote while
 /// it was a member (nothing tells it from one a thief writes after the revocation), nor by a
 /// host that opened it before it read the revocation: a host whose logs were pruned after it
@@ -287,7 +326,11 @@ fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
     );
     drop(on_desk);
     let mut laptop = read_all(&members, home.path(), &members.laptop);
-    laptop.revoke(phone.device(), None).unwrap();
+    let revoked = laptop.revoke(phone.device(), None).unwrap();
+    assert_eq!(
+        revoked.checkpoint, None,
+        "S6: no log was pruned, no checkpoint written"
+    );
     laptop.admit(tablet.device(), &tablet.public()).unwrap();
     drop(laptop);
     let mut on_tablet = members.open_with(&tablet, options(home.path(), &tablet)).unwrap();

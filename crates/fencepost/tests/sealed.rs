@@ -177,6 +177,55 @@ fn s1_a_sealed_line_names_no_agent_run_epoch_or_salt_and_an_intent_line_is_at_mo
 
 /// S1: a head verifies under its device's key, for its ledger, its record and its log's record
 /// 0 only; a record without one, or changed in any way, has none that verifies.
+/// The layout a sealed record's id is the SHA-256 of, written out here so that no change of the
+/// code that computes it changes the ids of records already written.
+fn id_as_documented(op: &OpRecord) -> OpId {
+    use sha2::{Digest, Sha256};
+    let mut bytes = b"fencepost/sealed-op/v1\0".to_vec();
+    bytes.extend_from_slice(&(op.device_id.len() as u64).to_be_bytes());
+    bytes.extend_from_slice(op.device_id.as_bytes());
+    bytes.extend_from_slice(&op.seq.to_be_bytes());
+    match op.prev {
+        None => bytes.push(0),
+        Some(prev) => {
+            bytes.push(1);
+            bytes.extend_from_slice(&prev.0);
+        }
+    }
+    let record = op.sealed_record().unwrap();
+    let content: &[u8] = match &record.content {
+        SealedContent::Clear(clear) => {
+            bytes.extend_from_slice(&CLEAR_GENERATION.to_be_bytes());
+            clear
+        }
+        SealedContent::Sealed(sealed) => {
+            bytes.extend_from_slice(&sealed.generation.to_be_bytes());
+            bytes.extend_from_slice(&sealed.nonce);
+            &sealed.ciphertext
+        }
+    };
+    bytes.extend_from_slice(&(content.len() as u64).to_be_bytes());
+    bytes.extend_from_slice(content);
+    OpId(Sha256::digest(&bytes).into())
+}
+
+#[test]
+fn s1_a_sealed_records_id_is_its_place_link_and_content_hashed_as_written_down() {
+    let sealed = sealed_chain(&intents("milo", 3), &key(2));
+    let clear = OpRecord::sealed(
+        Arc::from("laptop"),
+        0,
+        None,
+        SealedContent::Clear(b"record 0".to_vec().into()),
+    );
+    for op in sealed.iter().chain([&clear]) {
+        assert_eq!(op.op_id, id_as_documented(op), "S1: seq {}", op.seq);
+        // Read back from its line, the id is computed again, the same.
+        let read = OpRecord::from_json(&line_of(op)).unwrap();
+        assert_eq!(read.op_id, op.op_id, "S1: seq {}", op.seq);
+    }
+}
+
 #[test]
 fn s1_a_head_covers_its_record_for_one_ledger_key_and_log() {
     let key = key(1);

@@ -193,7 +193,6 @@ pub fn revoke(settings: &Settings, device: &str, from: Option<u64>, recovery: Op
         None => ledger.revoke(&device, from),
     })?;
     let in_doubt = ledger.runs_in_doubt();
-    let rewritten = rewrite_checkpoint(&mut ledger);
     err!(
         "revoked device {device} from record {} of its log on: what it wrote from there counts for nothing. Generation {} of the ledger key is wrapped to {} (and to the recovery key){}",
         revoked.cut,
@@ -210,28 +209,17 @@ pub fn revoke(settings: &Settings, device: &str, from: Option<u64>, recovery: Op
             format!("; {in_doubt} run(s) are in doubt now (`fencepost ledger runs` lists them, `fencepost ledger resolve` settles each after checking what happened)")
         }
     );
-    if let Some(rewritten) = rewritten {
-        err!("{rewritten}");
-    }
-    Ok(EXIT_RAN_OK)
-}
-
-/// After a revocation on a ledger whose logs were pruned (it started from a checkpoint): a
-/// checkpoint of this member's, so that hosts that read the revocation before they open the
-/// revoked device's checkpoints (which they then never use, rule S6) have one to start from
-/// (found by an adversarial test: new hosts stopped until a member compacted). What was done,
-/// or what to do.
-fn rewrite_checkpoint(ledger: &mut Ledger) -> Option<String> {
-    ledger.pruned_start()?;
-    Some(match ledger.compact() {
-        Ok(info) => format!(
+    match &revoked.checkpoint {
+        None => {}
+        Some(Ok(info)) => err!(
             "wrote a checkpoint of {} records (a host that reads the revocation first starts from it, not from one the revoked device wrote)",
             info.records
         ),
-        Err(error) => format!(
+        Some(Err(error)) => err!(
             "could not write a checkpoint ({error}): run `fencepost ledger compact` on a member, so that a host that reads the revocation first has one to start from"
         ),
-    })
+    }
+    Ok(EXIT_RAN_OK)
 }
 
 /// `fencepost device join FINGERPRINT`: finds the genesis with that fingerprint in the ledger

@@ -27,7 +27,7 @@ pub struct Payload {
 pub(super) enum PayloadRepr {
     Intent(CompactIntent),
     Json(Value),
-    Sealed(Box<super::SealedRecord>),
+    Sealed(std::sync::Arc<super::SealedRecord>),
 }
 
 /// A well-formed intent payload, parsed.

@@ -141,7 +141,7 @@ impl OpRecord {
             prev,
             surface: Surface::Sealed,
             payload: Payload {
-                repr: PayloadRepr::Sealed(Box::new(SealedRecord { content, head: None })),
+                repr: PayloadRepr::Sealed(Arc::new(SealedRecord { content, head: None })),
             },
         };
         op.op_id = op.content_id();
@@ -161,7 +161,7 @@ impl OpRecord {
     #[must_use]
     pub fn with_head(mut self, head: Signature) -> Self {
         if let PayloadRepr::Sealed(record) = &mut self.payload.repr {
-            record.head = Some(head);
+            Arc::make_mut(record).head = Some(head);
         }
         self
     }
@@ -230,28 +230,28 @@ impl OpRecord {
 
 /// The `op_id` of a sealed record (see the module docs).
 pub(super) fn sealed_content_id(op: &OpRecord, record: &SealedRecord) -> OpId {
-    let mut head = Vec::with_capacity(128);
-    head.extend_from_slice(ID_DOMAIN);
-    push_text(&mut head, &op.device_id);
-    head.extend_from_slice(&op.seq.to_be_bytes());
+    // Fed to the hash field by field, as `push_text` and the rest would lay them out.
+    let mut hasher = Sha256::new();
+    hasher.update(ID_DOMAIN);
+    hasher.update((op.device_id.len() as u64).to_be_bytes());
+    hasher.update(op.device_id.as_bytes());
+    hasher.update(op.seq.to_be_bytes());
     match &op.prev {
-        None => head.push(0),
+        None => hasher.update([0]),
         Some(prev) => {
-            head.push(1);
-            head.extend_from_slice(&prev.0);
+            hasher.update([1]);
+            hasher.update(prev.0);
         }
     }
-    head.extend_from_slice(&record.content.generation().to_be_bytes());
+    hasher.update(record.content.generation().to_be_bytes());
     let bytes: &[u8] = match &record.content {
         SealedContent::Clear(bytes) => bytes,
         SealedContent::Sealed(sealed) => {
-            head.extend_from_slice(&sealed.nonce);
+            hasher.update(sealed.nonce);
             &sealed.ciphertext
         }
     };
-    head.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
-    let mut hasher = Sha256::new();
-    hasher.update(&head);
+    hasher.update((bytes.len() as u64).to_be_bytes());
     hasher.update(bytes);
     OpId(hasher.finalize().into())
 }
@@ -338,9 +338,12 @@ pub(super) fn read_sealed_line<'de, A: SeqAccess<'de>>(
                 "sealed content is a 24-byte nonce and at least a 16-byte tag",
             ));
         }
-        let ciphertext = bytes.split_off(24);
+        // The nonce taken off the front in place (no second allocation).
         let mut nonce = [0u8; 24];
-        nonce.copy_from_slice(&bytes);
+        nonce.copy_from_slice(&bytes[..24]);
+        bytes.copy_within(24.., 0);
+        bytes.truncate(bytes.len() - 24);
+        let ciphertext = bytes;
         SealedContent::Sealed(Sealed {
             generation,
             nonce,
@@ -369,7 +372,7 @@ pub(super) fn read_sealed_line<'de, A: SeqAccess<'de>>(
         prev,
         surface: Surface::Sealed,
         payload: Payload {
-            repr: PayloadRepr::Sealed(Box::new(SealedRecord { content, head })),
+            repr: PayloadRepr::Sealed(Arc::new(SealedRecord { content, head })),
         },
     })
 }

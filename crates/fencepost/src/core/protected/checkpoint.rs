@@ -114,10 +114,9 @@ pub fn seal_checkpoint(
     let associated = associated_data(&line);
     let mut put = Written {
         signed: Sha256::new(),
-        whole: Sha256::new(),
         out,
     };
-    put.add(&line, true)?;
+    put.add(&line)?;
     let cipher = XChaCha20Poly1305::new(key.bytes().into());
     let mut encryptor = EncryptorBE32::from_aead(cipher, (&nonce).into());
     let mut left = header.plain_bytes;
@@ -133,22 +132,26 @@ pub fn seal_checkpoint(
             encryptor
                 .encrypt_last_in_place(&associated, &mut buffer)
                 .map_err(|_| "the cipher refused a chunk".to_owned())?;
-            put.add(&buffer, true)?;
+            put.add(&buffer)?;
             break;
         }
         encryptor
             .encrypt_next_in_place(&associated, &mut buffer)
             .map_err(|_| "the cipher refused a chunk".to_owned())?;
-        put.add(&buffer, true)?;
+        put.add(&buffer)?;
     }
     let mut extra = [0u8; 1];
     if plain.read(&mut extra).map_err(|error| error.to_string())? != 0 {
         return Err("the checkpoint's file is longer than the header says".to_owned());
     }
-    let digest: [u8; 32] = put.signed.clone().finalize().into();
+    let mut whole = put.signed.clone();
+    let digest: [u8; 32] = put.signed.finalize().into();
     let signature = writer.sign(SignatureContext::Checkpoint, ledger, &digest);
-    put.add(&signature.0, false)?;
-    Ok(put.whole.finalize().into())
+    put.out
+        .write_all(&signature.0)
+        .map_err(|error| format!("cannot write: {error}"))?;
+    whole.update(signature.0);
+    Ok(whole.finalize().into())
 }
 
 /// Reads a sealed checkpoint's header line from `input`; returns it and its bytes.
@@ -215,10 +218,9 @@ pub fn open_checkpoint(
         .and_then(|bytes| bytes.try_into().ok())
         .ok_or("its nonce is not 19 bytes of base64url")?;
     let associated = associated_data(line);
+    // What the signature covers is the start of the whole: one pass over the bytes serves both.
     let mut signed = Sha256::new();
     signed.update(line);
-    let mut whole = Sha256::new();
-    whole.update(line);
     let cipher = XChaCha20Poly1305::new(key.bytes().into());
     let mut decryptor = DecryptorBE32::from_aead(cipher, (&nonce).into());
     let mut left = header.plain_bytes;
@@ -229,20 +231,18 @@ pub fn open_checkpoint(
             .read_exact(&mut buffer)
             .map_err(|error| format!("its ciphertext is cut short: {error}"))?;
         signed.update(&buffer[..]);
-        whole.update(&buffer[..]);
         left -= take as u64;
-        let mut plain: Vec<u8> = buffer.to_vec();
+        let mut plain = buffer;
         let last = left == 0;
         let opened = if last {
             let decryptor = std::mem::replace(
                 &mut decryptor,
                 DecryptorBE32::from_aead(XChaCha20Poly1305::new(key.bytes().into()), (&nonce).into()),
             );
-            decryptor.decrypt_last_in_place(&associated, &mut plain)
+            decryptor.decrypt_last_in_place(&associated, &mut *plain)
         } else {
-            decryptor.decrypt_next_in_place(&associated, &mut plain)
+            decryptor.decrypt_next_in_place(&associated, &mut *plain)
         };
-        let plain = Zeroizing::new(plain);
         opened.map_err(|_| "a chunk of it is not authentic (another key, or altered)".to_owned())?;
         out.write_all(&plain)
             .map_err(|error| format!("cannot write: {error}"))?;
@@ -254,6 +254,7 @@ pub fn open_checkpoint(
     input
         .read_exact(&mut signature)
         .map_err(|_| "its signature is cut short".to_owned())?;
+    let mut whole = signed.clone();
     whole.update(signature);
     let mut extra = [0u8; 1];
     if input.read(&mut extra).map_err(|error| error.to_string())? != 0 {
@@ -271,21 +272,16 @@ pub fn open_checkpoint(
     Ok(whole.finalize().into())
 }
 
-/// The bytes of a sealed checkpoint as they are written, and their digests.
+/// The bytes of a sealed checkpoint as they are written, and the digest of what the signature
+/// covers (the header and the ciphertext: the start of the whole, whose digest names it).
 struct Written<'a> {
-    /// Over what the signature covers: the header and the ciphertext.
     signed: Sha256,
-    /// Over all of it (the name's).
-    whole: Sha256,
     out: &'a mut dyn Write,
 }
 
 impl Written<'_> {
-    fn add(&mut self, bytes: &[u8], signed: bool) -> Result<(), String> {
-        if signed {
-            self.signed.update(bytes);
-        }
-        self.whole.update(bytes);
+    fn add(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.signed.update(bytes);
         self.out
             .write_all(bytes)
             .map_err(|error| format!("cannot write: {error}"))

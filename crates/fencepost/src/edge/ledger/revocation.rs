@@ -25,6 +25,12 @@ pub struct Revoked {
     pub generation: u32,
     /// The members it was wrapped to (the recovery key aside).
     pub members: Vec<DeviceId>,
+    /// On a ledger whose logs were pruned (this host started from a checkpoint): the
+    /// checkpoint this member wrote after the revocation, or why it could not (then run
+    /// [`compact`](Ledger::compact) on a member). A host that reads the revocation before it
+    /// opens the revoked device's checkpoints never uses them (rule S6), so it needs one of a
+    /// member's to start from. `None` on a ledger that was not pruned.
+    pub checkpoint: Option<Result<crate::checkpoint::CheckpointInfo, String>>,
 }
 
 /// How many times a reading starts over in one call before it goes on stale (each start over
@@ -149,11 +155,18 @@ impl Ledger {
             records.push(given.to_bytes());
         }
         self.write_queued_and(&records)?;
+        // Found by an adversarial test: hosts that read the revocation first stopped until a
+        // member compacted.
+        let checkpoint = self
+            .pruned_start()
+            .is_some()
+            .then(|| self.compact().map_err(|error| error.to_string()));
         Ok(Revoked {
             device: device.clone(),
             cut,
             generation: key.generation(),
             members: members.into_iter().map(|(member, _, _)| member).collect(),
+            checkpoint,
         })
     }
 
