@@ -661,7 +661,7 @@ proptest! {
         let device = phone.device().clone();
         let wrapped = |n: usize| Wrapped([n as u8; WRAPPED_BYTES]);
         for change in [
-            Membership::Rotate { generation, wraps: (0..wraps).map(|n| (device.clone(), wrapped(n))).collect() },
+            Membership::Rotate { generation, commitment: [generation as u8; 32], wraps: (0..wraps).map(|n| (device.clone(), wrapped(n))).collect() },
             Membership::Admit {
                 device: device.clone(),
                 key: KeyId([3; 32]),

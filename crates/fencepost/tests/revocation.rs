@@ -429,6 +429,7 @@ fn unwrapped(
             Membership::Rotate {
                 generation: made,
                 wraps,
+                ..
             } if *made == generation => wraps
                 .iter()
                 .filter(|(device, _)| device.as_str() == to)

@@ -1,8 +1,8 @@
 //! A protected ledger's membership records (issue 39): content in the clear, in its author's
 //! log, covered by the author's head (and, for the recovery key's changes, signed by it too).
 //!
-//! * [`Membership::Rotate`]: a generation of the ledger key, wrapped to every member and to the
-//!   recovery key;
+//! * [`Membership::Rotate`]: a generation of the ledger key, committed to and wrapped to every
+//!   member and to the recovery key;
 //! * [`Membership::Admit`]: a device, under the key of its log's record 0, with every
 //!   generation in use wrapped to it;
 //! * [`Membership::Revoke`]: a device cut from a sequence number on.
@@ -15,10 +15,12 @@ use crate::core::roster::KeyId;
 use crate::core::wrap::{Wrapped, WRAPPED_BYTES};
 use crate::id::DeviceId;
 
-const TAG_ROTATE: u8 = 2;
+/// A rotation without a key commitment, as fenceposts before it wrote: no longer read.
+const TAG_UNCOMMITTED_ROTATE: u8 = 2;
 const TAG_ADMIT: u8 = 3;
 const TAG_REVOKE: u8 = 4;
 const TAG_OPEN: u8 = 5;
+const TAG_ROTATE: u8 = 6;
 /// The most wraps one record carries (members of a rotation, generations of an admission).
 pub const MAX_WRAPS: usize = 4096;
 
@@ -34,6 +36,9 @@ pub enum Membership {
     Rotate {
         /// The generation.
         generation: u32,
+        /// The key's [commitment](crate::seal::LedgerKey::commitment): a wrap that opens to
+        /// another key gives nothing.
+        commitment: [u8; 32],
         /// To whom, and the wrap.
         wraps: Vec<(DeviceId, Wrapped)>,
     },
@@ -131,9 +136,14 @@ impl Membership {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(128);
         match self {
-            Membership::Rotate { generation, wraps } => {
+            Membership::Rotate {
+                generation,
+                commitment,
+                wraps,
+            } => {
                 bytes.push(TAG_ROTATE);
                 bytes.extend_from_slice(&generation.to_be_bytes());
+                bytes.extend_from_slice(commitment);
                 bytes.extend_from_slice(&(wraps.len() as u32).to_be_bytes());
                 for (device, wrapped) in wraps {
                     push_text(device.as_str(), &mut bytes);
@@ -180,14 +190,23 @@ impl Membership {
         match tag {
             TAG_ROTATE => {
                 let generation = u32::from_be_bytes(reader.array("the generation")?);
+                let commitment = reader.array("the key's commitment")?;
                 let count = reader.count()?;
                 let mut wraps = Vec::with_capacity(count);
                 for _ in 0..count {
                     let device = reader.device()?;
                     wraps.push((device, Wrapped(reader.array("a wrapped key")?)));
                 }
-                Ok(Membership::Rotate { generation, wraps })
+                Ok(Membership::Rotate {
+                    generation,
+                    commitment,
+                    wraps,
+                })
             }
+            TAG_UNCOMMITTED_ROTATE => Err(
+                "a rotation without a commitment to its key, as fenceposts before 2026-12-07 wrote: not read (make the ledger again with this version)"
+                    .to_owned(),
+            ),
             TAG_ADMIT => {
                 let device = reader.device()?;
                 let key = KeyId(reader.array("the key")?);
@@ -223,7 +242,7 @@ impl Membership {
                 let cut = u64::from_be_bytes(reader.array("the cut")?);
                 Ok(Membership::Revoke { device, cut })
             }
-            other => Err(format!("membership tag {other} is none of 2, 3, 4, 5")),
+            other => Err(format!("membership tag {other} is none of 3, 4, 5, 6")),
         }
     }
 }

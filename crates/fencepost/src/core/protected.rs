@@ -35,7 +35,7 @@ pub(crate) mod evidence;
 mod logs;
 
 pub use evidence::{Equivocation, SignedHead};
-pub use logs::{OpenMany, ProtectedLogs, ProtectedMark, Released};
+pub use logs::{OpenMany, ProtectedLogs, ProtectedMark, Released, WrapTo};
 
 /// What content in the clear starts with: a device's identity (record 0 of its log).
 const TAG_IDENTITY: u8 = 0;

@@ -44,6 +44,8 @@ pub const TAG_BYTES: usize = 16;
 pub const MAX_SEALED_CONTENT_BYTES: usize = u16::MAX as usize - 2;
 /// What the associated data starts with.
 const AAD_DOMAIN: &[u8] = b"fencepost/sealed-record/aad/v1\0";
+/// What a key's commitment ([`LedgerKey::commitment`]) starts with.
+const COMMITMENT_DOMAIN: &[u8] = b"fencepost/ledger-key-commitment/v1\0";
 
 /// Where a sealed record sits: the associated data of its encryption, so that a ciphertext
 /// moved to another ledger, device or sequence number does not open.
@@ -118,6 +120,21 @@ impl LedgerKey {
     /// Its bytes, to wrap it to a member ([`wrap`](crate::wrap::wrap)).
     pub fn bytes(&self) -> &[u8; 32] {
         &self.bytes
+    }
+
+    /// Its commitment in `ledger`: a SHA-256 of a domain, the ledger, the generation and the
+    /// key. A rotation names it beside its wraps, and a member holds a key it unwraps only
+    /// when a rotation it read committed to it, so that every member that holds a generation
+    /// of one rotation holds the same key (a writer cannot wrap one key to some members and
+    /// another to others).
+    pub fn commitment(&self, ledger: &LedgerId) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        hasher.update(COMMITMENT_DOMAIN);
+        hasher.update(ledger.0);
+        hasher.update(self.generation.to_be_bytes());
+        hasher.update(*self.bytes);
+        hasher.finalize().into()
     }
 
     /// Seals `content` (at most [`MAX_SEALED_CONTENT_BYTES`]) at `place` with `nonce`, which

@@ -12,11 +12,13 @@ use crate::core::roster::{Change, KeyId, MembershipChange, Position, Roster, Sta
 use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, SealedContent};
 
+mod keys;
 mod mark;
 mod names;
 
 use names::{AgentNames, Resolved};
 
+pub use keys::WrapTo;
 pub use mark::ProtectedMark;
 
 /// What [`ProtectedLogs::offer`] released.
@@ -257,30 +259,6 @@ impl ProtectedLogs {
             .collect()
     }
 
-    /// The generations of the ledger key that the membership records read wrapped to `device`
-    /// (any an admitted key or the recovery key signed): what a member that holds more can
-    /// give it.
-    pub fn generations_given_to(&self, device: &crate::id::DeviceId) -> std::collections::BTreeSet<u32> {
-        self.memberships
-            .iter()
-            .filter(|read| read.by_recovery || self.standing_of(read) != Standing::NotMember)
-            .flat_map(|read| wraps_to(&read.record.change, device))
-            .map(|(generation, _)| generation)
-            .collect()
-    }
-
-    /// The generations of the ledger key wrapped to `recipient` (a device id, or
-    /// [`RECOVERY`](crate::membership::RECOVERY)) by the membership records that count (a
-    /// member's at its position, or the recovery key's): what the recovery key unwraps when no
-    /// member is left to.
-    pub fn wrapped_to(&self, recipient: &crate::id::DeviceId) -> Vec<(u32, crate::core::wrap::Wrapped)> {
-        self.memberships
-            .iter()
-            .filter(|read| self.counts(read))
-            .flat_map(|read| wraps_to(&read.record.change, recipient))
-            .collect()
-    }
-
     /// The membership frontier (rule M4): per author, how many records of its log hold the
     /// membership changes read that count (through the last of them) and that record's id. A
     /// holder publishes it with its own log's head, so that a new holder dispatches nothing
@@ -458,84 +436,6 @@ impl ProtectedLogs {
         self.protection.seal_with(sealing);
     }
 
-    /// Whether the newest generation this device seals with was wrapped, by a change that
-    /// counts, to a device revoked since (rule M2): two members that revoke two devices at once
-    /// each wrap their new generation to the device the other revokes (found by a
-    /// cryptography review, and confirmed by an adversary through the binary). A writer then
-    /// writes a new generation, wrapped to the members, before it seals anything more.
-    pub fn rotation_due(&self) -> bool {
-        let Some(newest) = self.protection.newest_key().map(LedgerKey::generation) else {
-            return false;
-        };
-        let roster = self.protection.roster();
-        let revoked = |device: &crate::id::DeviceId| roster.cut(device.as_str()).is_some();
-        self.memberships
-            .iter()
-            .filter(|read| self.counts(read))
-            .any(|read| match &read.record.change {
-                Membership::Rotate { generation, wraps } => {
-                    *generation == newest && wraps.iter().any(|(device, _)| revoked(device))
-                }
-                Membership::Admit { device, wraps, .. } | Membership::Open { device, wraps } => {
-                    revoked(device) && wraps.iter().any(|(generation, _)| *generation == newest)
-                }
-                Membership::Revoke { .. } => false,
-            })
-    }
-
-    /// The generations of the ledger key given by the caller or by a membership change that
-    /// counts now: what this device seals with, gives to the devices it admits, and numbers a
-    /// new generation after. Never one that only a void change gave (a revoked device's
-    /// rotation: its author knows it; found by a cryptography review, such a key was given to
-    /// a new member, which sealed with it).
-    pub fn counting_keys(&self) -> Vec<LedgerKey> {
-        let mut keys: Vec<LedgerKey> = Vec::new();
-        // A generation given to open only (found by an adversary: a member admitted after a
-        // revocation that voided a rotation could not read what members had sealed with it,
-        // and its hand-offs waited for good) never counts.
-        let counting = self
-            .memberships
-            .iter()
-            .filter(|read| self.counts(read) && !matches!(read.record.change, Membership::Open { .. }))
-            .flat_map(|read| read.keys.iter());
-        for key in self.given_keys.iter().chain(counting) {
-            if !keys.iter().any(|held| held.bytes() == key.bytes()) {
-                keys.push(key.clone());
-            }
-        }
-        keys
-    }
-
-    /// Unwraps the generations wrapped to this device by the membership records not looked at
-    /// yet that an admitted key signed (a member's, or a cut device's: what members sealed with
-    /// them still opens) or the recovery key did; a log no admission names gives nothing.
-    fn take_wraps(&mut self) {
-        let Some(recipient) = self.recipient.clone() else {
-            return;
-        };
-        for index in 0..self.memberships.len() {
-            let read = &self.memberships[index];
-            if read.taken || (self.standing_of(read) == Standing::NotMember && !read.by_recovery) {
-                continue;
-            }
-            let mut keys = Vec::new();
-            for (generation, wrapped) in wraps_to(&read.record.change, recipient.device()) {
-                let Some(number) = std::num::NonZeroU32::new(generation) else {
-                    continue;
-                };
-                if let Ok(key) =
-                    crate::core::wrap::unwrap(&wrapped, &self.protection.ledger, generation, &recipient)
-                {
-                    let key = LedgerKey::new(number, *key);
-                    self.protection.hold_to_open(key.clone());
-                    keys.push(key);
-                }
-            }
-            self.memberships[index].taken = true;
-            self.memberships[index].keys = keys;
-        }
-    }
-
     /// Holds another generation of the ledger key, and releases what it opens.
     pub fn hold(&mut self, key: LedgerKey) -> Released {
         self.given_keys.push(key.clone());
@@ -705,21 +605,6 @@ impl ProtectedLogs {
             }
         }
         missing
-    }
-}
-
-/// The generations `change` wraps to `me`.
-fn wraps_to(change: &Membership, me: &crate::id::DeviceId) -> Vec<(u32, crate::core::wrap::Wrapped)> {
-    match change {
-        Membership::Rotate { generation, wraps } => wraps
-            .iter()
-            .filter(|(device, _)| device == me)
-            .map(|(_, wrapped)| (*generation, wrapped.clone()))
-            .collect(),
-        Membership::Admit { device, wraps, .. } | Membership::Open { device, wraps } if device == me => {
-            wraps.clone()
-        }
-        _ => Vec::new(),
     }
 }
 

@@ -102,7 +102,11 @@ impl Ledger {
             wraps.push((recipient.clone(), wrapped));
         }
         ledger.append_membership(&MembershipRecord {
-            change: Membership::Rotate { generation: 1, wraps },
+            change: Membership::Rotate {
+                generation: 1,
+                commitment: first.commitment(&ledger_id),
+                wraps,
+            },
             by_recovery: None,
         })?;
         Ok((ledger, Founded { genesis, recovery }))
@@ -240,14 +244,17 @@ impl Ledger {
             if recovery.public() != genesis.recovery_key {
                 return Err(membership("this is not the recovery key of this ledger"));
             }
-            for (generation, wrapped) in logs.wrapped_to(recovery.device()) {
+            for (generation, wrapped, committed_to) in logs.wrapped_to(recovery.device()) {
                 let (Some(number), false) =
                     (NonZeroU32::new(generation), generations.contains_key(&generation))
                 else {
                     continue;
                 };
                 if let Ok(key) = crate::wrap::unwrap(&wrapped, protection.ledger(), generation, recovery) {
-                    generations.insert(generation, LedgerKey::new(number, *key));
+                    let key = LedgerKey::new(number, *key);
+                    if logs.commits_to(&key, committed_to.as_ref()) {
+                        generations.insert(generation, key);
+                    }
                 }
             }
         }

@@ -199,6 +199,7 @@ impl Ledger {
         let rotate = self.membership_record(
             Membership::Rotate {
                 generation: generation.get(),
+                commitment: key.commitment(&ledger_id),
                 wraps,
             },
             recovery,
