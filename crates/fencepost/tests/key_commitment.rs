@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use fencepost::identity::DeviceKey;
 use fencepost::ledger::Ledger;
-use fencepost::membership::{Membership, MembershipRecord, RECOVERY};
+use fencepost::membership::{Membership, MembershipRecord};
 use fencepost::oplog::SealedContent;
 use fencepost::seal::LedgerKey;
 use fencepost::wrap::{wrap_with_seed, Wrapped};
@@ -24,7 +24,7 @@ fn key(generation: u32, byte: u8) -> LedgerKey {
 }
 
 /// `key` wrapped to `to` in `members`' ledger.
-fn wrapped(members: &Members, key: &LedgerKey, to: &Arc<DeviceKey>) -> Wrapped {
+fn wrapped(members: &Members, key: &LedgerKey, to: &DeviceKey) -> Wrapped {
     wrap_with_seed(
         key.bytes(),
         &members.ledger,
@@ -36,7 +36,25 @@ fn wrapped(members: &Members, key: &LedgerKey, to: &Arc<DeviceKey>) -> Wrapped {
     .unwrap()
 }
 
-/// The founder writes `change` into its log, as a member turned hostile (or a thief of its key)
+/// A rotation to `key`, committed to, wrapped to each of `to` and to the recovery key, as an
+/// honest member writes it.
+fn rotation(members: &Members, key: &LedgerKey, to: &[&Arc<DeviceKey>]) -> Membership {
+    let mut wraps: Vec<_> = to
+        .iter()
+        .map(|device| (device.device().clone(), wrapped(members, key, device)))
+        .collect();
+    wraps.push((
+        members.recovery.device().clone(),
+        wrapped(members, key, &members.recovery),
+    ));
+    Membership::Rotate {
+        generation: key.generation(),
+        commitment: key.commitment(&members.ledger),
+        wraps,
+    }
+}
+
+/// A member writes `change` into its log, as a member turned hostile (or a thief of its key)
 /// can.
 fn write(founder: &mut Ledger, change: Membership) {
     founder
@@ -53,7 +71,7 @@ fn phone_run_is_read_by_the_founder(members: &Members, phone: &Arc<DeviceKey>, s
     run(&mut on_phone, "run-1", 1);
     drop(on_phone);
     assert_eq!(
-        members.last_generation("phone"),
+        members.last_generation(phone.device().as_str()),
         serde_json::json!(sealed_with),
         "M1: the phone seals with a generation a rotation committed to"
     );
@@ -71,11 +89,6 @@ fn m1_a_rotation_that_wraps_another_key_than_it_commits_to_gives_nothing() {
     let (members, mut founder) = Members::found(&[&phone]);
     let committed = key(2, 0x21);
     let other = key(2, 0x22);
-    let recovery = Arc::new(DeviceKey::from_secrets(
-        fencepost::id::DeviceId::new(RECOVERY).unwrap(),
-        [0; 32],
-        [0; 32],
-    ));
     write(
         &mut founder,
         Membership::Rotate {
@@ -88,8 +101,8 @@ fn m1_a_rotation_that_wraps_another_key_than_it_commits_to_gives_nothing() {
                 ),
                 (phone.device().clone(), wrapped(&members, &other, &phone)),
                 (
-                    recovery.device().clone(),
-                    wrapped(&members, &committed, &recovery),
+                    members.recovery.device().clone(),
+                    wrapped(&members, &committed, &members.recovery),
                 ),
             ],
         },
@@ -140,6 +153,88 @@ fn m1_an_admission_gives_only_keys_a_rotation_committed_to() {
     );
     drop(founder);
     phone_run_is_read_by_the_founder(&members, &phone, 1);
+}
+
+/// M1: an admission read before the rotation that commits to the generation it gives (the
+/// rotation's author's log read after the admitter's) gives it once the rotation is read.
+#[test]
+fn m1_an_admission_read_before_its_rotation_gives_its_key_once_the_rotation_is_read() {
+    let tablet = device_key("tablet", 21);
+    let zeta = device_key("zeta", 41);
+    let desk = device_key("desk", 31);
+    let (members, founder) = Members::found(&[&tablet, &zeta]);
+    drop(founder);
+    // Zeta rotates (one key to every member) and seals a run with it.
+    let second = key(2, 0x02);
+    let mut on_zeta = members.open(&zeta);
+    write(
+        &mut on_zeta,
+        rotation(&members, &second, &[&members.laptop, &tablet, &zeta]),
+    );
+    run(&mut on_zeta, "run-1", 1);
+    drop(on_zeta);
+    assert_eq!(members.last_generation("zeta"), serde_json::json!(2));
+    let mut on_tablet = members.open(&tablet);
+    on_tablet.admit(desk.device(), &desk.public()).unwrap();
+    drop(on_tablet);
+    let mut on_desk = members.open(&desk);
+    assert!(
+        on_desk.committed_run("milo", "run-1").is_some(),
+        "M1: the desk opens what zeta sealed with generation 2; damage: {:?}",
+        on_desk.damage()
+    );
+    run(&mut on_desk, "run-2", 2);
+    drop(on_desk);
+    assert_eq!(members.last_generation("desk"), serde_json::json!(2));
+}
+
+/// M1, M2 (found by the review of key commitment): a member that admitted a device before it
+/// read the revocation of a thief gave it the thief's generation, which only the thief's void
+/// rotation commits to; the device opens what was sealed with it, and never seals with it.
+#[test]
+fn m1_m2_a_generation_only_a_void_rotation_commits_to_is_never_sealed_with() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let desk = device_key("desk", 31);
+    let (members, founder) = Members::found(&[&phone, &tablet]);
+    drop(founder);
+    // The phone, stolen, rotates to a generation of its own, wrapped to every member.
+    let stolen = key(100, 0x64);
+    let mut on_phone = members.open(&phone);
+    write(
+        &mut on_phone,
+        rotation(&members, &stolen, &[&members.laptop, &phone, &tablet]),
+    );
+    drop(on_phone);
+    // The tablet reads it and admits the desk, giving it every generation it holds.
+    let mut on_tablet = members.open(&tablet);
+    on_tablet.admit(desk.device(), &desk.public()).unwrap();
+    drop(on_tablet);
+    // The laptop, whose copy of the folder lacks the phone's log, revokes the phone whole.
+    let devices = members.folder.path().join("devices");
+    let phone_file = devices.join(fencepost::relay::device_file_name("phone"));
+    let aside = members.folder.path().join("phone.aside");
+    std::fs::rename(&phone_file, &aside).unwrap();
+    let mut laptop = members.open(&members.laptop);
+    let revoked = laptop.revoke(phone.device(), Some(0)).unwrap();
+    assert_eq!(revoked.generation, 2, "numbered after what the laptop read");
+    drop(laptop);
+    std::fs::rename(&aside, &phone_file).unwrap();
+    // The desk reads everything: the phone's rotation is void.
+    let mut on_desk = members.open(&desk);
+    run(&mut on_desk, "run-1", 1);
+    drop(on_desk);
+    assert_eq!(
+        members.last_generation("desk"),
+        serde_json::json!(2),
+        "M2: the desk seals with the laptop's generation, never the thief's"
+    );
+    let mut laptop = members.open(&members.laptop);
+    assert!(
+        laptop.committed_run("milo", "run-1").is_some(),
+        "{:?}",
+        laptop.damage()
+    );
 }
 
 #[test]

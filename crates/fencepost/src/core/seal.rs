@@ -133,7 +133,8 @@ impl LedgerKey {
         hasher.update(COMMITMENT_DOMAIN);
         hasher.update(ledger.0);
         hasher.update(self.generation.to_be_bytes());
-        hasher.update(*self.bytes);
+        // From where the key is kept (wiped when dropped), not a copy on the stack.
+        hasher.update(&self.bytes[..]);
         hasher.finalize().into()
     }
 

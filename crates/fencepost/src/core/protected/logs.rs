@@ -52,8 +52,11 @@ struct ReadChange {
     log_key: KeyId,
     record: MembershipRecord,
     by_recovery: bool,
-    /// Whether its wraps to this device were looked at.
+    /// Whether its wraps to this device were looked at for good.
     taken: bool,
+    /// How many rotations could commit to its keys when its wraps were last looked at (an
+    /// admission's wrap that none commits to is looked at again only when there are more).
+    looked: Option<usize>,
     /// The generations of the ledger key it gave this device.
     keys: Vec<LedgerKey>,
     /// Its record and the ones after it through the first that carries a valid head: what
@@ -381,9 +384,12 @@ impl ProtectedLogs {
         let Some(SealedContent::Clear(bytes)) = op.sealed_record().map(|record| &record.content) else {
             return false;
         };
-        let Ok(record) = MembershipRecord::from_bytes(bytes) else {
-            tracing::warn!(device = %op.device_id, seq = op.seq, "a record in the clear that is no membership record: ignored");
-            return false;
+        let record = match MembershipRecord::from_bytes(bytes) {
+            Ok(record) => record,
+            Err(why) => {
+                tracing::warn!(device = %op.device_id, seq = op.seq, why, "a record in the clear that is no membership record: ignored");
+                return false;
+            }
         };
         let Ok(device) = crate::id::DeviceId::new(&*op.device_id) else {
             return false;
@@ -398,6 +404,7 @@ impl ProtectedLogs {
             record,
             by_recovery,
             taken: false,
+            looked: None,
             keys: Vec::new(),
             proof: proof_of(covered, signer, &self.protection.ledger, origin),
         });

@@ -60,7 +60,10 @@ impl ProtectedLogs {
     /// counts now: what this device seals with, gives to the devices it admits, and numbers a
     /// new generation after. Never one that only a void change gave (a revoked device's
     /// rotation: its author knows it; found by a cryptography review, such a key was given to
-    /// a new member, which sealed with it).
+    /// a new member, which sealed with it), nor one an admission gave that only such a rotation
+    /// commits to (found by the review of key commitment: a member that admitted a device
+    /// before it read the revocation gave it the thief's generation, and the device sealed with
+    /// it).
     pub fn counting_keys(&self) -> Vec<LedgerKey> {
         let mut keys: Vec<LedgerKey> = Vec::new();
         // A generation given to open only (found by an adversary: a member admitted after a
@@ -70,7 +73,12 @@ impl ProtectedLogs {
             .memberships
             .iter()
             .filter(|read| self.counts(read) && !matches!(read.record.change, Membership::Open { .. }))
-            .flat_map(|read| read.keys.iter());
+            .flat_map(|read| {
+                let made = matches!(read.record.change, Membership::Rotate { .. });
+                read.keys
+                    .iter()
+                    .filter(move |key| made || self.rotation_commits_to(key, |read| self.counts(read)))
+            });
         for key in self.given_keys.iter().chain(counting) {
             if !keys.iter().any(|held| held.bytes() == key.bytes()) {
                 keys.push(key.clone());
@@ -83,17 +91,25 @@ impl ProtectedLogs {
     /// yet that an admitted key signed (a member's, or a cut device's: what members sealed with
     /// them still opens) or the recovery key did; a log no admission names gives nothing. A
     /// key is held only once a rotation read commits to it ([`commits_to`](Self::commits_to));
-    /// an admission's wrap that no rotation read commits to yet is looked at again after the
-    /// next change read (its rotation may be in a log not read yet).
+    /// an admission's wrap that no rotation read commits to yet is looked at again once more
+    /// rotations could (its rotation may be in a log not read yet, or its author not admitted
+    /// yet), not at every change read (found by the review of key commitment: a member could
+    /// write thousands of such wraps, each unwrapped again at every change).
     pub(super) fn take_wraps(&mut self) {
         let Some(recipient) = self.recipient.clone() else {
             return;
         };
+        let rotations = self
+            .memberships
+            .iter()
+            .filter(|read| matches!(read.record.change, Membership::Rotate { .. }) && self.may_commit(read))
+            .count();
         for index in 0..self.memberships.len() {
             let read = &self.memberships[index];
-            if read.taken || (self.standing_of(read) == Standing::NotMember && !read.by_recovery) {
+            if read.taken || read.looked == Some(rotations) || !self.may_commit(read) {
                 continue;
             }
+            let first_look = read.looked.is_none();
             let mut keys = Vec::new();
             let mut later = false;
             for (generation, wrapped, committed_to) in wraps_to(&read.record.change, recipient.device()) {
@@ -107,20 +123,30 @@ impl ProtectedLogs {
                 };
                 let key = LedgerKey::new(number, *bytes);
                 if !self.commits_to(&key, committed_to.as_ref()) {
-                    tracing::warn!(
-                        generation,
-                        author = %self.memberships[index].position.device,
-                        "a key wrapped to this device that no rotation read commits to: not held"
-                    );
+                    if first_look {
+                        tracing::warn!(
+                            generation,
+                            author = %self.memberships[index].position.device,
+                            "a key wrapped to this device that no rotation read commits to: not held"
+                        );
+                    }
                     later |= committed_to.is_none();
                     continue;
                 }
                 self.protection.hold_to_open(key.clone());
                 keys.push(key);
             }
-            self.memberships[index].taken = !later;
-            self.memberships[index].keys = keys;
+            let read = &mut self.memberships[index];
+            read.taken = !later;
+            read.looked = Some(rotations);
+            read.keys = keys;
         }
+    }
+
+    /// Whether `read`'s author was admitted (a member's change, or a cut device's) or the
+    /// recovery key signed it: what may give keys and commit to them.
+    fn may_commit(&self, read: &super::ReadChange) -> bool {
+        read.by_recovery || self.standing_of(read) != Standing::NotMember
     }
 
     /// Whether `key` is one a rotation committed to: `committed_to`, the commitment of the
@@ -128,18 +154,19 @@ impl ProtectedLogs {
     /// that generation that an admitted key or the recovery key signed (key commitment: every
     /// device that holds a generation of one rotation holds the same key).
     pub fn commits_to(&self, key: &LedgerKey, committed_to: Option<&[u8; 32]>) -> bool {
-        let commitment = key.commitment(&self.protection.ledger);
         match committed_to {
-            Some(committed_to) => *committed_to == commitment,
-            None => self
-                .memberships
-                .iter()
-                .filter(|read| read.by_recovery || self.standing_of(read) != Standing::NotMember)
-                .any(|read| {
-                    matches!(&read.record.change, Membership::Rotate { generation, commitment: made, .. }
-                        if *generation == key.generation() && *made == commitment)
-                }),
+            Some(committed_to) => *committed_to == key.commitment(&self.protection.ledger),
+            None => self.rotation_commits_to(key, |read| self.may_commit(read)),
         }
+    }
+
+    /// Whether a rotation read that `which` keeps commits to `key`.
+    fn rotation_commits_to(&self, key: &LedgerKey, which: impl Fn(&super::ReadChange) -> bool) -> bool {
+        let commitment = key.commitment(&self.protection.ledger);
+        self.memberships.iter().filter(|read| which(read)).any(|read| {
+            matches!(&read.record.change, Membership::Rotate { generation, commitment: made, .. }
+                if *generation == key.generation() && *made == commitment)
+        })
     }
 }
 

@@ -174,6 +174,7 @@ impl ProtectedLogs {
                 record,
                 by_recovery: false,
                 taken: false,
+                looked: None,
                 keys: Vec::new(),
                 proof,
             });
