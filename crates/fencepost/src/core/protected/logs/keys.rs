@@ -13,7 +13,7 @@ impl ProtectedLogs {
     pub fn generations_given_to(&self, device: &crate::id::DeviceId) -> std::collections::BTreeSet<u32> {
         self.memberships
             .iter()
-            .filter(|read| read.by_recovery || self.standing_of(read) != Standing::NotMember)
+            .filter(|read| self.gives_keys(read))
             .flat_map(|read| wraps_to(&read.record.change, device))
             .map(|(generation, _, _)| generation)
             .collect()
@@ -102,11 +102,11 @@ impl ProtectedLogs {
         let rotations = self
             .memberships
             .iter()
-            .filter(|read| matches!(read.record.change, Membership::Rotate { .. }) && self.may_commit(read))
+            .filter(|read| matches!(read.record.change, Membership::Rotate { .. }) && self.gives_keys(read))
             .count();
         for index in 0..self.memberships.len() {
             let read = &self.memberships[index];
-            if read.taken || read.looked == Some(rotations) || !self.may_commit(read) {
+            if read.taken || read.looked == Some(rotations) || !self.gives_keys(read) {
                 continue;
             }
             let first_look = read.looked.is_none();
@@ -144,8 +144,8 @@ impl ProtectedLogs {
     }
 
     /// Whether `read`'s author was admitted (a member's change, or a cut device's) or the
-    /// recovery key signed it: what may give keys and commit to them.
-    fn may_commit(&self, read: &super::ReadChange) -> bool {
+    /// recovery key signed it: the changes whose wraps are read and whose rotations commit.
+    fn gives_keys(&self, read: &super::ReadChange) -> bool {
         read.by_recovery || self.standing_of(read) != Standing::NotMember
     }
 
@@ -156,7 +156,7 @@ impl ProtectedLogs {
     pub fn commits_to(&self, key: &LedgerKey, committed_to: Option<&[u8; 32]>) -> bool {
         match committed_to {
             Some(committed_to) => *committed_to == key.commitment(&self.protection.ledger),
-            None => self.rotation_commits_to(key, |read| self.may_commit(read)),
+            None => self.rotation_commits_to(key, |read| self.gives_keys(read)),
         }
     }
 
