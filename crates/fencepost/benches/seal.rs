@@ -1,9 +1,12 @@
 //! Sealing a record for a protected ledger (issue 39): what opening 10 000 sealed intents
-//! costs (authenticate and decrypt, and the id over the ciphertext), against the target of a
-//! cold open of ≥ 1 M records/s with the fold (the fold alone is `benches/fold.rs`).
+//! costs (authenticate and decrypt, and the id over the ciphertext), and reading their lines
+//! (`read_line`: format 3, each with a head, as `fencepost run` appends them), against the
+//! target of a cold open of ≥ 1 M records/s with the fold (the fold alone is
+//! `benches/fold.rs`).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fencepost::identity::LedgerId;
+use fencepost::id::DeviceId;
+use fencepost::identity::{DeviceKey, LedgerId};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -51,6 +54,17 @@ fn seal(criterion: &mut Criterion) {
             record
         })
         .collect();
+    // Each record's line, with a head as the last record of an append carries.
+    let signer = DeviceKey::from_secrets(DeviceId::new("laptop-1").unwrap(), [1; 32], [2; 32]);
+    let origin = records[0].op_id;
+    let mut lines: Vec<u8> = Vec::new();
+    for record in &records {
+        record
+            .clone()
+            .signed(&signer, &LedgerId([7; 32]), &origin)
+            .write_json_line(&mut lines);
+        lines.push(b'\n');
+    }
     let mut group = criterion.benchmark_group("seal");
     group.throughput(Throughput::Elements(BATCH as u64));
     group.bench_function("seal_intent", |bencher| {
@@ -83,6 +97,13 @@ fn seal(criterion: &mut Criterion) {
         bencher.iter(|| {
             for (n, record) in sealed.iter().enumerate() {
                 std::hint::black_box(key.open(record, &place(n as u64)).ok());
+            }
+        })
+    });
+    group.bench_function("read_line", |bencher| {
+        bencher.iter(|| {
+            for line in lines.split(|byte| *byte == b'\n').filter(|line| !line.is_empty()) {
+                std::hint::black_box(OpRecord::from_json(line).ok());
             }
         })
     });

@@ -247,3 +247,55 @@ fn m1_a_rotation_without_a_commitment_is_not_read() {
     let refused = MembershipRecord::from_bytes(&bytes).unwrap_err();
     assert!(refused.contains("without a commitment"), "{refused}");
 }
+
+/// A record in the clear after record 0 is a membership change, and one that this version
+/// does not read (the uncommitted rotation of an earlier fencepost, a change of a later one)
+/// is missing, naming the record and why: what it changed is never taken as no change, and the
+/// runs that need it wait. Before, it was skipped with a warning in the log and counted as
+/// read. Its log's other records still count, and the ledger is not stopped.
+#[test]
+fn m1_a_membership_record_this_version_does_not_read_is_missing_never_no_change() {
+    use fencepost::oplog::OpRecord;
+    use fencepost::protected::Missing;
+    use fencepost::relay::Frontier;
+
+    let (members, mut founder) = Members::found(&[]);
+    run(&mut founder, "run-1", 1);
+    drop(founder);
+    let relay = members::relay(members.folder.path());
+    let laptop = members.laptop.device().as_str();
+    let log: Vec<OpRecord> = relay
+        .pull(&Frontier::default())
+        .unwrap()
+        .ops
+        .into_iter()
+        .filter(|op| &*op.device_id == laptop)
+        .collect();
+    let last = log.last().unwrap();
+    // Tag 2, a rotation as fenceposts before the commitment wrote it, signed by the founder.
+    let mut bytes = vec![2];
+    bytes.extend_from_slice(&2u32.to_be_bytes());
+    bytes.extend_from_slice(&0u32.to_be_bytes());
+    let old = OpRecord::sealed(
+        Arc::clone(&last.device_id),
+        last.seq + 1,
+        Some(last.op_id),
+        SealedContent::Clear(bytes.into()),
+    )
+    .signed(&members.laptop, &members.ledger, &log[0].op_id);
+    relay.push(&[old]).unwrap();
+
+    let mut founder = members.open(&members.laptop);
+    let not_counted = founder.not_counted();
+    assert!(
+        not_counted.iter().any(|(device, seq, why)| device == laptop
+            && *seq == last.seq + 1
+            && matches!(why, Missing::NotAChange(why) if why.contains("without a commitment"))),
+        "M1: a change this version does not read is missing; not counted: {not_counted:?}"
+    );
+    assert!(founder.damage().is_empty(), "{:?}", founder.damage());
+    assert!(
+        founder.committed_run("milo", "run-1").is_some(),
+        "the records before it count"
+    );
+}

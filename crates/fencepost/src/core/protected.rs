@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use crate::core::genesis::{Genesis, GenesisError};
 use crate::core::identity::{LedgerId, PublicIdentity};
+use crate::core::membership::MembershipRecord;
 use crate::core::roster::{KeyId, Roster, Standing};
 use crate::core::seal::LedgerKey;
 use crate::oplog::{OpId, OpRecord, OpenError, SealedContent, CLEAR_GENERATION};
@@ -124,6 +125,10 @@ pub enum Missing {
     },
     /// It does not open: altered, or sealed as no member seals.
     NotOpened(OpenError),
+    /// It is in the clear after record 0, as only a membership change is, but is none this
+    /// version reads (the rotation of an earlier fencepost, a change of a later one): why. Never
+    /// taken as no change.
+    NotAChange(String),
     /// An intent that names its agent by a digest no record read names yet (its log names the
     /// agent before it).
     AgentNotNamed {
@@ -148,6 +153,10 @@ impl fmt::Display for Missing {
                 "generation {generation} of the ledger key has not been given to this device"
             ),
             Missing::NotOpened(error) => write!(formatter, "it does not open: {error}"),
+            Missing::NotAChange(why) => write!(
+                formatter,
+                "it is in the clear, as only a membership change is, but none this version reads ({why})"
+            ),
             Missing::AgentNotNamed { .. } => formatter
                 .write_str("it names its agent by a digest that no record read names (its log names it before it)"),
         }
@@ -290,6 +299,13 @@ impl Protection {
         }
         let generation = match op.sealed_record().map(|record| &record.content) {
             Some(SealedContent::Sealed(sealed)) => sealed.generation,
+            Some(SealedContent::Clear(bytes)) if op.seq > 0 => {
+                // Fails closed: a change this version does not read is not taken as none.
+                return match MembershipRecord::from_bytes(bytes) {
+                    Ok(_) => Verdict::Clear(op),
+                    Err(why) => Verdict::Missing(op, Missing::NotAChange(why)),
+                };
+            }
             _ => return Verdict::Clear(op),
         };
         let opened = match ahead {
