@@ -377,3 +377,87 @@ fn s6_a_checkpoint_seen_while_it_is_copied_is_used_once_whole() {
     );
     assert!(on_phone.unopened_checkpoints().is_empty());
 }
+
+/// S6 (found by an adversary through the binary): a member that had written nothing (admitted,
+/// never holding a lease) compacted a pruned ledger. Its checkpoint ended its log before record
+/// 0, so every other host refused it, yet it covered more records than the founder's and
+/// replaced it: no host could start from a checkpoint, compact or admit any more. Now such a
+/// member writes its record 0 first, and its checkpoint is one every member opens.
+#[test]
+fn s6_a_member_that_wrote_nothing_compacts_a_checkpoint_every_member_opens() {
+    let phone = device_key("phone", 11);
+    let tablet = device_key("tablet", 21);
+    let (members, home) = ledger_with_runs(&phone);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.compact_with(&CompactOptions::default().prune()).unwrap();
+    run(&mut laptop, "run-4", 3);
+    drop(laptop);
+    // The phone has written nothing: it compacts.
+    let mut on_phone = read_all(&members, home.path(), &phone);
+    assert!(on_phone.damage().is_empty(), "{:?}", on_phone.damage());
+    on_phone.compact().unwrap();
+    drop(on_phone);
+
+    // Every member opens what is left; the founder compacts again and admits a device, which
+    // starts from a checkpoint and finds every commit.
+    let verifier = read_all(&members, home.path(), &members.laptop);
+    assert_eq!(
+        verifier.verify_checkpoints().unwrap(),
+        vec![],
+        "S6: every checkpoint left opens"
+    );
+    drop(verifier);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.compact().unwrap();
+    laptop.admit(tablet.device(), &tablet.public()).unwrap();
+    drop(laptop);
+    let mut on_tablet = members.open_with(&tablet, options(home.path(), &tablet)).unwrap();
+    assert!(on_tablet.damage().is_empty(), "{:?}", on_tablet.damage());
+    assert!(on_tablet.started_from_checkpoint().is_some());
+    for name in ["run-1", "run-2", "run-3", "run-4"] {
+        assert!(
+            on_tablet.committed_run("milo", name).is_some(),
+            "K1: {name} is committed"
+        );
+    }
+    assert!(
+        !members.file("phone").is_empty(),
+        "S6: the phone wrote its record 0 before its checkpoint"
+    );
+}
+
+/// S6, K4 (found by an adversary through the binary): compacting records already compacted
+/// makes the same checkpoint, and the sealed one shared for it stays; before, each compaction
+/// sealed it again under a new nonce, and a daily compaction of a quiet ledger added a file a
+/// day that none removed.
+#[test]
+fn s6_compacting_the_same_records_again_shares_no_second_sealed_checkpoint() {
+    let phone = device_key("phone", 11);
+    let (members, home) = ledger_with_runs(&phone);
+    for _ in 0..3 {
+        let mut laptop = read_all(&members, home.path(), &members.laptop);
+        laptop.compact().unwrap();
+    }
+    let shared = sealed(&members);
+    assert_eq!(
+        shared.len(),
+        1,
+        "S6: one sealed checkpoint of the same records: {shared:?}"
+    );
+    let verifier = read_all(&members, home.path(), &phone);
+    assert_eq!(verifier.verify_checkpoints().unwrap(), vec![]);
+}
+
+/// S6 (found by a test of this session): opening a shared checkpoint reads the ledger again to
+/// judge it, which left the relay's reading elsewhere than the ledger's; a member whose copies
+/// held none of the shared checkpoints could not compact ("try again").
+#[test]
+fn s6_a_member_that_opened_no_shared_checkpoint_yet_compacts() {
+    let phone = device_key("phone", 11);
+    let (members, home) = compacted(&phone);
+    let mut on_phone = read_all(&members, home.path(), &phone);
+    on_phone.compact().unwrap();
+    drop(on_phone);
+    let verifier = read_all(&members, home.path(), &members.laptop);
+    assert_eq!(verifier.verify_checkpoints().unwrap(), vec![]);
+}

@@ -461,6 +461,12 @@ impl Ledger {
         if self.unsent.is_empty() && clear.is_empty() {
             return Ok(Vec::new());
         }
+        self.append_queued_and(clear)
+    }
+
+    /// [`write_queued_and`](Self::write_queued_and), which writes a protected log's record 0
+    /// even when nothing follows it.
+    fn append_queued_and(&mut self, clear: &[Vec<u8>]) -> Result<Vec<OpRecord>, LedgerError> {
         if self.protected.is_none() && self.view.sealed_seen {
             // Found by an adversarial test: a host that lost its membership file and accepted
             // the damage wrote records in the clear into a protected ledger.

@@ -151,6 +151,14 @@ pub enum CheckpointError {
     /// The ledger has no records to write a checkpoint of.
     #[error("cannot write a checkpoint: the ledger has no records yet")]
     NoRecords,
+    /// A protected ledger's checkpoint is judged by where it ends its writer's log, and this
+    /// device is no member there (revoked, or not admitted yet): every other host would refuse
+    /// it.
+    #[error("cannot write a checkpoint: this device ({device}) is no member of the protected ledger where its log ends (revoked, or not admitted yet); compact on a member")]
+    WriterNotMember {
+        /// This device.
+        device: String,
+    },
     /// The ledger is protected, and was given no folder for the checkpoints it opens
     /// ([`LedgerOptions::checkpoint_copies`](super::LedgerOptions::checkpoint_copies)): the
     /// relay holds them sealed, this site the opened copies.

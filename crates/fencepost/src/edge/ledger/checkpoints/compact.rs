@@ -46,6 +46,11 @@ impl Ledger {
             return Err(CheckpointError::CompactAfterSnapshot.into());
         }
         self.flush()?;
+        // A member that has written nothing writes its record 0: a sealed checkpoint is judged
+        // by where it ends its writer's log (found by an adversary: a member that had not
+        // written compacted, no other host could open its checkpoint, and it had removed the
+        // one they could).
+        self.write_origin()?;
         let problems: Vec<RelayProblem> = self.damage().into_iter().cloned().collect();
         if !problems.is_empty() || !self.view.rejected.is_empty() {
             return Err(LedgerError::Damaged { problems });
@@ -61,6 +66,7 @@ impl Ledger {
         {
             return Err(CheckpointError::Unsettled.into());
         }
+        self.refuse_checkpoint_no_member_writes()?;
         std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateFolder {
             path: dir.clone(),
             source,
@@ -72,6 +78,12 @@ impl Ledger {
         // every record it covers.
         for (name, error) in self.mirror_checkpoints(&dir, |_, _| true) {
             tracing::warn!(checkpoint = name.as_str(), %error, "cannot copy a stored checkpoint; compacting without it");
+        }
+        if self.relay.cursor(&self.view.frontier).is_none() {
+            // Opening a sealed checkpoint read the ledger again to judge it: a pull puts the
+            // relay's reading back where this ledger's stands (found by a test: a member whose
+            // copies held none of the shared checkpoints could not compact, "try again").
+            self.sync()?;
         }
         // A name no other compaction uses: this device's, this process's, this call's.
         static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -207,6 +219,47 @@ impl Ledger {
             .into());
         }
         Ok(path)
+    }
+
+    /// Writes this device's record 0 of a protected ledger, signed, when its log has none yet
+    /// and it is a member there (a member that has written nothing): what a checkpoint it
+    /// writes ends its log at.
+    fn write_origin(&mut self) -> Result<(), LedgerError> {
+        let device = self.log.device_id();
+        let (Some(protected), Some(logs)) = (self.protected.as_ref(), self.view.protected.as_ref()) else {
+            return Ok(());
+        };
+        let key = crate::roster::KeyId(protected.origin_id().0);
+        if self.view.frontier.next_seq(device) > 0
+            || self.log.head().next_seq() > 0
+            || logs.protection().roster().standing(device, key, 0) != crate::roster::Standing::Member
+        {
+            return Ok(());
+        }
+        self.append_queued_and(&[])?;
+        // Read back, so that the relay's reading stands where the ledger's does.
+        self.sync().map(drop)
+    }
+
+    /// Refuses to write a sealed checkpoint that others would refuse, before it replaces any:
+    /// one whose writer is no member where its log ends (every reader judges it so).
+    fn refuse_checkpoint_no_member_writes(&self) -> Result<(), LedgerError> {
+        let (Some(logs), Some(protected)) = (self.view.protected.as_ref(), self.protected.as_ref()) else {
+            return Ok(());
+        };
+        let device = self.log.device_id();
+        let standing = self.view.frontier.next_seq(device).checked_sub(1).map(|last| {
+            logs.protection()
+                .roster()
+                .standing(device, crate::roster::KeyId(protected.origin_id().0), last)
+        });
+        if standing == Some(crate::roster::Standing::Member) {
+            return Ok(());
+        }
+        Err(CheckpointError::WriterNotMember {
+            device: device.to_owned(),
+        }
+        .into())
     }
 
     /// Removes the checkpoints in `dir` that the one at `path` (of `records` records, `heads`,
