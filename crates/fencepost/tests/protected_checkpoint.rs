@@ -461,3 +461,41 @@ fn s6_a_member_that_opened_no_shared_checkpoint_yet_compacts() {
     let verifier = read_all(&members, home.path(), &members.laptop);
     assert_eq!(verifier.verify_checkpoints().unwrap(), vec![]);
 }
+
+/// S6, M2 (found by an adversary through the binary): a device revoked after its last record
+/// (`device revoke` without `--from`) is a member where its log ends, and compacted: its
+/// checkpoint, which every host refuses (its writer was revoked), replaced the founder's, and
+/// its prune left its records in that checkpoint alone; no host could run, admit or compact any
+/// more. A revoked device now writes no checkpoint, and the founder's stays.
+#[test]
+fn s6_m2_a_revoked_device_writes_no_checkpoint_and_replaces_none() {
+    use fencepost::ledger::{CheckpointError, LedgerError};
+
+    let phone = device_key("phone", 11);
+    let (members, home) = ledger_with_runs(&phone);
+    let mut on_phone = read_all(&members, home.path(), &phone);
+    run(&mut on_phone, "run-4", 3);
+    drop(on_phone);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.compact().unwrap();
+    laptop.revoke(phone.device(), None).unwrap();
+    drop(laptop);
+    let before = sealed(&members);
+
+    let mut on_phone = read_all(&members, home.path(), &phone);
+    for options in [CompactOptions::default(), CompactOptions::default().prune()] {
+        let refused = on_phone.compact_with(&options).unwrap_err();
+        assert!(
+            matches!(&refused, LedgerError::Checkpoint(error) if matches!(**error, CheckpointError::WriterNotMember { .. })),
+            "S6: a revoked device compacts nothing: {refused}"
+        );
+    }
+    drop(on_phone);
+    assert_eq!(sealed(&members), before, "S6: the founder's checkpoint stays");
+    assert!(
+        !members.file("phone").is_empty(),
+        "the phone's records were not pruned"
+    );
+    let verifier = read_all(&members, home.path(), &members.laptop);
+    assert_eq!(verifier.verify_checkpoints().unwrap(), vec![]);
+}

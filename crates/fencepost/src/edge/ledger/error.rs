@@ -152,9 +152,9 @@ pub enum CheckpointError {
     #[error("cannot write a checkpoint: the ledger has no records yet")]
     NoRecords,
     /// A protected ledger's checkpoint is judged by where it ends its writer's log, and this
-    /// device is no member there (revoked, or not admitted yet): every other host would refuse
-    /// it.
-    #[error("cannot write a checkpoint: this device ({device}) is no member of the protected ledger where its log ends (revoked, or not admitted yet); compact on a member")]
+    /// device is no member there (not admitted yet), or was revoked: every other host would
+    /// refuse it.
+    #[error("cannot write a checkpoint: this device ({device}) is no member of the protected ledger where its log ends, or was revoked (every host refuses its checkpoints); compact on a member")]
     WriterNotMember {
         /// This device.
         device: String,

@@ -66,7 +66,6 @@ impl Ledger {
         {
             return Err(CheckpointError::Unsettled.into());
         }
-        self.refuse_checkpoint_no_member_writes()?;
         std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::CreateFolder {
             path: dir.clone(),
             source,
@@ -85,6 +84,8 @@ impl Ledger {
             // copies held none of the shared checkpoints could not compact, "try again").
             self.sync()?;
         }
+        // Judged on what this reading holds now, as every reader judges it.
+        self.refuse_checkpoint_no_member_writes()?;
         // A name no other compaction uses: this device's, this process's, this call's.
         static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let stamp = format!(
@@ -242,7 +243,10 @@ impl Ledger {
     }
 
     /// Refuses to write a sealed checkpoint that others would refuse, before it replaces any:
-    /// one whose writer is no member where its log ends (every reader judges it so).
+    /// one whose writer is no member where its log ends, or was ever revoked (every reader
+    /// judges it so; found by an adversary: a device revoked after its last record compacted,
+    /// replaced the founder's checkpoint and pruned its records into its own, which no host
+    /// opens).
     fn refuse_checkpoint_no_member_writes(&self) -> Result<(), LedgerError> {
         let (Some(logs), Some(protected)) = (self.view.protected.as_ref(), self.protected.as_ref()) else {
             return Ok(());
@@ -253,7 +257,8 @@ impl Ledger {
                 .roster()
                 .standing(device, crate::roster::KeyId(protected.origin_id().0), last)
         });
-        if standing == Some(crate::roster::Standing::Member) {
+        let revoked = logs.protection().roster().cut(device).is_some();
+        if standing == Some(crate::roster::Standing::Member) && !revoked {
             return Ok(());
         }
         Err(CheckpointError::WriterNotMember {
