@@ -175,6 +175,23 @@ impl Roster {
         Self { keys, cuts, voided }
     }
 
+    /// Why a checkpoint is not the word of `device` (rule S6), which wrote it with `count`
+    /// records of its log whose record 0 is `key`: no member where it ends that log, or ever
+    /// revoked (one written before the revocation cannot be told from one a thief wrote
+    /// after it); `None` when it is. Readers judge a checkpoint so, and a writer its own.
+    pub fn refuses_checkpoint_of(&self, device: &str, key: KeyId, count: u64) -> Option<String> {
+        let standing = count
+            .checked_sub(1)
+            .map_or(Standing::NotMember, |last| self.standing(device, key, last));
+        if standing != Standing::Member {
+            return Some(format!(
+                "its writer {device:?} was no member where it ends that device's log (record {count})"
+            ));
+        }
+        self.cut(device)
+            .map(|_| format!("its writer {device:?} was revoked"))
+    }
+
     /// Where the record at `seq` of the log of `device` whose record 0 is `key` stands.
     pub fn standing(&self, device: &str, key: KeyId, seq: u64) -> Standing {
         if !self.keys.get(device).is_some_and(|keys| keys.contains(&key)) {

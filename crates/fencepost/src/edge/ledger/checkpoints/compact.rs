@@ -242,29 +242,28 @@ impl Ledger {
         self.sync().map(drop)
     }
 
-    /// Refuses to write a sealed checkpoint that others would refuse, before it replaces any:
-    /// one whose writer is no member where its log ends, or was ever revoked (every reader
-    /// judges it so; found by an adversary: a device revoked after its last record compacted,
-    /// replaced the founder's checkpoint and pruned its records into its own, which no host
-    /// opens).
+    /// Refuses to write a sealed checkpoint that others would refuse, before it replaces any
+    /// ([`Roster::refuses_checkpoint_of`](crate::roster::Roster::refuses_checkpoint_of), as
+    /// readers judge it; found by an adversary: a device revoked after its last record
+    /// compacted, replaced the founder's checkpoint and pruned its records into its own, which
+    /// no host opens).
     fn refuse_checkpoint_no_member_writes(&self) -> Result<(), LedgerError> {
         let (Some(logs), Some(protected)) = (self.view.protected.as_ref(), self.protected.as_ref()) else {
             return Ok(());
         };
         let device = self.log.device_id();
-        let standing = self.view.frontier.next_seq(device).checked_sub(1).map(|last| {
-            logs.protection()
-                .roster()
-                .standing(device, crate::roster::KeyId(protected.origin_id().0), last)
-        });
-        let revoked = logs.protection().roster().cut(device).is_some();
-        if standing == Some(crate::roster::Standing::Member) && !revoked {
-            return Ok(());
+        let key = crate::roster::KeyId(protected.origin_id().0);
+        match logs.protection().roster().refuses_checkpoint_of(
+            device,
+            key,
+            self.view.frontier.next_seq(device),
+        ) {
+            None => Ok(()),
+            Some(_) => Err(CheckpointError::WriterNotMember {
+                device: device.to_owned(),
+            }
+            .into()),
         }
-        Err(CheckpointError::WriterNotMember {
-            device: device.to_owned(),
-        }
-        .into())
     }
 
     /// Removes the checkpoints in `dir` that the one at `path` (of `records` records, `heads`,

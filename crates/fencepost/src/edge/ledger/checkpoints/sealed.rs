@@ -25,7 +25,7 @@ use crate::core::protected::checkpoint::{
     sealed_length, BlobDigest, SEALED_CHECKPOINT_FORMAT, STREAM_NONCE_BYTES,
 };
 use crate::relay::{CheckpointStore, RelayError};
-use crate::roster::{KeyId, Standing};
+use crate::roster::KeyId;
 use crate::seal::LedgerKey;
 use crate::snapshot::CheckpointFile;
 
@@ -248,26 +248,16 @@ impl SealedStore<'_> {
         // before it read anything).
         self.relay.read_from_start();
         read.map_err(|error| Refusal::passing(format!("the records after it cannot be read: {error}")))?;
-        let count = header.writer_count();
-        let standing = count.checked_sub(1).map_or(Standing::NotMember, |last| {
-            logs.protection()
-                .roster()
-                .standing(&header.writer, KeyId(header.writer_origin.0), last)
-        });
-        if standing != Standing::Member {
-            return Err(Refusal::lasting(format!(
-                "its writer {:?} was no member where it ends that device's log (record {count})",
-                header.writer
-            )));
-        }
         // A checkpoint is in no log: one written before its writer's revocation cannot be told
         // from one a thief wrote after it. A revoked device's are never used (nor, once this
         // host reads the revocation, one opened before: `names`).
-        if logs.protection().roster().cut(&header.writer).is_some() {
-            return Err(Refusal::lasting(format!(
-                "its writer {:?} was revoked",
-                header.writer
-            )));
+        let refused = logs.protection().roster().refuses_checkpoint_of(
+            &header.writer,
+            KeyId(header.writer_origin.0),
+            header.writer_count(),
+        );
+        if let Some(why) = refused {
+            return Err(Refusal::lasting(why));
         }
         let writer = match logs.origin_of(&header.writer) {
             Some(Ok((id, origin))) if *id == header.writer_origin => *origin.signer(),
