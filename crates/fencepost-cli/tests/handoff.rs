@@ -447,3 +447,30 @@ fn l5_d1_records_that_arrive_while_the_lease_is_granted_are_read_before_the_fenc
     assert_eq!(second.status.code(), Some(3), "{}", text(&second.stderr));
     assert_eq!(shared.effects().len(), 1, "the effect ran once");
 }
+
+/// Rule H3 (found by an adversary through the binary): `ledger verify` said "intact" on a host
+/// whose copy of another device's file is older than what that device published (a file
+/// replaced by an older copy of itself, or a sync not done), while `run` there waited. It now
+/// names the records the holders published that the ledger lacks (exit 1), and says intact
+/// once the copy is whole.
+#[test]
+fn h3_ledger_verify_names_the_records_the_holders_published_that_the_ledger_lacks() {
+    let shared = Shared::sqlite();
+    let first = run_as(&shared, "host-1", &strs(&report(&shared, "2026-11-30", &[], "0")));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    sync(&shared, "host-1", "host-2");
+    let second = run_as(&shared, "host-1", &strs(&report(&shared, "2026-12-01", &[], "0")));
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+
+    let verified = run_as(&shared, "host-2", &["ledger", "verify"]);
+    let said = format!("{}{}", text(&verified.stdout), text(&verified.stderr));
+    assert_eq!(verified.status.code(), Some(1), "H3: not intact: {said}");
+    assert!(
+        said.contains("host-1 records 2..=3") && said.contains("which this ledger lacks"),
+        "names the device and the records: {said}"
+    );
+    sync(&shared, "host-1", "host-2");
+    let verified = run_as(&shared, "host-2", &["ledger", "verify"]);
+    let said = format!("{}{}", text(&verified.stdout), text(&verified.stderr));
+    assert_eq!(verified.status.code(), Some(0), "{said}");
+}

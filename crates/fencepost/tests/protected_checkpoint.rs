@@ -289,7 +289,11 @@ fn s6_m2_a_revocation_on_a_pruned_ledger_writes_a_members_checkpoint() {
     let written = written.expect("S6: the checkpoint was written");
     laptop.admit(tablet.device(), &tablet.public()).unwrap();
     drop(laptop);
-    assert_eq!(sealed(&members).len(), 2, "the phone's and the laptop's");
+    assert_eq!(
+        sealed(&members).len(),
+        1,
+        "S6: the laptop's; the revoked phone's went, which it contains"
+    );
     let mut on_tablet = members.open_with(&tablet, options(home.path(), &tablet)).unwrap();
     let started = on_tablet
         .started_from_checkpoint()
@@ -496,6 +500,45 @@ fn s6_m2_a_revoked_device_writes_no_checkpoint_and_replaces_none() {
         !members.file("phone").is_empty(),
         "the phone's records were not pruned"
     );
+    let verifier = read_all(&members, home.path(), &members.laptop);
+    assert_eq!(verifier.verify_checkpoints().unwrap(), vec![]);
+}
+
+/// S6, M2 (found by an adversary through the binary): a device revoked while it compacted left
+/// a checkpoint that every host refuses (its writer was revoked) and that no compaction removed,
+/// since none ever opened it: `ledger verify` reported it for ever. A member's compaction whose
+/// checkpoint contains its records now removes it.
+#[test]
+fn s6_m2_a_compaction_removes_a_revoked_devices_checkpoint_it_contains() {
+    let phone = device_key("phone", 11);
+    let (members, home) = ledger_with_runs(&phone);
+    let mut on_phone = read_all(&members, home.path(), &phone);
+    run(&mut on_phone, "run-4", 3);
+    on_phone.compact().unwrap();
+    drop(on_phone);
+    // The phone's checkpoint lands after the revocation was written (the race, made certain).
+    let phones = sealed(&members);
+    assert_eq!(phones.len(), 1, "{phones:?}");
+    let aside = home.path().join("aside.sealed");
+    std::fs::rename(&phones[0], &aside).unwrap();
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.revoke(phone.device(), None).unwrap();
+    drop(laptop);
+    std::fs::rename(&aside, &phones[0]).unwrap();
+    let verifier = read_all(&members, home.path(), &members.laptop);
+    let reported = verifier.verify_checkpoints().unwrap();
+    assert_eq!(
+        reported.len(),
+        1,
+        "the revoked device's checkpoint is refused: {reported:?}"
+    );
+    drop(verifier);
+
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.compact().unwrap();
+    drop(laptop);
+    assert!(!phones[0].exists(), "S6: the revoked device's checkpoint went");
+    assert_eq!(sealed(&members).len(), 1, "the laptop's own stays");
     let verifier = read_all(&members, home.path(), &members.laptop);
     assert_eq!(verifier.verify_checkpoints().unwrap(), vec![]);
 }

@@ -65,6 +65,7 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
             format!("device {device:?} from record {seq}: not counted: {why}"),
         ));
     }
+    findings.extend(behind_published(settings, &ledger));
     findings.sort();
     findings.dedup();
     let bad = findings.iter().filter(|(kind, _)| *kind != "ignored").count();
@@ -87,6 +88,35 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
         bad,
         checkpoints_bad,
     ))
+}
+
+/// Rule H3: the records the holders of each agent the ledger knows published (the
+/// coordinator's frontiers) that the ledger does not hold, or holds other ones at: a device file
+/// replaced by an older copy of itself, or a sync not done yet. That agent's runs wait for them
+/// (exit 7), so they are `missing` (found by an adversary: `verify` said "intact" for a file
+/// rolled back to an older, validly signed copy). Not compared, with a warning, when the
+/// coordinator cannot be read.
+fn behind_published(settings: &Settings, ledger: &Ledger) -> Findings {
+    let coordinator = match settings.coordinator() {
+        Ok(coordinator) => coordinator,
+        Err(error) => {
+            err!("fencepost: warning: cannot read the coordinator ({error:#}); the ledger was not compared with what the holders published");
+            return Vec::new();
+        }
+    };
+    let mut findings = Findings::new();
+    for (agent, _) in ledger.state().agents() {
+        match coordinator.published_frontier(agent) {
+            Ok(published) => findings.extend(ledger.behind(&published).iter().map(|missing| {
+                let what = if missing.differs { "" } else { ", which this ledger lacks (a device file replaced by an older copy, or a sync not done yet)" };
+                ("missing", format!("agent {agent:?}: its holders published {missing}{what}"))
+            })),
+            Err(error) => err!(
+                "fencepost: warning: cannot read what the holders of {agent} published ({error}); not compared"
+            ),
+        }
+    }
+    findings
 }
 
 /// What `ledger verify` found: each kind (`damaged`, `incomplete`, `malformed`, `ignored`) with

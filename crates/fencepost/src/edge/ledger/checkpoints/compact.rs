@@ -328,6 +328,17 @@ impl Ledger {
                 }
             }
         }
+        // A revoked device's are never opened, so never among those above.
+        if let Some(store) = self.sealed_store() {
+            store.remove_revoked_contained(|theirs| {
+                let within = theirs.iter().all(|(device, count, _)| {
+                    heads
+                        .iter()
+                        .any(|ours| ours.device_id == *device && ours.next_seq >= *count)
+                });
+                within && self.view.holds(theirs)
+            });
+        }
     }
 
     /// Prunes this device's records that the checkpoint at `path` covers (its `heads`): it is in

@@ -112,6 +112,42 @@ impl SealedStore<'_> {
         }
     }
 
+    /// Removes the shared sealed checkpoints whose writer is revoked and whose records a
+    /// checkpoint this device wrote contains (`contained`, given each one's heads): every
+    /// reader that read the revocation refuses them for good (rule S6), so they are of no use,
+    /// and `ledger verify` would report them for ever (found by an adversary: a device revoked
+    /// while it compacted left one that no compaction removed, since none was ever opened).
+    pub(in crate::edge::ledger) fn remove_revoked_contained(
+        &self,
+        contained: impl Fn(&[(String, u64, crate::oplog::OpId)]) -> bool,
+    ) {
+        if self.revoked.is_empty() {
+            return;
+        }
+        for sealed in self.shared.list().unwrap_or_default() {
+            let Ok(Some(file)) = self.shared.open(&sealed, &self.copies) else {
+                continue;
+            };
+            let Ok((header, _)) = read_header(&mut BufReader::new(file), &self.protected.ledger) else {
+                continue;
+            };
+            if !self.revoked.contains(&header.writer) || !contained(&header.heads) {
+                continue;
+            }
+            match self.shared.delete(&sealed) {
+                Ok(()) => tracing::info!(
+                    checkpoint = sealed,
+                    writer = header.writer,
+                    "removed a checkpoint of a revoked device that this one contains"
+                ),
+                Err(error) => {
+                    tracing::warn!(checkpoint = sealed, %error, "cannot remove a checkpoint of a revoked device")
+                }
+            }
+            let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
+        }
+    }
+
     /// Notes that the copy `copy` was opened from the sealed `sealed`, which `writer` wrote
     /// (written whole).
     fn note_opened(&self, sealed: &str, copy: &str, writer: &str) {
