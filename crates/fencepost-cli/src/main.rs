@@ -6,6 +6,7 @@ mod output;
 mod child;
 mod commands;
 mod config;
+mod coordinator;
 mod exit;
 mod holder;
 mod membership;

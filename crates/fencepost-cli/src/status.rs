@@ -6,8 +6,9 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 use crate::commands::{open_ledger, plural, run_rows, warn_other_outboxes, RunRow};
+use crate::coordinator::Backend;
 use crate::exit::{EXIT_RAN_FAILED, EXIT_RAN_OK};
-use crate::settings::{data_dir, without_password, Backend, Global, Settings};
+use crate::settings::{data_dir, without_password, Global, Settings};
 use fencepost::ledger::Ledger;
 
 /// How many of an agent's most recent commits `status` lists.
