@@ -55,6 +55,40 @@ fn ledger_with_runs(phone: &Arc<DeviceKey>) -> (Members, tempfile::TempDir) {
     (members, tempfile::tempdir().unwrap())
 }
 
+/// [`ledger_with_runs`], and `desk` admitted by the founder.
+fn with_desk(phone: &Arc<DeviceKey>, desk: &Arc<DeviceKey>) -> (Members, tempfile::TempDir) {
+    let (members, home) = ledger_with_runs(phone);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.admit(desk.device(), &desk.public()).unwrap();
+    (members, home)
+}
+
+/// `writer` runs an occurrence and compacts; `desk` then opens the ledger from its checkpoint.
+fn compacted_and_opened_by(members: &Members, home: &Path, writer: &Arc<DeviceKey>, desk: &Arc<DeviceKey>) {
+    let mut on_writer = read_all(members, home, writer);
+    run(&mut on_writer, "run-4", 3);
+    on_writer.compact().unwrap();
+    drop(on_writer);
+    let on_desk = members.open_with(desk, options(home, desk)).unwrap();
+    assert!(
+        on_desk.started_from_checkpoint().is_some(),
+        "the writer's checkpoint, before any revocation"
+    );
+}
+
+/// `key`'s device reads every record (and so every membership change), then opens again with
+/// its copies and without the snapshot it had.
+fn read_again_without_snapshot(
+    members: &Members,
+    home: &Path,
+    key: &Arc<DeviceKey>,
+) -> fencepost::ledger::Ledger {
+    drop(read_all(members, home, key));
+    let device = key.device().as_str();
+    std::fs::remove_file(home.join(format!("{device}.snapshot"))).unwrap();
+    members.open_with(key, options(home, key)).unwrap()
+}
+
 /// [`ledger_with_runs`], compacted by the founder (no prune).
 fn compacted(phone: &Arc<DeviceKey>) -> (Members, tempfile::TempDir) {
     let (members, home) = ledger_with_runs(phone);
@@ -312,23 +346,13 @@ fn s6_m2_a_revocation_on_a_pruned_ledger_writes_a_members_checkpoint() {
 /// waits for a checkpoint a member writes.
 #[test]
 fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
-    let phone = device_key("phone", 11);
-    let tablet = device_key("tablet", 21);
-    let desk = device_key("desk", 41);
-    let (members, home) = ledger_with_runs(&phone);
-    let mut laptop = read_all(&members, home.path(), &members.laptop);
-    laptop.admit(desk.device(), &desk.public()).unwrap();
-    drop(laptop);
-    let mut on_phone = read_all(&members, home.path(), &phone);
-    run(&mut on_phone, "run-4", 3);
-    on_phone.compact().unwrap();
-    drop(on_phone);
-    let on_desk = members.open_with(&desk, options(home.path(), &desk)).unwrap();
-    assert!(
-        on_desk.started_from_checkpoint().is_some(),
-        "a member's, before its revocation"
+    let (phone, tablet, desk) = (
+        device_key("phone", 11),
+        device_key("tablet", 21),
+        device_key("desk", 41),
     );
-    drop(on_desk);
+    let (members, home) = with_desk(&phone, &desk);
+    compacted_and_opened_by(&members, home.path(), &phone, &desk);
     let mut laptop = read_all(&members, home.path(), &members.laptop);
     let revoked = laptop.revoke(phone.device(), None).unwrap();
     assert_eq!(
@@ -347,9 +371,7 @@ fn s6_m2_a_revoked_devices_checkpoint_is_never_used() {
     assert!(on_tablet.committed_run("milo", "run-2").is_some());
     // A host that opened it before it read the revocation does not use it once it has (found
     // by a cryptography review: the copy opened before was used).
-    drop(read_all(&members, home.path(), &desk));
-    std::fs::remove_file(home.path().join("desk.snapshot")).unwrap();
-    let on_desk = members.open_with(&desk, options(home.path(), &desk)).unwrap();
+    let on_desk = read_again_without_snapshot(&members, home.path(), &desk);
     assert_eq!(on_desk.started_from_checkpoint(), None, "S6: no longer used");
 }
 
@@ -541,4 +563,33 @@ fn s6_m2_a_compaction_removes_a_revoked_devices_checkpoint_it_contains() {
     assert_eq!(sealed(&members).len(), 1, "the laptop's own stays");
     let verifier = read_all(&members, home.path(), &members.laptop);
     assert_eq!(verifier.verify_checkpoints().unwrap(), vec![]);
+}
+
+/// S6, M2 (found by a cryptography review): a device that a thief admitted after the thief's
+/// cut is no member (its admission is void), so its checkpoint is never used, nor by a host
+/// that opened it before it read the revocation; before, such a host went on using its copy,
+/// since only devices with a cut of their own were judged again.
+#[test]
+fn s6_m2_a_checkpoint_of_a_device_admitted_after_its_admitters_cut_is_never_used() {
+    let (phone, tablet, desk) = (
+        device_key("phone", 11),
+        device_key("tablet", 21),
+        device_key("desk", 41),
+    );
+    let (members, home) = with_desk(&phone, &desk);
+    let mut on_phone = read_all(&members, home.path(), &phone);
+    let cut = on_phone.view().frontier().next_seq("phone");
+    on_phone.admit(tablet.device(), &tablet.public()).unwrap();
+    drop(on_phone);
+    compacted_and_opened_by(&members, home.path(), &tablet, &desk);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.revoke(phone.device(), Some(cut)).unwrap();
+    drop(laptop);
+    let on_desk = read_again_without_snapshot(&members, home.path(), &desk);
+    assert_eq!(on_desk.started_from_checkpoint(), None, "S6: no longer used");
+    let unopened = on_desk.unopened_checkpoints();
+    assert!(
+        unopened.iter().any(|(_, why)| why.contains("tablet")),
+        "S6: {unopened:?}"
+    );
 }

@@ -211,6 +211,14 @@ impl Roster {
         self.cuts.get(device).copied()
     }
 
+    /// The devices admitted only by admits that count for nothing (made after their author's
+    /// cut): their logs are void, and so are their checkpoints (rule S6).
+    pub fn voided(&self) -> impl Iterator<Item = &DeviceId> {
+        self.voided
+            .keys()
+            .filter(|device| !self.keys.contains_key(*device))
+    }
+
     /// The members, each with the keys admitted under its id and its cut, if any.
     pub fn members(&self) -> impl Iterator<Item = (&DeviceId, &BTreeSet<KeyId>, Option<u64>)> {
         self.keys

@@ -64,13 +64,14 @@ impl Ledger {
         let known = reading
             .map(crate::protected::ProtectedLogs::changes)
             .unwrap_or_default();
+        // Whose checkpoints are never used: the devices revoked, and those only a void admit
+        // admitted (found by a cryptography review: a device a thief admitted after its cut had
+        // its checkpoint used by a host that opened it before it read the revocation).
         let revoked = reading.map_or_else(Vec::new, |logs| {
-            logs.protection()
-                .roster()
-                .members()
-                .filter(|(_, _, cut)| cut.is_some())
-                .map(|(device, _, _)| device.to_string())
-                .collect()
+            let roster = logs.protection().roster();
+            let cut = roster.members().filter(|(_, _, cut)| cut.is_some());
+            let cut = cut.map(|(device, _, _)| device);
+            cut.chain(roster.voided()).map(ToString::to_string).collect()
         });
         Some(sealed::SealedStore {
             relay: &*self.relay,

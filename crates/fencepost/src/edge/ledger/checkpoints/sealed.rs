@@ -73,8 +73,8 @@ pub(in crate::edge::ledger) struct SealedStore<'a> {
     pub(in crate::edge::ledger) unopened: &'a Mutex<Vec<(String, String)>>,
     /// The membership changes this host's reading read: a checkpoint is judged with them too.
     pub(in crate::edge::ledger) known: Vec<crate::roster::MembershipChange>,
-    /// The devices revoked as this host's reading reads the roster: their checkpoints are
-    /// never used, even those opened before.
+    /// The devices revoked, and those only a void admit admitted, as this host's reading reads
+    /// the roster: their checkpoints are never used, even those opened before.
     pub(in crate::edge::ledger) revoked: Vec<String>,
 }
 
@@ -106,7 +106,10 @@ impl SealedStore<'_> {
     pub(in crate::edge::ledger) fn refuse_revoked(&self) {
         for (sealed, _, writer) in self.opened() {
             if self.revoked.contains(&writer) {
-                self.note_refused(&sealed, &format!("its writer {writer:?} was revoked"));
+                self.note_refused(
+                    &sealed,
+                    &format!("its writer {writer:?} was revoked (or admitted only after its admitter's cut)"),
+                );
                 let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
             }
         }
@@ -397,7 +400,9 @@ impl CheckpointStore for SealedStore<'_> {
                 // Judged again: a writer revoked since it was opened (found by a cryptography
                 // review: a copy opened before was used after the revocation was read).
                 if self.revoked.iter().any(|revoked| revoked == writer) {
-                    let why = format!("its writer {writer:?} was revoked");
+                    let why = format!(
+                        "its writer {writer:?} was revoked (or admitted only after its admitter's cut)"
+                    );
                     self.note_refused(&sealed, &why);
                     let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
                     noted = Some(why);
