@@ -593,3 +593,43 @@ fn s6_m2_a_checkpoint_of_a_device_admitted_after_its_admitters_cut_is_never_used
         "S6: {unopened:?}"
     );
 }
+
+/// S6, M3 (found by a cryptography review): a checkpoint refused because its writer was
+/// revoked is looked at again once the roster changes: when the recovery key cuts the revoker
+/// from before that revocation, the writer is a member again and its checkpoint is used again.
+/// Before, the refusal was noted for good and the host never used it again.
+#[test]
+fn s6_m3_a_checkpoint_refused_for_a_revocation_that_stops_counting_is_used_again() {
+    let (phone, desk) = (device_key("phone", 11), device_key("desk", 41));
+    let (members, home) = with_desk(&phone, &desk);
+    compacted_and_opened_by(&members, home.path(), &phone, &desk);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    let cut = laptop.view().frontier().next_seq("laptop");
+    laptop.revoke(phone.device(), None).unwrap();
+    drop(laptop);
+    let on_desk = read_again_without_snapshot(&members, home.path(), &desk);
+    assert_eq!(
+        on_desk.started_from_checkpoint(),
+        None,
+        "S6: its writer is revoked"
+    );
+    drop(on_desk);
+
+    let mut on_desk = read_all(&members, home.path(), &desk);
+    let recovered = on_desk
+        .revoke_by_recovery(members.laptop.device(), Some(cut), &members.recovery)
+        .unwrap();
+    assert!(
+        recovered.members.contains(phone.device()),
+        "M3: the phone is a member again: {:?}",
+        recovered.members
+    );
+    drop(on_desk);
+    let mut on_desk = read_again_without_snapshot(&members, home.path(), &desk);
+    assert!(
+        on_desk.started_from_checkpoint().is_some(),
+        "S6: its writer counts again: {:?}",
+        on_desk.unopened_checkpoints()
+    );
+    assert!(on_desk.committed_run("milo", "run-4").is_some());
+}

@@ -35,21 +35,45 @@ const OPENED_DIR: &str = ".opened";
 /// The folder, among the copies, of the sealed checkpoints that do not open for good: a file
 /// per sealed name, holding why.
 const REFUSED_DIR: &str = ".refused";
+/// What follows a refusal's reason in its note when its writer was revoked: the writer.
+const WRITER_NOTE: &str = "\nrevoked writer ";
 
-/// Why a sealed checkpoint does not open, and whether for good (its bytes, its writer) or for
-/// now (the store away, a generation this device has not been given yet).
+/// Why a sealed checkpoint does not open, and whether for good (its bytes), while its writer
+/// stays revoked (`revoked`: the writer), or for now (the store away, a generation this device
+/// has not been given yet).
 struct Refusal {
     why: String,
     lasting: bool,
+    revoked: Option<String>,
 }
 
 impl Refusal {
     fn lasting(why: String) -> Self {
-        Self { why, lasting: true }
+        Self {
+            why,
+            lasting: true,
+            revoked: None,
+        }
+    }
+
+    /// Refused because `writer` was revoked: looked at again once the revocation stops
+    /// counting ([`SealedStore::refuse_revoked`]; found by a cryptography review: a checkpoint
+    /// refused because a thief revoked its writer stayed refused after the recovery key cut
+    /// the thief).
+    fn revoked(why: String, writer: &str) -> Self {
+        Self {
+            why,
+            lasting: true,
+            revoked: Some(writer.to_owned()),
+        }
     }
 
     fn passing(why: String) -> Self {
-        Self { why, lasting: false }
+        Self {
+            why,
+            lasting: false,
+            revoked: None,
+        }
     }
 }
 
@@ -101,14 +125,26 @@ impl SealedStore<'_> {
             .collect()
     }
 
-    /// Notes the checkpoints opened here whose writer is revoked as refused, for good: no open
-    /// of this host uses them again.
+    /// Notes the checkpoints opened here whose writer is revoked as refused, while it stays
+    /// revoked: no open of this host uses them again. Forgets the refusals of writers that are
+    /// revoked no more (the recovery key cut their revoker before the revocation): the next
+    /// open judges them again.
     pub(in crate::edge::ledger) fn refuse_revoked(&self) {
+        if let Ok(entries) = std::fs::read_dir(self.copies.join(REFUSED_DIR)) {
+            for entry in entries.flatten() {
+                let noted = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                let writer = noted.rsplit_once(WRITER_NOTE).map(|(_, writer)| writer);
+                if writer.is_some_and(|writer| !self.revoked.iter().any(|revoked| revoked == writer)) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
         for (sealed, _, writer) in self.opened() {
             if self.revoked.contains(&writer) {
                 self.note_refused(
                     &sealed,
                     &format!("its writer {writer:?} was revoked (or admitted only after its admitter's cut)"),
+                    Some(&writer),
                 );
                 let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
             }
@@ -127,7 +163,18 @@ impl SealedStore<'_> {
         if self.revoked.is_empty() {
             return;
         }
+        // One this host opened names its writer in its note: one whose writer counts is not
+        // fetched (from a database, a whole checkpoint) to read its header again.
+        let counted: std::collections::BTreeSet<String> = self
+            .opened()
+            .into_iter()
+            .filter(|(_, _, writer)| !self.revoked.contains(writer))
+            .map(|(sealed, _, _)| sealed)
+            .collect();
         for sealed in self.shared.list().unwrap_or_default() {
+            if counted.contains(&sealed) {
+                continue;
+            }
             let Ok(Some(file)) = self.shared.open(&sealed, &self.copies) else {
                 continue;
             };
@@ -170,20 +217,23 @@ impl SealedStore<'_> {
     fn refused(&self, sealed: &str) -> Option<String> {
         let noted = std::fs::read_to_string(self.copies.join(REFUSED_DIR).join(sealed)).ok()?;
         let (stamp, why) = noted.split_once('\n')?;
+        let why = why.rsplit_once(WRITER_NOTE).map_or(why, |(why, _)| why);
         (Some(stamp) == self.shared.stamp(sealed).as_deref()).then(|| why.to_owned())
     }
 
     /// Notes that `sealed` does not open, for good while it does not change (a sealed
-    /// checkpoint never changes: its name holds its digest), so that it is not read again on
+    /// checkpoint never changes: its name holds its digest) and, when refused because its
+    /// writer `revoked` was, while that writer stays revoked, so that it is not read again on
     /// every open.
-    fn note_refused(&self, sealed: &str, why: &str) {
+    fn note_refused(&self, sealed: &str, why: &str, revoked: Option<&str>) {
         let Some(stamp) = self.shared.stamp(sealed) else {
             return;
         };
+        let writer = revoked.map_or_else(String::new, |writer| format!("{WRITER_NOTE}{writer}"));
         let dir = self.copies.join(REFUSED_DIR);
         let temp = dir.join(unique(".noting-"));
         let noted = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&temp, format!("{stamp}\n{why}")))
+            .and_then(|()| std::fs::write(&temp, format!("{stamp}\n{why}{writer}")))
             .and_then(|()| std::fs::rename(&temp, dir.join(sealed)));
         if noted.is_err() {
             let _ = std::fs::remove_file(&temp);
@@ -296,7 +346,15 @@ impl SealedStore<'_> {
             header.writer_count(),
         );
         if let Some(why) = refused {
-            return Err(Refusal::lasting(why));
+            // Refused because its writer was revoked (a cut, or admitted only by a void admit):
+            // for as long as it stays so.
+            let roster = logs.protection().roster();
+            let revoked = roster.cut(&header.writer).is_some()
+                || roster.voided().any(|device| device.as_str() == header.writer);
+            return Err(match revoked {
+                true => Refusal::revoked(why, &header.writer),
+                false => Refusal::lasting(why),
+            });
         }
         let writer = match logs.origin_of(&header.writer) {
             Some(Ok((id, origin))) if *id == header.writer_origin => *origin.signer(),
@@ -403,7 +461,7 @@ impl CheckpointStore for SealedStore<'_> {
                     let why = format!(
                         "its writer {writer:?} was revoked (or admitted only after its admitter's cut)"
                     );
-                    self.note_refused(&sealed, &why);
+                    self.note_refused(&sealed, &why, Some(writer));
                     let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
                     noted = Some(why);
                 } else if self.copies.join(copy).exists() {
@@ -424,15 +482,21 @@ impl CheckpointStore for SealedStore<'_> {
                         return Err(io_error("place an opened checkpoint in", &self.copies, error));
                     }
                     self.note_opened(&sealed, &copy, &writer);
+                    // Refused before under another roster.
+                    let _ = std::fs::remove_file(self.copies.join(REFUSED_DIR).join(&sealed));
                     names.push(copy);
                 }
                 Ok(None) => {}
-                Err(Refusal { why, lasting }) => {
+                Err(Refusal {
+                    why,
+                    lasting,
+                    revoked,
+                }) => {
                     if noted.is_none() {
                         tracing::warn!(checkpoint = sealed.as_str(), %why, "a sealed checkpoint of the ledger does not open: not used");
                     }
                     if lasting && noted.is_none() {
-                        self.note_refused(&sealed, &why);
+                        self.note_refused(&sealed, &why, revoked.as_deref());
                     }
                     if let Ok(mut unopened) = self.unopened.lock() {
                         unopened.retain(|(name, _)| *name != sealed);
