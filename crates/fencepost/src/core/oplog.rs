@@ -74,6 +74,7 @@ pub(crate) use chain::HeadMark;
 pub use chain::{verify_log, LogError, LogHead};
 pub use device_log::DeviceLog;
 pub use id::{OpId, ParseOpIdError};
+pub(crate) use opened::stand_in;
 pub use opened::{agent_digest, named_agent_digest, OpenError, AGENT_DIGEST_BYTES, AGENT_NAMES};
 pub(crate) use payload::CompactIntent;
 pub use payload::Payload;

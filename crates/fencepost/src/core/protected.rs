@@ -196,6 +196,44 @@ impl fmt::Debug for Protection {
     }
 }
 
+/// Keys of a reader's generations (those it holds one key of), given to another thread to
+/// open records with ahead of their verdicts ([`Protection::opening_keys`]).
+#[derive(Clone)]
+pub struct OpeningKeys {
+    ledger: LedgerId,
+    keys: Vec<(u32, LedgerKey)>,
+}
+
+impl fmt::Debug for OpeningKeys {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let generations: Vec<u32> = self.keys.iter().map(|(generation, _)| *generation).collect();
+        formatter
+            .debug_struct("OpeningKeys")
+            .field("generations", &generations)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpeningKeys {
+    /// `op` opened, with its generation, when it is sealed with one of these keys and opens.
+    pub fn open(&self, op: &OpRecord) -> Option<(u32, OpRecord)> {
+        let Some(SealedContent::Sealed(sealed)) = op.sealed_record().map(|record| &record.content) else {
+            return None;
+        };
+        let (_, key) = self
+            .keys
+            .iter()
+            .find(|(generation, _)| *generation == sealed.generation)?;
+        let opened = op.open(key, self.ledger).ok()?;
+        Some((sealed.generation, opened))
+    }
+
+    /// Whether these are no keys at all.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
 impl Protection {
     /// The ledger `ledger` with `roster`, holding no key yet.
     pub fn new(ledger: LedgerId, roster: Roster) -> Self {
@@ -272,6 +310,34 @@ impl Protection {
             }
         }
         last
+    }
+
+    /// The keys of the generations this reader holds one key of, to open records with on
+    /// another thread ahead of their verdicts ([`ProtectedLogs::give_opened`]).
+    pub fn opening_keys(&self) -> OpeningKeys {
+        OpeningKeys {
+            ledger: self.ledger,
+            keys: self
+                .keys
+                .iter()
+                .filter_map(|(generation, keys)| match keys.as_slice() {
+                    [key] => Some((*generation, key.clone())),
+                    _ => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// How many keys this reader holds.
+    pub fn key_count(&self) -> usize {
+        self.keys.values().map(Vec::len).sum()
+    }
+
+    /// Whether this reader holds exactly one key of `generation`: then a record of it opened
+    /// ahead with [`OpeningKeys`] of this reader was opened with that key (a reader's keys are
+    /// only ever added to).
+    fn sole_key(&self, generation: u32) -> bool {
+        self.keys.get(&generation).is_some_and(|keys| keys.len() == 1)
     }
 
     /// `op` opened with a key held for its generation, when one opens it: work a caller may do
@@ -444,8 +510,15 @@ impl LogReader {
         };
         self.last_head = SignedHead::of(&ops[last]);
         let rest = ops.split_off(last + 1);
-        let mut covered = std::mem::replace(&mut self.held, rest);
-        covered.append(&mut ops);
+        let covered = if self.held.is_empty() {
+            // The usual case: no record moved (each is a few hundred bytes).
+            self.held = rest;
+            ops
+        } else {
+            let mut covered = std::mem::replace(&mut self.held, rest);
+            covered.append(&mut ops);
+            covered
+        };
         self.covered = covered.last().map_or(self.covered, |last| last.seq + 1);
         covered
     }

@@ -26,6 +26,7 @@ mod damage;
 mod handoff;
 mod import;
 mod membership;
+mod open_ahead;
 mod options;
 mod outbox;
 mod protected;
@@ -329,11 +330,7 @@ impl Ledger {
         }
         let since = ledger.view.frontier.clone();
         let stopwatch = crate::clock::Stopwatch::start();
-        let mut pulled = 0;
-        let problems = relay.pull_in_batches(&since, &mut |ops| {
-            pulled += ops.len();
-            ledger.absorb(&ops);
-        })?;
+        let (problems, pulled) = ledger.pull_and_absorb(&*relay, &since)?;
         crate::metrics::relay_call(
             crate::metrics::RELAY_PULL_SECONDS,
             crate::metrics::RELAY_PULLED_RECORDS,

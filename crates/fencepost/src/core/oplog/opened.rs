@@ -79,7 +79,8 @@ pub fn named_agent_digest(agent: &str) -> Option<[u8; AGENT_DIGEST_BYTES]> {
     bytes.try_into().ok()
 }
 
-fn stand_in(digest: &[u8; AGENT_DIGEST_BYTES]) -> CompactString {
+/// The text an opened intent holds in place of an agent id named by `digest`.
+pub(crate) fn stand_in(digest: &[u8; AGENT_DIGEST_BYTES]) -> CompactString {
     use base64::Engine;
     // Encoded on the stack: one per intent opened, on the cold open's path.
     let mut encoded = [0u8; 22];
@@ -275,6 +276,14 @@ impl OpRecord {
     pub(crate) fn agent_stand_in(&self) -> Option<[u8; AGENT_DIGEST_BYTES]> {
         match (&self.surface, &self.payload.repr) {
             (Surface::Intent, PayloadRepr::Intent(intent)) => named_agent_digest(&intent.agent),
+            _ => None,
+        }
+    }
+
+    /// The agent id this opened intent holds as it is (a stand-in, while no name is put in).
+    pub(crate) fn opened_agent(&self) -> Option<&str> {
+        match (&self.surface, &self.payload.repr) {
+            (Surface::Intent, PayloadRepr::Intent(intent)) => Some(&intent.agent),
             _ => None,
         }
     }

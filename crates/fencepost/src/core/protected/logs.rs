@@ -101,6 +101,9 @@ pub struct ProtectedLogs {
     given_keys: Vec<LedgerKey>,
     /// How a batch of covered records is opened ahead of their verdicts, if not one by one.
     open_many: Option<OpenMany>,
+    /// Records opened ahead on another thread ([`give_opened`](Self::give_opened)), by id,
+    /// with the generation that opened each.
+    opened_ahead: rustc_hash::FxHashMap<OpId, (u32, OpRecord)>,
     /// The agents the intents of one size name by digest.
     names: AgentNames,
 }
@@ -134,6 +137,7 @@ impl ProtectedLogs {
             stale: false,
             given_keys,
             open_many: None,
+            opened_ahead: rustc_hash::FxHashMap::default(),
             names: AgentNames::default(),
         }
     }
@@ -344,15 +348,25 @@ impl ProtectedLogs {
             self.refresh();
         }
         let mut released = Released::default();
+        // Opened ahead on another thread (each looked up as its verdict is given), or here on
+        // every core.
         let mut opened = match self.open_many {
-            Some(open_many) if covered.len() > 1 => open_many(&self.protection, &covered).into_iter(),
-            _ => Vec::new().into_iter(),
+            Some(open_many) if self.opened_ahead.is_empty() && covered.len() > 1 => {
+                Some(open_many(&self.protection, &covered).into_iter())
+            }
+            _ => None,
         };
+        let (protection, ahead) = (&self.protection, &mut self.opened_ahead);
         let verdicts = covered
             .into_iter()
             .map(|op| {
-                let ahead = opened.next().flatten();
-                self.protection.classify_opened(op, &origin, ahead)
+                let opened = match &mut opened {
+                    Some(opened) => opened.next().flatten(),
+                    None => ahead
+                        .remove(&op.op_id)
+                        .and_then(|(generation, opened)| protection.sole_key(generation).then_some(opened)),
+                };
+                protection.classify_opened(op, &origin, opened)
             })
             .collect();
         let names = self.names.count();
@@ -573,6 +587,27 @@ impl ProtectedLogs {
             (Some(frontier), None) => drop(self.settled.insert(device.to_owned(), frontier)),
             (None, _) => {}
         }
+    }
+
+    /// Records of the logs opened ahead on another thread with [`OpeningKeys`] this reading
+    /// gave ([`Protection::opening_keys`]), each with the generation that opened it: used when
+    /// their verdicts are given, if this reading still holds one key of that generation (the
+    /// one that opened it), else opened again. Those not used by then are dropped by
+    /// [`drop_opened`](Self::drop_opened).
+    ///
+    /// [`OpeningKeys`]: super::OpeningKeys
+    pub fn give_opened(&mut self, opened: impl IntoIterator<Item = (OpId, u32, OpRecord)>) {
+        self.opened_ahead.extend(
+            opened
+                .into_iter()
+                .map(|(id, generation, op)| (id, (generation, op))),
+        );
+    }
+
+    /// Drops the records opened ahead that no verdict used (records not covered by a head yet,
+    /// say: opened again once they are).
+    pub fn drop_opened(&mut self) {
+        self.opened_ahead.clear();
     }
 
     /// Opens the records a head covers with `open_many` (the edge's, on every core) rather

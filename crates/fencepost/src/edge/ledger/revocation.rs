@@ -370,7 +370,9 @@ impl Ledger {
                 }
             }
             let since = self.view.frontier.clone();
-            let pulled = relay.pull_in_batches(&since, &mut |ops| self.absorb(&ops));
+            let pulled = self
+                .pull_and_absorb(&*relay, &since)
+                .map(|(problems, _)| problems);
             if settled {
                 if let Some(logs) = self.view.protected.as_mut() {
                     logs.accept_stale();

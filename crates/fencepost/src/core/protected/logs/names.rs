@@ -17,6 +17,9 @@ type Digest = [u8; AGENT_DIGEST_BYTES];
 #[derive(Debug, Clone, Default)]
 pub(super) struct AgentNames {
     names: BTreeMap<Digest, CompactString>,
+    /// The same names by the stand-in an opened intent holds (found in a profile: decoding
+    /// each intent's stand-in to its digest was a twentieth of a cold open).
+    by_stand_in: std::collections::HashMap<CompactString, CompactString>,
     /// Which device's log named which agent.
     named: BTreeSet<(String, Digest)>,
 }
@@ -40,6 +43,11 @@ impl AgentNames {
                 self.learn(&op);
                 return Resolved::Naming;
             }
+            return Resolved::Record(op);
+        }
+        if let Some(name) = op.opened_agent().and_then(|agent| self.by_stand_in.get(agent)) {
+            let name = name.clone();
+            op.put_agent(&name);
             return Resolved::Record(op);
         }
         let Some(digest) = op.agent_stand_in() else {
@@ -79,6 +87,9 @@ impl AgentNames {
         let digest = agent_digest(agent);
         self.names
             .entry(digest)
+            .or_insert_with(|| CompactString::from(agent));
+        self.by_stand_in
+            .entry(crate::core::oplog::stand_in(&digest))
             .or_insert_with(|| CompactString::from(agent));
         self.named.insert((device.to_owned(), digest));
     }
