@@ -435,3 +435,65 @@ fn m4_a_host_lacking_a_revocation_the_last_holder_read_waits_for_it() {
         "nothing ran twice"
     );
 }
+
+/// M4, S6 (found by a cryptography review): a compaction judges checkpoints, and its own, on
+/// what its ledger read. A revoked phone whose copy lacks its revocation (the tablet's log, and
+/// the laptop's records after it: an older copy of the laptop's file) reads a settled ledger
+/// and would compact as a member: write a checkpoint, remove the others' and prune its log.
+/// Once a holder published past it (the laptop ran after reading the revocation), `ledger
+/// compact` compares the ledger with what the holders published, as `run` does, and waits
+/// (exit 7, naming what it lacks): no checkpoint, nothing pruned.
+#[test]
+fn m4_s6_a_revoked_device_lacking_its_revocation_compacts_nothing_a_holder_published_past() {
+    let shared = Shared::sqlite();
+    founded_with(&shared, &["phone", "tablet"]);
+    assert_eq!(code(&send(&shared, "phone", "monday")), 0);
+    let devices = shared.path("ledger").join("devices");
+    let file = |device: &str| devices.join(device_file_name(device));
+    let laptop_before = std::fs::read(file("laptop")).unwrap();
+    let revoke = host(&shared, "tablet", &["device", "revoke", "phone"]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    let laptop = send(&shared, "laptop", "wednesday");
+    assert_eq!(code(&laptop), 0, "{}", text(&laptop.stderr));
+    let laptop_after = std::fs::read(file("laptop")).unwrap();
+    let phone_bytes = std::fs::read(file("phone")).unwrap();
+
+    // The phone's copy: the laptop's file as it was before the revocation, no tablet log.
+    std::fs::write(file("laptop"), &laptop_before).unwrap();
+    std::fs::rename(file("tablet"), shared.path("tablet-aside")).unwrap();
+    let compact = host(&shared, "phone", &["ledger", "compact", "--prune"]);
+    let said = text(&compact.stderr);
+    assert_eq!(code(&compact), 7, "M4: {said}");
+    assert!(
+        said.contains("not compacting") && said.contains("laptop"),
+        "M4: names what it lacks: {said}"
+    );
+    assert_eq!(
+        std::fs::read(file("phone")).unwrap(),
+        phone_bytes,
+        "S6: nothing pruned"
+    );
+    let checkpoints = shared.path("ledger").join("checkpoints");
+    let sealed = std::fs::read_dir(&checkpoints).map_or(0, |entries| {
+        let names = entries.flatten().map(|entry| entry.file_name());
+        names
+            .filter(|name| name.to_string_lossy().ends_with(".sealed"))
+            .count()
+    });
+    assert_eq!(sealed, 0, "S6: no checkpoint written");
+
+    std::fs::write(file("laptop"), &laptop_after).unwrap();
+    std::fs::rename(shared.path("tablet-aside"), file("tablet")).unwrap();
+    let compact = host(&shared, "phone", &["ledger", "compact", "--prune"]);
+    assert_ne!(
+        code(&compact),
+        0,
+        "S6: a revoked device compacts nothing: {}",
+        text(&compact.stdout)
+    );
+    assert_eq!(
+        std::fs::read(file("phone")).unwrap(),
+        phone_bytes,
+        "S6: nothing pruned"
+    );
+}

@@ -533,6 +533,19 @@ pub(super) fn compact(
     // Every record read and checked (no snapshot): damage anywhere refuses the checkpoint.
     let mut ledger = open_ledger(settings)?;
     refuse_damage_for(&ledger, settings, Refusing::Compaction)?;
+    if ledger.is_protected() {
+        // A compaction judges checkpoints, and its own, on what this ledger read: one that
+        // lacks what the holders published (a revocation of this device among it) would
+        // replace the others' checkpoints and prune (found by a cryptography review).
+        let behind = verify::behind_published(settings, &ledger);
+        if !behind.is_empty() {
+            for (_, detail) in &behind {
+                err!("fencepost: not compacting: {detail}");
+            }
+            err!("fencepost: let the sync bring what the holders published, then compact again");
+            return Ok(EXIT_LEDGER_BEHIND);
+        }
+    }
     if ledger.view().frontier().iter().next().is_none() {
         out!(
             "the ledger in {} has no records yet: nothing to compact",

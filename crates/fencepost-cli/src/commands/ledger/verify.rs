@@ -96,7 +96,7 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
 /// (exit 7), so they are `missing` (found by an adversary: `verify` said "intact" for a file
 /// rolled back to an older, validly signed copy). Not compared, with a warning, when the
 /// coordinator cannot be read.
-fn behind_published(settings: &Settings, ledger: &Ledger) -> Findings {
+pub(super) fn behind_published(settings: &Settings, ledger: &Ledger) -> Findings {
     let coordinator = match settings.coordinator() {
         Ok(coordinator) => coordinator,
         Err(error) => {
