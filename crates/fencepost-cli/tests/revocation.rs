@@ -497,3 +497,29 @@ fn m4_s6_a_revoked_device_lacking_its_revocation_compacts_nothing_a_holder_publi
         "S6: nothing pruned"
     );
 }
+
+/// M2, M4 (found by an adversary through the binary): records of a revoked device past its cut
+/// that its holders published and that never come (a thief's, or its file cut short) no longer
+/// stop compaction for good: void, they are no membership change that counts, and a compaction
+/// does without them. The agent's runs still wait for them (exit 7), as they did.
+#[test]
+fn m2_m4_published_void_records_that_never_come_do_not_stop_compaction() {
+    let shared = Shared::sqlite();
+    founded_with(&shared, &["phone", "desk"]);
+    assert_eq!(code(&send(&shared, "phone", "monday")), 0);
+    let phone_file = shared
+        .path("ledger")
+        .join("devices")
+        .join(device_file_name("phone"));
+    let kept = std::fs::read(&phone_file).unwrap();
+    let cut = kept.iter().filter(|byte| **byte == b'\n').count().to_string();
+    assert_eq!(code(&send(&shared, "phone", "tuesday")), 0);
+    let revoke = host(&shared, "laptop", &["device", "revoke", "phone", "--from", &cut]);
+    assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
+    std::fs::write(&phone_file, &kept).unwrap();
+
+    let compact = host(&shared, "desk", &["ledger", "compact"]);
+    assert_eq!(code(&compact), 0, "M4: {}", text(&compact.stderr));
+    let waits = send(&shared, "desk", "wednesday");
+    assert_eq!(code(&waits), 7, "H3: {}", text(&waits.stderr));
+}

@@ -65,7 +65,7 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
             format!("device {device:?} from record {seq}: not counted: {why}"),
         ));
     }
-    findings.extend(behind_published(settings, &ledger));
+    findings.extend(behind_published(settings, &ledger, Void::Report));
     findings.sort();
     findings.dedup();
     let bad = findings.iter().filter(|(kind, _)| *kind != "ignored").count();
@@ -96,7 +96,11 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
 /// (exit 7), so they are `missing` (found by an adversary: `verify` said "intact" for a file
 /// rolled back to an older, validly signed copy). Not compared, with a warning, when the
 /// coordinator cannot be read.
-pub(super) fn behind_published(settings: &Settings, ledger: &Ledger) -> Findings {
+///
+/// `Void::Skip` leaves out the records of a revoked device past its cut: void, they are no
+/// membership change that counts, and a compaction does without them (found by an adversary:
+/// a thief's published records that never come stopped compaction for good).
+pub(super) fn behind_published(settings: &Settings, ledger: &Ledger, void: Void) -> Findings {
     let coordinator = match settings.coordinator() {
         Ok(coordinator) => coordinator,
         Err(error) => {
@@ -104,10 +108,23 @@ pub(super) fn behind_published(settings: &Settings, ledger: &Ledger) -> Findings
             return Vec::new();
         }
     };
+    let cuts: Vec<(String, u64)> = match void {
+        Void::Report => Vec::new(),
+        Void::Skip => ledger
+            .members()
+            .into_iter()
+            .filter_map(|(device, cut)| Some((device.to_string(), cut?)))
+            .collect(),
+    };
+    let counts = |missing: &fencepost::ledger::MissingRecords| {
+        !cuts
+            .iter()
+            .any(|(device, cut)| *device == missing.device_id && missing.has >= *cut)
+    };
     let mut findings = Findings::new();
     for (agent, _) in ledger.state().agents() {
         match coordinator.published_frontier(agent) {
-            Ok(published) => findings.extend(ledger.behind(&published).iter().map(|missing| {
+            Ok(published) => findings.extend(ledger.behind(&published).iter().filter(|missing| counts(missing)).map(|missing| {
                 let what = if missing.differs { "" } else { ", which this ledger lacks (a device file replaced by an older copy, or a sync not done yet)" };
                 ("missing", format!("agent {agent:?}: its holders published {missing}{what}"))
             })),
@@ -117,6 +134,14 @@ pub(super) fn behind_published(settings: &Settings, ledger: &Ledger) -> Findings
         }
     }
     findings
+}
+
+/// Whether [`behind_published`] reports the records of a revoked device past its cut.
+pub(super) enum Void {
+    /// Reported, as any other (`verify`).
+    Report,
+    /// Left out (`compact`).
+    Skip,
 }
 
 /// What `ledger verify` found: each kind (`damaged`, `incomplete`, `malformed`, `ignored`) with
