@@ -594,6 +594,28 @@ fn s6_m2_a_checkpoint_of_a_device_admitted_after_its_admitters_cut_is_never_used
     );
 }
 
+/// `revoker` revokes the phone, whose checkpoint the desk opened; the desk, reading again,
+/// refuses it. Returns where the revoker's log stood before the revocation.
+fn revoked_and_refused(
+    members: &Members,
+    home: &Path,
+    revoker: &Arc<DeviceKey>,
+    phone: &Arc<DeviceKey>,
+    desk: &Arc<DeviceKey>,
+) -> u64 {
+    let mut on_revoker = read_all(members, home, revoker);
+    let before = on_revoker.view().frontier().next_seq(revoker.device().as_str());
+    on_revoker.revoke(phone.device(), None).unwrap();
+    drop(on_revoker);
+    let on_desk = read_again_without_snapshot(members, home, desk);
+    assert_eq!(
+        on_desk.started_from_checkpoint(),
+        None,
+        "S6: its writer is revoked"
+    );
+    before
+}
+
 /// S6, M3 (found by a cryptography review): a checkpoint refused because its writer was
 /// revoked is looked at again once the roster changes: when the recovery key cuts the revoker
 /// from before that revocation, the writer is a member again and its checkpoint is used again.
@@ -603,17 +625,7 @@ fn s6_m3_a_checkpoint_refused_for_a_revocation_that_stops_counting_is_used_again
     let (phone, desk) = (device_key("phone", 11), device_key("desk", 41));
     let (members, home) = with_desk(&phone, &desk);
     compacted_and_opened_by(&members, home.path(), &phone, &desk);
-    let mut laptop = read_all(&members, home.path(), &members.laptop);
-    let cut = laptop.view().frontier().next_seq("laptop");
-    laptop.revoke(phone.device(), None).unwrap();
-    drop(laptop);
-    let on_desk = read_again_without_snapshot(&members, home.path(), &desk);
-    assert_eq!(
-        on_desk.started_from_checkpoint(),
-        None,
-        "S6: its writer is revoked"
-    );
-    drop(on_desk);
+    let cut = revoked_and_refused(&members, home.path(), &members.laptop, &phone, &desk);
 
     let mut on_desk = read_all(&members, home.path(), &desk);
     let recovered = on_desk
@@ -632,4 +644,34 @@ fn s6_m3_a_checkpoint_refused_for_a_revocation_that_stops_counting_is_used_again
         on_desk.unopened_checkpoints()
     );
     assert!(on_desk.committed_run("milo", "run-4").is_some());
+}
+
+/// S6 (found reading the change again): a host that refused a checkpoint because its writer
+/// was revoked keeps refusing it when its copy of the ledger lacks the revocation (the
+/// revoker's file gone): a refusal is forgotten only when the reading holds the revocation and
+/// finds that it counts no more, never because the reading does not hold it.
+#[test]
+fn s6_a_refusal_for_a_revocation_stays_while_the_copy_lacks_the_revocation() {
+    let (phone, tablet, desk) = (
+        device_key("phone", 11),
+        device_key("tablet", 21),
+        device_key("desk", 41),
+    );
+    let (members, home) = with_desk(&phone, &desk);
+    let mut laptop = read_all(&members, home.path(), &members.laptop);
+    laptop.admit(tablet.device(), &tablet.public()).unwrap();
+    drop(laptop);
+    compacted_and_opened_by(&members, home.path(), &phone, &desk);
+    revoked_and_refused(&members, home.path(), &tablet, &phone, &desk);
+
+    let devices = members.folder.path().join("devices");
+    let tablet_file = devices.join(fencepost::relay::device_file_name("tablet"));
+    std::fs::rename(&tablet_file, home.path().join("tablet-aside")).unwrap();
+    drop(read_again_without_snapshot(&members, home.path(), &desk));
+    let on_desk = read_again_without_snapshot(&members, home.path(), &desk);
+    assert_eq!(
+        on_desk.started_from_checkpoint(),
+        None,
+        "S6: still refused while the copy lacks the revocation"
+    );
 }

@@ -199,7 +199,7 @@ impl fmt::Debug for Protection {
 /// Keys of a reader's generations (those it holds one key of), given to another thread to
 /// open records with ahead of their verdicts ([`Protection::opening_keys`]).
 #[derive(Clone)]
-pub struct OpeningKeys {
+pub(crate) struct OpeningKeys {
     ledger: LedgerId,
     keys: Vec<(u32, LedgerKey)>,
 }
@@ -216,7 +216,7 @@ impl fmt::Debug for OpeningKeys {
 
 impl OpeningKeys {
     /// `op` opened, with its generation, when it is sealed with one of these keys and opens.
-    pub fn open(&self, op: &OpRecord) -> Option<(u32, OpRecord)> {
+    pub(crate) fn open(&self, op: &OpRecord) -> Option<(u32, OpRecord)> {
         let Some(SealedContent::Sealed(sealed)) = op.sealed_record().map(|record| &record.content) else {
             return None;
         };
@@ -229,7 +229,7 @@ impl OpeningKeys {
     }
 
     /// Whether these are no keys at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
 }
@@ -314,7 +314,7 @@ impl Protection {
 
     /// The keys of the generations this reader holds one key of, to open records with on
     /// another thread ahead of their verdicts ([`ProtectedLogs::give_opened`]).
-    pub fn opening_keys(&self) -> OpeningKeys {
+    pub(crate) fn opening_keys(&self) -> OpeningKeys {
         OpeningKeys {
             ledger: self.ledger,
             keys: self
@@ -329,7 +329,7 @@ impl Protection {
     }
 
     /// How many keys this reader holds.
-    pub fn key_count(&self) -> usize {
+    pub(crate) fn key_count(&self) -> usize {
         self.keys.values().map(Vec::len).sum()
     }
 

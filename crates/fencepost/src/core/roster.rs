@@ -219,6 +219,13 @@ impl Roster {
             .filter(|device| !self.keys.contains_key(*device))
     }
 
+    /// The devices whose checkpoints never count (rule S6): those revoked (a cut), and those
+    /// only admits that count for nothing admitted ([`voided`](Self::voided)).
+    pub fn revoked(&self) -> impl Iterator<Item = &DeviceId> {
+        let cut = self.members().filter(|(_, _, cut)| cut.is_some());
+        cut.map(|(device, _, _)| device).chain(self.voided())
+    }
+
     /// The members, each with the keys admitted under its id and its cut, if any.
     pub fn members(&self) -> impl Iterator<Item = (&DeviceId, &BTreeSet<KeyId>, Option<u64>)> {
         self.keys

@@ -596,7 +596,7 @@ impl ProtectedLogs {
     /// [`drop_opened`](Self::drop_opened).
     ///
     /// [`OpeningKeys`]: super::OpeningKeys
-    pub fn give_opened(&mut self, opened: impl IntoIterator<Item = (OpId, u32, OpRecord)>) {
+    pub(crate) fn give_opened(&mut self, opened: impl IntoIterator<Item = (OpId, u32, OpRecord)>) {
         self.opened_ahead.extend(
             opened
                 .into_iter()
@@ -606,7 +606,7 @@ impl ProtectedLogs {
 
     /// Drops the records opened ahead that no verdict used (records not covered by a head yet,
     /// say: opened again once they are).
-    pub fn drop_opened(&mut self) {
+    pub(crate) fn drop_opened(&mut self) {
         self.opened_ahead.clear();
     }
 

@@ -69,9 +69,7 @@ impl Ledger {
         // its checkpoint used by a host that opened it before it read the revocation).
         let revoked = reading.map_or_else(Vec::new, |logs| {
             let roster = logs.protection().roster();
-            let cut = roster.members().filter(|(_, _, cut)| cut.is_some());
-            let cut = cut.map(|(device, _, _)| device);
-            cut.chain(roster.voided()).map(ToString::to_string).collect()
+            roster.revoked().map(ToString::to_string).collect()
         });
         Some(sealed::SealedStore {
             relay: &*self.relay,

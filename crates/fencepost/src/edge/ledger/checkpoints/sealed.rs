@@ -126,29 +126,34 @@ impl SealedStore<'_> {
     }
 
     /// Notes the checkpoints opened here whose writer is revoked as refused, while it stays
-    /// revoked: no open of this host uses them again. Forgets the refusals of writers that are
-    /// revoked no more (the recovery key cut their revoker before the revocation): the next
-    /// open judges them again.
+    /// revoked: no open of this host uses them again. Forgets the refusals of writers whose
+    /// revocation this reading holds and finds counting no more (the recovery key cut their
+    /// revoker before it): the next open judges them again. A reading that does not hold the
+    /// revocation (a copy that lacks the revoker's log) forgets nothing.
     pub(in crate::edge::ledger) fn refuse_revoked(&self) {
         if let Ok(entries) = std::fs::read_dir(self.copies.join(REFUSED_DIR)) {
             for entry in entries.flatten() {
                 let noted = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 let writer = noted.rsplit_once(WRITER_NOTE).map(|(_, writer)| writer);
-                if writer.is_some_and(|writer| !self.revoked.iter().any(|revoked| revoked == writer)) {
+                if writer.is_some_and(|writer| self.revocation_stopped_counting(writer)) {
                     let _ = std::fs::remove_file(entry.path());
                 }
             }
         }
         for (sealed, _, writer) in self.opened() {
             if self.revoked.contains(&writer) {
-                self.note_refused(
-                    &sealed,
-                    &format!("its writer {writer:?} was revoked (or admitted only after its admitter's cut)"),
-                    Some(&writer),
-                );
+                self.note_refused(&sealed, &revoked_writer(&writer), Some(&writer));
                 let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
             }
         }
+    }
+
+    /// Whether this reading holds a revocation of `writer` and `writer` is revoked no more.
+    fn revocation_stopped_counting(&self, writer: &str) -> bool {
+        let read = self.known.iter().any(|known| {
+            matches!(&known.change, crate::roster::Change::Revoke { device, .. } if device.as_str() == writer)
+        });
+        read && !self.revoked.iter().any(|revoked| revoked == writer)
     }
 
     /// Removes the shared sealed checkpoints whose writer is revoked and whose records a
@@ -348,9 +353,11 @@ impl SealedStore<'_> {
         if let Some(why) = refused {
             // Refused because its writer was revoked (a cut, or admitted only by a void admit):
             // for as long as it stays so.
-            let roster = logs.protection().roster();
-            let revoked = roster.cut(&header.writer).is_some()
-                || roster.voided().any(|device| device.as_str() == header.writer);
+            let revoked = logs
+                .protection()
+                .roster()
+                .revoked()
+                .any(|device| device.as_str() == header.writer);
             return Err(match revoked {
                 true => Refusal::revoked(why, &header.writer),
                 false => Refusal::lasting(why),
@@ -458,9 +465,7 @@ impl CheckpointStore for SealedStore<'_> {
                 // Judged again: a writer revoked since it was opened (found by a cryptography
                 // review: a copy opened before was used after the revocation was read).
                 if self.revoked.iter().any(|revoked| revoked == writer) {
-                    let why = format!(
-                        "its writer {writer:?} was revoked (or admitted only after its admitter's cut)"
-                    );
+                    let why = revoked_writer(writer);
                     self.note_refused(&sealed, &why, Some(writer));
                     let _ = std::fs::remove_file(self.opened_dir().join(&sealed));
                     noted = Some(why);
@@ -626,6 +631,11 @@ impl CheckpointStore for SealedStore<'_> {
         }
         Ok(())
     }
+}
+
+/// Why a checkpoint of `writer`, a revoked device, is refused.
+fn revoked_writer(writer: &str) -> String {
+    format!("its writer {writer:?} was revoked (or admitted only after its admitter's cut)")
 }
 
 #[cfg(test)]
