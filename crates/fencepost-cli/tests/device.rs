@@ -134,7 +134,7 @@ fn status_and_ledger_verify_say_a_ledger_is_not_protected() {
     assert_eq!(report["intact"], serde_json::Value::Bool(true));
 }
 
-/// S1: a protected ledger's log (sealed records, format 3: here a `committed` of tomorrow's
+/// S1: a protected ledger's log (sealed records, format 4: here a `committed` of tomorrow's
 /// occurrence under a device id nobody else uses) in a ledger folder that this host reads as
 /// unprotected is damage of that device: no host takes the sealed commit for an absent one and
 /// runs the occurrence, none takes it for a commit either, and `ledger verify` names the device

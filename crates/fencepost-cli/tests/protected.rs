@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Output;
 
-use common::{secrets_found, text, Shared};
+use common::{sealed_line, secrets_found, text, Shared};
 use fencepost::relay::device_file_name;
 
 /// `fencepost ARGS` as host `device`, with its own data directory.
@@ -397,7 +397,7 @@ fn s1_r1_processes_sharing_a_device_id_begin_its_protected_log_once_and_each_run
     let log = std::fs::read_to_string(device_file(&shared, "phone")).unwrap();
     let firsts = log
         .lines()
-        .filter(|line| line.starts_with("[3,\"phone\",0,"))
+        .filter(|line| line.starts_with("4 \"phone\" 0 "))
         .count();
     assert_eq!(firsts, 1, "one record 0: {log}");
     let verify = host(&shared, "laptop", &["ledger", "verify"]);
@@ -679,13 +679,7 @@ fn s2_an_altered_record_is_damage_never_signed_over_and_a_restored_line_heals() 
     let file = device_file(&shared, "laptop");
     let original = std::fs::read_to_string(&file).unwrap();
     let last = original.lines().last().unwrap().to_owned();
-    let fields: Vec<serde_json::Value> = serde_json::from_str(&last).unwrap();
-    let sealed = fields
-        .iter()
-        .filter_map(serde_json::Value::as_str)
-        .max_by_key(|field| field.len())
-        .unwrap()
-        .to_owned();
+    let sealed = sealed_line(&last).body;
     let middle = sealed.len() / 2;
     let flipped = if &sealed[middle..=middle] == "A" { "B" } else { "A" };
     let altered_field = format!("{}{flipped}{}", &sealed[..middle], &sealed[middle + 1..]);

@@ -73,7 +73,7 @@ fn s1_s2_a_protected_ledger_in_postgres_runs_once_and_its_dump_names_nothing() {
     );
 
     let dump = dump_without_the_coordinator(&database);
-    let records = text(&dump).lines().filter(|line| line.contains("[3,")).count();
+    let records = text(&dump).lines().filter(|line| line.contains("\t4 \"")).count();
     assert!(records >= 12, "S1: the sealed records are in the dump: {records}");
     let mut secrets = vec![shared.agent.clone(), "daily report".to_owned()];
     for salt in SALTS.iter().chain([&KILLED_SALT]) {

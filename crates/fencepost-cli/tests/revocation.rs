@@ -6,7 +6,7 @@ mod common;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{text, Shared};
+use common::{sealed_line, text, SealedLine, Shared};
 use fencepost::relay::device_file_name;
 
 /// `fencepost ARGS` as host `device`, with its own data directory.
@@ -124,8 +124,12 @@ fn m2_a_device_revoked_while_it_runs_writes_no_commit_and_runs_nothing_after() {
         .join("devices")
         .join(device_file_name("laptop"));
     let laptop_file = std::fs::read_to_string(laptop_file).unwrap();
-    let last: serde_json::Value = serde_json::from_str(laptop_file.lines().last().unwrap()).unwrap();
-    assert_eq!(last[4], 2, "M2: sealed with the new generation: {last}");
+    let last = laptop_file.lines().last().unwrap();
+    assert_eq!(
+        sealed_line(last).generation,
+        2,
+        "M2: sealed with the new generation: {last}"
+    );
     assert_eq!(
         code(&send(&shared, "tablet", "tuesday")),
         3,
@@ -319,7 +323,6 @@ fn m3_a_recovery_cut_before_a_revocation_never_runs_an_occurrence_twice() {
 /// rotation names each device it wraps the new generation to), and the generation of its last
 /// record.
 fn last_rotation(shared: &Shared, device: &str) -> (String, serde_json::Value) {
-    use base64::Engine;
     let file = std::fs::read_to_string(
         shared
             .path("ledger")
@@ -327,22 +330,16 @@ fn last_rotation(shared: &Shared, device: &str) -> (String, serde_json::Value) {
             .join(device_file_name(device)),
     )
     .unwrap();
-    let lines: Vec<serde_json::Value> = file
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let lines: Vec<SealedLine> = file.lines().map(sealed_line).collect();
     let clear = lines
         .iter()
         .rev()
-        .find(|fields| fields[4] == 0 && fields[2] != 0)
-        .map(|fields| fields[5].as_str().unwrap().to_owned())
-        .unwrap();
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(clear)
+        .find(|line| line.generation == 0 && line.seq != 0)
+        .map(|line| line.content.clone())
         .unwrap();
     (
-        String::from_utf8_lossy(&bytes).into_owned(),
-        lines.last().unwrap()[4].clone(),
+        String::from_utf8_lossy(&clear).into_owned(),
+        serde_json::json!(lines.last().unwrap().generation),
     )
 }
 

@@ -1,6 +1,6 @@
 //! Sealing a record for a protected ledger (issue 39): what opening 10 000 sealed intents
 //! costs (authenticate and decrypt, and the id over the ciphertext), and reading their lines
-//! (`read_line`: format 3, each with a head, as `fencepost run` appends them), against the
+//! (`read_line`: format 4, each with a head, as `fencepost run` appends them), against the
 //! target of a cold open of ≥ 1 M records/s with the fold (the fold alone is
 //! `benches/fold.rs`).
 

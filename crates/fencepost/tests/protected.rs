@@ -471,7 +471,10 @@ fn s2_a_protected_ledger_folds_only_what_its_members_sealed_and_signed() {
         4,
         "S1: record 0, the agent's naming (S5) and two sealed intents: {file}"
     );
-    assert!(file.lines().all(|line| line.starts_with("[3,")), "S1: {file}");
+    assert!(
+        file.lines().all(|line| line.starts_with("4 \"laptop\" ")),
+        "S1: {file}"
+    );
     for secret in ["milo", "secret", "occurrence", "pending", "committed"] {
         assert!(!file.contains(secret), "S1: {secret:?} is in the folder: {file}");
     }
@@ -765,7 +768,10 @@ fn s1_a_host_that_is_no_member_writes_nothing_into_a_protected_ledger() {
         .collect();
     assert_eq!(files.len(), 1, "S1: no other device file was written");
     let laptop = std::fs::read_to_string(folder.path().join("devices").join("laptop.jsonl")).unwrap();
-    assert!(laptop.lines().all(|line| line.starts_with("[3,")), "{laptop}");
+    assert!(
+        laptop.lines().all(|line| line.starts_with("4 \"laptop\" ")),
+        "{laptop}"
+    );
 }
 
 /// S2, found by an adversary: a member's last record under a head that does not verify (a

@@ -1,5 +1,5 @@
 //! Rule S1: a protected ledger's record as relays carry it (issue 39): sealed content, an id and
-//! links over the ciphertext, a head its device signs, a line of format 3 that an unprotected
+//! links over the ciphertext, a head its device signs, a line of format 4 that an unprotected
 //! reading refuses as damage.
 
 use std::num::NonZeroU32;
@@ -124,6 +124,11 @@ proptest! {
         framed.extend_from_slice(URL_SAFE_NO_PAD.encode(&line).as_bytes());
         framed.extend_from_slice(b"\",null]");
         let _ = OpRecord::from_json(&framed);
+        for generation in ["0", "1"] {
+            let mut framed = format!("4 \"laptop\" 0 {generation} ").into_bytes();
+            framed.extend_from_slice(URL_SAFE_NO_PAD.encode(&line).as_bytes());
+            let _ = OpRecord::from_json(&framed);
+        }
         let _ = OpRecord::from_json(&line);
     }
 }
@@ -223,6 +228,108 @@ fn s1_a_sealed_records_id_is_its_place_link_and_content_hashed_as_written_down()
         // Read back from its line, the id is computed again, the same.
         let read = OpRecord::from_json(&line_of(op)).unwrap();
         assert_eq!(read.op_id, op.op_id, "S1: seq {}", op.seq);
+    }
+}
+
+/// The line earlier versions wrote (format 3), written out here as they laid it down.
+fn format_3_line(op: &OpRecord) -> Vec<u8> {
+    let record = op.sealed_record().unwrap();
+    let b64 = |bytes: &[u8]| json!(URL_SAFE_NO_PAD.encode(bytes));
+    let content = match &record.content {
+        SealedContent::Clear(clear) => clear.to_vec(),
+        SealedContent::Sealed(sealed) => [&sealed.nonce[..], &sealed.ciphertext].concat(),
+    };
+    let line = json!([
+        3,
+        &*op.device_id,
+        op.seq,
+        op.prev.map(|prev| b64(&prev.0)),
+        record.content.generation(),
+        b64(&content),
+        record.head.map(|head| b64(&head.0)),
+    ]);
+    serde_json::to_vec(&line).unwrap()
+}
+
+/// S1: a sealed record's line is format 4 as written down (the device id as a JSON string, the
+/// seq, the generation, one base64 body of flags, `prev`, nonce and ciphertext, and head), and
+/// a line of format 3 that earlier versions wrote reads as the same record, with the same id.
+#[test]
+fn s1_a_sealed_line_is_format_4_as_written_down_and_format_3_still_reads_the_same() {
+    let sealed = sealed_chain(&intents("milo", 3), &key(2));
+    let unsigned = OpRecord::sealed(
+        Arc::from("a \"quoted\" laptop"),
+        0,
+        None,
+        SealedContent::Clear(b"record 0".to_vec().into()),
+    );
+    for op in sealed.iter().chain([&unsigned]) {
+        let line = line_of(op);
+        let record = op.sealed_record().unwrap();
+        let device = serde_json::to_string(&*op.device_id).unwrap();
+        let start = format!("4 {device} {} {} ", op.seq, record.content.generation());
+        assert!(
+            line.starts_with(start.as_bytes()),
+            "S1: {}",
+            String::from_utf8_lossy(&line)
+        );
+        let body = URL_SAFE_NO_PAD.decode(&line[start.len()..]).unwrap();
+        let mut expected = vec![u8::from(op.prev.is_some()) | (2 * u8::from(record.head.is_some()))];
+        expected.extend(op.prev.iter().flat_map(|prev| prev.0));
+        match &record.content {
+            SealedContent::Clear(clear) => expected.extend_from_slice(clear),
+            SealedContent::Sealed(sealed) => {
+                expected.extend_from_slice(&sealed.nonce);
+                expected.extend_from_slice(&sealed.ciphertext);
+            }
+        }
+        expected.extend(record.head.iter().flat_map(|head| head.0));
+        assert_eq!(body, expected, "S1: the body of seq {}", op.seq);
+        let old = OpRecord::from_json(&format_3_line(op)).unwrap();
+        assert_eq!(&old, op, "S1: format 3 reads as the same record");
+        assert_eq!(OpRecord::from_json(&line).unwrap(), old, "S1: so does format 4");
+    }
+}
+
+/// S1: a line of format 4 that is not as written down is refused with a reason, never read
+/// as another record: a number not written as this version writes it, an unknown flag, a body
+/// shorter than its flags and generation ask, a device id that is no JSON string, a field
+/// missing, a body that is not canonical base64url.
+#[test]
+fn s1_a_malformed_line_of_format_4_is_refused_with_its_reason() {
+    let op = &sealed_chain(&intents("milo", 2), &key(1))[1];
+    let line = String::from_utf8(line_of(op)).unwrap();
+    assert!(OpRecord::from_json(line.as_bytes()).is_ok());
+    let body = line.rsplit(' ').next().unwrap();
+    let bytes = URL_SAFE_NO_PAD.decode(body).unwrap();
+    let with_body = |bytes: &[u8]| format!("4 \"laptop\" 1 1 {}", URL_SAFE_NO_PAD.encode(bytes));
+    let mut flagged = bytes.clone();
+    flagged[0] |= 4;
+    // 200 bytes end in a character with two unused bits: set, the same bytes, another text.
+    let mut non_canonical = URL_SAFE_NO_PAD.encode(&bytes[..200]);
+    let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let last = alphabet.find(non_canonical.pop().unwrap()).unwrap();
+    non_canonical.push(alphabet.as_bytes()[last | 1] as char);
+    let canonical = line.replacen(body, &URL_SAFE_NO_PAD.encode(&bytes[..200]), 1);
+    assert!(
+        OpRecord::from_json(canonical.as_bytes()).is_ok(),
+        "only the unused bits differ"
+    );
+    let cases = [
+        (line.replacen(" 1 1 ", " 01 1 ", 1), "the seq"),
+        (line.replacen(" 1 1 ", " 1 +1 ", 1), "the generation"),
+        (line.replacen(" 1 1 ", " 1 4294967296 ", 1), "the generation"),
+        (line.replacen("4 \"laptop\"", "4 laptop", 1), "device id"),
+        (line.replacen("\" 1 1", "\"1 1", 1), "followed by a space"),
+        (with_body(&flagged), "flags"),
+        (with_body(&bytes[..1 + 32 + 24 + 15 + 64]), "at least"),
+        (line.replacen(body, &non_canonical, 1), "base64"),
+        ("4 \"laptop\" 1 1".to_owned(), "the generation"),
+    ];
+    for (malformed, reason) in cases {
+        assert_ne!(malformed, line, "the case changes the line");
+        let error = OpRecord::from_json(malformed.as_bytes()).unwrap_err().to_string();
+        assert!(error.contains(reason), "S1: {malformed:?}: {error}");
     }
 }
 

@@ -339,3 +339,36 @@ pub fn join_and_admit(shared: &Shared, host: &str, fingerprint: &str) {
     let admit = shared.run("host-1", &["device", "admit", &key, "--device", host]);
     assert!(admit.status.success(), "{}", text(&admit.stderr));
 }
+
+/// A protected ledger's record line (format 4: `4 "DEVICE" SEQ GENERATION BODY`) taken apart
+/// as the format is written down: the seq, the generation, the body as it is written and the
+/// content the body carries (after the flags byte and `prev`, before the head).
+pub struct SealedLine {
+    pub seq: u64,
+    pub generation: u32,
+    pub body: String,
+    pub content: Vec<u8>,
+}
+
+pub fn sealed_line(line: &str) -> SealedLine {
+    use base64::Engine;
+    let mut fields = line.rsplitn(4, ' ');
+    let body = fields.next().expect("a body").to_owned();
+    let generation = fields.next().expect("a generation").parse().unwrap();
+    let seq = fields.next().expect("a seq").parse().unwrap();
+    assert!(
+        fields.next().is_some_and(|start| start.starts_with("4 \"")),
+        "format 4: {line}"
+    );
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(&body)
+        .unwrap();
+    let start = 1 + if bytes[0] & 1 != 0 { 32 } else { 0 };
+    let end = bytes.len() - if bytes[0] & 2 != 0 { 64 } else { 0 };
+    SealedLine {
+        seq,
+        generation,
+        body,
+        content: bytes[start..end].to_vec(),
+    }
+}

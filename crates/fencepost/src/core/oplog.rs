@@ -7,10 +7,11 @@
 //!
 //! # Wire form
 //!
-//! A record travels as one line of JSON (one line in a relay file, one row of a database relay).
-//! Two forms are read; [`OpRecord::write_json_line`] writes the compact one. Both are stable. A
-//! protected ledger's record ([`Surface::Sealed`], [`SealedRecord`]) has a third, format 3, whose
-//! `op_id` is over its ciphertext (see [`SealedRecord`]).
+//! A record travels as one line (one line in a relay file, one row of a database relay). Two
+//! JSON forms are read; [`OpRecord::write_json_line`] writes the compact one. Both are stable. A
+//! protected ledger's record ([`Surface::Sealed`], [`SealedRecord`]) has its own line, format 4
+//! (`4 "laptop" 7 1 <base64 body>`: not JSON; format 3, a JSON array, was written by earlier
+//! versions and is still read), whose `op_id` is over its ciphertext (see [`SealedRecord`]).
 //!
 //! **The compact form** (format 2), a JSON array, about 180 bytes for an intent:
 //!
@@ -69,6 +70,7 @@ mod opened;
 mod payload;
 mod record;
 mod sealed;
+mod sealed_line;
 
 pub(crate) use chain::HeadMark;
 pub use chain::{verify_log, LogError, LogHead};

@@ -110,11 +110,13 @@ impl Members {
         open_with(self.folder.path(), key, self.origin_of(key), self.ledger, options)
     }
 
-    /// The generation `device`'s last record is sealed with (field 4 of its line).
+    /// The generation `device`'s last record is sealed with (the field after the seq of its
+    /// line, format 4: `4 "DEVICE" SEQ GENERATION BODY`).
     pub fn last_generation(&self, device: &str) -> serde_json::Value {
         let file = self.file(device);
-        let fields: serde_json::Value = serde_json::from_str(file.lines().last().unwrap()).unwrap();
-        fields[4].clone()
+        let line = file.lines().last().unwrap();
+        let after_device = line.rsplit(' ').nth(1).unwrap();
+        serde_json::from_str(after_device).unwrap()
     }
 
     pub fn file(&self, device: &str) -> String {

@@ -24,7 +24,7 @@ pub fn record_line(bytes: &[u8]) {
     if op.sealed_record().is_some() {
         assert!(
             OpRecord::from_json(&object).is_err(),
-            "a sealed record is read from its format-3 line only"
+            "a sealed record is read from its line of format 4 or 3 only"
         );
     } else {
         let from_object =

@@ -208,14 +208,12 @@ impl<'de> Visitor<'de> for LineVisitor<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OpRecord, A::Error> {
         let format: u64 = Self::next(&mut seq, 0, "the format")?;
-        if format == super::sealed::FORMAT {
-            let mut op = super::sealed::read_sealed_line(seq, self.device)?;
-            op.op_id = op.content_id();
-            return Ok(op);
+        if format == super::sealed_line::FORMAT_3 {
+            return super::sealed_line::read_sealed_line_3(seq, self.device);
         }
         if format != FORMAT {
             return Err(de::Error::custom(format_args!(
-                "record format {format} is not one this version of fencepost reads (the JSON object form and formats {FORMAT} and 3); a newer fencepost may have written it"
+                "record format {format} is not one this version of fencepost reads (the JSON object form, formats {FORMAT} and 3, and format 4, which starts \"4 \"); a newer fencepost may have written it"
             )));
         }
         let op_id: Text = Self::next(&mut seq, 1, "the op_id")?;

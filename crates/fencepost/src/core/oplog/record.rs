@@ -215,7 +215,7 @@ impl OpRecord {
     /// newline to `out`.
     pub fn write_json_line(&self, out: &mut Vec<u8>) {
         if let (Surface::Sealed, Some(record)) = (&self.surface, self.sealed_record()) {
-            super::sealed::write_sealed_line(self, record, out);
+            super::sealed_line::write_sealed_line(self, record, out);
         } else if super::line::has_compact_form(self) {
             super::line::write_compact(self, out);
         } else {
@@ -243,16 +243,20 @@ impl OpRecord {
                 max_bytes: MAX_RECORD_BYTES,
             });
         }
-        let compact = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'[');
-        let decoded = if compact {
-            super::line::read_compact(bytes, device)
+        let record: OpRecord = if bytes.starts_with(super::sealed_line::FORMAT_4_START) {
+            super::sealed_line::read_sealed_line_4(bytes, device).map_err(DecodeError::Json)?
         } else {
-            serde_json::from_slice(bytes)
+            let compact = bytes.iter().find(|byte| !byte.is_ascii_whitespace()) == Some(&b'[');
+            let decoded = if compact {
+                super::line::read_compact(bytes, device)
+            } else {
+                serde_json::from_slice(bytes)
+            };
+            decoded.map_err(|error| DecodeError::Json(error.to_string()))?
         };
-        let record: OpRecord = decoded.map_err(|error| DecodeError::Json(error.to_string()))?;
         if record.surface == Surface::Sealed && record.sealed_record().is_none() {
             return Err(DecodeError::Json(
-                "a sealed record is read from a format-3 line only".to_owned(),
+                "a sealed record is read from a line of format 4 or 3 only".to_owned(),
             ));
         }
         // The expected device's id was checked when it was first read.

@@ -1,24 +1,11 @@
 //! A protected ledger's record as relays carry it (issue 39): [`SealedRecord`], the body of an
-//! [`OpRecord`] of [`Surface::Sealed`], and its line, format 3.
+//! [`OpRecord`] of [`Surface::Sealed`], its id and its head. Its line (format 4, and format 3
+//! that earlier versions wrote) is in `sealed_line.rs`.
 //!
 //! A relay checks a sealed record's chain as any other (its `op_id` over what it carries, `seq`,
 //! `prev`) and learns nothing of its content: the `op_id` is computed over the ciphertext, never
 //! over the content. Its stamp is not carried either: a sealed record's `hlc` is its sequence
 //! number ([`sealed_stamp`]), the real stamp being inside the ciphertext.
-//!
-//! The line, one JSON array:
-//!
-//! ```json
-//! [3,"laptop",7,"<prev>",1,"<nonce and ciphertext>","<head>"]
-//! ```
-//!
-//! In order: the format number `3`; `device_id`; `seq`; `prev` (`null` for `seq` 0); the
-//! generation of the ledger key that sealed the content (`0`: the content is in the clear, as a
-//! device's identity and membership changes are, which a device must read before it holds any
-//! key); the content in unpadded base64url (for a generation above 0: the 24-byte nonce, then
-//! the ciphertext and its tag); and the head, the writer's signature that covers the chain up
-//! to this record (unpadded base64url of 64 bytes), or `null`. The head is not in the `op_id`
-//! (it signs it). An older fencepost refuses a format-3 line as damage: it fails closed.
 //!
 //! # How a sealed record's `op_id` is computed
 //!
@@ -26,25 +13,19 @@
 //! 8-byte big-endian length followed by its UTF-8; `seq` (8 bytes, big-endian); `prev` as a 0
 //! byte, or a 1 byte followed by its 32 bytes; the generation (4 bytes, big-endian); for a
 //! generation above 0 the nonce (24 bytes); the content's length (8 bytes, big-endian) and its
-//! bytes.
+//! bytes. The line's form is not in it: a record has the same id in either format.
 
 use std::fmt;
 use std::sync::Arc;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
-use serde::de::{self, SeqAccess};
 use sha2::{Digest, Sha256};
 
-use super::line::{next_element, op_id_of, push_device_seq_prev, Text};
 use super::record::push_text;
-use super::{write_serde_json, OpId, OpRecord, Payload, PayloadRepr, Surface};
+use super::{OpId, OpRecord, Payload, PayloadRepr, Surface};
 use crate::core::clock::Hlc;
 use crate::core::identity::{DeviceKey, LedgerId, PublicIdentity, Signature, SignatureContext};
 use crate::core::seal::{Sealed, MAX_SEALED_CONTENT_BYTES, PAD_BYTES, TAG_BYTES};
 
-/// The format number of a sealed record's line.
-pub(super) const FORMAT: u64 = 3;
 /// The generation that means "in the clear".
 pub const CLEAR_GENERATION: u32 = 0;
 /// The longest content a sealed record carries, in bytes (the nonce and the tag included).
@@ -103,14 +84,21 @@ impl fmt::Debug for SealedContent {
 /// The body of a record of [`Surface::Sealed`]: its content and, on the last record of an
 /// append, the head its writer signed.
 ///
-/// Its line is format 3: `[3, device_id, seq, prev, generation, content, head]`, the content
-/// (for a generation above 0, the 24-byte nonce and the ciphertext) and the head in unpadded
-/// base64url, `prev` and `head` `null` when absent. The line carries no `op_id`: it is computed,
-/// as SHA-256 over `fencepost/sealed-op/v1` and a 0 byte, the device id (8-byte length and
-/// UTF-8), `seq`, `prev` (a 0 byte, or a 1 byte and its 32 bytes), the generation (4 bytes),
-/// the nonce (above generation 0) and the content (8-byte length and bytes): over what the
-/// relay carries, never over the content. The stamp is not carried either:
-/// [`sealed_stamp`]. A fencepost before format 3 refuses the line, as damage.
+/// Its line is format 4 (earlier versions wrote format 3, still read):
+///
+/// ```text
+/// 4 "DEVICE" SEQ GENERATION BODY
+/// ```
+///
+/// The device id as a JSON string; `SEQ` and the generation of the ledger key that sealed the
+/// content (`0`: in the clear) in decimal; the body in unpadded base64url: a flags byte (1:
+/// `prev` follows, 2: the head ends the body), `prev`'s 32 bytes, the content (for a generation
+/// above 0, the 24-byte nonce, the ciphertext and its tag) and the head's 64 bytes. The line
+/// carries no `op_id`: it is computed, as SHA-256 over `fencepost/sealed-op/v1` and a 0 byte,
+/// the device id (8-byte length and UTF-8), `seq`, `prev` (a 0 byte, or a 1 byte and its 32
+/// bytes), the generation (4 bytes), the nonce (above generation 0) and the content (8-byte
+/// length and bytes): over what the relay carries, never over the content. The stamp is not
+/// carried either: [`sealed_stamp`]. A fencepost before format 4 refuses the line, as damage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealedRecord {
     /// The content, sealed or in the clear.
@@ -265,114 +253,5 @@ pub(super) fn sealed_shape_problem(op: &OpRecord, record: &SealedRecord) -> Opti
     let length = record.content.len();
     (length > MAX_SEALED_RECORD_BYTES).then(|| {
         format!("it carries {length} bytes of sealed content; the limit is {MAX_SEALED_RECORD_BYTES}")
-    })
-}
-
-/// Appends the line of a sealed record, without a newline.
-pub(super) fn write_sealed_line(op: &OpRecord, record: &SealedRecord, out: &mut Vec<u8>) {
-    out.extend_from_slice(b"[3,");
-    push_device_seq_prev(op, out);
-    write_serde_json(&record.content.generation(), out);
-    out.extend_from_slice(b",\"");
-    let mut bytes = Vec::with_capacity(record.content.len());
-    match &record.content {
-        SealedContent::Clear(clear) => bytes.extend_from_slice(clear),
-        SealedContent::Sealed(sealed) => {
-            bytes.extend_from_slice(&sealed.nonce);
-            bytes.extend_from_slice(&sealed.ciphertext);
-        }
-    }
-    push_base64(&bytes, out);
-    out.extend_from_slice(b"\",");
-    match &record.head {
-        Some(head) => {
-            out.push(b'"');
-            push_base64(&head.0, out);
-            out.push(b'"');
-        }
-        None => out.extend_from_slice(b"null"),
-    }
-    out.push(b']');
-}
-
-fn push_base64(bytes: &[u8], out: &mut Vec<u8>) {
-    let start = out.len();
-    out.resize(start + bytes.len().div_ceil(3) * 4, 0);
-    let written = URL_SAFE_NO_PAD.encode_slice(bytes, &mut out[start..]);
-    debug_assert!(written.is_ok());
-    out.truncate(start + written.unwrap_or(0));
-}
-
-fn base64_of<E: de::Error>(text: &str, what: &str, limit: usize) -> Result<Vec<u8>, E> {
-    if text.len() > limit.div_ceil(3) * 4 {
-        return Err(E::custom(format_args!(
-            "{what} is longer than {limit} bytes, the limit"
-        )));
-    }
-    URL_SAFE_NO_PAD
-        .decode(text.as_bytes())
-        .map_err(|error| E::custom(format_args!("{what} is not unpadded base64url: {error}")))
-}
-
-/// Reads the rest of a format-3 line, after its format number.
-pub(super) fn read_sealed_line<'de, A: SeqAccess<'de>>(
-    mut seq: A,
-    shared: Option<&Arc<str>>,
-) -> Result<OpRecord, A::Error> {
-    let device: Text = next_element(&mut seq, 1, "the device_id")?;
-    let device_id: Arc<str> = match shared {
-        Some(shared) if **shared == *device.0 => Arc::clone(shared),
-        _ => Arc::from(device.0),
-    };
-    let seq_number: u64 = next_element(&mut seq, 2, "the seq")?;
-    let prev: Option<Text> = next_element(&mut seq, 3, "prev")?;
-    let prev = prev.map(|prev| op_id_of(&prev.0, "prev")).transpose()?;
-    let generation: u32 = next_element(&mut seq, 4, "the generation")?;
-    let content: Text = next_element(&mut seq, 5, "the content")?;
-    let mut bytes = base64_of(&content.0, "the content", MAX_SEALED_RECORD_BYTES)?;
-    let content = if generation == CLEAR_GENERATION {
-        SealedContent::Clear(bytes.into_boxed_slice())
-    } else {
-        if bytes.len() < 24 + TAG_BYTES {
-            return Err(de::Error::custom(
-                "sealed content is a 24-byte nonce and at least a 16-byte tag",
-            ));
-        }
-        // The nonce taken off the front in place (no second allocation).
-        let mut nonce = [0u8; 24];
-        nonce.copy_from_slice(&bytes[..24]);
-        bytes.copy_within(24.., 0);
-        bytes.truncate(bytes.len() - 24);
-        let ciphertext = bytes;
-        SealedContent::Sealed(Sealed {
-            generation,
-            nonce,
-            ciphertext,
-        })
-    };
-    let head: Option<Text> = next_element(&mut seq, 6, "the head")?;
-    let head = match head {
-        None => None,
-        Some(head) => {
-            let bytes = base64_of(&head.0, "the head", 64)?;
-            let signature: [u8; 64] = bytes
-                .try_into()
-                .map_err(|_| de::Error::custom("the head is a 64-byte signature"))?;
-            Some(Signature(signature))
-        }
-    };
-    if seq.next_element::<de::IgnoredAny>()?.is_some() {
-        return Err(de::Error::custom("a format-3 line has 7 elements"));
-    }
-    Ok(OpRecord {
-        op_id: OpId([0; 32]),
-        hlc: sealed_stamp(&device_id, seq_number),
-        device_id,
-        seq: seq_number,
-        prev,
-        surface: Surface::Sealed,
-        payload: Payload {
-            repr: PayloadRepr::Sealed(Arc::new(SealedRecord { content, head })),
-        },
     })
 }

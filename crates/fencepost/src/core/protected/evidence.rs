@@ -66,7 +66,7 @@ pub struct Equivocation {
     /// The head of the other chain, at or after `seen.seq`.
     pub found: SignedHead,
     /// The other chain's records from `seen.seq` to `found.seq`, as the relay carries them
-    /// (format-3 lines).
+    /// (lines of format 4 or 3).
     pub lines: Vec<String>,
 }
 
@@ -120,7 +120,7 @@ impl Equivocation {
     }
 }
 
-/// `op` as the relay carries it (its format-3 line), without the line's end.
+/// `op` as the relay carries it (its line of format 4), without the line's end.
 pub(crate) fn line_of(op: &OpRecord) -> String {
     let mut line = Vec::new();
     op.write_json_line(&mut line);
@@ -128,7 +128,7 @@ pub(crate) fn line_of(op: &OpRecord) -> String {
 }
 
 /// `lines` read as records `first_seq`, `first_seq + 1`, … of `device`'s log, each a protected
-/// ledger's record (format 3) whose id is computed again from its bytes, linked to the one
+/// ledger's record (format 4 or 3) whose id is computed again from its bytes, linked to the one
 /// before it.
 ///
 /// # Errors
@@ -146,7 +146,9 @@ pub(crate) fn chain_of_lines(
     for (index, line) in lines.iter().enumerate() {
         let op = OpRecord::from_json(line.as_bytes()).map_err(|error| format!("line {index}: {error}"))?;
         if op.sealed_record().is_none() || !op.has_valid_id() {
-            return Err(format!("line {index} is no protected ledger's record (format 3)"));
+            return Err(format!(
+                "line {index} is no protected ledger's record (format 4 or 3)"
+            ));
         }
         let seq = first_seq.checked_add(index as u64);
         if op.device_id != device || Some(op.seq) != seq {
@@ -195,7 +197,7 @@ mod tests {
     use crate::core::oplog::{DeviceLog, SealedContent, Surface};
 
     /// S6, I1 (found by a cryptography review): a chain of lines takes only protected records
-    /// (format 3, their ids computed from their bytes): a format-2 line names its own id, so one
+    /// (format 4 or 3, their ids computed from their bytes): a format-2 line names its own id, so one
     /// could bridge a forged record to a real signed head.
     #[test]
     fn s6_i1_a_chain_of_lines_takes_no_record_that_names_its_own_id() {

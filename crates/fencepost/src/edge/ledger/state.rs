@@ -53,7 +53,7 @@ pub struct LedgerState {
 const CLEAR_IN_PROTECTED: &str = "it is a record in the clear (format 2) in a protected ledger, where every record is sealed: written by a fencepost that is no member, or put there by hand";
 
 /// Why a sealed record handed to an unprotected reading is damage.
-const SEALED_UNREAD: &str = "it is a protected ledger's record (sealed, format 3), which this host cannot read: the ledger is protected and this host is not one of its members";
+const SEALED_UNREAD: &str = "it is a protected ledger's record (sealed, format 4 or 3), which this host cannot read: the ledger is protected and this host is not one of its members";
 
 impl LedgerState {
     /// An empty view.
@@ -86,7 +86,7 @@ impl LedgerState {
     /// ids match their content. A record that does not verify is damage of its device; the
     /// frontier stays before it.
     ///
-    /// A sealed record (a protected ledger's, format 3) is damage of its device here: this
+    /// A sealed record (a protected ledger's, format 4 or 3) is damage of its device here: this
     /// state folds records as they are, and a sealed one is read only by a member of its ledger.
     pub fn absorb<'ops>(&mut self, ops: &'ops [OpRecord]) -> Vec<Cow<'ops, OpRecord>> {
         self.absorb_from(ops, false)

@@ -37,7 +37,7 @@ pub struct ProtectedMark {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     names: Vec<(String, String)>,
     /// Per membership record, in the same order: its record and the ones after it through
-    /// the first that carries a valid head, as the relay carries them (format-3 lines). What
+    /// the first that carries a valid head, as the relay carries them (lines of format 4 or 3). What
     /// shows the reader of a checkpoint that the author's key wrote each change
     /// ([`check_proofs`](Self::check_proofs)); absent in a snapshot written before them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
