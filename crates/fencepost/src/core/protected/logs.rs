@@ -2,7 +2,7 @@
 //! records among them, which make the roster and give this device the ledger key's
 //! generations wrapped to it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use super::{LogReader, Missing, Origin, Protection, Verdict};
@@ -101,9 +101,9 @@ pub struct ProtectedLogs {
     given_keys: Vec<LedgerKey>,
     /// How a batch of covered records is opened ahead of their verdicts, if not one by one.
     open_many: Option<OpenMany>,
-    /// Records opened ahead on another thread ([`give_opened`](Self::give_opened)), by id,
-    /// with the generation that opened each.
-    opened_ahead: rustc_hash::FxHashMap<OpId, (u32, OpRecord)>,
+    /// Records opened ahead on another thread ([`give_opened`](Self::give_opened)), in the
+    /// order they were handed over, each with its id and the generation that opened it.
+    opened_ahead: VecDeque<(OpId, u32, OpRecord)>,
     /// The agents the intents of one size name by digest.
     names: AgentNames,
 }
@@ -137,7 +137,7 @@ impl ProtectedLogs {
             stale: false,
             given_keys,
             open_many: None,
-            opened_ahead: rustc_hash::FxHashMap::default(),
+            opened_ahead: VecDeque::new(),
             names: AgentNames::default(),
         }
     }
@@ -362,8 +362,7 @@ impl ProtectedLogs {
             .map(|op| {
                 let opened = match &mut opened {
                     Some(opened) => opened.next().flatten(),
-                    None => ahead
-                        .remove(&op.op_id)
+                    None => take_opened(ahead, &op)
                         .and_then(|(generation, opened)| protection.sole_key(generation).then_some(opened)),
                 };
                 protection.classify_opened(op, &origin, opened)
@@ -597,11 +596,7 @@ impl ProtectedLogs {
     ///
     /// [`OpeningKeys`]: super::OpeningKeys
     pub(crate) fn give_opened(&mut self, opened: impl IntoIterator<Item = (OpId, u32, OpRecord)>) {
-        self.opened_ahead.extend(
-            opened
-                .into_iter()
-                .map(|(id, generation, op)| (id, (generation, op))),
-        );
+        self.opened_ahead.extend(opened);
     }
 
     /// Drops the records opened ahead that no verdict used (records not covered by a head yet,
@@ -712,4 +707,24 @@ fn proof_of(
         .position(|op| op.has_valid_head(signer, ledger, origin))
         .unwrap_or(covered.len() - 1);
     covered[..=end].to_vec()
+}
+
+/// The record opened ahead as `op` and the generation that opened it, if it is the next one
+/// `ahead` holds: verdicts are given in the order records were handed over, so a record opened
+/// ahead is the next one, or was not opened ahead (a record handed over before, covered now, was
+/// opened with none: it is opened where its verdict is given). Records of `op`'s log before it
+/// that no verdict took (folded before, say) are dropped on the way.
+fn take_opened(ahead: &mut VecDeque<(OpId, u32, OpRecord)>, op: &OpRecord) -> Option<(u32, OpRecord)> {
+    while let Some((id, _, front)) = ahead.front() {
+        if *id == op.op_id {
+            return ahead
+                .pop_front()
+                .map(|(_, generation, opened)| (generation, opened));
+        }
+        if front.device_id != op.device_id || front.seq > op.seq {
+            return None;
+        }
+        ahead.pop_front();
+    }
+    None
 }

@@ -22,8 +22,11 @@ const OPEN_PIECE_RECORDS: usize = 256;
 /// Batches opened and not folded yet, at most.
 const PIPELINE_BATCHES: usize = 2;
 
+/// Records opened ahead, in pieces, in the order they were handed over: each with its id and
+/// the generation that opened it.
+type OpenedPieces = Vec<Vec<(OpId, u32, OpRecord)>>;
 /// A batch handed over, and what of it was opened ahead.
-type Opened = (Vec<OpRecord>, Vec<(OpId, u32, OpRecord)>);
+type Opened = (Vec<OpRecord>, OpenedPieces);
 
 /// The keys the opening thread uses, and how many keys the reading held when they were taken.
 type SharedKeys = Mutex<(usize, Arc<OpeningKeys>)>;
@@ -97,9 +100,9 @@ impl Ledger {
 
     /// Folds `ops` with `opened`, those of them opened ahead, then tells the opening thread
     /// the keys this reading holds now if it holds more (a membership record gave some).
-    fn absorb_opened(&mut self, ops: &[OpRecord], opened: Vec<(OpId, u32, OpRecord)>, keys: &SharedKeys) {
+    fn absorb_opened(&mut self, ops: &[OpRecord], opened: OpenedPieces, keys: &SharedKeys) {
         if let Some(logs) = self.view.protected.as_mut() {
-            logs.give_opened(opened);
+            logs.give_opened(opened.into_iter().flatten());
         }
         self.absorb(ops);
         let Some(logs) = self.view.protected.as_mut() else {
@@ -116,7 +119,7 @@ impl Ledger {
 }
 
 /// The records of `ops` that `keys` open, opened on this thread and a helper.
-fn open_ahead(keys: &OpeningKeys, ops: &[OpRecord]) -> Vec<(OpId, u32, OpRecord)> {
+fn open_ahead(keys: &OpeningKeys, ops: &[OpRecord]) -> OpenedPieces {
     if keys.is_empty() {
         return Vec::new();
     }
@@ -130,7 +133,4 @@ fn open_ahead(keys: &OpeningKeys, ops: &[OpRecord]) -> Vec<(OpId, u32, OpRecord)
             .collect()
     };
     crate::edge::pieces::in_pieces(ops.len(), OPEN_PIECE_RECORDS, 1, open)
-        .into_iter()
-        .flatten()
-        .collect()
 }
