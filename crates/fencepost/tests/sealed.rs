@@ -292,9 +292,10 @@ fn s1_a_sealed_line_is_format_4_as_written_down_and_format_3_still_reads_the_sam
 }
 
 /// S1: a line of format 4 that is not as written down is refused with a reason, never read
-/// as another record: a number not written as this version writes it, an unknown flag, a body
-/// shorter than its flags and generation ask, a device id that is no JSON string, a field
-/// missing, a body that is not canonical base64url.
+/// as another record or as the same record written another way: a number or a device id not
+/// written as this version writes them, an unknown flag, a body shorter than its flags and
+/// generation ask, a field missing, white space where none is written, a body that is not
+/// canonical base64url (the reason says where).
 #[test]
 fn s1_a_malformed_line_of_format_4_is_refused_with_its_reason() {
     let op = &sealed_chain(&intents("milo", 2), &key(1))[1];
@@ -325,6 +326,21 @@ fn s1_a_malformed_line_of_format_4_is_refused_with_its_reason() {
         (with_body(&bytes[..1 + 32 + 24 + 15 + 64]), "at least"),
         (line.replacen(body, &non_canonical, 1), "base64"),
         ("4 \"laptop\" 1 1".to_owned(), "the generation"),
+        (
+            line.replacen("4 \"laptop\"", "4  \"laptop\"", 1),
+            "as fencepost writes it",
+        ),
+        (
+            line.replacen("4 \"laptop\"", "4 \"\\u006captop\"", 1),
+            "as fencepost writes it",
+        ),
+        (format!("{line}\r"), "base64"),
+        (format!("{line} "), "base64"),
+        (line.replacen(body, &format!("{body}="), 1), "Invalid"),
+        (
+            line.replacen(body, &body.replacen('A', "+", 1), 1),
+            "Invalid symbol",
+        ),
     ];
     for (malformed, reason) in cases {
         assert_ne!(malformed, line, "the case changes the line");

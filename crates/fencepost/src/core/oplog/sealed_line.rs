@@ -110,7 +110,16 @@ fn device_of<'a>(text: &'a [u8], shared: Option<&Arc<str>>) -> Result<(Arc<str>,
                 Some(Ok(device)) => device,
                 _ => return Err("a format-4 line's device id is a JSON string".to_owned()),
             };
-            (&owned, &text[reader.byte_offset()..])
+            let (written, rest) = text.split_at(reader.byte_offset());
+            // Only as this version writes it (no space before it, no escape it does not
+            // need): one record has one line (found by an adversary).
+            if serde_json::to_string(&owned).ok().as_deref().map(str::as_bytes) != Some(written) {
+                return Err(
+                    "a format-4 line's device id is a JSON string as fencepost writes it (no space before it, no escape it does not need)"
+                        .to_owned(),
+                );
+            }
+            (&owned, rest)
         }
     };
     let rest = rest
@@ -123,11 +132,12 @@ fn device_of<'a>(text: &'a [u8], shared: Option<&Arc<str>>) -> Result<(Arc<str>,
     Ok((device, rest))
 }
 
-/// Reads a line of format 4 (it starts with [`FORMAT_4_START`]; white space after it is
-/// ignored, as after a JSON form).
+/// Reads a line of format 4 (it starts with [`FORMAT_4_START`]; a newline may end it), only
+/// as this version writes it.
 pub(super) fn read_sealed_line_4(line: &[u8], shared: Option<&Arc<str>>) -> Result<OpRecord, String> {
     let rest = line
-        .trim_ascii_end()
+        .strip_suffix(b"\n")
+        .unwrap_or(line)
         .strip_prefix(FORMAT_4_START)
         .ok_or("a format-4 line starts with \"4 \"")?;
     let (device_id, rest) = device_of(rest, shared)?;
@@ -140,9 +150,14 @@ pub(super) fn read_sealed_line_4(line: &[u8], shared: Option<&Arc<str>>) -> Resu
         ));
     }
     // The body is most of what a cold open reads that is not cryptography: decoded with SIMD.
-    let body = base64_simd::URL_SAFE_NO_PAD
-        .decode_to_vec(body)
-        .map_err(|error| format!("the body is not unpadded base64url: {error}"))?;
+    let body = base64_simd::URL_SAFE_NO_PAD.decode_to_vec(body).map_err(|_| {
+        // That decoder does not say why: the other one does, where and what.
+        let why = URL_SAFE_NO_PAD
+            .decode(body)
+            .err()
+            .map_or_else(|| "it does not decode".to_owned(), |error| error.to_string());
+        format!("the body is not unpadded base64url: {why}")
+    })?;
     let (prev, content, head) = split_body(body, generation)?;
     Ok(sealed_record(device_id, seq, prev, content, head))
 }
