@@ -719,3 +719,41 @@ fn s2_an_altered_record_is_damage_never_signed_over_and_a_restored_line_heals() 
     assert_eq!(code(&send(&shared, "laptop", "tuesday")), 0);
     assert_eq!(shared.effects(), vec!["laptop", "laptop"]);
 }
+
+/// S2, found by an adversary: `ledger runs` and `ledger show` on a host that cannot count some
+/// records yet (here the laptop's commit, whose head was taken off its line: covered by no
+/// head) said nothing and exited 0, listing the committed run as in doubt. They now name what
+/// they lack and exit 7, as a run that needs those records waits; with the line as written,
+/// they list the run committed and exit 0.
+#[test]
+fn s2_listings_name_the_records_a_host_cannot_count_yet_and_exit_7() {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let shared = Shared::sqlite();
+    founded_with_phone(&shared);
+    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
+    let file = device_file(&shared, "laptop");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let last = original.lines().last().unwrap().to_owned();
+    let body = sealed_line(&last).body;
+    let mut bytes = URL_SAFE_NO_PAD.decode(&body).unwrap();
+    assert_eq!(bytes[0] & 2, 2, "the last record carries a head");
+    bytes[0] &= !2;
+    bytes.truncate(bytes.len() - 64);
+    let headless = original.replace(&body, &URL_SAFE_NO_PAD.encode(&bytes));
+    std::fs::write(&file, &headless).unwrap();
+
+    for listing in [&["ledger", "runs"][..], &["ledger", "show"]] {
+        let listed = host(&shared, "phone", listing);
+        let said = text(&listed.stderr);
+        assert_eq!(code(&listed), 7, "S2: {listing:?}: {said}");
+        assert!(
+            said.contains("not counted yet: device \"laptop\"") && said.contains("no head"),
+            "S2: {said}"
+        );
+    }
+    std::fs::write(&file, &original).unwrap();
+    let runs = host(&shared, "phone", &["ledger", "runs"]);
+    assert_eq!(code(&runs), 0, "{}", text(&runs.stderr));
+    assert!(text(&runs.stdout).contains("committed"), "{}", text(&runs.stdout));
+}

@@ -23,7 +23,8 @@ pub enum LedgerCommand {
     /// Print the fingerprint of the protected ledger this host is a member of, one line.
     Fingerprint,
     /// Agents with their fencing epochs and counts of runs, committed and in doubt (exit 1, and
-    /// what is damaged, on a damaged ledger).
+    /// what is damaged, on a damaged ledger; exit 7, and what it lacks, when this host cannot
+    /// count some records of a protected ledger yet).
     Show {
         /// Print JSON.
         #[arg(long)]
@@ -37,7 +38,8 @@ pub enum LedgerCommand {
         json: bool,
     },
     /// Every run: status, epoch, device; in-doubt runs are marked (exit 1, and what is damaged,
-    /// on a damaged ledger).
+    /// on a damaged ledger; exit 7, and what it lacks, when this host cannot count some records
+    /// of a protected ledger yet).
     Runs {
         /// Only this agent's runs.
         #[arg(long)]
@@ -456,7 +458,7 @@ fn show(settings: &Settings, json: bool) -> Result<i32> {
             );
         }
     }
-    Ok(report_damage(&ledger, settings))
+    Ok(report_listing(&ledger, settings))
 }
 
 /// `ledger runs`: every run (of `agent`), with its status.
@@ -491,10 +493,40 @@ fn runs(settings: &Settings, agent: Option<&str>, json: bool) -> Result<i32> {
             );
         }
     }
-    Ok(report_damage(&ledger, settings))
+    Ok(report_listing(&ledger, settings))
 }
 
-/// After a listing (`ledger show`, `ledger runs`): on a damaged ledger, says what is damaged
+/// After a listing (`ledger show`, `ledger runs`): what [`report_damage`] says, then the
+/// records of a protected ledger this host cannot count yet (not covered by a head, not opened,
+/// a key not given to it): the listing lacks them, so a run it shows in doubt, or not at all,
+/// may have committed there; exit 7 for them, as a run that needs them waits (found by an
+/// adversary: both said nothing and exited 0).
+fn report_listing(ledger: &Ledger, settings: &Settings) -> i32 {
+    use fencepost::protected::Missing;
+    let damaged = report_damage(ledger, settings);
+    let lacking: Vec<String> = ledger
+        .not_counted()
+        .into_iter()
+        .filter(|(_, _, why)| !matches!(why, Missing::NotAMember | Missing::NoOrigin(_)))
+        .map(|(device, seq, why)| format!("device {device:?} from record {seq}: {why}"))
+        .collect();
+    if lacking.is_empty() {
+        return damaged;
+    }
+    for detail in &lacking {
+        err!("fencepost: not counted yet: {detail}");
+    }
+    err!(
+        "fencepost: the listing above lacks those records: a run it shows in doubt, or not at all, may have committed there (`fencepost ledger verify` says more)"
+    );
+    if damaged == EXIT_RAN_OK {
+        EXIT_LEDGER_BEHIND
+    } else {
+        damaged
+    }
+}
+
+/// After a listing or a repair: on a damaged ledger, says what is damaged
 /// (the listing lacks what the damaged devices recorded) and returns exit 1; else 0.
 pub(super) fn report_damage(ledger: &Ledger, settings: &Settings) -> i32 {
     let damage = ledger.damage();
