@@ -79,6 +79,17 @@ fn founded_with_phone(shared: &Shared) -> String {
     fingerprint
 }
 
+/// A protected ledger of the laptop and the phone in which the laptop ran Monday's occurrence:
+/// the laptop's file, its text, and the body of its last line (the commit, under its head).
+fn laptop_committed_monday(shared: &Shared) -> (std::path::PathBuf, String, String) {
+    founded_with_phone(shared);
+    assert_eq!(code(&send(shared, "laptop", "monday")), 0);
+    let file = device_file(shared, "laptop");
+    let original = std::fs::read_to_string(&file).unwrap();
+    let body = sealed_line(original.lines().last().unwrap()).body;
+    (file, original, body)
+}
+
 /// S1, S2, M1: `ledger init` makes the ledger protected and prints its fingerprint (the
 /// recovery key goes to a file of mode 0600, never to the output); a device that joined but is
 /// not admitted yet reads nothing and runs nothing (exit 7: it waits); once admitted, each
@@ -674,12 +685,7 @@ fn s2_a_host_that_names_its_protected_ledger_runs_nothing_before_joining_it() {
 #[test]
 fn s2_an_altered_record_is_damage_never_signed_over_and_a_restored_line_heals() {
     let shared = Shared::sqlite();
-    founded_with_phone(&shared);
-    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
-    let file = device_file(&shared, "laptop");
-    let original = std::fs::read_to_string(&file).unwrap();
-    let last = original.lines().last().unwrap().to_owned();
-    let sealed = sealed_line(&last).body;
+    let (file, original, sealed) = laptop_committed_monday(&shared);
     let middle = sealed.len() / 2;
     let flipped = if &sealed[middle..=middle] == "A" { "B" } else { "A" };
     let altered_field = format!("{}{flipped}{}", &sealed[..middle], &sealed[middle + 1..]);
@@ -730,12 +736,7 @@ fn s2_listings_name_the_records_a_host_cannot_count_yet_and_exit_7() {
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine;
     let shared = Shared::sqlite();
-    founded_with_phone(&shared);
-    assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
-    let file = device_file(&shared, "laptop");
-    let original = std::fs::read_to_string(&file).unwrap();
-    let last = original.lines().last().unwrap().to_owned();
-    let body = sealed_line(&last).body;
+    let (file, original, body) = laptop_committed_monday(&shared);
     let mut bytes = URL_SAFE_NO_PAD.decode(&body).unwrap();
     assert_eq!(bytes[0] & 2, 2, "the last record carries a head");
     bytes[0] &= !2;
