@@ -43,13 +43,6 @@ fn code(output: &Output) -> i32 {
     output.status.code().unwrap_or(-1)
 }
 
-fn device_file(shared: &Shared, device: &str) -> std::path::PathBuf {
-    shared
-        .path("ledger")
-        .join("devices")
-        .join(device_file_name(device))
-}
-
 /// What a protected ledger's stores must not hold in any form (text, hex, base64: secrets long
 /// enough that a random match in ciphertext is out of the question): the agent, the salts, the
 /// statuses, the run ids.
@@ -84,7 +77,7 @@ fn founded_with_phone(shared: &Shared) -> String {
 fn laptop_committed_monday(shared: &Shared) -> (std::path::PathBuf, String, String) {
     founded_with_phone(shared);
     assert_eq!(code(&send(shared, "laptop", "monday")), 0);
-    let file = device_file(shared, "laptop");
+    let file = shared.device_file("laptop");
     let original = std::fs::read_to_string(&file).unwrap();
     let body = sealed_line(original.lines().last().unwrap()).body;
     (file, original, body)
@@ -156,7 +149,7 @@ fn s2_m1_init_join_admit_and_runs_once_across_members_through_the_binary() {
     assert_eq!(shared.effects(), vec!["laptop", "phone"]);
 
     for device in ["laptop", "phone"] {
-        let file = std::fs::read_to_string(device_file(&shared, device)).unwrap();
+        let file = std::fs::read_to_string(shared.device_file(device)).unwrap();
         for secret in ["milo", "send", "monday", "tuesday", "committed", "pending"] {
             assert!(
                 !file.contains(secret),
@@ -227,7 +220,7 @@ fn s2_forged_lines_foreign_logs_and_a_deleted_membership_never_run_twice_or_hide
     let mut lines = Vec::new();
     first.write_json_line(&mut lines);
     claim.write_json_line(&mut lines);
-    std::fs::write(device_file(&shared, "host-7"), &lines).unwrap();
+    std::fs::write(shared.device_file("host-7"), &lines).unwrap();
     assert_eq!(
         code(&send(&shared, "phone", "tuesday")),
         0,
@@ -253,15 +246,15 @@ fn s2_forged_lines_foreign_logs_and_a_deleted_membership_never_run_twice_or_hide
         Surface::Intent,
         serde_json::json!({"agent_id": "milo-the-agent", "epoch": 1, "id": "run-wednesday", "status": "committed"}),
     );
-    let clean = std::fs::read(device_file(&shared, "laptop")).unwrap();
+    let clean = std::fs::read(shared.device_file("laptop")).unwrap();
     let mut changed = clean.clone();
     forged.write_json_line(&mut changed);
-    std::fs::write(device_file(&shared, "laptop"), &changed).unwrap();
+    std::fs::write(shared.device_file("laptop"), &changed).unwrap();
     for device in ["laptop", "phone"] {
         let run = send(&shared, device, "wednesday");
         assert_eq!(code(&run), 10, "S2: {device}: {}", text(&run.stderr));
     }
-    std::fs::write(device_file(&shared, "laptop"), &clean).unwrap();
+    std::fs::write(shared.device_file("laptop"), &clean).unwrap();
 
     // The phone forgets it is a member: the ledger is not read as unprotected.
     let membership: Vec<_> = std::fs::read_dir(shared.path("data-phone").join("fencepost").join("ledgers"))
@@ -281,7 +274,7 @@ fn s2_forged_lines_foreign_logs_and_a_deleted_membership_never_run_twice_or_hide
     );
     // Nor does accepting the damage let it write in the clear into the protected ledger (found
     // by an adversarial test: it ran the occurrence again and wrote format-2 records).
-    let phone_file = std::fs::read(device_file(&shared, "phone")).unwrap();
+    let phone_file = std::fs::read(shared.device_file("phone")).unwrap();
     let effect = format!("echo phone >> '{}'", shared.path("effects").display());
     let accepting = host(
         &shared,
@@ -306,7 +299,7 @@ fn s2_forged_lines_foreign_logs_and_a_deleted_membership_never_run_twice_or_hide
     );
     assert_ne!(code(&accepting), 0, "S1: {}", text(&accepting.stderr));
     assert_eq!(
-        std::fs::read(device_file(&shared, "phone")).unwrap(),
+        std::fs::read(shared.device_file("phone")).unwrap(),
         phone_file,
         "S1: nothing written"
     );
@@ -405,7 +398,7 @@ fn s1_r1_processes_sharing_a_device_id_begin_its_protected_log_once_and_each_run
         );
         assert_eq!(code(&again), 3, "{}", text(&again.stderr));
     }
-    let log = std::fs::read_to_string(device_file(&shared, "phone")).unwrap();
+    let log = std::fs::read_to_string(shared.device_file("phone")).unwrap();
     let firsts = log
         .lines()
         .filter(|line| line.starts_with("4 \"phone\" 0 "))
@@ -471,7 +464,7 @@ fn s4_ledger_import_carries_the_commits_into_a_protected_ledger_through_the_bina
 
     // A copy of the old folder that lacks the phone's records, which its coordinator
     // published, is not imported (found by an adversary: the phone's commit ran again).
-    let phone_file = device_file(&shared, "phone");
+    let phone_file = shared.device_file("phone");
     let whole = std::fs::read(&phone_file).unwrap();
     std::fs::remove_file(&phone_file).unwrap();
     let lagging = on_new("laptop", &new_coordinator, &from_old);

@@ -119,10 +119,7 @@ fn m2_a_device_revoked_while_it_runs_writes_no_commit_and_runs_nothing_after() {
     assert_eq!(code(&after), 10, "{}", text(&after.stderr));
     assert!(text(&after.stderr).contains("revoked"), "{}", text(&after.stderr));
     assert_eq!(code(&send(&shared, "laptop", "tuesday")), 0);
-    let laptop_file = shared
-        .path("ledger")
-        .join("devices")
-        .join(device_file_name("laptop"));
+    let laptop_file = shared.device_file("laptop");
     let laptop_file = std::fs::read_to_string(laptop_file).unwrap();
     let last = laptop_file.lines().last().unwrap();
     assert_eq!(
@@ -323,13 +320,7 @@ fn m3_a_recovery_cut_before_a_revocation_never_runs_an_occurrence_twice() {
 /// rotation names each device it wraps the new generation to), and the generation of its last
 /// record.
 fn last_rotation(shared: &Shared, device: &str) -> (String, serde_json::Value) {
-    let file = std::fs::read_to_string(
-        shared
-            .path("ledger")
-            .join("devices")
-            .join(device_file_name(device)),
-    )
-    .unwrap();
+    let file = std::fs::read_to_string(shared.device_file(device)).unwrap();
     let lines: Vec<SealedLine> = file.lines().map(sealed_line).collect();
     let clear = lines
         .iter()
@@ -353,10 +344,7 @@ fn m2_two_revocations_at_once_through_the_binary_end_in_a_generation_neither_hol
     let shared = Shared::sqlite();
     founded_with(&shared, &["phone", "tablet", "watch"]);
     assert_eq!(code(&send(&shared, "laptop", "monday")), 0);
-    let laptop_file = shared
-        .path("ledger")
-        .join("devices")
-        .join(device_file_name("laptop"));
+    let laptop_file = shared.device_file("laptop");
     let lagging = std::fs::read(&laptop_file).unwrap();
     let revoke = host(&shared, "laptop", &["device", "revoke", "phone"]);
     assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
@@ -400,10 +388,7 @@ fn m4_a_host_lacking_a_revocation_the_last_holder_read_waits_for_it() {
     assert_eq!(code(&send(&shared, "phone", "monday")), 0);
     let revoke = host(&shared, "tablet", &["device", "revoke", "phone"]);
     assert_eq!(code(&revoke), 0, "{}", text(&revoke.stderr));
-    let tablet_file = shared
-        .path("ledger")
-        .join("devices")
-        .join(device_file_name("tablet"));
+    let tablet_file = shared.device_file("tablet");
     let aside = shared.path("tablet-aside");
     let hide = || std::fs::rename(&tablet_file, &aside).unwrap();
     let bring_back = || std::fs::rename(&aside, &tablet_file).unwrap();
@@ -504,10 +489,7 @@ fn m2_m4_published_void_records_that_never_come_do_not_stop_compaction() {
     let shared = Shared::sqlite();
     founded_with(&shared, &["phone", "desk"]);
     assert_eq!(code(&send(&shared, "phone", "monday")), 0);
-    let phone_file = shared
-        .path("ledger")
-        .join("devices")
-        .join(device_file_name("phone"));
+    let phone_file = shared.device_file("phone");
     let kept = std::fs::read(&phone_file).unwrap();
     let cut = kept.iter().filter(|byte| **byte == b'\n').count().to_string();
     assert_eq!(code(&send(&shared, "phone", "tuesday")), 0);

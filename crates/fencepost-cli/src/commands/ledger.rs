@@ -502,12 +502,11 @@ fn runs(settings: &Settings, agent: Option<&str>, json: bool) -> Result<i32> {
 /// may have committed there; exit 7 for them, as a run that needs them waits (found by an
 /// adversary: both said nothing and exited 0).
 fn report_listing(ledger: &Ledger, settings: &Settings) -> i32 {
-    use fencepost::protected::Missing;
     let damaged = report_damage(ledger, settings);
     let lacking: Vec<String> = ledger
         .not_counted()
         .into_iter()
-        .filter(|(_, _, why)| !matches!(why, Missing::NotAMember | Missing::NoOrigin(_)))
+        .filter(|(_, _, why)| verify::not_counted_kind(why) != "ignored")
         .map(|(device, seq, why)| format!("device {device:?} from record {seq}: {why}"))
         .collect();
     if lacking.is_empty() {

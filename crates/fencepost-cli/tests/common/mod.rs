@@ -64,6 +64,13 @@ impl Shared {
         self.folder.path().join(name)
     }
 
+    /// The file of `device`'s log in the shared ledger folder.
+    pub fn device_file(&self, device: &str) -> PathBuf {
+        self.path("ledger")
+            .join("devices")
+            .join(fencepost::relay::device_file_name(device))
+    }
+
     /// `fencepost ARGS` as host `device`, with no config file or data directory of the user's.
     pub fn command(&self, device: &str, args: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_fencepost"));

@@ -40,6 +40,8 @@ use crate::core::identity::LedgerId;
 pub const PAD_BYTES: usize = 32;
 /// The tag's length: the ciphertext is this much longer than the padded content.
 pub const TAG_BYTES: usize = 16;
+/// A nonce's length (XChaCha20's, drawn at random for each record).
+pub const NONCE_BYTES: usize = 24;
 /// The longest content a record seals.
 pub const MAX_SEALED_CONTENT_BYTES: usize = u16::MAX as usize - 2;
 /// What the associated data starts with.
@@ -76,7 +78,7 @@ pub struct Sealed {
     /// Which generation of the ledger key sealed it.
     pub generation: u32,
     /// Its nonce.
-    pub nonce: [u8; 24],
+    pub nonce: [u8; NONCE_BYTES],
     /// The padded content encrypted, then the tag.
     pub ciphertext: Vec<u8>,
 }
@@ -147,7 +149,7 @@ impl LedgerKey {
     /// these lengths; no plaintext is ever returned in its place).
     pub fn seal_with_nonce(
         &self,
-        nonce: [u8; 24],
+        nonce: [u8; NONCE_BYTES],
         place: &Place<'_>,
         content: &[u8],
     ) -> Result<Sealed, SealError> {

@@ -54,14 +54,8 @@ pub(super) fn verify(settings: &Settings, json: bool) -> Result<i32> {
     // missing, and the runs that need it wait (found by an adversary: both were reported
     // "intact"); a log no member's key admitted counts for nothing and stops nothing.
     for (device, seq, why) in ledger.not_counted() {
-        use fencepost::protected::Missing;
-        let kind = match why {
-            Missing::HeadNotValid => "damaged",
-            Missing::NotAMember | Missing::NoOrigin(_) => "ignored",
-            _ => "missing",
-        };
         findings.push((
-            kind,
+            not_counted_kind(&why),
             format!("device {device:?} from record {seq}: not counted: {why}"),
         ));
     }
@@ -134,6 +128,18 @@ pub(super) fn behind_published(settings: &Settings, ledger: &Ledger, void: Void)
         }
     }
     findings
+}
+
+/// What a record this host does not count is to `ledger verify`: `damaged` (a head that does
+/// not verify), `ignored` (a log no member's key admitted, which stops nothing) or `missing`
+/// (what it cannot read yet: runs that need it wait).
+pub(super) fn not_counted_kind(why: &fencepost::protected::Missing) -> &'static str {
+    use fencepost::protected::Missing;
+    match why {
+        Missing::HeadNotValid => "damaged",
+        Missing::NotAMember | Missing::NoOrigin(_) => "ignored",
+        _ => "missing",
+    }
 }
 
 /// Whether [`behind_published`] reports the records of a revoked device past its cut.

@@ -60,9 +60,17 @@ fn push_op_id(op_id: &OpId, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
-/// Appends `op`'s device id, seq and prev, each followed by a comma (the elements both line
-/// formats share).
-pub(super) fn push_device_seq_prev(op: &OpRecord, out: &mut Vec<u8>) {
+/// `device` as a record's device id: `shared`'s allocation when it is that id (the records of
+/// one device's file share one), else a new one.
+pub(super) fn device_id_sharing(device: &str, shared: Option<&Arc<str>>) -> Arc<str> {
+    match shared {
+        Some(shared) if **shared == *device => Arc::clone(shared),
+        _ => Arc::from(device),
+    }
+}
+
+/// Appends `op`'s device id, seq and prev, each followed by a comma.
+fn push_device_seq_prev(op: &OpRecord, out: &mut Vec<u8>) {
     write_serde_json(&*op.device_id, out);
     out.push(b',');
     write_serde_json(&op.seq, out);
@@ -221,10 +229,7 @@ impl<'de> Visitor<'de> for LineVisitor<'_> {
         let wall_ms: u64 = Self::next(&mut seq, 2, "hlc.wall_ms")?;
         let counter: u32 = Self::next(&mut seq, 3, "hlc.counter")?;
         let device: Text = Self::next(&mut seq, 4, "the device_id")?;
-        let device_id: Arc<str> = match self.device {
-            Some(shared) if **shared == *device.0 => Arc::clone(shared),
-            _ => Arc::from(device.0),
-        };
+        let device_id = device_id_sharing(&device.0, self.device);
         let seq_number: u64 = Self::next(&mut seq, 5, "the seq")?;
         let prev: Option<Text> = Self::next(&mut seq, 6, "prev")?;
         let prev = prev.map(|prev| op_id_of(&prev.0, "prev")).transpose()?;

@@ -24,13 +24,13 @@ use super::record::push_text;
 use super::{OpId, OpRecord, Payload, PayloadRepr, Surface};
 use crate::core::clock::Hlc;
 use crate::core::identity::{DeviceKey, LedgerId, PublicIdentity, Signature, SignatureContext};
-use crate::core::seal::{Sealed, MAX_SEALED_CONTENT_BYTES, PAD_BYTES, TAG_BYTES};
+use crate::core::seal::{Sealed, MAX_SEALED_CONTENT_BYTES, NONCE_BYTES, PAD_BYTES, TAG_BYTES};
 
 /// The generation that means "in the clear".
 pub const CLEAR_GENERATION: u32 = 0;
 /// The longest content a sealed record carries, in bytes (the nonce and the tag included).
 pub const MAX_SEALED_RECORD_BYTES: usize =
-    24 + (MAX_SEALED_CONTENT_BYTES + 2).div_ceil(PAD_BYTES) * PAD_BYTES + TAG_BYTES;
+    NONCE_BYTES + (MAX_SEALED_CONTENT_BYTES + 2).div_ceil(PAD_BYTES) * PAD_BYTES + TAG_BYTES;
 /// What a sealed record's id preimage starts with.
 const ID_DOMAIN: &[u8] = b"fencepost/sealed-op/v1\0";
 

@@ -16,10 +16,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::de::{self, SeqAccess};
 
-use super::line::{next_element, op_id_of, Text};
+use super::line::{device_id_sharing, next_element, op_id_of, Text};
 use super::{write_serde_json, OpId, OpRecord, SealedContent, SealedRecord};
 use crate::core::identity::Signature;
-use crate::core::seal::{Sealed, TAG_BYTES};
+use crate::core::seal::{Sealed, NONCE_BYTES, TAG_BYTES};
 use crate::oplog::{CLEAR_GENERATION, MAX_SEALED_RECORD_BYTES};
 
 /// The format number of the JSON array form of earlier versions.
@@ -30,7 +30,6 @@ pub(super) const FORMAT_4_START: &[u8] = b"4 ";
 const HAS_PREV: u8 = 1;
 /// The body's flag: the head ends the body.
 const HAS_HEAD: u8 = 2;
-const NONCE_BYTES: usize = 24;
 const SIGNATURE_BYTES: usize = 64;
 /// The longest body of a format-4 line, decoded.
 const MAX_BODY_BYTES: usize = 1 + 32 + MAX_SEALED_RECORD_BYTES + SIGNATURE_BYTES;
@@ -125,11 +124,7 @@ fn device_of<'a>(text: &'a [u8], shared: Option<&Arc<str>>) -> Result<(Arc<str>,
     let rest = rest
         .strip_prefix(b" ")
         .ok_or("a format-4 line's device id is followed by a space")?;
-    let device = match shared {
-        Some(shared) if **shared == *device => Arc::clone(shared),
-        _ => Arc::from(device),
-    };
-    Ok((device, rest))
+    Ok((device_id_sharing(device, shared), rest))
 }
 
 /// Reads a line of format 4 (it starts with [`FORMAT_4_START`]; a newline may end it), only
@@ -251,10 +246,7 @@ pub(super) fn read_sealed_line_3<'de, A: SeqAccess<'de>>(
     shared: Option<&Arc<str>>,
 ) -> Result<OpRecord, A::Error> {
     let device: Text = next_element(&mut seq, 1, "the device_id")?;
-    let device_id: Arc<str> = match shared {
-        Some(shared) if **shared == *device.0 => Arc::clone(shared),
-        _ => Arc::from(device.0),
-    };
+    let device_id = device_id_sharing(&device.0, shared);
     let seq_number: u64 = next_element(&mut seq, 2, "the seq")?;
     let prev: Option<Text> = next_element(&mut seq, 3, "prev")?;
     let prev = prev.map(|prev| op_id_of(&prev.0, "prev")).transpose()?;

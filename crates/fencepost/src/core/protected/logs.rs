@@ -102,8 +102,9 @@ pub struct ProtectedLogs {
     /// How a batch of covered records is opened ahead of their verdicts, if not one by one.
     open_many: Option<OpenMany>,
     /// Records opened ahead on another thread ([`give_opened`](Self::give_opened)), in the
-    /// order they were handed over, each with its id and the generation that opened it.
-    opened_ahead: VecDeque<(OpId, u32, OpRecord)>,
+    /// order they were handed over, each with the generation that opened it (an opened record
+    /// keeps its sealed record's id).
+    opened_ahead: VecDeque<(u32, OpRecord)>,
     /// The agents the intents of one size name by digest.
     names: AgentNames,
 }
@@ -595,7 +596,7 @@ impl ProtectedLogs {
     /// [`drop_opened`](Self::drop_opened).
     ///
     /// [`OpeningKeys`]: super::OpeningKeys
-    pub(crate) fn give_opened(&mut self, opened: impl IntoIterator<Item = (OpId, u32, OpRecord)>) {
+    pub(crate) fn give_opened(&mut self, opened: impl IntoIterator<Item = (u32, OpRecord)>) {
         self.opened_ahead.extend(opened);
     }
 
@@ -714,12 +715,10 @@ fn proof_of(
 /// ahead is the next one, or was not opened ahead (a record handed over before, covered now, was
 /// opened with none: it is opened where its verdict is given). Records of `op`'s log before it
 /// that no verdict took (folded before, say) are dropped on the way.
-fn take_opened(ahead: &mut VecDeque<(OpId, u32, OpRecord)>, op: &OpRecord) -> Option<(u32, OpRecord)> {
-    while let Some((id, _, front)) = ahead.front() {
-        if *id == op.op_id {
-            return ahead
-                .pop_front()
-                .map(|(_, generation, opened)| (generation, opened));
+fn take_opened(ahead: &mut VecDeque<(u32, OpRecord)>, op: &OpRecord) -> Option<(u32, OpRecord)> {
+    while let Some((_, front)) = ahead.front() {
+        if front.op_id == op.op_id {
+            return ahead.pop_front();
         }
         if front.device_id != op.device_id || front.seq > op.seq {
             return None;

@@ -11,7 +11,7 @@ use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
 
 use super::Ledger;
-use crate::oplog::{OpId, OpRecord};
+use crate::oplog::OpRecord;
 use crate::protected::OpeningKeys;
 use crate::relay::{Frontier, Relay, RelayError, RelayProblem};
 
@@ -22,9 +22,9 @@ const OPEN_PIECE_RECORDS: usize = 256;
 /// Batches opened and not folded yet, at most.
 const PIPELINE_BATCHES: usize = 2;
 
-/// Records opened ahead, in pieces, in the order they were handed over: each with its id and
-/// the generation that opened it.
-type OpenedPieces = Vec<Vec<(OpId, u32, OpRecord)>>;
+/// Records opened ahead, in pieces, in the order they were handed over: each with the
+/// generation that opened it.
+type OpenedPieces = Vec<Vec<(u32, OpRecord)>>;
 /// A batch handed over, and what of it was opened ahead.
 type Opened = (Vec<OpRecord>, OpenedPieces);
 
@@ -123,14 +123,8 @@ fn open_ahead(keys: &OpeningKeys, ops: &[OpRecord]) -> OpenedPieces {
     if keys.is_empty() {
         return Vec::new();
     }
-    let open = |range: std::ops::Range<usize>| -> Vec<(OpId, u32, OpRecord)> {
-        ops[range]
-            .iter()
-            .filter_map(|op| {
-                keys.open(op)
-                    .map(|(generation, opened)| (op.op_id, generation, opened))
-            })
-            .collect()
+    let open = |range: std::ops::Range<usize>| -> Vec<(u32, OpRecord)> {
+        ops[range].iter().filter_map(|op| keys.open(op)).collect()
     };
     crate::edge::pieces::in_pieces(ops.len(), OPEN_PIECE_RECORDS, 1, open)
 }
